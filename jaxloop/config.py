@@ -1,0 +1,405 @@
+"""The run configuration: one tree of frozen dataclasses, presets, and validation.
+
+Imports no jax and no torch: jaxloop, torch_ref and the CLI all read this module. A Config is
+validated once, at the edge (`validate`), and saved with every run (`to_dict` / `from_dict`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import Any, Literal, get_args, get_type_hints
+
+PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
+PRESETS = ("digits", "shakespeare", "debug")
+
+
+class ConfigError(ValueError):
+    """A config value that is not allowed: names the field, the value and what is allowed."""
+
+    def __init__(self, field_path: str, value: Any, allowed: str):
+        self.field_path, self.value, self.allowed = field_path, value, allowed
+        super().__init__(f"{field_path}={value!r} is not allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with warmup-cosine schedule, global-norm clipping and gradient accumulation."""
+
+    peak_lr: float = 3e-3
+    """Learning rate at the end of warmup."""
+    init_lr: float = 0.0
+    """Learning rate of the first update (start of the linear warmup)."""
+    end_lr: float = 3e-5
+    """Learning rate after the cosine decay, held past `steps`."""
+    warmup_steps: int = 50
+    """Updates of linear warmup from init_lr to peak_lr (0 = start at peak_lr)."""
+    weight_decay: float = 1e-4
+    """Decoupled (AdamW) weight decay on matrices and embeddings; never on biases or norm scales."""
+    b1: float = 0.9
+    """Adam first-moment decay."""
+    b2: float = 0.999
+    """Adam second-moment decay."""
+    eps: float = 1e-8
+    """Adam epsilon, added to the root of the second moment (outside the square root)."""
+    clip_norm: float = 1.0
+    """Clip the mean accumulated gradient to this global L2 norm (0 = no clipping)."""
+    accum_steps: int = 1
+    """Micro-batches accumulated per update (optax.MultiSteps K); one update per K micro-batches."""
+    ema_decay: float = 0.0
+    """Exponential moving average of params, updated each update (0 = off)."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The built-in models: an MLP (digits, .npz) and a character-level GPT (text)."""
+
+    kind: Literal["mlp", "gpt"] = "mlp"
+    """Which model: mlp (classification of feature vectors) or gpt (next-character prediction)."""
+    hidden: tuple[int, ...] = (128, 128)
+    """MLP hidden layer widths."""
+    activation: Literal["gelu", "relu", "tanh"] = "gelu"
+    """MLP activation (gelu is the tanh approximation, in both jaxloop and torch_ref)."""
+    context: int = 64
+    """GPT context length in characters."""
+    d_model: int = 128
+    """GPT embedding width."""
+    n_layers: int = 4
+    """GPT transformer blocks."""
+    n_heads: int = 4
+    """GPT attention heads (must divide d_model)."""
+    mlp_ratio: int = 4
+    """GPT MLP hidden width as a multiple of d_model."""
+    dropout: float = 0.0
+    """GPT dropout rate on attention weights and residual branches (0 = off)."""
+    tie_embeddings: bool = True
+    """GPT output head shares the token embedding matrix."""
+    remat: bool = False
+    """Rematerialise GPT blocks in the backward pass (less memory, more compute)."""
+    vocab_size: int = 0
+    """Output classes / vocabulary size; 0 = taken from the data."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the records come from and how the loader feeds them."""
+
+    source: Literal["digits", "text", "npz"] = "digits"
+    """digits (scikit-learn's bundled 8x8 digits), text (a UTF-8 file, characters), npz (x, y arrays)."""
+    path: str = ""
+    """File for the text or npz source."""
+    val_fraction: float = 0.2
+    """Fraction of records held out for validation (npz: ignored when x_val/y_val exist)."""
+    workers: int = 0
+    """Loader worker processes (0 = in the main process); batches are the same for every count."""
+    prefetch: int = 2
+    """Batches put on the device ahead of the step."""
+    eval_batch_size: int = 0
+    """Validation batch size (0 = batch_size)."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax rotating checkpoints: last N, best N by a validation metric, every M-th kept."""
+
+    every: int = 100
+    """Save every this many updates (and at the end); 0 = only at the end."""
+    keep_last: int = 2
+    """Keep the newest this many checkpoints."""
+    keep_best: int = 1
+    """Keep the best this many checkpoints by best_metric (0 = no best tracking)."""
+    keep_every: int = 0
+    """Keep every checkpoint whose update is a multiple of this, for good (0 = none)."""
+    best_metric: str = "val_loss"
+    """Validation metric that ranks checkpoints (val_loss or val_acc)."""
+    best_mode: Literal["min", "max"] = "min"
+    """Whether a smaller (min) or larger (max) best_metric is better."""
+    async_save: bool = True
+    """Write checkpoints in the background; the final save is always awaited."""
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Progress, writers, profiling and the run report."""
+
+    progress: Literal["auto", "bar", "plain", "off"] = "auto"
+    """Progress bar on a terminal, plain lines otherwise (auto), or forced."""
+    tensorboard: bool = True
+    """Write TensorBoard event files into run_dir/tb."""
+    profile_start: int = 0
+    """First update of a jax.profiler trace (with profile_steps > 0)."""
+    profile_steps: int = 0
+    """Updates captured by the profiler trace into run_dir/profile (0 = off)."""
+    price_per_hour: float = 0.0
+    """Machine price in $/hour, for the cost line of the report."""
+    report: bool = True
+    """Write report.md and its PNGs at the end of the run."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """A jaxloop run. Flags are the dotted field paths, e.g. --optim.peak_lr 3e-4."""
+
+    preset: str = "digits"
+    """Starting point for every other default: digits, shakespeare or debug."""
+    run_dir: str = "runs/digits"
+    """Directory for config.json, metrics.jsonl, checkpoints and the report."""
+    seed: int = 0
+    """Seeds initialisation, data order and per-step randomness."""
+    steps: int = 500
+    """Optimizer updates to run (each consumes optim.accum_steps micro-batches)."""
+    batch_size: int = 64
+    """Global micro-batch size (records per micro-batch, over all processes)."""
+    eval_every: int = 100
+    """Validate over the whole validation split every this many updates (0 = only at the end)."""
+    log_every: int = 10
+    """Record metrics every this many updates."""
+    precision: Literal["fp32", "bf16", "fp16", "fp64"] = "fp32"
+    """fp32; bf16 or fp16 compute with fp32 params and loss; fp64 (needs JAX_ENABLE_X64, for parity)."""
+    resume: Literal["auto", "never", "must"] = "auto"
+    """auto: resume from run_dir if it holds a checkpoint; never: start fresh; must: fail without one."""
+    allow_steps_change: bool = False
+    """Accept a different `steps` when resuming (the schedule then differs from the original run)."""
+    max_bad_steps: int = 20
+    """Stop the run after this many consecutive skipped (non-finite) updates."""
+    patience: int = 0
+    """Early stopping: stop after this many evaluations without a better best_metric (0 = off)."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+def preset(name: str) -> Config:
+    """The default Config of a preset."""
+    if name == "digits":
+        return Config()
+    if name == "debug":
+        return Config(
+            preset="debug", run_dir="runs/debug", steps=20, batch_size=32, eval_every=10, log_every=1,
+            optim=OptimConfig(peak_lr=1e-2, warmup_steps=4, end_lr=1e-4),
+            model=ModelConfig(hidden=(32,)),
+            checkpoint=CheckpointConfig(every=10),
+            log=LogConfig(report=False),
+        )
+    if name == "shakespeare":
+        return Config(
+            preset="shakespeare", run_dir="runs/shakespeare", steps=2000, batch_size=32,
+            eval_every=250, log_every=25,
+            optim=OptimConfig(peak_lr=1e-3, end_lr=1e-4, warmup_steps=100, weight_decay=0.1, b2=0.99),
+            model=ModelConfig(kind="gpt", context=128, d_model=128, n_layers=4, n_heads=4),
+            data=DataConfig(source="text", val_fraction=0.1, eval_batch_size=256),
+            checkpoint=CheckpointConfig(every=250),
+        )
+    raise ConfigError("preset", name, f"one of {', '.join(PRESETS)}")
+
+
+# ----------------------------------------------------------------------------- (de)serialisation
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A JSON-ready nested dict (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def from_dict(d: dict[str, Any], base: Config | None = None, _cls: type = Config, _path: str = "") -> Any:
+    """Build a Config from a (partial) nested dict over `base`; unknown keys are a ConfigError."""
+    base = base if base is not None else _cls()
+    hints = get_type_hints(_cls)
+    known = {f.name for f in fields(_cls)}
+    updates: dict[str, Any] = {}
+    for key, value in d.items():
+        name = key.replace("-", "_")
+        path = f"{_path}{name}"
+        if name not in known:
+            raise ConfigError(path, value, f"a known field ({', '.join(sorted(known))})")
+        current = getattr(base, name)
+        if is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(path, value, "a mapping of its fields")
+            updates[name] = from_dict(value, current, type(current), path + ".")
+        else:
+            updates[name] = _coerce(path, value, hints[name])
+    return replace(base, **updates)
+
+
+def _coerce(path: str, value: Any, hint: Any) -> Any:
+    """Check a value from a config file against its annotated type (ints are accepted as floats)."""
+    origin = getattr(hint, "__origin__", None)
+    if origin is Literal:
+        if value not in get_args(hint):
+            raise ConfigError(path, value, f"one of {', '.join(map(str, get_args(hint)))}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or not all(_is_int(v) for v in value):
+            raise ConfigError(path, value, "a list of integers")
+        return tuple(int(v) for v in value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(path, value, "true or false")
+        return value
+    if hint is int:
+        if not _is_int(value):
+            raise ConfigError(path, value, "an integer")
+        return int(value)
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(path, value, "a number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(path, value, "a string")
+        return value
+    return value
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def validate(cfg: Config, check_paths: bool = True) -> Config:
+    """Return cfg if every field is allowed, else raise ConfigError for the first that is not.
+
+    With check_paths, also checks that data.path is a readable non-empty file (text, npz) and that
+    run_dir could be created or written, without creating anything.
+    """
+    o, m, d, c, lg = cfg.optim, cfg.model, cfg.data, cfg.checkpoint, cfg.log
+    _choice("preset", cfg.preset, PRESETS)
+    _choice("precision", cfg.precision, PRECISIONS)
+    _choice("resume", cfg.resume, ("auto", "never", "must"))
+    _positive_int("steps", cfg.steps)
+    _positive_int("batch_size", cfg.batch_size)
+    _nonneg_int("seed", cfg.seed)
+    _nonneg_int("eval_every", cfg.eval_every)
+    _positive_int("log_every", cfg.log_every)
+    _positive_int("max_bad_steps", cfg.max_bad_steps)
+    _nonneg_int("patience", cfg.patience)
+    if not cfg.run_dir:
+        raise ConfigError("run_dir", cfg.run_dir, "a directory path")
+
+    _positive_float("optim.peak_lr", o.peak_lr)
+    _nonneg_float("optim.init_lr", o.init_lr)
+    _nonneg_float("optim.end_lr", o.end_lr)
+    if o.init_lr > o.peak_lr:
+        raise ConfigError("optim.init_lr", o.init_lr, f"at most optim.peak_lr ({o.peak_lr})")
+    if o.end_lr > o.peak_lr:
+        raise ConfigError("optim.end_lr", o.end_lr, f"at most optim.peak_lr ({o.peak_lr})")
+    _nonneg_int("optim.warmup_steps", o.warmup_steps)
+    if o.warmup_steps > cfg.steps:
+        raise ConfigError("optim.warmup_steps", o.warmup_steps, f"an integer in [0, steps={cfg.steps}]")
+    _nonneg_float("optim.weight_decay", o.weight_decay)
+    for name, v in (("optim.b1", o.b1), ("optim.b2", o.b2)):
+        _float(name, v)
+        if not 0.0 <= v < 1.0:
+            raise ConfigError(name, v, "a number in [0, 1)")
+    _positive_float("optim.eps", o.eps)
+    _nonneg_float("optim.clip_norm", o.clip_norm)
+    _positive_int("optim.accum_steps", o.accum_steps)
+    _float("optim.ema_decay", o.ema_decay)
+    if not 0.0 <= o.ema_decay < 1.0:
+        raise ConfigError("optim.ema_decay", o.ema_decay, "a number in [0, 1) (0 = off)")
+
+    _choice("model.kind", m.kind, ("mlp", "gpt"))
+    _choice("model.activation", m.activation, ("gelu", "relu", "tanh"))
+    if not m.hidden or not all(_is_int(h) and h > 0 for h in m.hidden):
+        raise ConfigError("model.hidden", m.hidden, "one or more positive integers")
+    for name in ("context", "d_model", "n_layers", "n_heads", "mlp_ratio"):
+        _positive_int(f"model.{name}", getattr(m, name))
+    if m.d_model % m.n_heads:
+        raise ConfigError("model.n_heads", m.n_heads, f"a divisor of model.d_model ({m.d_model})")
+    _float("model.dropout", m.dropout)
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError("model.dropout", m.dropout, "a number in [0, 1)")
+    _nonneg_int("model.vocab_size", m.vocab_size)
+    if (m.kind == "gpt") != (d.source == "text"):
+        raise ConfigError("model.kind", m.kind, f"gpt exactly when data.source is text (it is {d.source})")
+
+    _choice("data.source", d.source, ("digits", "text", "npz"))
+    _float("data.val_fraction", d.val_fraction)
+    if not 0.0 < d.val_fraction < 1.0:
+        raise ConfigError("data.val_fraction", d.val_fraction, "a number in (0, 1)")
+    _nonneg_int("data.workers", d.workers)
+    _nonneg_int("data.prefetch", d.prefetch)
+    _nonneg_int("data.eval_batch_size", d.eval_batch_size)
+    if d.source in ("text", "npz") and not d.path:
+        raise ConfigError("data.path", d.path, f"the path of a {d.source} file (data.source={d.source})")
+    if d.source == "digits" and d.path:
+        raise ConfigError("data.path", d.path, "empty when data.source is digits")
+
+    _nonneg_int("checkpoint.every", c.every)
+    _positive_int("checkpoint.keep_last", c.keep_last)
+    _nonneg_int("checkpoint.keep_best", c.keep_best)
+    _nonneg_int("checkpoint.keep_every", c.keep_every)
+    _choice("checkpoint.best_metric", c.best_metric, ("val_loss", "val_acc"))
+    _choice("checkpoint.best_mode", c.best_mode, ("min", "max"))
+
+    _choice("log.progress", lg.progress, ("auto", "bar", "plain", "off"))
+    _nonneg_int("log.profile_start", lg.profile_start)
+    _nonneg_int("log.profile_steps", lg.profile_steps)
+    _nonneg_float("log.price_per_hour", lg.price_per_hour)
+
+    if check_paths:
+        if d.source in ("text", "npz"):
+            _readable_file("data.path", d.path)
+        _writable_dir("run_dir", cfg.run_dir)
+    return cfg
+
+
+def _choice(name: str, v: Any, allowed: tuple) -> None:
+    if v not in allowed:
+        raise ConfigError(name, v, f"one of {', '.join(allowed)}")
+
+
+def _float(name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ConfigError(name, v, "a finite number")
+
+
+def _positive_float(name: str, v: Any) -> None:
+    _float(name, v)
+    if v <= 0:
+        raise ConfigError(name, v, "a number > 0")
+
+
+def _nonneg_float(name: str, v: Any) -> None:
+    _float(name, v)
+    if v < 0:
+        raise ConfigError(name, v, "a number >= 0")
+
+
+def _positive_int(name: str, v: Any) -> None:
+    if not _is_int(v) or v <= 0:
+        raise ConfigError(name, v, "an integer >= 1")
+
+
+def _nonneg_int(name: str, v: Any) -> None:
+    if not _is_int(v) or v < 0:
+        raise ConfigError(name, v, "an integer >= 0")
+
+
+def _readable_file(name: str, path: str) -> None:
+    if not os.path.isfile(path):
+        raise ConfigError(name, path, "an existing file")
+    if not os.access(path, os.R_OK):
+        raise ConfigError(name, path, "a readable file")
+    if os.path.getsize(path) == 0:
+        raise ConfigError(name, path, "a non-empty file")
+
+
+def _writable_dir(name: str, path: str) -> None:
+    """The directory exists and is writable, or its nearest existing ancestor is."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(name, path, f"a writable directory ({probe} is not writable)")
