@@ -114,7 +114,7 @@ class CheckpointConfig:
     keep_every: int = 0
     """Keep every checkpoint whose update is a multiple of this, for good (0 = none)."""
     best_metric: str = "val_loss"
-    """Validation metric that ranks checkpoints (val_loss or val_acc)."""
+    """Validation metric that ranks checkpoints and drives early stopping (val_loss, val_acc, ema_val_*)."""
     best_mode: Literal["min", "max"] = "min"
     """Whether a smaller (min) or larger (max) best_metric is better."""
     async_save: bool = True
@@ -337,7 +337,9 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
     _positive_int("checkpoint.keep_last", c.keep_last)
     _nonneg_int("checkpoint.keep_best", c.keep_best)
     _nonneg_int("checkpoint.keep_every", c.keep_every)
-    _choice("checkpoint.best_metric", c.best_metric, ("val_loss", "val_acc"))
+    _choice("checkpoint.best_metric", c.best_metric, ("val_loss", "val_acc", "ema_val_loss", "ema_val_acc"))
+    if c.best_metric.startswith("ema_") and not o.ema_decay:
+        raise ConfigError("checkpoint.best_metric", c.best_metric, "val_loss or val_acc unless optim.ema_decay > 0")
     _choice("checkpoint.best_mode", c.best_mode, ("min", "max"))
 
     _choice("log.progress", lg.progress, ("auto", "bar", "plain", "off"))
@@ -403,3 +405,45 @@ def _writable_dir(name: str, path: str) -> None:
         probe = parent
     if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(name, path, f"a writable directory ({probe} is not writable)")
+
+
+# Fields a resumed run may change: they do not alter the computed trajectory.
+RESUME_SAFE = (
+    "run_dir", "resume", "allow_steps_change", "eval_every", "log_every", "max_bad_steps", "patience",
+    "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.",
+)
+
+
+def resume_conflicts(saved: dict[str, Any], cfg: Config) -> list[str]:
+    """The dotted fields in which cfg differs from the saved config of the run it would resume.
+
+    Only fields that change the trajectory count; `steps` counts unless cfg.allow_steps_change.
+    """
+    current = _flatten(to_dict(cfg))
+    before = _flatten(saved)
+    conflicts = []
+    for key in sorted(set(current) | set(before)):
+        if any(key == safe or (safe.endswith(".") and key.startswith(safe)) for safe in RESUME_SAFE):
+            continue
+        if key == "steps" and cfg.allow_steps_change:
+            continue
+        if current.get(key) != before.get(key):
+            conflicts.append(f"{key}: {before.get(key)!r} -> {current.get(key)!r}")
+    return conflicts
+
+
+def changed_fields(saved: dict[str, Any], cfg: Config) -> dict[str, list[Any]]:
+    """Every field that differs from the saved config, as {field: [before, after]} (for the record)."""
+    current, before = _flatten(to_dict(cfg)), _flatten(saved)
+    return {k: [before.get(k), current.get(k)] for k in sorted(set(current) | set(before))
+            if current.get(k) != before.get(k)}
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -88,3 +88,21 @@ def create_train_state(cfg: Config, model: Any, example_x: Any) -> TrainState:
         schedule=make_schedule(cfg),
         ema_decay=cfg.optim.ema_decay,
     )
+
+
+def state_digest(state: TrainState) -> str:
+    """sha256 over the bytes of params and optimizer state, leaf by leaf in key-path order.
+
+    Equal digests mean bit-identical weights and optimizer state (the resume contract).
+    """
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_flatten_with_path((state.params, state.opt_state))[0]:
+        a = np.asarray(jax.device_get(leaf))
+        h.update(jax.tree_util.keystr(path).encode())
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()

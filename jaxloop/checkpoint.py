@@ -1,0 +1,143 @@
+"""Orbax rotating checkpoints: TrainState + data position + config + run metadata per saved update.
+
+Retention is Orbax's AnyPreservationPolicy of LatestN(keep_last), BestN(keep_best by best_metric) and
+EveryNSteps(keep_every): the newest checkpoint is never deleted (unlike max_to_keep + best_fn, orbax
+#526). Restores go against the fresh state as target, so optimizer states come back as their own types.
+A damaged step (a file missing or truncated) is moved aside with a warning and the previous one is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as cm
+
+from jaxloop.config import Config, to_dict
+from jaxloop.state import TrainState
+
+CHECKPOINT_DIR = "checkpoints"
+DAMAGED_DIR = "checkpoints_damaged"
+ITEMS = ("state", "data", "config", "metadata")
+
+
+class NonFiniteStateError(RuntimeError):
+    """Raised instead of saving a state that holds NaN or Inf."""
+
+
+@dataclass
+class Restored:
+    step: int
+    state: TrainState
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+
+
+def preservation_policy(cfg: Config) -> cm.PreservationPolicy:
+    """Keep the last N, the best N by the validation metric, and every M-th update, together."""
+    c = cfg.checkpoint
+    policies: list[cm.PreservationPolicy] = [cm.LatestN(n=c.keep_last)]
+    if c.keep_best:
+        # BestN sorts ascending (reverse=False) and keeps the tail, so `min` needs reverse=True.
+        policies.append(cm.BestN(get_metric_fn=_metric_fn(cfg), reverse=c.best_mode == "min",
+                                 n=c.keep_best, keep_checkpoints_without_metrics=False))
+    if c.keep_every:
+        policies.append(cm.EveryNSteps(interval_steps=c.keep_every))
+    return cm.AnyPreservationPolicy(policies)
+
+
+def _metric_fn(cfg: Config):
+    name = cfg.checkpoint.best_metric
+    return lambda metrics: float(metrics[name])
+
+
+_finite = jax.jit(lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+                                                   if jnp.issubdtype(x.dtype, jnp.inexact)])))
+
+
+class Checkpointer:
+    """One run's CheckpointManager. Always close() it (in a finally): that awaits the last save."""
+
+    def __init__(self, cfg: Config, run_dir: str | Path, metadata: dict[str, Any] | None = None):
+        self.cfg = cfg
+        self.directory = Path(run_dir).absolute() / CHECKPOINT_DIR
+        self.metadata = metadata or {}
+        options = ocp.CheckpointManagerOptions(
+            best_fn=_metric_fn(cfg),
+            best_mode=cfg.checkpoint.best_mode,
+            preservation_policy=preservation_policy(cfg),
+            enable_async_checkpointing=cfg.checkpoint.async_save,
+            cleanup_tmp_directories=True,  # leftovers of a save interrupted by SIGKILL
+            create=True,
+        )
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+
+    def save(self, step: int, state: TrainState, data: dict[str, Any],
+             metrics: dict[str, float] | None = None) -> float:
+        """Save at an update boundary; returns the seconds the caller was blocked."""
+        t0 = time.perf_counter()
+        if not bool(_finite((state.params, state.opt_state))):
+            raise NonFiniteStateError(f"refusing to save update {step}: the state holds NaN or Inf")
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=ocp.args.JsonSave(data),
+            config=ocp.args.JsonSave(to_dict(self.cfg)),
+            metadata=ocp.args.JsonSave(self.metadata),
+        )
+        self.manager.save(step, args=args, metrics=metrics, force=True)
+        return time.perf_counter() - t0
+
+    def restore_latest(self, target: TrainState) -> Restored | None:
+        """The newest checkpoint that restores; damaged newer ones are warned about and moved aside."""
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                out = self.manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(target),
+                    data=ocp.args.JsonRestore(),
+                    metadata=ocp.args.JsonRestore(),
+                ))
+                return Restored(step=step, state=out["state"], data=dict(out["data"]),
+                                metadata=dict(out["metadata"] or {}))
+            except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
+                cause = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+                warnings.warn(f"checkpoint at update {step} is damaged ({cause}); "
+                              f"moving it to {DAMAGED_DIR}/ and trying the previous one", stacklevel=2)
+                self._quarantine(step)
+        return None
+
+    def _quarantine(self, step: int) -> None:
+        damaged = self.directory.parent / DAMAGED_DIR
+        damaged.mkdir(exist_ok=True)
+        src = self.directory / str(step)
+        if src.exists():
+            shutil.move(str(src), str(damaged / f"{step}-{int(time.time())}"))
+        self.manager.reload()
+
+    def all_steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def best_step(self) -> int | None:
+        """The kept step with the best best_metric (None before any evaluated save)."""
+        return self.manager.best_step() if self.cfg.checkpoint.keep_best else None
+
+    def wait(self) -> None:
+        """Block until pending async saves are committed; raises their errors."""
+        self.manager.wait_until_finished()
+        self.manager.check_for_errors()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+def quiet_orbax() -> None:
+    """Orbax logs every save at INFO through absl; keep the run's console for the run."""
+    logging.getLogger("absl").setLevel(logging.WARNING)

@@ -1,0 +1,350 @@
+"""The input pipeline: sources -> grain (order, shard, gather, worker processes) -> device prefetch.
+
+    splits = load_splits(cfg)                        # jaxloop.sources, numpy only
+    with TrainLoader(cfg, splits, position) as loader, DevicePrefetcher(loader, cfg.data.prefetch) as it:
+        batch = next(it)                             # this process's shard of micro-batch `position`
+        ...
+        checkpoint["data"] = it.state()              # micro-batches consumed, not merely prefetched
+
+Worker invariance: every grain element is one whole (sharded) micro-batch, gathered from the
+deterministic `record_order`; workers only decide *who* computes a batch, never *what* is in it, so
+data.workers = 0, 1, 2, ... give the same batches in the same order. The checkpointable state is the
+micro-batch position alone, so a run saved with one worker count resumes with any other.
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grain
+import jax
+import numpy as np
+from absl import flags as absl_flags
+
+from jaxloop.config import Config, ConfigError
+from jaxloop.sources import (
+    Batch,
+    MicroBatchGather,
+    Splits,
+    _batches_per_epoch,
+    loader_worker_init,
+    shard_slice,
+)
+
+STATE_VERSION = 1
+WORKER_BUFFER = 2
+"""Micro-batches each worker process keeps ready (as torch's DataLoader prefetch_factor=2)."""
+_END = 2**62
+"""Exclusive upper bound of micro-batch indices: the loader is, in practice, endless."""
+
+
+def _process(process_index: int | None, process_count: int | None) -> tuple[int, int]:
+    p = jax.process_index() if process_index is None else int(process_index)
+    n = jax.process_count() if process_count is None else int(process_count)
+    if n < 1 or not 0 <= p < n:
+        raise ValueError(f"process_index {p} not in [0, {n})")
+    return p, n
+
+
+def _ensure_absl_flags_parsed() -> None:
+    """grain reads absl flags when it starts workers; unparsed flags raise there (grain #1355)."""
+    if not absl_flags.FLAGS.is_parsed():
+        absl_flags.FLAGS.mark_as_parsed()
+
+
+def _plain(batch: Batch) -> Batch:
+    # Worker outputs arrive as shared-memory ndarray subclasses; hand out plain ndarray views.
+    return {k: np.asarray(v) for k, v in batch.items()}
+
+
+class TrainLoader(Iterator[Batch]):
+    """This process's shard of micro-batches position, position + 1, ... as numpy dicts {x, y}.
+
+    Endless (epochs follow one another, each reshuffled from (cfg.seed, epoch)). `position` counts
+    the micro-batches yielded so far plus the start, and is the whole checkpointable state:
+    `state()` / `TrainLoader.from_state(cfg, splits, state)`. Worker processes (cfg.data.workers, or
+    `workers`) start on the first `next()`; `close()` (or leaving a `with` block) stops them, and
+    they are stopped at interpreter exit otherwise. `transform(batch) -> batch` runs in the workers
+    after the gather; it must be picklable and deterministic.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        splits: Splits,
+        position: int = 0,
+        process_index: int | None = None,
+        process_count: int | None = None,
+        *,
+        workers: int | None = None,
+        transform: Callable[[Batch], Batch] | None = None,
+    ):
+        if not isinstance(position, int) or isinstance(position, bool) or position < 0:
+            raise ValueError(f"position must be an integer >= 0, got {position!r}")
+        self.process_index, self.process_count = _process(process_index, process_count)
+        self.workers = cfg.data.workers if workers is None else int(workers)
+        if self.workers < 0:
+            raise ConfigError("data.workers", self.workers, "an integer >= 0")
+        self.seed, self.batch_size, self.num_train = cfg.seed, cfg.batch_size, splits.num_train
+        self.batches_per_epoch = _batches_per_epoch(self.batch_size, self.num_train)
+        shard_slice(self.batch_size, self.process_index, self.process_count)  # ConfigError if not divisible
+        self.local_batch_size = self.batch_size // self.process_count
+        self._gather = MicroBatchGather(
+            splits.train, self.seed, self.batch_size, self.process_index, self.process_count, transform
+        )
+        self._start = position
+        self._position = position
+        self._it: Any = None
+        self._closed = False
+
+    # -- state
+
+    @property
+    def position(self) -> int:
+        """Global index of the next micro-batch this loader yields (= micro-batches consumed)."""
+        return self._position
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the next micro-batch."""
+        return self._position // self.batches_per_epoch
+
+    def state(self, position: int | None = None) -> dict[str, int]:
+        """JSON-able checkpoint of the loader (at `position`, default the current one)."""
+        return {
+            "version": STATE_VERSION,
+            "position": self._position if position is None else int(position),
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "num_train": self.num_train,
+        }
+
+    @classmethod
+    def from_state(
+        cls,
+        cfg: Config,
+        splits: Splits,
+        state: dict[str, Any],
+        process_index: int | None = None,
+        process_count: int | None = None,
+        **kwargs: Any,
+    ) -> TrainLoader:
+        """A loader resuming where `state` left off; any worker or process count.
+
+        ConfigError if the seed, batch_size or training split differ from the saved run's (the same
+        position would then name other records).
+        """
+        for key, now, field in (
+            ("seed", cfg.seed, "seed"),
+            ("batch_size", cfg.batch_size, "batch_size"),
+            ("num_train", splits.num_train, "data.path"),
+        ):
+            if key in state and int(state[key]) != now:
+                shown = now if key != "num_train" else (cfg.data.path or cfg.data.source)
+                raise ConfigError(
+                    field, shown,
+                    f"the checkpointed run's data order ({key}={state[key]}, now {now}); "
+                    "start a new run_dir to change it",
+                )
+        return cls(cfg, splits, int(state["position"]), process_index, process_count, **kwargs)
+
+    # -- iteration
+
+    def _make_iterator(self) -> Any:
+        ds = grain.MapDataset.range(self._position, _END).map(self._gather)
+        ids = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+        if self.workers > 0:
+            _ensure_absl_flags_parsed()
+            ids = ids.mp_prefetch(
+                grain.MultiprocessingOptions(num_workers=self.workers, per_worker_buffer_size=WORKER_BUFFER),
+                worker_init_fn=loader_worker_init,
+            )
+        return iter(ids)
+
+    def __iter__(self) -> TrainLoader:
+        return self
+
+    def __next__(self) -> Batch:
+        if self._closed:
+            raise ValueError("TrainLoader is closed")
+        if self._it is None:
+            self._it = self._make_iterator()
+        batch = _plain(next(self._it))
+        self._position += 1
+        return batch
+
+    def close(self) -> None:
+        """Stop the worker processes (idempotent)."""
+        self._closed = True
+        it, self._it = self._it, None
+        if it is not None:
+            it.close()
+
+    def __enter__(self) -> TrainLoader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def val_batches(
+    cfg: Config,
+    splits: Splits,
+    process_index: int | None = None,
+    process_count: int | None = None,
+) -> Iterator[Batch]:
+    """The whole validation split in order, in batches of data.eval_batch_size (0 = batch_size).
+
+    Every batch has the full (per-process) size: the last one is padded by repeating record 0 with
+    `weight` 0; real records have weight 1 (float32 [n]). Each record appears exactly once over all
+    batches and processes; process p gets rows [p*n/P, (p+1)*n/P) of each global batch.
+    """
+    p, n = _process(process_index, process_count)
+    size = cfg.data.eval_batch_size or cfg.batch_size
+    if size % n:
+        field = "data.eval_batch_size" if cfg.data.eval_batch_size else "batch_size"
+        raise ConfigError(field, size, f"a multiple of the process count ({n})")
+    rows = shard_slice(size, p, n)
+    total = splits.num_val
+    for start in range(0, total, size):
+        idx = np.arange(start, start + size, dtype=np.int64)
+        weight = (idx < total).astype(np.float32)
+        idx = np.where(idx < total, idx, 0)[rows]
+        batch = splits.val.get(idx)
+        batch["weight"] = weight[rows]
+        yield batch
+
+
+def num_val_batches(cfg: Config, splits: Splits) -> int:
+    """How many batches val_batches yields."""
+    size = cfg.data.eval_batch_size or cfg.batch_size
+    return -(-splits.num_val // size)
+
+
+# ----------------------------------------------------------------------------- device prefetch
+
+
+_STOP = object()
+
+
+class _Raised:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class DevicePrefetcher(Iterator[Any]):
+    """Keeps `size` batches already on the device while the step runs (a background thread).
+
+    next() returns put(batch) in the source's order; `last_wait_s` is how long that next() waited
+    for data, `total_wait_s` the sum over all calls (log it as data_wait_ms). With size 0 nothing
+    runs ahead: next() fetches and puts in the caller's thread (the wait then includes the fetch).
+    `position` and `state()` count the batches handed out, not those prefetched, so checkpoint the
+    prefetcher's state rather than its source's. close() (or a `with` block) stops the thread; it
+    is also stopped at interpreter exit.
+    """
+
+    def __init__(self, iterator: Iterator[Any], size: int = 2, put: Callable[[Any], Any] | None = None):
+        if size < 0:
+            raise ConfigError("data.prefetch", size, "an integer >= 0")
+        self._source = iterator
+        self._put = put if put is not None else jax.device_put
+        self.size = int(size)
+        self._start = int(getattr(iterator, "position", 0))
+        self.consumed = 0
+        self.last_wait_s = 0.0
+        self.total_wait_s = 0.0
+        self._done = False
+        self._stop = threading.Event()
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(self.size, 1))
+        self._thread: threading.Thread | None = None
+        if self.size > 0:
+            self._thread = threading.Thread(target=self._produce, name="jaxloop-device-prefetch", daemon=True)
+            self._thread.start()
+            ref = weakref.ref(self)
+            self._atexit = lambda: (lambda s: s.close() if s is not None else None)(ref())
+            atexit.register(self._atexit)
+
+    def _produce(self) -> None:
+        try:
+            for batch in self._source:
+                item = self._put(batch)
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+            self._offer(_STOP)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+            self._offer(_Raised(e))
+
+    def _offer(self, item: Any) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    @property
+    def position(self) -> int:
+        """The source's position after the batches handed out so far."""
+        return self._start + self.consumed
+
+    def state(self) -> dict[str, Any]:
+        """The source's state at `position` (needs a source with state(position), e.g. TrainLoader)."""
+        return self._source.state(self.position)
+
+    def __iter__(self) -> DevicePrefetcher:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        t0 = time.perf_counter()
+        if self._thread is None:
+            try:
+                item = self._put(next(self._source))
+            except StopIteration:
+                self._done = True
+                raise
+        else:
+            item = self._queue.get()
+        self.last_wait_s = time.perf_counter() - t0
+        self.total_wait_s += self.last_wait_s
+        if item is _STOP:
+            self._done = True
+            raise StopIteration
+        if isinstance(item, _Raised):
+            self._done = True
+            raise item.exc
+        self.consumed += 1
+        return item
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the background thread (idempotent); the source is left open."""
+        self._done = True
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            while True:  # unblock a producer waiting on a full queue
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            thread.join(timeout)
+            atexit.unregister(self._atexit)
+
+    def __enter__(self) -> DevicePrefetcher:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

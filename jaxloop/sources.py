@@ -1,0 +1,491 @@
+"""Data sources and the deterministic record order, in numpy only.
+
+Imports no jax and no grain: torch_ref imports this module to replay exactly the batches jaxloop
+trains on. Everything here is a pure function of the config and the data file.
+
+Sources (`load_splits(cfg) -> Splits`), each loaded once into numpy:
+
+- ``digits``: scikit-learn's bundled 8x8 digits (no download). x = pixels / 16 as float32 [N, 64],
+  y int32 labels 0..9.
+- ``text``: a UTF-8 file of characters (`data.path`). The first floor(N * (1 - val_fraction))
+  characters are the training split, the rest the validation split (contiguous, so no window
+  crosses the boundary). The vocabulary is the sorted set of training characters; if the validation
+  split holds characters outside it, one entry ``"<unk>"`` is appended and those characters map to
+  it. Training record i is the window text[i : i + context + 1] (every offset); validation record j
+  is the window starting at j * context (non-overlapping, stride context). A record yields
+  x = window[:-1], y = window[1:] (int32 character ids).
+- ``npz``: a user file with ``x`` and ``y`` (and optionally ``x_val`` and ``y_val``). x is cast to
+  float32, y must hold integer labels >= 0 (cast to int32).
+
+Digits and npz without x_val/y_val split by a fixed permutation (seed SPLIT_SEED, independent of
+cfg.seed): perm = Generator(PCG64(SeedSequence(SPLIT_SEED))).permutation(N); the first
+N - floor(N * (1 - val_fraction)) entries of perm are the validation records, the rest the training
+records, each kept in file order.
+
+Record order (`record_order`): epoch e is the permutation
+Generator(PCG64(SeedSequence([cfg.seed, e]))).permutation(num_train); it is cut into
+batches_per_epoch = num_train // batch_size micro-batches of batch_size records; the remainder
+(num_train % batch_size records, the tail of the permutation) is dropped for that epoch, so a batch
+never spans two epochs. Global micro-batch b is batch b % batches_per_epoch of epoch
+b // batches_per_epoch.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from jaxloop.config import Config, ConfigError
+
+SPLIT_SEED = 20240229
+"""Seed of the fixed train/validation permutation of digits and npz (independent of cfg.seed)."""
+UNK = "<unk>"
+"""Vocabulary entry for validation characters that never occur in the training split."""
+VOCAB_FILE = "vocab.json"
+
+Batch = dict[str, np.ndarray]
+
+
+# ----------------------------------------------------------------------------- records
+
+
+class Records(Protocol):
+    """Random access to the records of one split."""
+
+    def __len__(self) -> int: ...
+
+    def get(self, indices: Sequence[int] | np.ndarray) -> Batch:
+        """The records at `indices` (1-D), stacked: {"x": [n, ...], "y": [n, ...]}."""
+        ...
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    a.setflags(write=False)
+    return a
+
+
+def _as_indices(indices: Sequence[int] | np.ndarray, n: int) -> np.ndarray:
+    idx = np.asarray(indices, dtype=np.int64)
+    if idx.ndim != 1:
+        raise ValueError(f"indices must be 1-D, got shape {idx.shape}")
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise IndexError(f"record index out of range [0, {n})")
+    return idx
+
+
+class ArrayRecords:
+    """Records that are rows of an x and a y array (digits, npz)."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray):
+        if len(x) != len(y):
+            raise ValueError(f"x and y differ in length: {len(x)} != {len(y)}")
+        self.x, self.y = _readonly(x), _readonly(y)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def get(self, indices: Sequence[int] | np.ndarray) -> Batch:
+        idx = _as_indices(indices, len(self))
+        return {"x": self.x[idx], "y": self.y[idx]}
+
+
+class WindowRecords:
+    """Records that are windows of context + 1 character ids, starting every `stride` ids (text)."""
+
+    def __init__(self, ids: np.ndarray, context: int, stride: int):
+        if len(ids) < context + 1:
+            raise ValueError(f"{len(ids)} ids hold no window of {context + 1}")
+        self.ids, self.context, self.stride = _readonly(ids.astype(np.int32)), int(context), int(stride)
+        self._offsets = np.arange(self.context + 1, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return (len(self.ids) - self.context - 1) // self.stride + 1
+
+    def get(self, indices: Sequence[int] | np.ndarray) -> Batch:
+        idx = _as_indices(indices, len(self))
+        windows = self.ids[idx[:, None] * self.stride + self._offsets]
+        return {"x": windows[:, :-1], "y": windows[:, 1:]}
+
+
+@dataclass(frozen=True, eq=False)
+class Splits:
+    """The training and validation records of a run's source.
+
+    num_classes: label count (digits, npz: max label + 1) or vocabulary size (text).
+    example_x: one input, shape [1, ...], with the dtype fed to the model (for initialisation).
+    vocab: the text vocabulary (id -> character, "<unk>" possibly last), None for other sources.
+    """
+
+    source: str
+    train: Records
+    val: Records
+    num_classes: int
+    example_x: np.ndarray
+    vocab: tuple[str, ...] | None = None
+
+    @property
+    def num_train(self) -> int:
+        return len(self.train)
+
+    @property
+    def num_val(self) -> int:
+        return len(self.val)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_splits(cfg: Config) -> Splits:
+    """Load cfg.data.source into numpy and split it; ConfigError on bad input (see module doc).
+
+    Also checks that batch_size fits in the training split (a micro-batch never spans epochs) and
+    that a non-zero model.vocab_size covers every label.
+    """
+    d = cfg.data
+    if d.source == "digits":
+        splits = _load_digits(d.val_fraction)
+    elif d.source == "text":
+        splits = _load_text(_file_key(d.path), d.val_fraction, cfg.model.context)
+    elif d.source == "npz":
+        splits = _load_npz(_file_key(d.path), d.val_fraction)
+    else:
+        raise ConfigError("data.source", d.source, "one of digits, text, npz")
+    if cfg.batch_size > splits.num_train:
+        raise ConfigError(
+            "batch_size", cfg.batch_size,
+            f"at most the {splits.num_train} records of the training split ({d.source})",
+        )
+    if cfg.model.vocab_size and cfg.model.vocab_size < splits.num_classes:
+        raise ConfigError(
+            "model.vocab_size", cfg.model.vocab_size,
+            f"0 (from the data) or at least the data's {splits.num_classes} classes",
+        )
+    return splits
+
+
+def _file_key(path: str) -> tuple[str, int, int]:
+    """(absolute path, size, mtime_ns): a cache key that changes when the file does."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError("data.path", path, f"an existing readable file ({e.strerror})") from None
+    return os.path.abspath(path), st.st_size, st.st_mtime_ns
+
+
+def _num_train(n: int, val_fraction: float) -> int:
+    return int(math.floor(n * (1.0 - val_fraction)))
+
+
+def _fixed_split(n: int, val_fraction: float, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) record indices of a fixed, seed-independent permutation, each in file order."""
+    n_train = _num_train(n, val_fraction)
+    if n_train < 1 or n_train >= n:
+        raise ConfigError(
+            "data.val_fraction", val_fraction,
+            f"a fraction leaving at least one training and one validation record of the {n} in {what}",
+        )
+    perm = np.random.Generator(np.random.PCG64(np.random.SeedSequence(SPLIT_SEED))).permutation(n)
+    n_val = n - n_train
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+@functools.lru_cache(maxsize=2)
+def _load_digits(val_fraction: float) -> Splits:
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (np.asarray(data.data, dtype=np.float32) / np.float32(16.0)).astype(np.float32)
+    y = np.asarray(data.target, dtype=np.int32)
+    tr, va = _fixed_split(len(x), val_fraction, "digits")
+    return Splits(
+        source="digits",
+        train=ArrayRecords(x[tr], y[tr]),
+        val=ArrayRecords(x[va], y[va]),
+        num_classes=10,
+        example_x=np.zeros((1, x.shape[1]), np.float32),
+    )
+
+
+@functools.lru_cache(maxsize=2)
+def _load_text(key: tuple[str, int, int], val_fraction: float, context: int) -> Splits:
+    path = key[0]
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError("data.path", path, f"a readable text file ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            "data.path", path, f"a UTF-8 text file (invalid UTF-8 at byte {e.start})"
+        ) from None
+    n = len(text)
+    n_train = _num_train(n, val_fraction)
+    window = context + 1
+    if n_train < window:
+        raise ConfigError(
+            "data.path", path,
+            f"a text whose training split (first {1 - val_fraction:g} of its characters) holds at least "
+            f"model.context + 1 = {window} characters (it holds {n_train} of {n})",
+        )
+    if n - n_train < window:
+        raise ConfigError(
+            "data.val_fraction", val_fraction,
+            f"a fraction whose validation split holds at least model.context + 1 = {window} characters "
+            f"(it holds {n - n_train} of {n} in {path})",
+        )
+    train_text, val_text = text[:n_train], text[n_train:]
+    chars = sorted(set(train_text))
+    unseen = set(val_text) - set(chars)
+    vocab = tuple(chars) + ((UNK,) if unseen else ())
+    lut = {c: i for i, c in enumerate(chars)}
+    unk_id = len(chars)
+    train_ids = _encode(train_text, lut, None)
+    val_ids = _encode(val_text, lut, unk_id)
+    return Splits(
+        source="text",
+        train=WindowRecords(train_ids, context, stride=1),
+        val=WindowRecords(val_ids, context, stride=context),
+        num_classes=len(vocab),
+        example_x=np.zeros((1, context), np.int32),
+        vocab=vocab,
+    )
+
+
+def _encode(text: str, lut: dict[str, int], unk_id: int | None) -> np.ndarray:
+    """Character ids of `text` through a code-point lookup table; unknown characters -> unk_id."""
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    table = np.full(int(codes.max()) + 1 if codes.size else 1, -1, np.int64)
+    for c, i in lut.items():
+        if ord(c) < len(table):
+            table[ord(c)] = i
+    ids = table[codes]
+    if unk_id is not None:
+        ids[ids < 0] = unk_id
+    if (ids < 0).any():  # cannot happen for the training split, which defines the vocabulary
+        raise AssertionError("character outside the vocabulary")
+    return ids.astype(np.int32)
+
+
+def encode(text: str, vocab: Sequence[str]) -> np.ndarray:
+    """Character ids of `text` under `vocab` (characters outside it map to "<unk>" if present)."""
+    lut = {c: i for i, c in enumerate(vocab) if c != UNK}
+    unk_id = list(vocab).index(UNK) if UNK in vocab else None
+    ids = [lut.get(c, unk_id) for c in text]
+    if any(i is None for i in ids):
+        missing = sorted({c for c, i in zip(text, ids) if i is None})
+        raise ValueError(f"characters outside the vocabulary: {missing!r}")
+    return np.asarray(ids, np.int32)
+
+
+def decode(ids: Sequence[int] | np.ndarray, vocab: Sequence[str]) -> str:
+    """The text of character ids under `vocab` ("<unk>" decodes to U+FFFD)."""
+    return "".join("\ufffd" if vocab[int(i)] == UNK else vocab[int(i)] for i in np.asarray(ids).ravel())
+
+
+@functools.lru_cache(maxsize=2)
+def _load_npz(key: tuple[str, int, int], val_fraction: float) -> Splits:
+    path = key[0]
+    field = "data.path"
+    try:
+        z = np.load(path, allow_pickle=False)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is bad input
+        raise ConfigError(field, path, f"a readable .npz archive of x and y arrays ({type(e).__name__}: {e})") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise ConfigError(field, path, "an .npz archive (np.savez) of x and y arrays, not a single .npy array")
+    try:
+        keys = set(z.files)
+        arrays = {k: z[k] for k in ("x", "y", "x_val", "y_val") if k in keys}
+    except Exception as e:  # noqa: BLE001 - a corrupt member
+        raise ConfigError(field, path, f"a readable .npz archive of x and y arrays ({type(e).__name__}: {e})") from None
+    finally:
+        z.close()
+    missing = [k for k in ("x", "y") if k not in arrays]
+    if missing:
+        raise ConfigError(field, path, f"an .npz holding arrays x and y (missing {', '.join(missing)}; has {sorted(keys)})")
+    if ("x_val" in arrays) != ("y_val" in arrays):
+        raise ConfigError(field, path, "an .npz holding both x_val and y_val, or neither")
+
+    def check(xk: str, yk: str) -> tuple[np.ndarray, np.ndarray]:
+        x, y = arrays[xk], arrays[yk]
+        if x.ndim < 1 or y.ndim < 1:
+            raise ConfigError(field, path, f"{xk} and {yk} with a leading record axis (got shapes {x.shape}, {y.shape})")
+        if len(x) != len(y):
+            raise ConfigError(field, path, f"{xk} and {yk} with the same number of records (got {len(x)} and {len(y)})")
+        if len(x) == 0:
+            raise ConfigError(field, path, f"at least one record in {xk} and {yk}")
+        if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.issubdtype(x.dtype, np.complexfloating):
+            raise ConfigError(field, path, f"a real numeric {xk} (got dtype {x.dtype})")
+        if not np.issubdtype(y.dtype, np.integer):
+            raise ConfigError(field, path, f"integer class labels in {yk} (got dtype {y.dtype})")
+        if y.min() < 0 or y.max() > np.iinfo(np.int32).max:
+            raise ConfigError(field, path, f"labels in {yk} in [0, 2**31) (got min {y.min()}, max {y.max()})")
+        x32 = x.astype(np.float32)
+        if not np.isfinite(x32).all():
+            raise ConfigError(field, path, f"finite float32 values in {xk}")
+        return x32, y.astype(np.int32)
+
+    x, y = check("x", "y")
+    if "x_val" in arrays:
+        x_val, y_val = check("x_val", "y_val")
+        if x_val.shape[1:] != x.shape[1:] or y_val.shape[1:] != y.shape[1:]:
+            raise ConfigError(
+                field, path,
+                f"x_val/y_val records shaped like x/y ({x.shape[1:]}/{y.shape[1:]}; got {x_val.shape[1:]}/{y_val.shape[1:]})",
+            )
+        x_train, y_train = x, y
+    else:
+        tr, va = _fixed_split(len(x), val_fraction, path)
+        x_train, y_train, x_val, y_val = x[tr], y[tr], x[va], y[va]
+    num_classes = int(max(y_train.max(), y_val.max())) + 1
+    return Splits(
+        source="npz",
+        train=ArrayRecords(x_train, y_train),
+        val=ArrayRecords(x_val, y_val),
+        num_classes=num_classes,
+        example_x=np.zeros((1,) + x.shape[1:], np.float32),
+    )
+
+
+# ----------------------------------------------------------------------------- vocabulary file
+
+
+def write_vocab(run_dir: str, splits: Splits) -> str | None:
+    """Save a text source's vocabulary as run_dir/vocab.json (atomically); returns its path.
+
+    Does nothing (returns None) for sources without a vocabulary.
+    """
+    if splits.vocab is None:
+        return None
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, VOCAB_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"vocab": list(splits.vocab), "unk": UNK if UNK in splits.vocab else None}, f, ensure_ascii=False)
+    os.replace(tmp, path)
+    return path
+
+
+def read_vocab(run_dir: str) -> tuple[str, ...] | None:
+    """The vocabulary saved by write_vocab (id -> character), or None if the run has none."""
+    path = os.path.join(run_dir, VOCAB_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return tuple(json.load(f)["vocab"])
+
+
+# ----------------------------------------------------------------------------- record order
+
+
+def batches_per_epoch(cfg: Config, num_train: int) -> int:
+    """Micro-batches per epoch: num_train // batch_size (the remainder is dropped each epoch)."""
+    return _batches_per_epoch(cfg.batch_size, num_train)
+
+
+def _batches_per_epoch(batch_size: int, num_train: int) -> int:
+    if batch_size < 1 or batch_size > num_train:
+        raise ConfigError("batch_size", batch_size, f"an integer in [1, {num_train}] (the training split's records)")
+    return num_train // batch_size
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_permutation(seed: int, epoch: int, num_train: int) -> np.ndarray:
+    return _readonly(epoch_permutation(seed, epoch, num_train))
+
+
+def epoch_permutation(seed: int, epoch: int, num_train: int) -> np.ndarray:
+    """The order of the training records in epoch `epoch`: a permutation of range(num_train)."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), int(epoch)])))
+    return rng.permutation(num_train)
+
+
+def record_order(cfg: Config, num_train: int, start: int, count: int) -> np.ndarray:
+    """Global record indices of micro-batches start .. start + count - 1: int64 [count, batch_size].
+
+    Micro-batch b (the loader's position; an update consumes optim.accum_steps of them) is batch
+    b % batches_per_epoch of epoch b // batches_per_epoch, and epoch e's records are
+    epoch_permutation(cfg.seed, e, num_train) cut into batches of batch_size, remainder dropped.
+    """
+    return _record_order(cfg.seed, cfg.batch_size, num_train, start, count)
+
+
+def _record_order(seed: int, batch_size: int, num_train: int, start: int, count: int) -> np.ndarray:
+    if start < 0 or count < 0:
+        raise ValueError(f"start and count must be >= 0, got {start}, {count}")
+    bpe = _batches_per_epoch(batch_size, num_train)
+    out = np.empty((count, batch_size), np.int64)
+    for row, b in enumerate(range(start, start + count)):
+        epoch, k = divmod(b, bpe)
+        out[row] = _cached_permutation(seed, epoch, num_train)[k * batch_size:(k + 1) * batch_size]
+    return out
+
+
+def shard_slice(batch_size: int, process_index: int, process_count: int) -> slice:
+    """The rows of a global micro-batch that process `process_index` of `process_count` gets."""
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+    if batch_size % process_count:
+        raise ConfigError("batch_size", batch_size, f"a multiple of the process count ({process_count})")
+    per = batch_size // process_count
+    return slice(process_index * per, (process_index + 1) * per)
+
+
+class MicroBatchGather:
+    """micro-batch index -> this process's shard of that micro-batch, as a numpy dict.
+
+    Picklable and jax-free: it is what grain's worker processes run (and what torch_ref can call).
+    `transform(batch) -> batch`, if given, runs after the gather (in the worker); it must be
+    deterministic for batches to stay the same across worker counts.
+    """
+
+    def __init__(
+        self,
+        records: Records,
+        seed: int,
+        batch_size: int,
+        process_index: int = 0,
+        process_count: int = 1,
+        transform: Callable[[Batch], Batch] | None = None,
+    ):
+        self.records, self.seed, self.batch_size = records, int(seed), int(batch_size)
+        self.num_train = len(records)
+        _batches_per_epoch(self.batch_size, self.num_train)
+        self.rows = shard_slice(self.batch_size, process_index, process_count)
+        self.transform = transform
+
+    def indices(self, b: int) -> np.ndarray:
+        return _record_order(self.seed, self.batch_size, self.num_train, int(b), 1)[0, self.rows]
+
+    def __call__(self, b: int) -> Batch:
+        batch = self.records.get(self.indices(b))
+        return self.transform(batch) if self.transform is not None else batch
+
+
+def loader_worker_init(*_: Any) -> None:
+    """Run first in every loader worker process: keep it off accelerators and absl-flag safe.
+
+    Sets JAX_PLATFORMS=cpu (and jax's config, if the spawned worker imported jax through the parent's
+    main module) so a worker can never initialise a GPU/TPU, and marks absl flags as parsed when no
+    one parsed them (scripts not run through absl.app), so flag reads cannot raise in the worker.
+    """
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    jax = sys.modules.get("jax")
+    if jax is not None and hasattr(jax, "config"):
+        try:
+            jax.config.update("jax_platforms", "cpu")
+        except Exception:  # noqa: BLE001 - best effort; workers never call jax anyway
+            pass
+    absl_flags = sys.modules.get("absl.flags")
+    if absl_flags is not None and not absl_flags.FLAGS.is_parsed():
+        absl_flags.FLAGS.mark_as_parsed()
