@@ -59,8 +59,21 @@ def _ensure_absl_flags_parsed() -> None:
 
 
 def _plain(batch: Batch) -> Batch:
-    # Worker outputs arrive as shared-memory ndarray subclasses; hand out plain ndarray views.
-    return {k: np.asarray(v) for k, v in batch.items()}
+    # Worker outputs arrive in shared-memory segments; copy them out (a memcpy) so each segment is
+    # unlinked as soon as it is read, not whenever the caller drops the batch.
+    return {k: np.array(v, copy=True) for k, v in batch.items()}
+
+
+def _weak_close(obj: Any) -> Callable[[], None]:
+    """An atexit callback that closes `obj` if it is still alive, without keeping it alive."""
+    ref = weakref.ref(obj)
+
+    def close() -> None:
+        live = ref()
+        if live is not None:
+            live.close()
+
+    return close
 
 
 class TrainLoader(Iterator[Batch]):
@@ -85,8 +98,9 @@ class TrainLoader(Iterator[Batch]):
         workers: int | None = None,
         transform: Callable[[Batch], Batch] | None = None,
     ):
-        if not isinstance(position, int) or isinstance(position, bool) or position < 0:
+        if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or position < 0:
             raise ValueError(f"position must be an integer >= 0, got {position!r}")
+        position = int(position)
         self.process_index, self.process_count = _process(process_index, process_count)
         self.workers = cfg.data.workers if workers is None else int(workers)
         if self.workers < 0:
@@ -102,6 +116,11 @@ class TrainLoader(Iterator[Batch]):
         self._position = position
         self._it: Any = None
         self._closed = False
+        # Close before interpreter teardown (atexit runs last-registered first, so a DevicePrefetcher
+        # made afterwards stops its thread before this runs, and this runs before grain's own
+        # multiprocessing finalizers): workers stop and shared-memory buffers are released in order.
+        self._atexit = _weak_close(self)
+        atexit.register(self._atexit)
 
     # -- state
 
@@ -124,6 +143,10 @@ class TrainLoader(Iterator[Batch]):
             "batch_size": self.batch_size,
             "num_train": self.num_train,
         }
+
+    def record_indices(self, b: int) -> np.ndarray:
+        """This process's global training-record indices of micro-batch b (int64 [local_batch_size])."""
+        return self._gather.indices(b)
 
     @classmethod
     def from_state(
@@ -175,13 +198,17 @@ class TrainLoader(Iterator[Batch]):
             raise ValueError("TrainLoader is closed")
         if self._it is None:
             self._it = self._make_iterator()
-        batch = _plain(next(self._it))
+        batch = next(self._it)
+        if self.workers > 0:
+            batch = _plain(batch)
         self._position += 1
         return batch
 
     def close(self) -> None:
         """Stop the worker processes (idempotent)."""
-        self._closed = True
+        if not self._closed:
+            self._closed = True
+            atexit.unregister(self._atexit)
         it, self._it = self._it, None
         if it is not None:
             it.close()
@@ -266,8 +293,7 @@ class DevicePrefetcher(Iterator[Any]):
         if self.size > 0:
             self._thread = threading.Thread(target=self._produce, name="jaxloop-device-prefetch", daemon=True)
             self._thread.start()
-            ref = weakref.ref(self)
-            self._atexit = lambda: (lambda s: s.close() if s is not None else None)(ref())
+            self._atexit = _weak_close(self)
             atexit.register(self._atexit)
 
     def _produce(self) -> None:

@@ -312,14 +312,18 @@ def _load_npz(key: tuple[str, int, int], val_fraction: float) -> Splits:
         z.close()
     missing = [k for k in ("x", "y") if k not in arrays]
     if missing:
-        raise ConfigError(field, path, f"an .npz holding arrays x and y (missing {', '.join(missing)}; has {sorted(keys)})")
+        raise ConfigError(
+            field, path, f"an .npz holding arrays x and y (missing {', '.join(missing)}; has {sorted(keys)})"
+        )
     if ("x_val" in arrays) != ("y_val" in arrays):
         raise ConfigError(field, path, "an .npz holding both x_val and y_val, or neither")
 
     def check(xk: str, yk: str) -> tuple[np.ndarray, np.ndarray]:
         x, y = arrays[xk], arrays[yk]
         if x.ndim < 1 or y.ndim < 1:
-            raise ConfigError(field, path, f"{xk} and {yk} with a leading record axis (got shapes {x.shape}, {y.shape})")
+            raise ConfigError(
+                field, path, f"{xk} and {yk} with a leading record axis (got shapes {x.shape}, {y.shape})"
+            )
         if len(x) != len(y):
             raise ConfigError(field, path, f"{xk} and {yk} with the same number of records (got {len(x)} and {len(y)})")
         if len(x) == 0:
@@ -341,7 +345,8 @@ def _load_npz(key: tuple[str, int, int], val_fraction: float) -> Splits:
         if x_val.shape[1:] != x.shape[1:] or y_val.shape[1:] != y.shape[1:]:
             raise ConfigError(
                 field, path,
-                f"x_val/y_val records shaped like x/y ({x.shape[1:]}/{y.shape[1:]}; got {x_val.shape[1:]}/{y_val.shape[1:]})",
+                f"x_val/y_val records shaped like x/y ({x.shape[1:]}/{y.shape[1:]}; "
+                f"got {x_val.shape[1:]}/{y_val.shape[1:]})",
             )
         x_train, y_train = x, y
     else:

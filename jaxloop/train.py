@@ -149,6 +149,7 @@ def run(cfg: Config) -> dict[str, Any]:
             changes = changed_fields(saved, cfg)
             with open(run_dir / "resumes.jsonl", "a") as f:
                 f.write(json.dumps({"step": restored.step, "changed": changes}) + "\n")
+        timings.add("setup", time.perf_counter() - t_start)
         summary = Loop(cfg, run_dir, splits, ckpt, timings).run(state, restored)
     finally:
         with timings("checkpoint"):
@@ -156,6 +157,10 @@ def run(cfg: Config) -> dict[str, Any]:
     summary["timings_s"] = timings.as_dict()
     summary["wall_time_s"] = time.perf_counter() - t_start
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if cfg.log.report:
+        from jaxloop.report import write_report
+
+        write_report(run_dir)
     return summary
 
 
@@ -183,6 +188,7 @@ class Loop:
         previous = {s: signal.signal(s, self._on_signal) for s in EXIT_SIGNAL}
         try:
             summary = self._train(state, step, position, batches, logger, tracker)
+            summary["peak_mem_bytes"] = logger.peak_mem_bytes
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
@@ -205,7 +211,7 @@ class Loop:
         saved_step = step if step else None
         stop_reason = "completed"
         window: list[dict] = []
-        profiler = Profiler(cfg, self.run_dir)
+        profiler = Profiler(cfg, self.run_dir, timings)
         while host_step < cfg.steps:
             profiler.before_update(host_step)
             window = []
@@ -225,6 +231,7 @@ class Loop:
                     or host_step - synced_step >= sync_every or self.signal is not None):
                 continue
 
+            jax.block_until_ready(window)  # waiting for the updates' compute is not log time
             with timings("log"):
                 fetched = jax.device_get(window)
                 host_step = synced_step = int(state.step)

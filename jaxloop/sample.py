@@ -1,0 +1,229 @@
+"""Generate text from a character-level run's checkpoint.
+
+    python -m jaxloop.sample RUN_DIR --prompt "ROMEO:" [--length 200] [--temperature 0.8]
+                                     [--checkpoint best|latest] [--seed 0]
+
+Builds the model from RUN_DIR/config.json and the vocabulary from RUN_DIR/vocab.json, restores the
+params of the best checkpoint (by the run's checkpoint.best_metric) or the latest one from
+RUN_DIR/checkpoints, read-only, and samples `length` characters autoregressively: each step feeds the
+last model.context characters and draws the next from softmax(logits / temperature) (temperature 0:
+the most likely character). The whole generation is one jitted lax.scan. Prints the prompt followed by
+the generated text on stdout. Bad input (no run, not a text run, no checkpoint, a prompt character
+outside the vocabulary, a bad option): one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jaxloop.config import Config, ConfigError, from_dict
+
+EXIT_BAD_INPUT = 2
+
+
+class SampleError(ValueError):
+    """Input the sampler cannot use; the message is the one line shown to the user."""
+
+
+@dataclass
+class Loaded:
+    """Params restored from one checkpoint of a run."""
+
+    step: int
+    which: str  # "best" or "latest": what was actually loaded
+    params: Any
+    cfg: Config
+
+
+def read_config(run_dir: str | Path) -> Config:
+    """The Config saved with a run (run_dir/config.json)."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise SampleError(f"{run_dir} is not a jaxloop run directory (no config.json)")
+    try:
+        return from_dict(json.loads(path.read_text()))
+    except (json.JSONDecodeError, ConfigError) as e:
+        raise SampleError(f"{path} is not a valid run config ({e})") from None
+
+
+def load_params(run_dir: str | Path, which: str = "best", cfg: Config | None = None) -> Loaded:
+    """Read-only restore of the params of the best (by checkpoint.best_metric) or latest checkpoint.
+
+    Nothing in run_dir is changed (a damaged step is skipped with a warning, not moved). The state is
+    restored against an abstract tree built from the checkpoint's own metadata, placed on the first
+    local device, so no model initialisation is needed. `best` falls back to the latest checkpoint,
+    with a warning, when no checkpoint holds validation metrics.
+    """
+    import jax
+    import orbax.checkpoint as ocp
+
+    from jaxloop.checkpoint import CHECKPOINT_DIR, ITEMS
+
+    if which not in ("best", "latest"):
+        raise SampleError(f"--checkpoint={which!r} is not allowed: one of best, latest")
+    cfg = cfg if cfg is not None else read_config(run_dir)
+    directory = Path(run_dir).absolute() / CHECKPOINT_DIR
+    if not directory.is_dir() or not any(p.name.isdigit() for p in directory.iterdir()):
+        raise SampleError(f"{run_dir} holds no checkpoint (nothing in {directory})")
+    if cfg.precision == "fp64":
+        jax.config.update("jax_enable_x64", True)
+    logging.getLogger("absl").setLevel(logging.ERROR)  # orbax warns at length about read-only managers
+    metric, mode = cfg.checkpoint.best_metric, cfg.checkpoint.best_mode
+    options = ocp.CheckpointManagerOptions(
+        read_only=True, create=False, best_mode=mode,
+        best_fn=lambda metrics: float(metrics[metric]),
+    )
+    with ocp.CheckpointManager(directory, options=options, item_names=ITEMS) as manager:
+        steps = sorted(manager.all_steps(), reverse=True)
+        if not steps:
+            raise SampleError(f"{run_dir} holds no committed checkpoint (in {directory})")
+        chosen = which
+        first = steps[0]
+        if which == "best":
+            try:
+                best = manager.best_step()
+            except Exception:  # noqa: BLE001 - metrics missing or unreadable
+                best = None
+            if best is None:
+                warnings.warn(f"no checkpoint of {run_dir} holds {metric}; using the latest", stacklevel=2)
+                chosen = "latest"
+            else:
+                first = best
+        device = jax.local_devices()[0]
+        sharding = jax.sharding.SingleDeviceSharding(device)
+        for step in [first] + [s for s in steps if s != first]:
+            try:
+                with ocp.StandardCheckpointer() as reader:
+                    meta = reader.metadata(directory / str(step) / "state").item_metadata
+                abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), meta)
+                out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
+                params = out["state"]["params"]
+            except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
+                warnings.warn(f"checkpoint at update {step} could not be read ({type(e).__name__}); "
+                              "trying the next newest", stacklevel=2)
+                chosen = "latest"
+                continue
+            return Loaded(step=int(step), which=chosen, params=params, cfg=cfg)
+    raise SampleError(f"no checkpoint of {run_dir} could be read")
+
+
+def make_generate(model: Any, context: int, length: int):
+    """A jitted generate(params, buf, n, key, temperature) -> int32 [length] of sampled ids.
+
+    buf: int32 [context], the prompt's last ids left-aligned (padding after them is never attended to:
+    the model is causal); n: how many of buf are the prompt (1..context).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    def generate(params, buf, n, key, temperature):
+        def one(carry, k):
+            buf, n = carry
+            logits = model.apply({"params": params}, buf[None], train=False)[0, n - 1].astype(jnp.float32)
+            drawn = jax.random.categorical(k, logits / jnp.maximum(temperature, 1e-6))
+            nxt = jnp.where(temperature > 0, drawn, jnp.argmax(logits)).astype(jnp.int32)
+            full = n >= context
+            shifted = jnp.roll(buf, -1).at[context - 1].set(nxt)
+            appended = buf.at[jnp.minimum(n, context - 1)].set(nxt)
+            return (jnp.where(full, shifted, appended), jnp.minimum(n + 1, context)), nxt
+
+        _, ids = jax.lax.scan(one, (buf, n), jax.random.split(key, length))
+        return ids
+
+    return jax.jit(generate)
+
+
+def check_inputs(run_dir: str | Path, cfg: Config, prompt: str, length: int, temperature: float,
+                 seed: int) -> tuple[tuple[str, ...], Any]:
+    """(vocabulary, prompt ids) of a character-level run; SampleError for anything unusable."""
+    from jaxloop.sources import encode, read_vocab
+
+    if length < 1:
+        raise SampleError(f"--length={length} is not allowed: an integer >= 1")
+    if not temperature >= 0:
+        raise SampleError(f"--temperature={temperature} is not allowed: a number >= 0 (0 = most likely)")
+    if seed < 0:
+        raise SampleError(f"--seed={seed} is not allowed: an integer >= 0")
+    vocab = read_vocab(str(run_dir))
+    if cfg.model.kind != "gpt" or cfg.data.source != "text" or vocab is None:
+        raise SampleError(f"{run_dir} is not a character-level text run (data.source={cfg.data.source}, "
+                          f"model.kind={cfg.model.kind}{', no vocab.json' if vocab is None else ''})")
+    if not prompt:
+        raise SampleError("--prompt is empty: give at least one character to continue")
+    try:
+        ids = encode(prompt, vocab)
+    except ValueError as e:
+        raise SampleError(f"--prompt holds {e}") from None
+    return vocab, ids
+
+
+def sample(run_dir: str | Path, prompt: str, length: int = 200, temperature: float = 1.0,
+           which: str = "best", seed: int = 0, loaded: Loaded | None = None) -> str:
+    """`length` characters generated after `prompt` by the run's best or latest checkpoint
+    (or by `loaded`, params already restored with load_params)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxloop.models import make_model
+    from jaxloop.sources import decode
+
+    cfg = loaded.cfg if loaded is not None else read_config(run_dir)
+    vocab, ids = check_inputs(run_dir, cfg, prompt, length, temperature, seed)
+    loaded = loaded if loaded is not None else load_params(run_dir, which, cfg)
+    context = cfg.model.context
+    model = make_model(cfg, len(vocab))
+    window = ids[-context:]
+    buf = np.zeros(context, np.int32)
+    buf[: len(window)] = window
+    generate = make_generate(model, context, length)
+    out = generate(loaded.params, jnp.asarray(buf), jnp.asarray(len(window), jnp.int32),
+                   jax.random.PRNGKey(seed), jnp.asarray(temperature, jnp.float32))
+    return decode(np.asarray(out), vocab)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="jaxloop.sample",
+                                     description="Print text generated from a character-level run's checkpoint.")
+    parser.add_argument("run_dir", help="the run directory of a text (shakespeare-preset) run")
+    parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    parser.add_argument("--length", type=int, default=200, help="characters to generate (default 200)")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="softmax temperature; 0 = always the most likely character (default 1.0)")
+    parser.add_argument("--checkpoint", default="best",
+                        help="best (by the run's checkpoint.best_metric) or latest (default best)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+
+    def one_line_error(message: str) -> None:
+        print(f"jaxloop.sample: error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+    parser.error = one_line_error  # type: ignore[method-assign]
+    args = parser.parse_args(argv)
+    try:
+        if args.checkpoint not in ("best", "latest"):
+            raise SampleError(f"--checkpoint={args.checkpoint!r} is not allowed: one of best, latest")
+        cfg = read_config(args.run_dir)
+        check_inputs(args.run_dir, cfg, args.prompt, args.length, args.temperature, args.seed)
+        loaded = load_params(args.run_dir, args.checkpoint, cfg)
+        text = sample(args.run_dir, args.prompt, args.length, args.temperature, args.checkpoint, args.seed,
+                      loaded=loaded)
+    except SampleError as e:
+        print(f"jaxloop.sample: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"jaxloop.sample: {args.length} characters from the {loaded.which} checkpoint "
+          f"(update {loaded.step}) of {args.run_dir}", file=sys.stderr)
+    sys.stdout.write(args.prompt + text + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

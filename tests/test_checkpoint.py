@@ -1,0 +1,281 @@
+"""Orbax checkpoints and exact resume: retention, restore types, damage, faults, config mismatch."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from jaxloop.checkpoint import Checkpointer
+from jaxloop.config import CheckpointConfig, Config, ModelConfig, preset, replace
+from jaxloop.metrics import read_records
+from jaxloop.models import make_model
+from jaxloop.state import create_train_state, state_digest
+from jaxloop.train import Interrupted, RunLogger, run
+
+
+def _debug(run_dir: Path, **fields) -> Config:
+    cfg = preset("debug")
+    return replace(cfg, run_dir=str(run_dir), **fields)
+
+
+def _small_state(cfg: Config):
+    return create_train_state(cfg, make_model(cfg, 3), np.zeros((1, 4), np.float32))
+
+
+def _train_losses(run_dir: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in read_records(run_dir) if r["kind"] == "train"]
+
+
+# ----------------------------------------------------------------------------- retention
+
+
+METRICS = [0.9, 0.5, 0.7, 0.4, 0.8, 0.6, 0.45, 0.3, 0.35, 0.9, 0.95, 1.0]
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_retention_keeps_last_best_and_every_mth_for_a_known_metric_sequence(tmp_path, async_save):
+    # keep_last=2 -> {11, 12}; keep_best=2 by min val_loss -> 0.3 at 8, 0.35 at 9; keep_every=5 -> {5, 10};
+    # step 13 is saved without metrics: only LatestN can keep it, and it pushes 11 out.
+    cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)),
+                 checkpoint=CheckpointConfig(keep_last=2, keep_best=2, keep_every=5, async_save=async_save))
+    state = _small_state(cfg)
+    ckpt = Checkpointer(cfg, tmp_path)
+    try:
+        for step, value in enumerate(METRICS, start=1):
+            ckpt.save(step, state, {"position": step}, metrics={"val_loss": value, "val_acc": 1 - value})
+            ckpt.wait()
+        assert ckpt.all_steps() == [5, 8, 9, 10, 11, 12]
+        assert ckpt.best_step() == 8
+        ckpt.save(13, state, {"position": 13})
+        ckpt.wait()
+        assert ckpt.all_steps() == [5, 8, 9, 10, 12, 13]
+        assert ckpt.best_step() == 8
+    finally:
+        ckpt.close()
+
+
+def test_retention_in_max_mode_keeps_the_largest_metric(tmp_path):
+    cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)),
+                 checkpoint=CheckpointConfig(keep_last=1, keep_best=1, best_metric="val_acc", best_mode="max"))
+    state = _small_state(cfg)
+    ckpt = Checkpointer(cfg, tmp_path)
+    try:
+        for step, value in enumerate(METRICS, start=1):
+            ckpt.save(step, state, {"position": step}, metrics={"val_loss": value, "val_acc": 1 - value})
+        ckpt.wait()
+        assert ckpt.all_steps() == [8, 12] and ckpt.best_step() == 8
+    finally:
+        ckpt.close()
+
+
+def test_restore_returns_optimizer_states_as_their_own_types(tmp_path):
+    cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)))
+    state = _small_state(cfg)
+    target = _small_state(replace(cfg, seed=1))
+    ckpt = Checkpointer(cfg, tmp_path)
+    try:
+        ckpt.save(3, state, {"position": 7})
+        ckpt.wait()
+        restored = ckpt.restore_latest(target)
+    finally:
+        ckpt.close()
+    assert restored.step == 3 and restored.data == {"position": 7}
+    assert isinstance(restored.state.opt_state, optax.MultiStepsState)
+    assert jax.tree.structure(restored.state) == jax.tree.structure(target)
+    assert state_digest(restored.state) == state_digest(state)
+
+
+def test_a_non_finite_state_is_never_saved(tmp_path):
+    from jaxloop.checkpoint import NonFiniteStateError
+
+    cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)))
+    state = _small_state(cfg)
+    bad = state.replace(params=jax.tree.map(lambda p: p * np.nan, state.params))
+    ckpt = Checkpointer(cfg, tmp_path)
+    try:
+        with pytest.raises(NonFiniteStateError, match="update 1"):
+            ckpt.save(1, bad, {"position": 1})
+        assert ckpt.all_steps() == []
+    finally:
+        ckpt.close()
+
+
+# ----------------------------------------------------------------------------- exact resume
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The reference: a debug run of 30 updates with 2-step accumulation, every update logged."""
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    cfg = _debug(run_dir, steps=30, optim=replace(preset("debug").optim, accum_steps=2),
+                 checkpoint=CheckpointConfig(every=10), log=replace(preset("debug").log, progress="off"))
+    summary = run(cfg)
+    return cfg, summary, _train_losses(run_dir)
+
+
+def _interrupt_at(cfg: Config, k: int, monkeypatch) -> None:
+    """Run cfg and deliver a real SIGTERM to this process while update k is being logged."""
+    original = RunLogger.train
+
+    def train(self, record):
+        original(self, record)
+        if record["step"] == k:
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(RunLogger, "train", train)
+    with pytest.raises(Interrupted):
+        run(cfg)
+    monkeypatch.setattr(RunLogger, "train", original)
+
+
+@pytest.mark.parametrize("k", [13, 17])
+def test_resume_after_sigterm_mid_epoch_is_bit_identical(uninterrupted, tmp_path, monkeypatch, k):
+    # k = 13 and 17 are not multiples of checkpoint.every = 10; the debug split has 1437 training
+    # records, 44 micro-batches of 32 per epoch, so update 17 (micro-batch 34) is mid-epoch and update
+    # 23 onward crosses into epoch 2.
+    cfg_ref, ref_summary, ref_losses = uninterrupted
+    cfg = replace(cfg_ref, run_dir=str(tmp_path))
+    _interrupt_at(cfg, k, monkeypatch)
+    steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps[-1] == k, "SIGTERM saves the update it finished"
+    summary = run(cfg)
+    assert _train_losses(tmp_path) == ref_losses, "every update's loss equals the uninterrupted run's"
+    assert summary["state_digest"] == ref_summary["state_digest"]
+    assert summary["final_step"] == 30
+
+
+def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(uninterrupted, tmp_path, monkeypatch):
+    cfg_ref, ref_summary, ref_losses = uninterrupted
+    for damage in ("missing", "truncated"):
+        run_dir = tmp_path / damage
+        cfg = replace(cfg_ref, run_dir=str(run_dir))
+        _interrupt_at(cfg, 24, monkeypatch)  # checkpoints 10, 20, 24
+        newest = run_dir / "checkpoints" / "24" / "state"
+        files = sorted(p for p in newest.rglob("*") if p.is_file() and p.stat().st_size > 0)
+        victim = max(files, key=lambda p: p.stat().st_size)
+        if damage == "missing":
+            victim.unlink()
+        else:
+            victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+        with pytest.warns(UserWarning, match=r"checkpoint at update 24 is damaged"):
+            summary = run(cfg)
+        assert summary["state_digest"] == ref_summary["state_digest"], damage
+        assert _train_losses(run_dir) == ref_losses, damage
+        assert (run_dir / "checkpoints_damaged").is_dir()
+
+
+def test_resume_with_incompatible_config_is_refused_listing_fields(uninterrupted, tmp_path, capsys):
+    from jaxloop.train import main
+
+    run(replace(uninterrupted[0], run_dir=str(tmp_path), steps=10))
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    argv = ["--preset", "debug", "--run_dir", str(tmp_path), "--steps", "10", "--optim.accum_steps", "2",
+            "--checkpoint.every", "10", "--batch_size", "16", "--optim.peak_lr", "0.02", "--seed", "3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    for field in ("batch_size: 32 -> 16", "optim.peak_lr: 0.01 -> 0.02", "seed: 0 -> 3"):
+        assert field in err, err
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before, "nothing written on refusal"
+
+
+def test_resume_accepts_safe_changes_and_records_them(uninterrupted, tmp_path):
+    cfg = replace(uninterrupted[0], run_dir=str(tmp_path), steps=10)
+    run(cfg)
+    longer = replace(cfg, steps=14, log_every=2, allow_steps_change=True,
+                     data=replace(cfg.data, workers=1))
+    summary = run(longer)
+    assert summary["final_step"] == 14
+    record = json.loads((tmp_path / "resumes.jsonl").read_text().splitlines()[-1])
+    assert record["step"] == 10
+    assert record["changed"]["steps"] == [10, 14] and record["changed"]["data.workers"] == [0, 1]
+
+
+def test_resume_modes_never_and_must(tmp_path, capsys):
+    from jaxloop.train import main
+
+    base = ["--preset", "debug", "--steps", "4", "--log.progress", "off"]
+    assert main(base + ["--run_dir", str(tmp_path / "a"), "--resume", "must"]) == 2
+    assert not (tmp_path / "a").exists()
+    assert main(base + ["--run_dir", str(tmp_path / "b")]) == 0
+    assert main(base + ["--run_dir", str(tmp_path / "b"), "--resume", "never"]) == 2
+    err = capsys.readouterr().err
+    assert "resume='must'" in err and "resume='never'" in err
+
+
+# ----------------------------------------------------------------------------- real processes
+
+
+def _train_cmd(run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(run_dir),
+            "--log.progress", "plain", *extra]
+
+
+def _last_step(run_dir: Path) -> int:
+    steps = [r["step"] for r in read_records(run_dir) if r["kind"] == "train"]
+    return steps[-1] if steps else 0
+
+
+def _wait_until_trained(run_dir: Path, proc: subprocess.Popen, beyond: int, timeout: float = 120) -> bool:
+    """Poll metrics.jsonl until the process has logged an update past `beyond` (False if it exited)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if _last_step(run_dir) > beyond:
+            return True
+        time.sleep(0.01)
+    raise TimeoutError(f"no training progress in {run_dir} within {timeout}s")
+
+
+def test_sigterm_to_a_real_process_saves_and_exits_143(tmp_path):
+    proc = subprocess.Popen(_train_cmd(tmp_path, "--steps", "100000", "--log_every", "1"),
+                            stderr=subprocess.PIPE, text=True)
+    assert _wait_until_trained(tmp_path, proc, beyond=50)
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 143, rest
+    assert "SIGTERM received: saved and stopped" in rest
+    saved = max(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved > 50
+    last = [r for r in read_records(tmp_path) if r["kind"] == "train"][-1]
+    assert last["step"] == saved
+
+
+@pytest.mark.slow
+def test_twenty_sigkills_at_random_moments_end_bit_identical(tmp_path):
+    """SIGKILL at 20 seeded random moments (many during async saves, every 3 updates), resume each time."""
+    args = ("--steps", "600", "--log_every", "1", "--checkpoint.every", "3", "--checkpoint.keep_last", "2",
+            "--eval_every", "50")
+    reference = subprocess.run(_train_cmd(tmp_path / "ref", *args), capture_output=True, text=True, timeout=300)
+    assert reference.returncode == 0, reference.stderr
+    ref = json.loads((tmp_path / "ref" / "summary.json").read_text())
+
+    rng = random.Random(20261122)
+    run_dir = tmp_path / "killed"
+    kills = 0
+    while kills < 20:
+        proc = subprocess.Popen(_train_cmd(run_dir, *args), stderr=subprocess.DEVNULL)
+        # wait until this life trains past where the previous one was restored, then kill it at random
+        if not _wait_until_trained(run_dir, proc, beyond=_last_step(run_dir)):
+            break  # the run finished: nothing left to kill
+        time.sleep(rng.uniform(0.0, 0.4))
+        proc.kill()
+        proc.wait()
+        kills += 1
+    final = subprocess.run(_train_cmd(run_dir, *args), capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr
+    assert kills == 20
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["state_digest"] == ref["state_digest"]
+    assert _train_losses(run_dir) == _train_losses(tmp_path / "ref")
+    assert not list((run_dir / "checkpoints").glob("*tmp*")), "leftovers of interrupted saves are cleaned up"

@@ -1,0 +1,128 @@
+"""Bad input: one clear line on stderr naming the field, the value and what is allowed; exit 2; nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxloop.cli import parse_config
+from jaxloop.config import Config, to_dict
+
+# (argv, text the one-line message must contain)
+BAD_FLAGS = [
+    (["--optim.peak_lr", "0"], "optim.peak_lr=0.0"),
+    (["--optim.peak_lr", "-1e-3"], "optim.peak_lr=-0.001"),
+    (["--steps", "0"], "steps=0"),
+    (["--batch_size", "-4"], "batch_size=-4"),
+    (["--optim.warmup_steps", "600"], "optim.warmup_steps=600"),
+    (["--optim.end_lr", "1.0"], "optim.end_lr=1.0"),
+    (["--optim.accum_steps", "0"], "optim.accum_steps=0"),
+    (["--preset", "imagenet"], "preset='imagenet'"),
+    (["--precision", "fp8"], "'fp8'"),
+    (["--no_such_flag", "1"], "--no_such_flag"),
+    (["--steps", "ten"], "--steps"),
+    (["--optim.b1", "1.5"], "optim.b1=1.5"),
+    (["--model.n_heads", "3", "--preset", "shakespeare", "--data.path", __file__], "model.n_heads=3"),
+    (["--data.val_fraction", "0"], "data.val_fraction=0.0"),
+    (["--preset", "shakespeare"], "data.path=''"),
+    (["--preset", "shakespeare", "--data.path", "/no/such/file.txt"], "data.path='/no/such/file.txt'"),
+    (["--data.source", "npz", "--data.path", "/"], "data.path='/'"),
+    (["--checkpoint.best_metric", "ema_val_loss"], "checkpoint.best_metric='ema_val_loss'"),
+    (["--run_dir", "/etc/hostname/run"], "run_dir='/etc/hostname/run'"),
+    (["--log.price_per_hour", "-1"], "log.price_per_hour=-1.0"),
+]
+
+
+@pytest.mark.parametrize("argv,expected", BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
+def test_bad_flag_gives_one_line_exit_2_and_writes_nothing(argv, expected, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    from jaxloop.train import main
+
+    assert _exit_code(main, argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("jaxloop.train: error: ") and expected in err[0], err[0]
+    assert list(tmp_path.iterdir()) == [], "nothing is created on bad input"
+
+
+def _exit_code(main, argv) -> int:
+    """main's status, whether it returns it or exits with it (parse errors exit before running)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+def test_empty_data_file_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    from jaxloop.train import main
+
+    assert 2 == _exit_code(main, ["--preset", "shakespeare", "--data.path", str(empty)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data.path=" in err[0] and "non-empty" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt"]
+
+
+def test_malformed_config_file_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.yaml").write_text("optim: [peak_lr: oops\n")
+    (tmp_path / "unknown.json").write_text(json.dumps({"optim": {"peak_lr_typo": 1e-3}}))
+    from jaxloop.train import main
+
+    assert 2 == _exit_code(main, ["--config", "bad.yaml"])
+    assert 2 == _exit_code(main, ["--config", "unknown.json"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2
+    assert "--config='bad.yaml'" in err[0]
+    assert "optim.peak_lr_typo" in err[1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "unknown.json"]
+
+
+def test_config_file_sets_fields_and_flags_win(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("preset: debug\nsteps: 7\noptim:\n  peak_lr: 0.004\n  accum_steps: 2\n")
+    cfg = parse_config(["--config", str(f), "--steps", "9", "--run_dir", str(tmp_path / "r")])
+    assert cfg.preset == "debug" and cfg.batch_size == 32, "the file's preset supplies the other defaults"
+    assert cfg.steps == 9 and cfg.optim.peak_lr == 0.004 and cfg.optim.accum_steps == 2
+
+
+def test_dotted_flags_accept_underscores_and_hyphens(tmp_path):
+    a = parse_config(["--optim.peak_lr", "3e-4", "--run_dir", str(tmp_path)])
+    b = parse_config(["--optim.peak-lr", "3e-4", "--run-dir", str(tmp_path)])
+    assert a == b and a.optim.peak_lr == 3e-4
+
+
+def test_help_lists_every_field_with_its_doc_and_default():
+    out = subprocess.run([sys.executable, "-m", "jaxloop.train", "--help"], capture_output=True, text=True,
+                         env={**os.environ, "COLUMNS": "200"}, timeout=120)
+    assert out.returncode == 0
+    flat = _flatten(to_dict(Config()))
+    for key in flat:
+        assert f"--{key}" in out.stdout, f"--{key} missing from --help"
+    assert "Learning rate at the end of warmup. (default: 0.003)" in out.stdout
+
+
+def test_bad_flag_in_a_real_subprocess_exits_2_with_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "jaxloop.train", "--optim.peak_lr", "0"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "jaxloop.train: error: optim.peak_lr=0.0 is not allowed: a number > 0"]
+    assert list(Path(tmp_path).iterdir()) == []
+
+
+def _flatten(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out

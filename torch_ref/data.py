@@ -1,0 +1,98 @@
+"""The input pipeline in PyTorch: a Dataset over jaxloop.sources' splits and DataLoaders.
+
+Training batches come from a batch sampler that replays jaxloop's record order
+(jaxloop.sources.record_order): micro-batch b holds exactly the records jaxloop's micro-batch b holds,
+for every worker count. The sampler starts at any micro-batch position, so a resumed run continues
+mid-epoch where it stopped; the position (micro-batches consumed) is the loader's whole checkpointable
+state, as in jaxloop.data.TrainLoader.
+
+Validation batches are the validation split in file order, data.eval_batch_size (0 = batch_size)
+records each, the last one short (jaxloop pads it with weight-0 records instead; both average exactly
+over the records).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from jaxloop.config import Config
+from jaxloop.sources import Records, Splits, record_order
+
+
+class SplitDataset(Dataset):
+    """One split's records as (x, y) tensor pairs: features or token windows, labels or next tokens."""
+
+    def __init__(self, records: Records):
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        record = self.records.get([index])
+        return torch.as_tensor(record["x"][0]), torch.as_tensor(record["y"][0])
+
+
+class ReplayBatchSampler(Sampler[list[int]]):
+    """Micro-batches start, start + 1, ... (up to stop, or endless) of jaxloop's record order.
+
+    Each item is the list of training-record indices of one micro-batch: epoch e is the permutation
+    drawn from (cfg.seed, e), cut into num_train // batch_size batches, remainder dropped.
+    """
+
+    def __init__(self, cfg: Config, num_train: int, start: int = 0, stop: int | None = None, chunk: int = 256):
+        if start < 0 or (stop is not None and stop < start):
+            raise ValueError(f"need 0 <= start <= stop, got start={start}, stop={stop}")
+        self.cfg, self.num_train, self.start, self.stop, self.chunk = cfg, num_train, start, stop, chunk
+
+    def __iter__(self) -> Iterator[list[int]]:
+        b = self.start
+        while self.stop is None or b < self.stop:
+            n = self.chunk if self.stop is None else min(self.chunk, self.stop - b)
+            for row in record_order(self.cfg, self.num_train, b, n):
+                yield row.tolist()
+            b += n
+
+    def __len__(self) -> int:
+        if self.stop is None:
+            raise TypeError("an endless ReplayBatchSampler has no length")
+        return self.stop - self.start
+
+
+def _loader_kwargs(cfg: Config, device: torch.device) -> dict:
+    workers = cfg.data.workers
+    kwargs = dict(
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=workers > 0,
+        # The loader's own generator: creating an iterator draws a base seed from it, which would
+        # otherwise advance torch's global RNG (the one dropout uses) and break bit-exact resume.
+        generator=torch.Generator().manual_seed(cfg.seed),
+    )
+    if workers > 0 and cfg.data.prefetch > 0:
+        kwargs["prefetch_factor"] = cfg.data.prefetch
+    return kwargs
+
+
+def make_train_loader(cfg: Config, splits: Splits, position: int = 0,
+                      device: torch.device | str = "cpu", stop: int | None = None) -> DataLoader:
+    """Endless (or up to micro-batch `stop`) loader of training micro-batches from `position` on."""
+    sampler = ReplayBatchSampler(cfg, splits.num_train, start=position, stop=stop)
+    return DataLoader(SplitDataset(splits.train), batch_sampler=sampler, **_loader_kwargs(cfg, torch.device(device)))
+
+
+def make_val_loader(cfg: Config, splits: Splits, device: torch.device | str = "cpu") -> DataLoader:
+    """The whole validation split in order, eval_batch_size (0 = batch_size) records per batch."""
+    size = cfg.data.eval_batch_size or cfg.batch_size
+    return DataLoader(SplitDataset(splits.val), batch_size=size, shuffle=False, drop_last=False,
+                      **_loader_kwargs(cfg, torch.device(device)))
+
+
+def micro_batch(cfg: Config, splits: Splits, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Micro-batch b as one (x, y) pair without a DataLoader (for tests and single-update helpers)."""
+    record = splits.train.get(record_order(cfg, splits.num_train, b, 1)[0])
+    return torch.from_numpy(np.array(record["x"])), torch.from_numpy(np.array(record["y"]))

@@ -1,0 +1,386 @@
+"""The torch_ref training loop and CLI: `python -m torch_ref.train [--preset NAME] [--config FILE] [--field value ...]`.
+
+The same flags, config validation, run_dir outputs and exit statuses as `python -m jaxloop.train`, plus
+one flag of its own, `--clip torch|optax` (how gradients are clipped, see torch_ref/optim.py; default
+torch). Exit status: 0 done (also after early stopping); 1 too many consecutive non-finite updates;
+2 bad input (one line on stderr, nothing written); 130 / 143 interrupted by SIGINT / SIGTERM after the
+current update was finished and saved.
+
+run_dir outputs: config.json (jaxloop.config.to_dict), metrics.jsonl (one JSON record per line: train
+records every log_every updates, eval records every eval_every updates and at the end), checkpoints/,
+summary.json, resumes.jsonl (one line per resume), vocab.json (text sources).
+
+Library use (what the parity tests call):
+
+    result = run(cfg, init_params=jax_params, clip="optax")   # -> RunResult(records, summary, state)
+    state = create_train_state(cfg, splits, init_params)       # torch_ref.state
+    metrics = train_update(state, micro_batches, clip="optax") # torch_ref.step: one update
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jaxloop.cli import EXIT_BAD_INPUT, UsageError, parse_or_exit
+from jaxloop.config import Config, ConfigError, changed_fields, resume_conflicts, to_dict
+from jaxloop.sources import Splits, load_splits, write_vocab
+from torch_ref.checkpoint import CHECKPOINT_DIR, CheckpointManager
+from torch_ref.data import make_train_loader, make_val_loader
+from torch_ref.optim import ClipMode
+from torch_ref.state import TrainState, create_train_state, state_digest
+from torch_ref.step import evaluate, train_update
+
+PROG = "torch_ref.train"
+METRICS_FILE = "metrics.jsonl"
+EXIT_NONFINITE = 1
+EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+CLIP_MODES = ("torch", "optax")
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive updates were skipped for a non-finite loss or gradient."""
+
+
+class Interrupted(Exception):
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+@dataclass
+class BestTracker:
+    """Best validation metric so far and evaluations since it improved (for early stopping)."""
+
+    mode: str
+    patience: int = 0
+    best: float | None = None
+    best_step: int | None = None
+    since_best: int = 0
+
+    def update(self, step: int, value: float) -> bool:
+        """Record an evaluation; True when early stopping should end the run."""
+        better = self.best is None or (value < self.best if self.mode == "min" else value > self.best)
+        if better:
+            self.best, self.best_step, self.since_best = value, step, 0
+        else:
+            self.since_best += 1
+        return self.patience > 0 and self.since_best >= self.patience
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "best_step": self.best_step, "since_best": self.since_best}
+
+
+@dataclass
+class RunResult:
+    records: list[dict[str, Any]]
+    """Every record of run_dir/metrics.jsonl after the run (a resumed run's earlier ones included)."""
+    summary: dict[str, Any]
+    """What run_dir/summary.json holds."""
+    state: TrainState
+    """The final state (export_jax_params(result.state.model) gives the weights as a flax tree)."""
+
+
+# ----------------------------------------------------------------------------- metrics.jsonl
+
+
+def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
+    """All records of run_dir/metrics.jsonl (an unfinished last line, from a killed run, is ignored)."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+class RunLogger:
+    """Appends records to metrics.jsonl; on resume first keeps only the records up to the restored update."""
+
+    def __init__(self, cfg: Config, run_dir: Path, start_step: int):
+        self.cfg = cfg
+        self.path = run_dir / METRICS_FILE
+        # Records after the checkpoint are logged again by the resumed run. A skipped update's record
+        # carries the count of updates before it, so one at start_step came after the checkpoint.
+        kept = [r for r in read_records(run_dir) if r.get("step", 0) < start_step
+                or (r.get("step", 0) == start_step and r.get("updated", True))]
+        with open(self.path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        self._file = open(self.path, "a", buffering=1)
+        self._print = cfg.log.progress != "off"
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        if self._print:
+            shown = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                             for k, v in record.items() if k not in ("kind", "step"))
+            print(f"{record['kind']} {record['step']}/{self.cfg.steps}: {shown}", file=sys.stderr, flush=True)
+
+    def message(self, text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def prepare_run_dir(cfg: Config) -> dict[str, Any] | None:
+    """Check the resume rules against run_dir before anything is written; the saved config, if any.
+
+    The same rules as jaxloop: resume=never needs an empty or new run_dir, resume=must a checkpoint,
+    and a resumed run must not change fields that alter the trajectory (steps only with
+    allow_steps_change).
+    """
+    run_dir = Path(cfg.run_dir)
+    ckpt_dir = run_dir / CHECKPOINT_DIR
+    has_ckpt = ckpt_dir.is_dir() and any(ckpt_dir.glob("step_*.pt"))
+    saved_path = run_dir / "config.json"
+    saved = json.loads(saved_path.read_text()) if saved_path.exists() else None
+    if cfg.resume == "never" and run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError("resume", "never", f"an empty or new run_dir ({run_dir} is not empty; "
+                          "use --resume auto to continue it or choose another --run_dir)")
+    if cfg.resume == "must" and not has_ckpt:
+        raise ConfigError("resume", "must", f"a run_dir holding a checkpoint ({run_dir} has none)")
+    if has_ckpt and saved is not None and cfg.resume != "never":
+        conflicts = resume_conflicts(saved, cfg)
+        if conflicts:
+            raise ConfigError("resume", cfg.resume, "a config that matches the checkpointed run; these "
+                              f"fields differ: {'; '.join(conflicts)} (steps may change with --allow_steps_change)")
+    return saved if has_ckpt else None
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def run(cfg: Config, init_params: Any = None, clip: ClipMode = "torch", stop_after: int | None = None,
+        save_on_stop: bool = True, device: str | None = None, splits: Splits | None = None) -> RunResult:
+    """Train according to cfg into cfg.run_dir (resuming per cfg.resume); the records and summary.
+
+    init_params: a flax params tree (e.g. jaxloop's initial params) to start from instead of torch's own
+    initialisation; ignored when resuming from a checkpoint. clip: "torch" (clip_grad_norm_) or
+    "optax" (optax.clip_by_global_norm's arithmetic). stop_after: end the run after this many applied
+    updates as a SIGTERM would (evaluate if due, save a checkpoint unless save_on_stop is False, which
+    stands for a kill), without the final evaluation; summary["stop_reason"] is then "stop_after".
+    """
+    t_start = time.perf_counter()
+    if clip not in CLIP_MODES:
+        raise ConfigError("--clip", clip, f"one of {', '.join(CLIP_MODES)}")
+    splits = splits if splits is not None else load_splits(cfg)  # bad data: ConfigError, nothing written
+    saved = prepare_run_dir(cfg)
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    write_vocab(str(run_dir), splits)
+
+    state = create_train_state(cfg, splits, init_params, device or default_device())
+    ckpt = CheckpointManager(cfg, run_dir)
+    restored = ckpt.restore_latest() if cfg.resume != "never" else None
+    if restored is None and cfg.resume == "must":
+        raise ConfigError("resume", "must", f"a run_dir holding a valid checkpoint ({run_dir} has none)")
+    if restored is not None:
+        state.load_state_dict(restored[1])
+        if saved is not None:
+            with open(run_dir / "resumes.jsonl", "a") as f:
+                f.write(json.dumps({"step": state.step, "changed": changed_fields(saved, cfg)}) + "\n")
+    loop = Loop(cfg, run_dir, splits, ckpt, clip, stop_after, save_on_stop)
+    summary = loop.run(state)
+    summary["wall_time_s"] = time.perf_counter() - t_start
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return RunResult(records=read_records(run_dir), summary=summary, state=state)
+
+
+class Loop:
+    """One training run from a fresh or restored state to `steps` updates (or an early stop)."""
+
+    def __init__(self, cfg: Config, run_dir: Path, splits: Splits, ckpt: CheckpointManager, clip: ClipMode,
+                 stop_after: int | None = None, save_on_stop: bool = True):
+        self.cfg, self.run_dir, self.splits, self.ckpt, self.clip = cfg, run_dir, splits, ckpt, clip
+        self.stop_after, self.save_on_stop = stop_after, save_on_stop
+        self.signal: int | None = None
+        self.timings: dict[str, float] = {"train": 0.0, "eval": 0.0, "checkpoint": 0.0}
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.signal = signum  # finish the current update, save, then exit
+
+    def run(self, state: TrainState) -> dict[str, Any]:
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        previous = {s: signal.signal(s, self._on_signal) for s in EXIT_SIGNAL} if in_main_thread else {}
+        logger = RunLogger(self.cfg, self.run_dir, start_step=state.step)
+        try:
+            summary = self._train(state, logger)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            logger.close()
+        if self.signal is not None:
+            raise Interrupted(self.signal)
+        return summary
+
+    def _evaluate(self, state: TrainState, val_loader: Any) -> dict[str, float]:
+        t0 = time.perf_counter()
+        out = evaluate(state, val_loader)
+        self.timings["eval"] += time.perf_counter() - t0
+        return out
+
+    def _train(self, state: TrainState, logger: RunLogger) -> dict[str, Any]:
+        cfg, K = self.cfg, self.cfg.optim.accum_steps
+        tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
+        for key, value in state.extra.get("best", {}).items():
+            setattr(tracker, key, value)
+        train_loader = make_train_loader(cfg, self.splits, position=state.position, device=state.device)
+        val_loader = make_val_loader(cfg, self.splits, device=state.device)
+        batches = iter(train_loader)
+        due = lambda n, u: n > 0 and u % n == 0  # noqa: E731
+        saved_step = state.step if state.step else None
+        last_eval: dict[str, float] = {}
+        stop_reason = "completed"
+        updates_done, interval_start, interval_updates = 0, time.perf_counter(), 0
+
+        while state.step < cfg.steps:
+            attempted = state.step + 1
+            t0 = time.perf_counter()
+            metrics = train_update(state, [next(batches) for _ in range(K)], self.clip)
+            self.timings["train"] += time.perf_counter() - t0
+            u = state.step
+            if metrics["updated"]:
+                updates_done += 1
+                interval_updates += 1
+            elif state.bad_streak >= cfg.max_bad_steps:
+                raise NonFiniteError(
+                    f"{state.bad_streak} consecutive updates were skipped for a non-finite loss or gradient "
+                    f"(update {attempted} tried {state.bad_streak} times; max_bad_steps={cfg.max_bad_steps}); "
+                    "the last saved checkpoint is finite")
+
+            if due(cfg.log_every, attempted) or (metrics["updated"] and u >= cfg.steps):
+                now = time.perf_counter()
+                rate = interval_updates / max(now - interval_start, 1e-9)
+                interval_start, interval_updates = now, 0
+                logger.write({
+                    "kind": "train", "step": u, "lr": metrics["lr"], "loss": metrics["loss"],
+                    "grad_norm": metrics["grad_norm"], "skipped": metrics["skipped"],
+                    "updated": metrics["updated"], "loss_scale": metrics["loss_scale"], "updates_per_s": rate,
+                })
+
+            stopping = self.signal is not None or (self.stop_after is not None and u >= self.stop_after)
+            if not metrics["updated"]:
+                if stopping and saved_step != u and u > 0 and self.save_on_stop:
+                    self._save(state, tracker, None)
+                    saved_step = u
+                if stopping:
+                    stop_reason = self._stop_reason()
+                    break
+                continue
+
+            evaluated = None
+            if due(cfg.eval_every, u) or u >= cfg.steps:
+                evaluated = last_eval = self._evaluate(state, val_loader)
+                logger.write({"kind": "eval", "step": u, **evaluated})
+                if tracker.update(u, evaluated[cfg.checkpoint.best_metric]):
+                    stop_reason = "early_stopping"
+                    logger.message(f"early stopping at update {u}: no better {cfg.checkpoint.best_metric} "
+                                   f"in {cfg.patience} evaluations")
+            end = u >= cfg.steps or stop_reason != "completed" or stopping
+            may_save = not stopping or self.save_on_stop or u >= cfg.steps
+            if (due(cfg.checkpoint.every, u) or end) and saved_step != u and may_save:
+                self._save(state, tracker, evaluated)
+                saved_step = u
+            if end:
+                if stopping:
+                    stop_reason = self._stop_reason()
+                break
+
+        if not last_eval and stop_reason == "completed":
+            last_eval = self._evaluate(state, val_loader)
+        del batches, train_loader, val_loader  # stops loader worker processes
+        train_time = self.timings["train"]
+        return {
+            "final_step": state.step,
+            "stop_reason": stop_reason,
+            "final": last_eval,
+            "best": {"metric": cfg.checkpoint.best_metric, "value": tracker.best, "step": tracker.best_step,
+                     "checkpoint_step": self.ckpt.best_step()},
+            "updates_per_s": updates_done / train_time if train_time > 0 else 0.0,
+            "skipped_updates": state.skipped,
+            "state_digest": state_digest(state),
+            "timings_s": dict(self.timings),
+            "framework": "torch",
+            "clip": self.clip,
+            "device": str(state.device),
+        }
+
+    def _stop_reason(self) -> str:
+        if self.signal is not None:
+            return f"signal {signal.Signals(self.signal).name}"
+        return "stop_after"
+
+    def _save(self, state: TrainState, tracker: BestTracker, metrics: dict[str, float] | None) -> None:
+        state.extra["best"] = tracker.as_dict()
+        self.timings["checkpoint"] += self.ckpt.save(state.step, state.state_dict(), metrics)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _take_clip(argv: list[str]) -> str:
+    """Remove `--clip MODE` / `--clip=MODE` from argv; the mode (default torch)."""
+    for i, arg in enumerate(argv):
+        if arg == "--clip":
+            if i + 1 >= len(argv):
+                raise UsageError("--clip needs a value: torch or optax")
+            mode = argv[i + 1]
+            del argv[i:i + 2]
+            break
+        if arg.startswith("--clip="):
+            mode = arg.split("=", 1)[1]
+            del argv[i]
+            break
+    else:
+        return "torch"
+    if mode not in CLIP_MODES:
+        raise ConfigError("--clip", mode, f"one of {', '.join(CLIP_MODES)}")
+    return mode
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse, build, run; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        clip = _take_clip(argv)
+    except (ConfigError, UsageError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    cfg = parse_or_exit(argv, PROG)
+    try:
+        summary = run(cfg, clip=clip).summary
+    except ConfigError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except NonFiniteError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return EXIT_NONFINITE
+    except Interrupted as e:
+        print(f"{PROG}: {e} received: saved and stopped", file=sys.stderr)
+        return EXIT_SIGNAL[e.signum]
+    final = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items())
+    print(f"done: {summary['final_step']} updates in {summary['wall_time_s']:.1f}s; {final}; "
+          f"outputs in {cfg.run_dir}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
