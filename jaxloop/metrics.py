@@ -197,7 +197,7 @@ class Progress:
             first = self._bar is None
             if first:
                 self._bar = self._new_bar(step)
-            self._bar.set_postfix_str(f"loss {record['loss']:.4f}, lr {record['lr']:.2e}", refresh=first)
+            self._bar.set_postfix_str(f"loss {record['loss']:.4f}, lr {record.get('lr', math.nan):.2e}", refresh=first)
             self._bar.update(step - self._bar.n)
         elif self.mode == "plain":
             now = time.perf_counter()
@@ -208,7 +208,8 @@ class Progress:
                 self._next_line += self._cadence
             self._last_line_t = now
             pct = 100.0 * step / self.total if self.total else 100.0
-            line = (f"update {step}/{self.total} ({pct:.0f}%) loss {record['loss']:.4f} lr {record['lr']:.2e} "
+            line = (f"update {step}/{self.total} ({pct:.0f}%) loss {record['loss']:.4f} "
+                    f"lr {record.get('lr', math.nan):.2e} "
                     f"{record.get('updates_per_s', 0.0):.1f} updates/s ETA {format_duration(eta)}")
             if record.get("mem_bytes") is not None:
                 line += f" mem {format_bytes(record['mem_bytes'])}"

@@ -52,7 +52,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (a.reshape(b, t, h, d) for a in (q, k, v))
         scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-        scores = jnp.where(causal, scores.astype(jnp.float32), -jnp.inf)
+        # softmax in at least float32 (bf16/fp16 compute), float64 under fp64
+        scores = jnp.where(causal, scores.astype(jnp.promote_types(scores.dtype, jnp.float32)), -jnp.inf)
         weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
         weights = nn.Dropout(self.dropout, deterministic=not train)(weights)
         y = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, t, c)

@@ -12,6 +12,7 @@ import jax
 import optax
 
 from jaxloop.config import Config
+from jaxloop.precision import get_policy
 from jaxloop.schedule import make_schedule
 
 
@@ -37,4 +38,6 @@ def make_optimizer(cfg: Config) -> optax.MultiSteps:
             weight_decay=o.weight_decay, mask=decay_mask,
         )
     )
-    return optax.MultiSteps(optax.chain(*parts), every_k_schedule=o.accum_steps)
+    # The accumulator holds gradients in the params' dtype (MultiSteps' default is float32).
+    param_dtype = get_policy(cfg.precision).param_dtype
+    return optax.MultiSteps(optax.chain(*parts), every_k_schedule=o.accum_steps, accumulator_dtype=param_dtype)

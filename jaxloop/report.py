@@ -161,7 +161,9 @@ def throughput(run: Run) -> dict[str, float | None]:
     k = _cfg(run, "optim.accum_steps", 1) or 1
     batch = _cfg(run, "batch_size", 0) or 0
     samples = updates_per_s * k * batch if updates_per_s is not None else None
-    tokens = samples * _cfg(run, "model.context", 0) if samples is not None and _cfg(run, "model.kind") == "gpt" else None
+    tokens = None
+    if samples is not None and _cfg(run, "model.kind") == "gpt":
+        tokens = samples * _cfg(run, "model.context", 0)
 
     def median(key: str) -> float | None:
         vals = [r[key] for r in run.train if isinstance(r.get(key), (int, float))]
@@ -248,6 +250,10 @@ def plot_loss(run: Run, path: Path, best: dict[str, Any]) -> None:
         if x:
             ax.plot(x, y, markersize=4, label=key, **style)
     _mark_events(ax, run, best)
+    losses = [r[k] for rs, k in ((run.train, "loss"), (run.evals, "val_loss"), (run.evals, "ema_val_loss"))
+              for r in rs if isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) and r[k] > 0]
+    if losses and max(losses) / min(losses) > 100:
+        ax.set_yscale("log", nonpositive="clip")  # losses spanning orders of magnitude
     ax.set_ylabel("loss")
     ax.set_title("Loss")
     ax.grid(alpha=0.3)
@@ -401,7 +407,8 @@ def render(run: Run, plots: dict[str, str]) -> str:
     else:
         lines += ["No evaluation yet.", ""]
     if best["value"] is not None:
-        ck = f"; best of the checkpoints kept: update {best['checkpoint_step']}" if best.get("checkpoint_step") is not None else ""
+        ck = "" if best.get("checkpoint_step") is None else (
+            f"; best of the checkpoints kept: update {best['checkpoint_step']}")
         lines.append(f"Best by checkpoint.best_metric ({best['metric']}, {best['mode']}): **{_fmt(best['value'])}** "
                      f"at update {best['step']}{ck} (from {best['source']}).")
     else:

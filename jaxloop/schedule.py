@@ -7,6 +7,9 @@ it emits an update.
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -21,12 +24,20 @@ def make_schedule(cfg: Config) -> optax.Schedule:
     """
     o = cfg.optim
     if o.warmup_steps < cfg.steps:
-        return optax.warmup_cosine_decay_schedule(
+        schedule = optax.warmup_cosine_decay_schedule(
             init_value=o.init_lr, peak_value=o.peak_lr, warmup_steps=o.warmup_steps,
             decay_steps=cfg.steps, end_value=o.end_lr,
         )
-    warmup = optax.linear_schedule(o.init_lr, o.peak_lr, transition_steps=o.warmup_steps)
-    return optax.join_schedules([warmup, optax.constant_schedule(o.end_lr)], [o.warmup_steps])
+    else:
+        warmup = optax.linear_schedule(o.init_lr, o.peak_lr, transition_steps=o.warmup_steps)
+        schedule = optax.join_schedules([warmup, optax.constant_schedule(o.end_lr)], [o.warmup_steps])
+
+    def at(count: Any) -> Any:
+        # optax's counts are int32 and int32 / int divides in float32 even under x64: evaluate from a
+        # count in the default float dtype (float64 with x64; float32, exact to 2**24 updates, without).
+        return schedule(jnp.asarray(count, dtype=jnp.result_type(float)))
+
+    return at
 
 
 def lr_table(cfg: Config, updates: int | None = None) -> np.ndarray:

@@ -4,7 +4,8 @@ One call consumes one micro-batch; optax.MultiSteps accumulates K of them into o
 policy: a micro-batch whose loss or gradient is not finite marks its accumulation window; the update
 that closes the window is then skipped as a whole (params, moments, update count and schedule stay;
 the accumulator is discarded), counted, and the fp16 loss scale halved: torch.amp.GradScaler's
-semantics, since an overflow in any micro-batch makes torch's accumulated .grad non-finite.
+semantics, since an overflow in any micro-batch makes torch's accumulated .grad non-finite. An update
+whose result would not be finite is skipped the same way, so the state stays finite.
 """
 
 from __future__ import annotations
@@ -81,7 +82,10 @@ def make_train_step(loss_fn: LossFn, jit: bool = True) -> Callable[[TrainState, 
         new_params = optax.apply_updates(state.params, updates)
         emitted = new_opt.gradient_step != opt.gradient_step
         poisoned = state.poisoned | ~finite
-        skip = emitted & poisoned
+        # An update that would itself make the state non-finite (e.g. an overflowing moment) is skipped
+        # too, so a state out of this step is always finite and safe to checkpoint.
+        result_finite = _all_finite((new_params, new_opt.inner_opt_state))
+        skip = emitted & (poisoned | ~result_finite)
         applied = emitted & ~skip
         discard = opt._replace(mini_step=jnp.zeros_like(opt.mini_step), acc_grads=jax.tree.map(jnp.zeros_like, opt.acc_grads))
         new_opt = _tree_where(skip, discard, new_opt)

@@ -271,7 +271,7 @@ class Loop:
             if (due(every) or end) and saved_step != host_step:
                 with timings("checkpoint"):
                     self.ckpt.save(host_step, state, {"position": position, "best": tracker.as_dict()},
-                                   metrics=evaluated)
+                                   metrics=evaluated, check_finite=False)  # train_step keeps it finite
                 saved_step = host_step
             if end:
                 if self.signal is not None:

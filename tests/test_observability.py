@@ -28,7 +28,7 @@ import pytest
 from jaxloop import sample as sample_mod
 from jaxloop.cli import parse_config
 from jaxloop.config import preset
-from jaxloop.metrics import RunLogger, memory_bytes, read_records
+from jaxloop.metrics import RunLogger, read_records
 from jaxloop.models import MLP, init_params, make_model
 from jaxloop.report import main as report_main
 from jaxloop.sources import encode, read_vocab
@@ -229,7 +229,18 @@ def test_memory_is_recorded_and_its_peak_summarised(debug_run):
     mems = [r["mem_bytes"] for r in read_records(run_dir) if r["kind"] == "train"]
     assert len(mems) == 20 and all(isinstance(m, int) and m > 0 for m in mems)
     assert summary["peak_mem_bytes"] == max(mems)
-    assert memory_bytes() > 10 * 2**20  # CPU: this process's resident set
+
+
+def test_memory_is_the_device_peak_when_the_device_reports_one(monkeypatch):
+    import jaxloop.metrics as metrics
+
+    stats = {"bytes_in_use": 5 * 2**20, "peak_bytes_in_use": 7 * 2**20, "bytes_limit": 80 * 2**30}
+    monkeypatch.setattr(metrics, "_device_memory_stats", lambda: stats)  # what a GPU's memory_stats() holds
+    assert metrics.memory_bytes() == 7 * 2**20
+    assert metrics.memory_source().startswith("accelerator peak_bytes_in_use")
+    monkeypatch.setattr(metrics, "_device_memory_stats", lambda: None)  # the CPU backend reports none
+    assert metrics.memory_bytes() > 10 * 2**20  # this process's resident set
+    assert metrics.memory_source().startswith("process resident set size")
 
 
 def test_plain_progress_lines_when_not_a_terminal(debug_run):
@@ -354,7 +365,8 @@ def test_ema_equals_hand_computed_average():
         jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6),
                      jax.device_get(state.ema_params), ema)
     # and the EMA really lags the params
-    assert not np.allclose(jax.device_get(state.ema_params)["out"]["kernel"], jax.device_get(state.params)["out"]["kernel"])
+    ema_kernel, kernel = jax.device_get((state.ema_params["out"]["kernel"], state.params["out"]["kernel"]))
+    assert not np.allclose(ema_kernel, kernel)
 
 
 def test_ema_updates_once_per_update_with_accumulation():

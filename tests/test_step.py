@@ -245,3 +245,19 @@ def test_per_step_randomness_differs_between_micro_steps_and_updates():
         state, m = train_step(state, batch)
         losses.append(float(m["loss"]))
     assert losses[0] != losses[1]
+
+
+def test_an_update_that_would_make_the_state_non_finite_is_skipped():
+    # A finite gradient of 1e20 per parameter (loss = 1e20 * sum(params)) squares past float32's max:
+    # Adam's second moment would be inf. The update is skipped and the state stays finite, so every
+    # state out of train_step can be saved.
+    def linear_loss(apply, params, batch, rng):
+        return 1e20 * sum(jnp.sum(p) for p in jax.tree.leaves(params)), {}
+
+    cfg = _cfg(clip_norm=0.0)
+    state = _state(cfg)
+    before = _host((state.params, _inner_adam(state.opt_state)))
+    state, m = make_train_step(linear_loss)(state, _batch(0))
+    assert float(m["loss"]) != 0 and np.isfinite(float(m["loss"])), "loss and gradient (1e20) are finite"
+    assert int(m["skipped"]) == 1 and int(state.step) == 0
+    jax.tree.map(np.testing.assert_array_equal, before, _host((state.params, _inner_adam(state.opt_state))))
