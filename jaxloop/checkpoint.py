@@ -143,5 +143,14 @@ class Checkpointer:
 
 
 def quiet_orbax() -> None:
-    """Orbax logs every save at INFO through absl; keep the run's console for the run."""
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    """Orbax logs every save at INFO through absl, and warns on every save made without validation
+    metrics (by design here: best tracking ranks only evaluated saves); keep the console for the run."""
+    absl = logging.getLogger("absl")
+    absl.setLevel(logging.WARNING)
+    if not any(isinstance(f, _NoMetricsWarning) for f in absl.filters):
+        absl.addFilter(_NoMetricsWarning())
+
+
+class _NoMetricsWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "did not provide metrics" not in record.getMessage()

@@ -12,16 +12,19 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from jaxloop.checkpoint import CHECKPOINT_DIR, Checkpointer, quiet_orbax
 from jaxloop.cli import EXIT_BAD_INPUT, parse_or_exit
 from jaxloop.config import Config, ConfigError, changed_fields, resume_conflicts, to_dict
 from jaxloop.data import DevicePrefetcher, TrainLoader, val_batches
+from jaxloop.distributed import check_divisible, make_mesh, replicate, shard_batch
 from jaxloop.metrics import Profiler, RunLogger, Timings, run_metadata
 from jaxloop.models import make_model
 from jaxloop.sources import load_splits, write_vocab
@@ -89,14 +92,14 @@ class Throughput:
         self.time += seconds
 
 
-def evaluate(state: TrainState, cfg: Config, splits: Any) -> dict[str, float]:
+def evaluate(state: TrainState, cfg: Config, splits: Any, mesh: Mesh) -> dict[str, float]:
     """Loss and accuracy over the whole validation split (and of the EMA params, when kept)."""
     out: dict[str, float] = {}
     variants = [("val_", state)]
     if state.ema_params is not None:
         variants.append(("ema_val_", state.replace(params=state.ema_params)))
     for prefix, s in variants:
-        sums = [eval_step(s, batch) for batch in val_batches(cfg, splits)]
+        sums = [eval_step(s, shard_batch(batch, mesh)) for batch in val_batches(cfg, splits)]
         sums = jax.device_get(sums)
         weight = sum(float(m["weight"]) for m in sums)
         out[prefix + "loss"] = sum(float(m["loss"]) * float(m["weight"]) for m in sums) / weight
@@ -129,6 +132,7 @@ def run(cfg: Config) -> dict[str, Any]:
     if cfg.precision == "fp64":
         jax.config.update("jax_enable_x64", True)
     splits = load_splits(cfg)  # bad data is a ConfigError before anything is written
+    check_divisible(cfg)
     saved = prepare_run_dir(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -139,7 +143,8 @@ def run(cfg: Config) -> dict[str, Any]:
     quiet_orbax()
 
     timings = Timings()
-    state = create_train_state(cfg, make_model(cfg, splits.num_classes), splits.example_x)
+    mesh = make_mesh()
+    state = replicate(create_train_state(cfg, make_model(cfg, splits.num_classes), splits.example_x), mesh)
     ckpt = Checkpointer(cfg, run_dir, metadata)
     try:
         restored = ckpt.restore_latest(state) if cfg.resume != "never" else None
@@ -150,7 +155,7 @@ def run(cfg: Config) -> dict[str, Any]:
             with open(run_dir / "resumes.jsonl", "a") as f:
                 f.write(json.dumps({"step": restored.step, "changed": changes}) + "\n")
         timings.add("setup", time.perf_counter() - t_start)
-        summary = Loop(cfg, run_dir, splits, ckpt, timings).run(state, restored)
+        summary = Loop(cfg, run_dir, splits, ckpt, timings, mesh).run(state, restored)
     finally:
         with timings("checkpoint"):
             ckpt.close()  # awaits the last async save and surfaces its errors
@@ -167,8 +172,9 @@ def run(cfg: Config) -> dict[str, Any]:
 class Loop:
     """One training run from a fresh or restored state to `steps` updates (or an early stop)."""
 
-    def __init__(self, cfg: Config, run_dir: Path, splits: Any, ckpt: Checkpointer, timings: Timings):
+    def __init__(self, cfg: Config, run_dir: Path, splits: Any, ckpt: Checkpointer, timings: Timings, mesh: Mesh):
         self.cfg, self.run_dir, self.splits, self.ckpt, self.timings = cfg, run_dir, splits, ckpt, timings
+        self.mesh = mesh
         self.signal: int | None = None
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -184,7 +190,7 @@ class Loop:
                 setattr(tracker, k, v)
         logger = RunLogger(cfg, self.run_dir, start_step=step, total_steps=cfg.steps)
         loader = TrainLoader(cfg, self.splits, position=position)
-        batches = DevicePrefetcher(loader, size=cfg.data.prefetch)
+        batches = DevicePrefetcher(loader, size=cfg.data.prefetch, put=partial(shard_batch, mesh=self.mesh))
         previous = {s: signal.signal(s, self._on_signal) for s in EXIT_SIGNAL}
         try:
             summary = self._train(state, step, position, batches, logger, tracker)
@@ -261,7 +267,7 @@ class Loop:
             t_pause = time.perf_counter()
             if due(cfg.eval_every) or host_step >= cfg.steps:
                 with timings("eval"):
-                    evaluated = last_eval = evaluate(state, cfg, self.splits)
+                    evaluated = last_eval = evaluate(state, cfg, self.splits, self.mesh)
                 logger.eval({"step": host_step, **evaluated})
                 if tracker.update(host_step, evaluated[cfg.checkpoint.best_metric]):
                     stop_reason = "early_stopping"
@@ -282,7 +288,7 @@ class Loop:
         profiler.close()
         timings.add("data_wait", data_wait)
         if not last_eval:
-            last_eval = evaluate(state, cfg, self.splits)
+            last_eval = evaluate(state, cfg, self.splits, self.mesh)
         return {
             "final_step": int(state.step),
             "stop_reason": stop_reason,

@@ -1,0 +1,41 @@
+"""Data parallelism over every device of every process: a 1-D mesh with axis "data".
+
+The state is replicated; each global micro-batch is split along its first axis over all devices
+(each process loads only its own rows, see jaxloop.data). jit then partitions train_step (GSPMD) and
+all-reduces the gradients, so the loop and the step are the same code for 1 or N devices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxloop.config import Config, ConfigError
+
+DATA_AXIS = "data"
+
+
+def make_mesh() -> Mesh:
+    return Mesh(np.asarray(jax.devices()), (DATA_AXIS,))
+
+
+def check_divisible(cfg: Config) -> None:
+    """Micro-batches (and validation batches) must split evenly over all devices."""
+    n = jax.device_count()
+    for field, size in (("batch_size", cfg.batch_size), ("data.eval_batch_size", cfg.data.eval_batch_size)):
+        if size % n:
+            raise ConfigError(field, size, f"a multiple of the device count ({n})")
+
+
+def replicate(tree: Any, mesh: Mesh) -> Any:
+    """Place every leaf of tree (the TrainState) whole on every device."""
+    return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
+
+
+def shard_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """A global batch array from this process's rows, split along axis 0 over the mesh."""
+    sharding = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local_batch.items()}
