@@ -182,18 +182,20 @@ class Loop:
 
     def run(self, state: TrainState, restored: Any) -> dict[str, Any]:
         cfg, K = self.cfg, self.cfg.optim.accum_steps
-        step, position = 0, 0
+        step = 0
         tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
         if restored is not None:
-            state, step, position = restored.state, restored.step, int(restored.data["position"])
-            for k, v in restored.data.get("best", {}).items():
+            state, step = restored.state, restored.step
+            loader = TrainLoader.from_state(cfg, self.splits, restored.data["loader"])
+            for k, v in restored.data["best"].items():
                 setattr(tracker, k, v)
+        else:
+            loader = TrainLoader(cfg, self.splits)
         logger = RunLogger(cfg, self.run_dir, start_step=step, total_steps=cfg.steps)
-        loader = TrainLoader(cfg, self.splits, position=position)
         batches = DevicePrefetcher(loader, size=cfg.data.prefetch, put=partial(shard_batch, mesh=self.mesh))
         previous = {s: signal.signal(s, self._on_signal) for s in EXIT_SIGNAL}
         try:
-            summary = self._train(state, step, position, batches, logger, tracker)
+            summary = self._train(state, step, batches, logger, tracker)
             summary["peak_mem_bytes"] = logger.peak_mem_bytes
         finally:
             for s, handler in previous.items():
@@ -205,7 +207,7 @@ class Loop:
             raise Interrupted(self.signal)
         return summary
 
-    def _train(self, state, step, position, batches, logger, tracker) -> dict[str, Any]:
+    def _train(self, state, step, batches, logger, tracker) -> dict[str, Any]:
         cfg, K, timings = self.cfg, self.cfg.optim.accum_steps, self.timings
         every = cfg.checkpoint.every
         sync_every = min(cfg.log_every, cfg.max_bad_steps)
@@ -229,7 +231,6 @@ class Loop:
                         step_fn = train_step.lower(state, batch).compile()
                     rate = Throughput(host_step, time.perf_counter(), data_wait)
                 state, metrics = step_fn(state, batch)
-                position += 1
                 window.append(metrics)
             host_step += 1
             due = lambda n: n > 0 and host_step % n == 0
@@ -276,7 +277,8 @@ class Loop:
             end = host_step >= cfg.steps or stop_reason != "completed" or self.signal is not None
             if (due(every) or end) and saved_step != host_step:
                 with timings("checkpoint"):
-                    self.ckpt.save(host_step, state, {"position": position, "best": tracker.as_dict()},
+                    # batches.state(): the position after the micro-batches consumed, not those prefetched
+                    self.ckpt.save(host_step, state, {"loader": batches.state(), "best": tracker.as_dict()},
                                    metrics=evaluated, check_finite=False)  # train_step keeps it finite
                 saved_step = host_step
             if end:

@@ -252,7 +252,7 @@ def load_jax_params(model: nn.Module, params: Mapping[str, Any]) -> nn.Module:
 
 @torch.no_grad()
 def export_jax_params(model: nn.Module) -> dict[str, Any]:
-    """The model's parameters as a flax params tree: nested dicts of numpy arrays (kernels (in, out))."""
+    """A copy of the model's parameters as a flax params tree: nested dicts of numpy arrays (kernels (in, out))."""
     named = dict(model.named_parameters())
     tree: dict[str, Any] = {}
     for path, name, transpose in param_map(model):
@@ -260,5 +260,6 @@ def export_jax_params(model: nn.Module) -> dict[str, Any]:
         node = tree
         for key in path[:-1]:
             node = node.setdefault(key, {})
-        node[path[-1]] = np.ascontiguousarray(value.T if transpose else value)
+        # a copy: .numpy() shares the parameter's memory, which the next optimizer step overwrites
+        node[path[-1]] = np.array(value.T if transpose else value, order="C", copy=True)
     return tree

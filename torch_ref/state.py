@@ -120,10 +120,12 @@ def create_train_state(cfg: Config, splits: Splits, init_params: Any = None,
     device = torch.device(device)
     seed_everything(cfg.seed, device.type)
     policy = get_policy(cfg.precision)
-    model = make_model(cfg, splits.num_classes, splits.example_x)
+    # In the policy's dtype before loading: float64 init_params (an fp64 run's) would be rounded to
+    # float32 if loaded into the float32 model make_model builds.
+    model = policy.prepare_model(make_model(cfg, splits.num_classes, splits.example_x))
     if init_params is not None:
         load_jax_params(model, init_params)
-    model = policy.prepare_model(model).to(device)
+    model = model.to(device)
     optimizer = make_optimizer(cfg, model)
     ema = [p.detach().clone() for p in model.parameters()] if cfg.optim.ema_decay > 0 else None
     return TrainState(

@@ -1,0 +1,124 @@
+"""Session setup of the parity suite: 64-bit jax, the shared data, and the table of measured differences.
+
+jax's x64 mode is switched on here, once, before any jax array exists (fp64 needs it); every float32,
+bf16 and fp16 jax computation in the suite runs inside `harness.jax_mode`, which switches it off for
+that computation (see harness.py for why).
+
+At the end pytest prints every check's measured maximum difference beside its tolerance.
+`--parity-out FILE` also writes them, with the curves the report plots, as JSON.
+A skipped or xfailed parity test fails the session: a parity check that does not run proves nothing.
+"""
+
+from __future__ import annotations
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from parity_tests.harness import SHAKESPEARE, SHAKESPEARE_SLICE, TABLE, write_results  # noqa: E402
+
+_NOT_RUN: list[str] = []
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--parity-out", default=None, help="write the measured differences and curves as JSON here")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped or hasattr(report, "wasxfail"):
+        _NOT_RUN.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    out = session.config.getoption("--parity-out")
+    if out:
+        write_results(out)
+    if _NOT_RUN and session.exitstatus == 0:
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if TABLE.checks:
+        terminalreporter.section("parity: measured maximum difference vs tolerance")
+        for line in TABLE.lines():
+            terminalreporter.write_line(line)
+    if _NOT_RUN:
+        terminalreporter.section("parity: tests that did not run (this fails the session)")
+        for nodeid in _NOT_RUN:
+            terminalreporter.write_line(nodeid)
+
+
+@pytest.fixture(scope="session")
+def parity():
+    """The session's table: parity.check(name, measured, tolerance, reason) records and asserts."""
+    return TABLE
+
+
+@pytest.fixture(autouse=True)
+def _current_test(request):
+    """Checks made during a test (or its fixtures) are filed under it."""
+    TABLE.current_test = request.node.nodeid
+    yield
+
+
+@pytest.fixture(scope="session")
+def shakespeare_slice(tmp_path_factory) -> Path:
+    """The first SHAKESPEARE_SLICE characters of Tiny Shakespeare, in a temporary file (read by path)."""
+    assert SHAKESPEARE.is_file(), f"Tiny Shakespeare is expected at {SHAKESPEARE}"
+    text = SHAKESPEARE.read_text(encoding="utf-8")[:SHAKESPEARE_SLICE]
+    path = tmp_path_factory.mktemp("text") / "tinyshakespeare_slice.txt"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+RESUME_AT = (13, 22, 30)
+"""Updates at which the resume runs are interrupted (40 updates, checkpoint every 10, 22 updates per
+epoch): 13 mid-epoch and between checkpoints; 22 at the epoch boundary; 30 on a checkpoint, mid-epoch."""
+
+
+def resume_cfg(run_dir):
+    """The digits MLP in float64, 40 updates of 2 micro-batches, evaluation and checkpoint every 10."""
+    from dataclasses import replace
+
+    from jaxloop.config import CheckpointConfig
+    from parity_tests.harness import mlp_cfg, optim
+
+    cfg = optim(mlp_cfg(run_dir, precision="fp64", steps=40, eval_every=10, log_every=1), warmup_steps=10, accum_steps=2)
+    return replace(cfg, checkpoint=CheckpointConfig(every=10, keep_last=2, keep_best=1))
+
+
+@pytest.fixture(scope="session")
+def resume_runs(tmp_path_factory):
+    """Both loops' real runs (jaxloop.train.run, torch_ref.train.run) from the same initial weights:
+    uninterrupted, and for each k in RESUME_AT interrupted at k (jaxloop: SIGTERM; torch_ref:
+    stop_after) and resumed to the end. A copy of each interrupted run directory is kept."""
+    import shutil
+    from dataclasses import replace
+
+    from jaxloop.sources import load_splits
+    from jaxloop.train import run as jax_train
+    from parity_tests.harness import host, interrupt_jax_run, jax_mode, jax_state
+    from torch_ref.train import run as torch_train
+
+    base = tmp_path_factory.mktemp("resume")
+    cfg = resume_cfg(base / "jax")
+    splits = load_splits(cfg)
+    with jax_mode(cfg.precision):
+        init = host(jax_state(cfg, splits).params)
+    at = lambda name: replace(cfg, run_dir=str(base / name))  # noqa: E731
+    out = {"cfg": cfg, "splits": splits, "init": init, "base": base,
+           "jax": (at("jax"), jax_train(at("jax"))),
+           "torch": (at("torch"), torch_train(at("torch"), init_params=init, clip="optax", device="cpu", splits=splits))}
+    for k in RESUME_AT:
+        jc, tc = at(f"jax_{k}"), at(f"torch_{k}")
+        interrupt_jax_run(jc, k)
+        shutil.copytree(jc.run_dir, base / f"jax_{k}_interrupted")
+        out[("jax", k)] = (jc, jax_train(jc))
+        torch_train(tc, init_params=init, clip="optax", stop_after=k, device="cpu", splits=splits)
+        shutil.copytree(tc.run_dir, base / f"torch_{k}_interrupted")
+        out[("torch", k)] = (tc, torch_train(tc, clip="optax", device="cpu", splits=splits))
+    return out

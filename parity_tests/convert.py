@@ -1,0 +1,302 @@
+"""Move a run's newest checkpoint between the two loops, so the other one resumes it.
+
+    python -m parity_tests.convert --from torch SRC_RUN_DIR DST_RUN_DIR   # torch_ref -> jaxloop
+    python -m parity_tests.convert --from jax   SRC_RUN_DIR DST_RUN_DIR   # jaxloop -> torch_ref
+
+then `python -m jaxloop.train --config DST_RUN_DIR/config.json` (or `python -m torch_ref.train ...`)
+continues the run from the converted update. DST_RUN_DIR must not hold a checkpoint yet; it gets
+config.json (the source run's, run_dir changed), vocab.json (text runs), metrics.jsonl (the source's
+records up to the converted update) and the converted checkpoint.
+
+What maps to what (one optimizer update u = applied updates so far):
+
+| torch_ref checkpoint                        | jaxloop TrainState / checkpoint items                      |
+|---------------------------------------------|------------------------------------------------------------|
+| model weights (Linear (out, in))            | params (Dense kernels (in, out): transposed)               |
+| AdamW state per parameter: step, exp_avg,   | ScaleByAdamState(count, mu, nu) (transposed like the       |
+| exp_avg_sq                                  | weights)                                                   |
+| state.step; LambdaLR last_epoch             | MultiStepsState.gradient_step; ScaleByScheduleState.count; |
+|                                             | ScaleByAdamState.count (all equal to u)                    |
+| (between updates: no partial gradients)     | MultiStepsState.mini_step = 0, acc_grads = 0               |
+| GradScaler scale, _growth_tracker (fp16)    | LossScale(scale, good_steps)                               |
+| skipped, bad_streak                         | skipped, bad_streak (poisoned = False)                     |
+| EMA list (model.parameters() order)         | ema_params                                                 |
+| position (micro-batches consumed)           | data item: loader state at that position                   |
+| extra["best"] (best-metric tracker)         | data item: best                                            |
+| header metrics                              | the checkpoint's metrics (for best-checkpoint retention)   |
+
+Not carried over: jax's PRNG key (jaxloop derives it from the seed and never advances it) and
+torch's RNG states (a converted torch_ref checkpoint gets the fresh state's, which is the state an
+uninterrupted run without dropout has); dropout masks differ between the frameworks anyway.
+
+This module imports both jax and torch; torch_ref itself never imports jax.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxloop.config import Config, from_dict, to_dict
+from jaxloop.sources import Splits, load_splits, write_vocab
+
+
+# ----------------------------------------------------------------------------- state <-> state
+
+
+def _adam_and_schedule(opt_state: Any) -> tuple[Any, Any]:
+    import optax
+
+    import jax
+
+    nodes = jax.tree.leaves(
+        opt_state, is_leaf=lambda s: isinstance(s, (optax.ScaleByAdamState, optax.ScaleByScheduleState)))
+    adam = [s for s in nodes if isinstance(s, optax.ScaleByAdamState)]
+    sched = [s for s in nodes if isinstance(s, optax.ScaleByScheduleState)]
+    if len(adam) != 1 or len(sched) != 1:
+        raise ValueError(f"expected one ScaleByAdamState and one ScaleByScheduleState, found {len(adam)} and {len(sched)}")
+    return adam[0], sched[0]
+
+
+def _get(tree: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _set(tree: dict, path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def jax_state_from_torch(cfg: Config, splits: Splits, tstate: Any) -> Any:
+    """jaxloop's TrainState at torch_ref state `tstate`'s update (call inside harness.jax_mode)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from jaxloop.precision import LossScale
+    from parity_tests.harness import jax_state
+    from torch_ref.models import export_jax_params, param_map
+
+    state = jax_state(cfg, splits, export_jax_params(tstate.model))
+    dtype = state.policy.param_dtype
+    named = dict(tstate.model.named_parameters())
+    mu: dict = {}
+    nu: dict = {}
+    counts = set()
+    for path, name, transpose in param_map(tstate.model):
+        p = named[name]
+        st = tstate.optimizer.state.get(p, {})
+        for moments, key in ((mu, "exp_avg"), (nu, "exp_avg_sq")):
+            value = st[key].detach().cpu().numpy() if key in st else np.zeros(tuple(p.shape), np.float64)
+            _set(moments, path, np.array(value.T if transpose else value))
+        counts.add(int(st["step"]) if "step" in st else 0)
+    if counts != {tstate.step}:
+        raise ValueError(f"AdamW step counts {sorted(counts)} differ from the update count {tstate.step}")
+    count = jnp.asarray(tstate.step, jnp.int32)
+    as_like = lambda ref, tree: jax.tree.map(lambda r, v: jnp.asarray(v, dtype), ref, tree)  # noqa: E731
+
+    def fill(node: Any) -> Any:
+        if isinstance(node, optax.ScaleByAdamState):
+            return optax.ScaleByAdamState(count=count, mu=as_like(node.mu, mu), nu=as_like(node.nu, nu))
+        if isinstance(node, optax.ScaleByScheduleState):
+            return optax.ScaleByScheduleState(count=count)
+        return node
+
+    inner = jax.tree.map(fill, state.opt_state.inner_opt_state,
+                         is_leaf=lambda s: isinstance(s, (optax.ScaleByAdamState, optax.ScaleByScheduleState)))
+    opt_state = state.opt_state._replace(
+        mini_step=jnp.zeros_like(state.opt_state.mini_step), gradient_step=count, inner_opt_state=inner,
+        acc_grads=jax.tree.map(jnp.zeros_like, state.opt_state.acc_grads))
+    loss_scale = state.loss_scale
+    if tstate.scaler.is_enabled():
+        sd = tstate.scaler.state_dict()
+        loss_scale = LossScale(scale=jnp.asarray(sd["scale"], jnp.float32),
+                               good_steps=jnp.asarray(sd["_growth_tracker"], jnp.int32))
+    ema = state.ema_params
+    if tstate.ema is not None:
+        by_name = dict(zip([n for n, _ in tstate.model.named_parameters()], tstate.ema))
+        tree: dict = {}
+        for path, name, transpose in param_map(tstate.model):
+            value = by_name[name].detach().cpu().numpy()
+            _set(tree, path, value.T if transpose else value)
+        ema = as_like(state.params, tree)
+    return state.replace(opt_state=opt_state, loss_scale=loss_scale, ema_params=ema,
+                         poisoned=jnp.zeros([], bool), bad_streak=jnp.asarray(tstate.bad_streak, jnp.int32),
+                         skipped=jnp.asarray(tstate.skipped, jnp.int32))
+
+
+def torch_state_from_jax(cfg: Config, splits: Splits, jstate: Any, position: int,
+                         best: dict[str, Any] | None = None) -> Any:
+    """torch_ref's TrainState at jaxloop state `jstate`'s update, its loader at micro-batch `position`."""
+    import torch
+
+    from parity_tests.harness import host
+    from torch_ref.models import param_map
+    from torch_ref.state import create_train_state
+
+    opt = jstate.opt_state
+    if int(opt.mini_step) != 0:
+        raise ValueError(f"the jax state is inside an accumulation window (mini_step {int(opt.mini_step)}); "
+                         "convert at an update boundary")
+    step = int(opt.gradient_step)
+    adam, sched = _adam_and_schedule(opt)
+    if int(adam.count) != step or int(sched.count) != step:
+        raise ValueError(f"adam count {int(adam.count)} / schedule count {int(sched.count)} != update {step}")
+    tstate = create_train_state(cfg, splits, init_params=host(jstate.params), device="cpu")
+    mu, nu = host(adam.mu), host(adam.nu)
+    named = dict(tstate.model.named_parameters())
+    ema_by_name = {}
+    ema_tree = host(jstate.ema_params) if jstate.ema_params is not None else None
+    for path, name, transpose in param_map(tstate.model):
+        p = named[name]
+        to_torch = lambda a: torch.from_numpy(np.array(a.T if transpose else a)).to(p.dtype)  # noqa: E731
+        if step > 0:
+            tstate.optimizer.state[p] = {"step": torch.tensor(float(step)),
+                                         "exp_avg": to_torch(_get(mu, path)), "exp_avg_sq": to_torch(_get(nu, path))}
+        if ema_tree is not None:
+            ema_by_name[name] = to_torch(_get(ema_tree, path))
+    if ema_tree is not None:
+        tstate.ema = [ema_by_name[n] for n, _ in tstate.model.named_parameters()]
+    # The schedule at update `step`: LambdaLR after `step` scheduler.step() calls.
+    lrs = [base * fn(step) for base, fn in zip(tstate.scheduler.base_lrs, tstate.scheduler.lr_lambdas)]
+    sd = tstate.scheduler.state_dict()
+    sd.update(last_epoch=step, _step_count=step + 1, _last_lr=lrs)
+    tstate.scheduler.load_state_dict(sd)
+    for group, lr in zip(tstate.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    if tstate.scaler.is_enabled():
+        sd = tstate.scaler.state_dict()
+        sd.update(scale=float(jstate.loss_scale.scale), _growth_tracker=int(jstate.loss_scale.good_steps))
+        tstate.scaler.load_state_dict(sd)
+    tstate.step, tstate.position = step, int(position)
+    tstate.skipped, tstate.bad_streak = int(jstate.skipped), int(jstate.bad_streak)
+    if best is not None:
+        tstate.extra["best"] = dict(best)
+    return tstate
+
+
+# ----------------------------------------------------------------------------- run dir <-> run dir
+
+
+def _config(src: Path, dst: Path) -> Config:
+    saved = json.loads((src / "config.json").read_text())
+    return from_dict({**saved, "run_dir": str(dst)})
+
+
+def _copy_records(src: Path, dst: Path, step: int) -> None:
+    """The source's metrics.jsonl records up to the converted update (what a resume would keep)."""
+    path = src / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    kept = []
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if r.get("step", 0) < step or (r.get("step", 0) == step and r.get("updated", True)):
+            kept.append(json.dumps(r))
+    (dst / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
+
+
+def _prepare(src: Path, dst: Path) -> tuple[Config, Splits]:
+    if not (src / "config.json").exists():
+        raise SystemExit(f"convert: {src} holds no config.json (not a run directory)")
+    if (dst / "checkpoints").exists() and any((dst / "checkpoints").iterdir()):
+        raise SystemExit(f"convert: {dst} already holds checkpoints; choose an empty run directory")
+    cfg = _config(src, dst)
+    splits = load_splits(cfg)
+    dst.mkdir(parents=True, exist_ok=True)
+    return cfg, splits
+
+
+def torch_to_jax(src: str | Path, dst: str | Path) -> int:
+    """Convert torch_ref run `src`'s newest checkpoint into jaxloop run directory `dst`; its update."""
+    from jaxloop.checkpoint import Checkpointer
+    from jaxloop.data import TrainLoader
+    from parity_tests.harness import jax_mode
+    from torch_ref.checkpoint import CheckpointManager, _path, _read_header
+    from torch_ref.state import create_train_state
+
+    src, dst = Path(src), Path(dst)
+    cfg, splits = _prepare(src, dst)
+    manager = CheckpointManager(cfg, src)
+    restored = manager.restore_latest()
+    if restored is None:
+        raise SystemExit(f"convert: {src} holds no valid torch_ref checkpoint")
+    step, payload = restored
+    metrics = _read_header(_path(manager.directory, step))[0].get("metrics")
+    tstate = create_train_state(cfg, splits, device="cpu")
+    tstate.load_state_dict(payload)
+    loader = TrainLoader(cfg, splits, position=tstate.position, workers=0)
+    loader_state = loader.state()
+    loader.close()
+    best = payload.get("extra", {}).get("best", {"best": None, "best_step": None, "since_best": 0})
+    with jax_mode(cfg.precision):
+        jstate = jax_state_from_torch(cfg, splits, tstate)
+        ckpt = Checkpointer(cfg, dst, {"converted_from": "torch_ref", "source": str(src), "step": step})
+        try:
+            ckpt.save(step, jstate, {"loader": loader_state, "best": best}, metrics=metrics)
+        finally:
+            ckpt.close()
+    (dst / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    write_vocab(str(dst), splits)
+    _copy_records(src, dst, step)
+    return step
+
+
+def jax_to_torch(src: str | Path, dst: str | Path) -> int:
+    """Convert jaxloop run `src`'s newest checkpoint into torch_ref run directory `dst`; its update."""
+    from jaxloop.checkpoint import Checkpointer
+    from parity_tests.harness import jax_mode, jax_state
+    from torch_ref.checkpoint import CheckpointManager
+
+    src, dst = Path(src), Path(dst)
+    cfg, splits = _prepare(src, dst)
+    with jax_mode(cfg.precision):
+        ckpt = Checkpointer(cfg, src)
+        try:
+            restored = ckpt.restore_latest(jax_state(cfg, splits))
+            metrics = ckpt.manager.metrics(restored.step) if restored is not None else None
+        finally:
+            ckpt.close()
+        if restored is None:
+            raise SystemExit(f"convert: {src} holds no valid jaxloop checkpoint")
+        data = restored.data
+        position = int(data["loader"]["position"]) if "loader" in data else int(data["position"])
+        tstate = torch_state_from_jax(cfg, splits, restored.state, position, data.get("best"))
+    CheckpointManager(cfg, dst).save(restored.step, tstate.state_dict(), dict(metrics) if metrics else None)
+    (dst / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    write_vocab(str(dst), splits)
+    _copy_records(src, dst, restored.step)
+    return restored.step
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m parity_tests.convert", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--from", dest="source", choices=("torch", "jax"), required=True,
+                        help="the loop that wrote SRC_RUN_DIR's checkpoints")
+    parser.add_argument("src", metavar="SRC_RUN_DIR")
+    parser.add_argument("dst", metavar="DST_RUN_DIR")
+    args = parser.parse_args(argv)
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # before any array: fp64 needs it; jax_mode turns it off otherwise
+    if args.source == "torch":
+        step, target = torch_to_jax(args.src, args.dst), "jaxloop.train"
+    else:
+        step, target = jax_to_torch(args.src, args.dst), "torch_ref.train"
+    print(f"converted update {step} of {args.src} into {args.dst}; resume with "
+          f"python -m {target} --config {Path(args.dst) / 'config.json'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

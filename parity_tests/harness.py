@@ -1,0 +1,352 @@
+"""What every parity test shares: the configs, in-process drivers of both loops, and the measures.
+
+Drivers. `jax_run` feeds jaxloop's `train_step` one micro-batch at a time from jaxloop's own
+`TrainLoader`; `torch_run` feeds torch_ref's `train_update` K micro-batches at a time from torch_ref's
+own DataLoader. Both start from jaxloop's initial weights (drawn by jax, transferred to torch) and
+record, per optimizer update, the loss (float64 mean of its K micro-batch losses, as both loops log
+it), the rate and the pre-clip gradient norm, plus parameter snapshots.
+
+Precision. The suite runs with jax's x64 mode on (conftest.py), which fp64 needs. Under x64 a
+precision="fp32" state is still float32 leaf for leaf, but optax then evaluates the schedule and the
+Adam bias corrections in float64 before rounding them to float32: not the computation a float32
+jaxloop run performs (test_trajectory shows the difference). So every non-fp64 jax computation runs
+inside `jax_mode(precision)`, which turns x64 off for it: real float32 (and bf16/fp16) jaxloop.
+
+Measures (each test says which it uses and why):
+- `curve_rel_diff(a, b)`: max over updates of |a_u - b_u| / |b_u| (losses, rates).
+- `tree_rel_diff(a, b)`: max over parameter tensors of ||a - b||_2 / ||b||_2 (the relative error of
+  each tensor as a whole; an elementwise ratio is meaningless for entries that pass through zero).
+  Attention key biases are left out: they are a null direction of the model (see
+  `test_trajectory.test_attention_key_bias_is_a_null_direction_that_adam_turns_into_noise`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxloop.config import Config, LogConfig, preset
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
+"""Tiny Shakespeare, read by path from ../shared/data (never copied into the repository)."""
+SHAKESPEARE_SLICE = 60_000
+"""Characters of Tiny Shakespeare the GPT trains on (its first 60k: 54k train, 6k validation)."""
+QUIET = LogConfig(progress="off", report=False, tensorboard=False)
+F32_EPS = 2.0**-23
+F64_EPS = 2.0**-52
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+@dataclass
+class Check:
+    name: str
+    measured: float
+    tolerance: float
+    reason: str
+    passed: bool
+    test: str = ""
+    """The pytest node id of the test that made the check."""
+
+
+@dataclass
+class ParityTable:
+    """Every check's measured maximum difference beside its tolerance, and curves for the report."""
+
+    checks: list[Check] = field(default_factory=list)
+    series: dict[str, dict[str, list]] = field(default_factory=dict)
+    notes: dict[str, float] = field(default_factory=dict)
+    """Measurements that explain a finding rather than check a contract (e.g. the size of a fixed defect)."""
+    current_test: str = ""
+
+    def check(self, name: str, measured: float, tolerance: float, reason: str) -> None:
+        """Record a measured difference and assert it is within tolerance."""
+        measured = float(measured)
+        passed = bool(measured <= tolerance)  # NaN fails
+        self.checks.append(Check(name, measured, float(tolerance), reason, passed, self.current_test))
+        assert passed, f"{name}: measured {measured:.3e} > tolerance {tolerance:.3e} ({reason})"
+
+    def note(self, key: str, value: float) -> None:
+        self.notes[key] = float(value)
+
+    def add_series(self, key: str, **columns: Any) -> None:
+        """Curves for the report's plots (e.g. loss per update of each framework)."""
+        self.series[key] = {k: [float(x) for x in np.asarray(v, dtype=np.float64).ravel()] for k, v in columns.items()}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"checks": [vars(c) for c in self.checks], "series": self.series, "notes": self.notes}
+
+    def lines(self) -> list[str]:
+        width = max([len(c.name) for c in self.checks] + [5])
+        out = [f"{'check':<{width}}  {'measured':>10}  {'tolerance':>10}  ok"]
+        for c in self.checks:
+            out.append(f"{c.name:<{width}}  {c.measured:>10.3e}  {c.tolerance:>10.3e}  {'yes' if c.passed else 'NO'}")
+        return out
+
+
+TABLE = ParityTable()
+
+
+def write_results(path: str | Path) -> None:
+    Path(path).write_text(json.dumps(TABLE.as_dict(), indent=1) + "\n")
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def mlp_cfg(run_dir: str | Path = "runs/parity_mlp", **changes: Any) -> Config:
+    """The digits preset with a small MLP (64 -> 32 -> 32 -> 10), batch 32, 300 updates."""
+    base = preset("digits")
+    cfg = replace(base, run_dir=str(run_dir), steps=300, batch_size=32, log=QUIET,
+                  model=replace(base.model, hidden=(32, 32)))
+    return replace(cfg, **changes)
+
+
+def gpt_cfg(text_path: str | Path, run_dir: str | Path = "runs/parity_gpt", **changes: Any) -> Config:
+    """The shakespeare preset with a tiny GPT (context 16, width 32, 2 blocks of 2 heads), batch 8, 300 updates."""
+    base = preset("shakespeare")
+    cfg = replace(base, run_dir=str(run_dir), steps=300, batch_size=8, log=QUIET,
+                  model=replace(base.model, context=16, d_model=32, n_layers=2, n_heads=2),
+                  data=replace(base.data, path=str(text_path)))
+    return replace(cfg, **changes)
+
+
+def optim(cfg: Config, **changes: Any) -> Config:
+    return replace(cfg, optim=replace(cfg.optim, **changes))
+
+
+def model(cfg: Config, **changes: Any) -> Config:
+    return replace(cfg, model=replace(cfg.model, **changes))
+
+
+# ----------------------------------------------------------------------------- jax side
+
+
+def jax_mode(precision: str) -> contextlib.AbstractContextManager:
+    """x64 on for fp64, off for every other precision (a real float32 / bf16 / fp16 jaxloop)."""
+    return jax.enable_x64(precision == "fp64")
+
+
+def host(tree: Any) -> Any:
+    """A device tree as numpy arrays (copies)."""
+    return jax.tree.map(lambda x: np.array(x), jax.device_get(tree))
+
+
+def jax_state(cfg: Config, splits: Any, init_params: Any = None):
+    """jaxloop's fresh TrainState for cfg (call inside jax_mode(cfg.precision)); optionally other weights."""
+    from jaxloop.models import make_model
+    from jaxloop.state import create_train_state
+
+    state = create_train_state(cfg, make_model(cfg, splits.num_classes), splits.example_x)
+    if init_params is not None:
+        params = jax.tree.map(lambda p, v: jnp.asarray(np.asarray(v), p.dtype), state.params, init_params)
+        state = state.replace(params=params)
+    return state
+
+
+@dataclass
+class Run:
+    """One framework's record of a run, per optimizer update u = 0, 1, ..."""
+
+    losses: np.ndarray
+    lrs: np.ndarray
+    grad_norms: np.ndarray
+    updated: np.ndarray
+    loss_scales: np.ndarray
+    init: Any
+    params: Any
+    snapshots: dict[int, Any] = field(default_factory=dict)
+    """update count -> params after that many updates."""
+
+
+def jax_run(cfg: Config, splits: Any, updates: int, snapshot_every: int = 0, init_params: Any = None,
+            batches: Iterator[dict] | None = None, x64: bool | None = None) -> Run:
+    """`updates` optimizer updates of jaxloop's train_step on jaxloop's loader (or on `batches`).
+
+    x64: jax's 64-bit mode for the run; default (None) as jax_mode(cfg.precision) sets it.
+    """
+    from jaxloop.data import TrainLoader
+    from jaxloop.step import train_step
+
+    K = cfg.optim.accum_steps
+    rows: list[tuple] = []
+    snapshots: dict[int, Any] = {}
+    with jax_mode(cfg.precision) if x64 is None else jax.enable_x64(x64):
+        state = jax_state(cfg, splits, init_params)
+        init = host(state.params)
+        loader = TrainLoader(cfg, splits, position=0, workers=0) if batches is None else None
+        source = loader if loader is not None else batches
+        try:
+            for u in range(updates):
+                window = []
+                for _ in range(K):
+                    state, metrics = train_step(state, next(source))
+                    window.append(metrics)
+                w = jax.device_get(window)
+                rows.append((float(np.mean([float(m["loss"]) for m in w])), float(w[-1]["lr"]),
+                             float(w[-1]["grad_norm"]), bool(w[-1]["updated"]), float(w[-1]["loss_scale"])))
+                if snapshot_every and (u + 1) % snapshot_every == 0:
+                    snapshots[u + 1] = host(state.params)
+        finally:
+            if loader is not None:
+                loader.close()
+        params = host(state.params)
+    cols = list(zip(*rows)) if rows else [[]] * 5
+    return Run(np.asarray(cols[0]), np.asarray(cols[1]), np.asarray(cols[2]), np.asarray(cols[3]),
+               np.asarray(cols[4]), init, params, snapshots)
+
+
+# ----------------------------------------------------------------------------- torch side
+
+
+def torch_run(cfg: Config, splits: Any, init_params: Any, updates: int, snapshot_every: int = 0,
+              clip: str = "optax", batches: Iterator | None = None) -> Run:
+    """`updates` optimizer updates of torch_ref's train_update on torch_ref's loader (or on `batches`)."""
+    from torch_ref.data import make_train_loader
+    from torch_ref.models import export_jax_params
+    from torch_ref.state import create_train_state
+    from torch_ref.step import train_update
+
+    K = cfg.optim.accum_steps
+    state = create_train_state(cfg, splits, init_params=init_params, device="cpu")
+    init = export_jax_params(state.model)
+    source = iter(make_train_loader(cfg, splits, position=0, device="cpu")) if batches is None else batches
+    rows, snapshots = [], {}
+    for u in range(updates):
+        m = train_update(state, [next(source) for _ in range(K)], clip=clip)
+        rows.append((m["loss"], m["lr"], m["grad_norm"], m["updated"], m["loss_scale"]))
+        if snapshot_every and (u + 1) % snapshot_every == 0:
+            snapshots[u + 1] = export_jax_params(state.model)
+    cols = list(zip(*rows)) if rows else [[]] * 5
+    return Run(np.asarray(cols[0]), np.asarray(cols[1]), np.asarray(cols[2]), np.asarray(cols[3]),
+               np.asarray(cols[4]), init, export_jax_params(state.model), snapshots)
+
+
+# ----------------------------------------------------------------------------- measures
+
+
+def curve_rel_diff(a: Any, b: Any) -> float:
+    """max_u |a_u - b_u| / |b_u| (0 where both are 0)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    diff = np.abs(a - b)
+    scale = np.abs(b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(diff == 0, 0.0, diff / scale)
+    return float(np.max(rel)) if rel.size else 0.0
+
+
+def abs_diff(a: Any, b: Any) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
+
+
+def flat_params(tree: Any) -> dict[str, np.ndarray]:
+    """{'block_0/attn/qkv/bias': array, ...} in float64."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        key = "/".join(str(getattr(k, "key", k)) for k in path)
+        out[key] = np.asarray(leaf, np.float64)
+    return out
+
+
+def without_key_bias(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The same parameters with the key third of every attention qkv bias set to 0 (a null direction)."""
+    out = dict(flat)
+    for key, value in flat.items():
+        if key.endswith("attn/qkv/bias"):
+            c = value.shape[-1] // 3
+            value = value.copy()
+            value[c:2 * c] = 0.0
+            out[key] = value
+    return out
+
+
+def tree_rel_diff(a: Any, b: Any) -> tuple[float, str]:
+    """(max over tensors of ||a - b||_2 / ||b||_2, the tensor attaining it); key biases left out."""
+    fa, fb = without_key_bias(flat_params(a)), without_key_bias(flat_params(b))
+    assert fa.keys() == fb.keys(), (sorted(fa), sorted(fb))
+    worst, where = 0.0, ""
+    for key in fa:
+        if fa[key].shape != fb[key].shape:
+            raise ValueError(f"{key}: shapes {fa[key].shape} and {fb[key].shape}")
+        norm = np.linalg.norm(fb[key])
+        d = np.linalg.norm(fa[key] - fb[key])
+        r = 0.0 if d == 0 else (d / norm if norm else math.inf)
+        if r > worst:
+            worst, where = float(r), key
+    return worst, where
+
+
+def records(run_dir: str | Path, kind: str = "train") -> list[dict[str, Any]]:
+    """The records of kind `kind` in run_dir/metrics.jsonl (both loops write the same file)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if r.get("kind") == kind:
+            out.append(r)
+    return out
+
+
+# ----------------------------------------------------------------------------- whole runs (resume)
+
+
+def interrupt_jax_run(cfg: Config, k: int) -> None:
+    """jaxloop.train.run(cfg) stopped by a real SIGTERM delivered while update k is logged (log_every 1):
+    the loop finishes that update, saves it and raises Interrupted, as on a cluster's preemption."""
+    import signal
+
+    from jaxloop.metrics import RunLogger
+    from jaxloop.train import Interrupted, run
+
+    original = RunLogger.train
+
+    def train(self, record):
+        original(self, record)
+        if record["step"] == k:
+            signal.raise_signal(signal.SIGTERM)
+
+    RunLogger.train = train
+    try:
+        run(cfg)
+    except Interrupted:
+        return
+    finally:
+        RunLogger.train = original
+    raise AssertionError(f"the run was not interrupted at update {k}")
+
+
+def jax_checkpoint(cfg: Config, splits: Any, step: int | None = None):
+    """(step, TrainState, data item) of run_dir's newest checkpoint (or of `step`), restored read-only."""
+    import orbax.checkpoint as ocp
+
+    from jaxloop.checkpoint import Checkpointer
+
+    with jax_mode(cfg.precision):
+        ckpt = Checkpointer(cfg, cfg.run_dir)
+        try:
+            target = jax_state(cfg, splits)
+            step = ckpt.manager.latest_step() if step is None else step
+            out = ckpt.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()))
+        finally:
+            ckpt.close()
+    return step, out["state"], dict(out["data"])
+
+
+def data_position(data: dict[str, Any]) -> int:
+    """Micro-batches consumed, from a jaxloop checkpoint's data item (either layout of it)."""
+    return int(data["loader"]["position"]) if "loader" in data else int(data["position"])

@@ -1,0 +1,314 @@
+"""The parity report: run the suite, then write PARITY.md and its plots from what it measured.
+
+    python -m parity_tests.report            # about 2-4 minutes on 2 CPU cores
+
+runs `pytest parity_tests --parity-out ...` in a subprocess, then writes, from the measurements alone:
+PARITY.md (repository root: every check's measured difference beside its tolerance and reason, and the
+findings), parity_tests/plots/{lr,loss,differences}.png, and the README section between
+`<!-- section:parity -->` and `<!-- /section:parity -->` (how to run, the headline numbers).
+Nothing is written when a check fails; the failing table is printed instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PLOTS = Path(__file__).resolve().parent / "plots"
+SECTIONS = [  # (test module, heading)
+    ("test_schedule", "1. Learning rate at every update"),
+    ("test_update", "2. One update: norm, clip, AdamW"),
+    ("test_accumulation", "3. Gradient accumulation"),
+    ("test_data_order", "4. Data order"),
+    ("test_trajectory", "5. Trajectories (300 updates)"),
+    ("test_resume", "6. Resume within each framework"),
+    ("test_rotation", "7. Checkpoint rotation"),
+    ("test_loss_scaling", "8. fp16 loss scaling"),
+    ("test_convert", "10. Cross-framework resume (checkpoint conversion)"),
+]
+MODEL_NAMES = {"mlp": "digits MLP", "gpt": "Tiny Shakespeare GPT"}
+
+
+def run_suite(out: Path) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    rc = subprocess.call([sys.executable, "-m", "pytest", "parity_tests", "-q", "-p", "no:cacheprovider",
+                          f"--parity-out={out}"], cwd=ROOT)
+    return rc, time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def _plots(series: dict[str, dict[str, list]]) -> list[tuple[str, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    PLOTS.mkdir(exist_ok=True)
+    written = []
+    floor = 1e-17  # exact agreement (0) drawn at the bottom of the log scale
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex="col")
+    for col, name in enumerate(("mlp", "gpt")):
+        s = series[f"{name}_fp32"]
+        ax = axes[0, col]
+        ax.plot(s["update"], s["torch_lr"], color="tab:orange", lw=3, alpha=0.6, label="torch_ref (param_group lr)")
+        ax.plot(s["update"], s["jax_lr"], color="tab:blue", lw=1.2, ls="--", label="jaxloop (train_step lr)")
+        ax.set_title(f"{MODEL_NAMES[name]}: learning rate per update")
+        ax.set_ylabel("lr")
+        ax.legend(fontsize=8)
+        ax = axes[1, col]
+        for key, color in ((f"{name}_fp64", "tab:green"), (f"{name}_fp32", "tab:blue")):
+            t, j = np.array(series[key]["torch_lr"]), np.array(series[key]["jax_lr"])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rel = np.where(t == j, floor, np.abs(j - t) / np.abs(t))
+            ax.semilogy(series[key]["update"], np.maximum(rel, floor), ".", ms=3, color=color,
+                        label=key.split("_")[-1] + " jaxloop")
+        ax.set_title("|lr_jax - lr_torch| / lr_torch")
+        ax.set_xlabel("update")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(PLOTS / "lr.png", dpi=110)
+    plt.close(fig)
+    written.append(("lr.png", "Learning rate per update, both frameworks overlaid (top); their relative "
+                              "difference, float64 and float32 jaxloop against torch_ref's float64 rate (bottom)."))
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for col, name in enumerate(("mlp", "gpt")):
+        ax = axes[col]
+        for prec, color in (("fp32", "tab:blue"), ("bf16", "tab:red")):
+            s = series[f"{name}_{prec}"]
+            ax.plot(s["update"], s["torch_loss"], color=color, lw=3, alpha=0.35, label=f"torch_ref {prec}")
+            ax.plot(s["update"], s["jax_loss"], color=color, lw=0.8, label=f"jaxloop {prec}")
+        ax.set_yscale("log")
+        ax.set_title(f"{MODEL_NAMES[name]}: training loss per update")
+        ax.set_xlabel("update")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(PLOTS / "loss.png", dpi=110)
+    plt.close(fig)
+    written.append(("loss.png", "Training loss per update: jaxloop (thin) over torch_ref (wide), float32 and bf16, "
+                                "the same initial weights and batches."))
+
+    colors = {"fp64": "tab:green", "fp32": "tab:blue", "tanh_fp32": "tab:purple", "bf16": "tab:red"}
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    for col, name in enumerate(("mlp", "gpt")):
+        for prec, color in colors.items():
+            key = f"{name}_{prec}"
+            if key not in series:
+                continue
+            s = series[key]
+            label = {"tanh_fp32": "fp32 (tanh)"}.get(prec, prec)
+            axes[0, col].semilogy(s["update"], np.maximum(s["loss_rel_diff"], floor), lw=0.8, color=color, label=label)
+            axes[1, col].semilogy(s["snapshot_update"], np.maximum(s["param_rel_diff"], floor), "o-", ms=3, color=color,
+                                  label=label)
+        axes[0, col].set_title(f"{MODEL_NAMES[name]}: |loss_jax - loss_torch| / loss_torch")
+        axes[1, col].set_title("params: max over tensors of ||p_jax - p_torch|| / ||p_torch||")
+        axes[1, col].set_xlabel("update")
+        for ax in axes[:, col]:
+            ax.axhline(1e-10, color="tab:green", ls=":", lw=0.8)
+            ax.axhline(1e-5, color="tab:blue", ls=":", lw=0.8)
+            ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(PLOTS / "differences.png", dpi=110)
+    plt.close(fig)
+    written.append(("differences.png", "jaxloop vs torch_ref per update on a log scale: loss (top) and parameters "
+                                       "every 25 updates (bottom); dotted: the float64 (1e-10) and float32 (1e-5) "
+                                       "tolerances."))
+    return written
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def _fmt(x: float) -> str:
+    if x == 0:
+        return "0"
+    if abs(x) >= 0.01 and abs(x) < 1000 and float(x).is_integer():
+        return f"{int(x)}"
+    return f"{x:.2e}"
+
+
+def _section_of(check: dict[str, Any]) -> str:
+    module = Path(check["test"].split("::")[0]).stem
+    return next((title for mod, title in SECTIONS if mod == module), "Other")
+
+
+def _table(checks: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for _, title in SECTIONS:
+        rows = [c for c in checks if _section_of(c) == title]
+        if not rows:
+            continue
+        lines += ["", f"### {title}", "", "| check | measured | tolerance | why this tolerance |", "|---|---|---|---|"]
+        for c in rows:
+            lines.append(f"| {c['name']} | {_fmt(c['measured'])} | {_fmt(c['tolerance'])} | {c['reason']} |")
+    return lines
+
+
+def _find(checks: list[dict[str, Any]], *words: str) -> dict[str, Any]:
+    hits = [c for c in checks if all(w in c["name"] for w in words)]
+    if len(hits) != 1:
+        raise KeyError(f"expected one check named with {words}, found {[c['name'] for c in hits]}")
+    return hits[0]
+
+
+def _headline(checks: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(what, measured, tolerance) rows for the README."""
+    def worst(*groups: tuple[str, ...]) -> tuple[float, float]:
+        picked = [_find(checks, *g) for g in groups]
+        return max(c["measured"] for c in picked), min(c["tolerance"] for c in picked)
+
+    rows = [
+        ("rate of every update, float64 (60 schedules)", *worst(("schedule fp64 (60",))),
+        ("one AdamW update, float64", *worst(("one update fp64: AdamW step",), ("one update fp64: train_step vs train_update, params",))),
+        ("300-update trajectories, float64 (loss, params)", *worst(("trajectory fp64 mlp: loss",), ("trajectory fp64 mlp: params",),
+                                                                   ("trajectory fp64 gpt: loss",), ("trajectory fp64 gpt: params",))),
+        ("300-update trajectories, float32 GELU/tanh (loss, params)",
+         *worst(("trajectory fp32 mlp (gelu): loss",), ("trajectory fp32 mlp (gelu): params",),
+                ("trajectory fp32 mlp (tanh): loss",), ("trajectory fp32 mlp (tanh): params",),
+                ("trajectory fp32 gpt (gelu): loss",), ("trajectory fp32 gpt (gelu): params",))),
+        ("resumed and converted runs across frameworks, float64",
+         *worst(("resume fp64: resumed runs, jaxloop vs torch_ref, loss",), ("resume fp64: resumed runs, jaxloop vs torch_ref, final",),
+                ("convert torch->jax", "losses"), ("convert jax->torch", "losses"))),
+    ]
+    return [(what, _fmt(m), _fmt(t)) for what, m, t in rows]
+
+
+def _findings(checks: list[dict[str, Any]]) -> list[str]:
+    get = lambda *w: _fmt(_find(checks, *w)["measured"])  # noqa: E731
+    return [
+        "## Findings",
+        "",
+        "- **optax's float32 Adam bias correction.** optax computes 1 - b2^t from b2 rounded to float32; for "
+        "b2 = 0.999 that is 1.3e-5 (relative) off for small t and made every float32 jaxloop step ~6e-6 shorter "
+        "than AdamW's, systematically, so float32 trajectories drifted apart by ~5e-5. jaxloop.optim now computes "
+        f"1 - b^t = -expm1(t log b) with log b in float64; one float32 Adam step now agrees to {get('one update fp32')} "
+        "(test_update).",
+        "- **x64 and float32.** Under jax's x64 mode a precision=fp32 state is float32 leaf for leaf, but the schedule "
+        "and the bias corrections are evaluated in float64 and rounded: not a float32 run (50 updates move the params by "
+        f"{get('x64 finding')}). The suite turns x64 off for every non-fp64 computation.",
+        "- **Attention key biases** are a null direction (softmax ignores a per-query constant): their gradient is "
+        f"rounding ({get('key bias: |grad')} of the query-bias gradient in float64), which Adam normalises into "
+        "steps of ~lr, so the key biases of two frameworks wander apart while the model's outputs agree. Parameter "
+        "comparisons leave them out.",
+        "- **ReLU.** Running both frameworks side by side and comparing the sign of every hidden pre-activation finds "
+        "units that are active in one framework only, always at pre-activations within float32 rounding of zero "
+        f"({get('ReLU fp32: |z_jax')} of their RMS). Each flip moves one record's gradient through one unit in one "
+        f"update; in these runs that is not amplified (params after 300 updates: {get('ReLU fp32: params')}), "
+        "and in float64 no unit flips.",
+        "- **bf16.** jaxloop casts the whole model to bf16; torch autocast keeps LayerNorm and the residual stream in "
+        "float32, so torch's own bf16-vs-fp32 gap is smaller on the GPT. The cross-framework bf16 difference is "
+        "compared by its RMS over the updates (bf16 differences are noise); the single largest update difference is "
+        "checked against the sum of the two frameworks' own largest gaps.",
+        "- **torch_ref.** `export_jax_params` returned arrays sharing memory with the live parameters (an optimizer step "
+        "changed an earlier export), and `create_train_state(init_params=...)` loaded float64 weights into the float32 "
+        "model before converting it (rounding fp64 weights to float32); both fixed.",
+    ]
+
+
+def _readme_section(checks: list[dict[str, Any]], wall: float, when: str) -> str:
+    rows = _headline(checks)
+    lines = [
+        "## Parity with PyTorch",
+        "",
+        "`parity_tests/` runs jaxloop and torch_ref on the same configs, initial weights (drawn by jax, transferred to "
+        "torch) and batches, and checks each contract of DESIGN.md number by number: the rate of every update, one "
+        "clipped AdamW update, gradient accumulation, the data order, 300-update trajectories of both presets' models "
+        "(float64, float32, bf16), resume within and across the frameworks, checkpoint rotation and fp16 loss scaling.",
+        "",
+        "```bash",
+        "python -m pytest parity_tests -q        # prints every check: measured difference beside its tolerance",
+        "python -m parity_tests.report           # runs the suite, writes PARITY.md and parity_tests/plots/*.png",
+        "python -m parity_tests.convert --from torch SRC_RUN_DIR DST_RUN_DIR   # torch_ref checkpoint -> jaxloop",
+        "python -m parity_tests.convert --from jax SRC_RUN_DIR DST_RUN_DIR     # jaxloop checkpoint -> torch_ref",
+        "```",
+        "",
+        f"The full table, the plots and the findings: [PARITY.md](PARITY.md). Headline numbers ({when}, "
+        f"{len(checks)} checks, suite {wall / 60:.1f} min on this machine's 2 CPU cores):",
+        "",
+        "| what (jaxloop vs torch_ref, relative) | measured | tolerance |",
+        "|---|---|---|",
+        *[f"| {what} | {m} | {t} |" for what, m, t in rows],
+        "",
+        "Within each framework a run interrupted at update k (mid-epoch, between checkpoints, at an epoch boundary) and "
+        "resumed is bit-identical to the uninterrupted run; both loaders give the same records in every batch for 0 and "
+        "2 workers; both keep the same checkpoints and the same best; under fp16 both skip the same updates with the "
+        "same loss-scale sequence. The suite runs with jax's x64 mode on (float64 needs it) and turns it off for every "
+        "float32/bf16/fp16 computation, so those are real low-precision jaxloop runs.",
+    ]
+    return "\n".join(lines)
+
+
+def write(results: dict[str, Any], wall: float) -> None:
+    checks = results["checks"]
+    when = datetime.date.today().isoformat()
+    plots = _plots(results["series"])
+    passed = sum(c["passed"] for c in checks)
+    rel = lambda name: os.path.relpath(PLOTS / name, ROOT)  # noqa: E731
+    lines = [
+        "# jaxloop vs torch_ref: parity report",
+        "",
+        f"Written by `python -m parity_tests.report` on {when} ({platform.machine()}, {os.cpu_count()} CPU cores, "
+        f"Python {platform.python_version()}): {passed} of {len(checks)} checks within tolerance; the suite took "
+        f"{wall:.0f} s. Every number below was measured by that run; each tolerance states why it is what it is.",
+        "",
+        "Measures: *relative* is |a - b| / |b| (per update for curves, the largest over updates); for parameters, "
+        "the largest over tensors of ||a - b||_2 / ||b||_2 (attention key biases aside: a null direction, see "
+        "Findings). Counts (batches, saves, updates that differ) must be 0.",
+        "",
+        "## Checks",
+        *_table(checks),
+        "",
+        *_findings(checks),
+        "",
+        "## Plots",
+        "",
+    ]
+    for name, caption in plots:
+        lines += [f"![{name}]({rel(name)})", "", caption, ""]
+    (ROOT / "PARITY.md").write_text("\n".join(lines))
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    start, end = "<!-- section:parity -->", "<!-- /section:parity -->"
+    i, j = text.index(start) + len(start), text.index(end)
+    readme.write_text(text[:i] + "\n" + _readme_section(checks, wall, when) + "\n" + text[j:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m parity_tests.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", help="use this results JSON (from pytest --parity-out) instead of running the suite")
+    parser.add_argument("--wall", type=float, default=0.0, help="with --results: the suite's wall time in seconds")
+    args = parser.parse_args(argv)
+    if args.results:
+        results, wall = json.loads(Path(args.results).read_text()), args.wall
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "parity.json"
+            rc, wall = run_suite(out)
+            if rc != 0 or not out.exists():
+                print(f"parity_tests.report: the suite failed (exit {rc}); nothing written", file=sys.stderr)
+                return rc or 1
+            results = json.loads(out.read_text())
+    if not all(c["passed"] for c in results["checks"]):
+        print("parity_tests.report: some checks failed; nothing written", file=sys.stderr)
+        return 1
+    write(results, wall)
+    print(f"wrote {ROOT / 'PARITY.md'}, {PLOTS}/*.png and the README's parity section", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Cross-framework resume: a checkpoint of one loop, converted, is resumed by the other loop.
+
+`python -m parity_tests.convert --from torch|jax SRC DST` (called in-process through its main) on the
+interrupted runs of conftest.resume_runs (the digits MLP in float64, interrupted at k = 13 and 30);
+the other loop then resumes DST with its own real `run`, and must continue on the trajectory of the
+uninterrupted runs to the tolerance of test_trajectory (1e-10 relative in float64).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import optax
+import pytest
+
+from jaxloop.train import run as jax_train
+from parity_tests.convert import _adam_and_schedule, jax_state_from_torch, main, torch_state_from_jax
+from parity_tests.harness import (curve_rel_diff, data_position, host, jax_checkpoint, jax_mode, records,
+                                  tree_rel_diff)
+from torch_ref.checkpoint import CheckpointManager
+from torch_ref.models import export_jax_params
+from torch_ref.schedule import lr_at
+from torch_ref.state import create_train_state
+from torch_ref.train import run as torch_train
+
+AT = (13, 30)
+
+
+@pytest.fixture(scope="module")
+def converted(resume_runs):
+    base, cfg = resume_runs["base"], resume_runs["cfg"]
+    out = {}
+    for k in AT:
+        dst = base / f"from_torch_{k}"
+        assert main(["--from", "torch", str(base / f"torch_{k}_interrupted"), str(dst)]) == 0
+        restored = jax_checkpoint(replace(cfg, run_dir=str(dst)), resume_runs["splits"])
+        jcfg = replace(cfg, run_dir=str(dst))
+        out[("torch->jax", k)] = (restored, jcfg, jax_train(jcfg), None)
+        dst = base / f"from_jax_{k}"
+        assert main(["--from", "jax", str(base / f"jax_{k}_interrupted"), str(dst)]) == 0
+        payload = CheckpointManager(cfg, dst).restore_latest()
+        tcfg = replace(cfg, run_dir=str(dst))
+        result = torch_train(tcfg, clip="optax", device="cpu", splits=resume_runs["splits"])
+        out[("jax->torch", k)] = (payload, tcfg, result.summary, result)
+    return out
+
+
+def _losses_after(run_dir, k):
+    return np.array([r["loss"] for r in records(run_dir) if r["step"] > k])
+
+
+def test_converted_jax_checkpoint_holds_the_update_schedule_and_data_position(converted, resume_runs, parity):
+    K = resume_runs["cfg"].optim.accum_steps
+    wrong = 0
+    for k in AT:
+        (step, state, data), _, _, _ = converted[("torch->jax", k)]
+        adam, sched = _adam_and_schedule(state.opt_state)
+        counts = (step, int(state.opt_state.gradient_step), int(adam.count), int(sched.count))
+        wrong += counts != (k,) * 4
+        wrong += (int(state.opt_state.mini_step), data_position(data)) != (0, K * k)
+    parity.check("convert torch->jax: update count, MultiSteps/Adam/schedule counts, mini_step, data position wrong",
+                 wrong, 0, "AdamW's step and LambdaLR's last_epoch become optax's counts; position carried")
+
+
+def test_converted_torch_checkpoint_holds_the_update_schedule_and_data_position(converted, resume_runs, parity):
+    cfg = resume_runs["cfg"]
+    wrong = 0
+    for k in AT:
+        (step, payload), _, _, _ = converted[("jax->torch", k)]
+        steps = {float(s["step"]) for s in payload["optimizer"]["state"].values()}
+        lrs = {g["lr"] for g in payload["optimizer"]["param_groups"]}
+        wrong += (step, payload["step"], payload["scheduler"]["last_epoch"], steps) != (k, k, k, {float(k)})
+        wrong += (lrs != {lr_at(cfg, k)}) + (payload["position"] != cfg.optim.accum_steps * k)
+    parity.check("convert jax->torch: update count, AdamW steps, LambdaLR position and lr, data position wrong",
+                 wrong, 0, "optax's counts become AdamW's step and LambdaLR's last_epoch; position carried")
+
+
+@pytest.mark.parametrize("direction", ["torch->jax", "jax->torch"])
+def test_the_other_loop_continues_on_the_uninterrupted_trajectory(direction, converted, resume_runs, parity):
+    cfg = resume_runs["cfg"]
+    (jcfg, _), (tcfg, tresult) = resume_runs["jax"], resume_runs["torch"]
+    reference_params = export_jax_params(tresult.state.model)
+    worst_loss, worst_params = 0.0, 0.0
+    for k in AT:
+        _, rcfg, _, result = converted[(direction, k)]
+        losses = _losses_after(rcfg.run_dir, k)
+        assert len(losses) == cfg.steps - k
+        worst_loss = max(worst_loss, curve_rel_diff(losses, _losses_after(jcfg.run_dir, k)),
+                         curve_rel_diff(losses, _losses_after(tcfg.run_dir, k)))
+        if result is None:
+            final = host(jax_checkpoint(rcfg, resume_runs["splits"])[1].params)
+        else:
+            final = export_jax_params(result.state.model)
+        worst_params = max(worst_params, tree_rel_diff(final, reference_params)[0])
+    parity.check(f"convert {direction} (k = 13, 30): resumed losses vs uninterrupted jaxloop and torch_ref",
+                 worst_loss, 1e-10, "as test_trajectory fp64: the conversion is exact, the rest is rounding")
+    parity.check(f"convert {direction} (k = 13, 30): final params vs uninterrupted torch_ref", worst_params, 1e-10,
+                 "as test_trajectory fp64")
+
+
+def test_conversion_round_trip_is_exact(resume_runs, parity):
+    """torch_ref state -> jaxloop state -> torch_ref state: weights, moments, counts and rate unchanged."""
+    cfg, splits, base = resume_runs["cfg"], resume_runs["splits"], resume_runs["base"]
+    step, payload = CheckpointManager(cfg, base / "torch_13_interrupted").restore_latest()
+    original = create_train_state(cfg, splits, device="cpu")
+    original.load_state_dict(payload)
+    with jax_mode(cfg.precision):
+        jstate = jax_state_from_torch(cfg, splits, original)
+        back = torch_state_from_jax(cfg, splits, jstate, original.position, original.extra.get("best"))
+    worst = 0.0
+    for p, q in zip(original.model.parameters(), back.model.parameters()):
+        worst = max(worst, float((p.detach() - q.detach()).abs().max()))
+        a, b = original.optimizer.state[p], back.optimizer.state[q]
+        worst = max(worst, float((a["exp_avg"] - b["exp_avg"]).abs().max()),
+                    float((a["exp_avg_sq"] - b["exp_avg_sq"]).abs().max()), abs(float(a["step"]) - float(b["step"])))
+    worst = max(worst, abs(original.optimizer.param_groups[0]["lr"] - back.optimizer.param_groups[0]["lr"]),
+                abs(original.scheduler.last_epoch - back.scheduler.last_epoch), abs(original.step - back.step))
+    assert isinstance(jstate.opt_state, optax.MultiStepsState)
+    assert (back.position, back.skipped, back.bad_streak) == (original.position, original.skipped, original.bad_streak)
+    parity.check("convert: torch -> jax -> torch round trip, max |change| of weights, moments, counts, rate",
+                 worst, 0.0, "a copy (kernels transposed twice), no arithmetic")

@@ -1,0 +1,95 @@
+"""Data order: the same training records in every micro-batch, in both loaders, for any worker count.
+
+The records are labelled by their own index (x = [index]), so every batch names its records. 103
+records in batches of 10: 10 batches per epoch with 3 records dropped per epoch, and 35 micro-batches
+cross three epoch boundaries. jaxloop: grain TrainLoader; torch_ref: DataLoader over
+ReplayBatchSampler; both against jaxloop.sources.record_order. Exact: indices are integers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxloop.config import Config, DataConfig
+from jaxloop.data import TrainLoader
+from jaxloop.sources import ArrayRecords, Splits, record_order
+from parity_tests.harness import QUIET
+from torch_ref.data import make_train_loader
+
+# torch's DataLoader forks its workers; this process has jax's threads, which the workers never touch
+# (torch_ref alone never imports jax), so python's warning about forking a multithreaded process is moot.
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
+
+N, BATCH, COUNT, RESUME = 103, 10, 35, 13
+"""Records, batch size, micro-batches read, and the mid-epoch position a loader resumes from (epoch 1, batch 3)."""
+
+
+def _cfg(workers: int) -> Config:
+    return Config(seed=3, batch_size=BATCH, log=QUIET, data=DataConfig(workers=workers, prefetch=2))
+
+
+def _splits() -> Splits:
+    index = np.arange(N, dtype=np.float32)[:, None]
+    records = ArrayRecords(index, (np.arange(N) % 2).astype(np.int32))
+    return Splits(source="npz", train=records, val=records, num_classes=2, example_x=np.zeros((1, 1), np.float32))
+
+
+def _jax_indices(workers: int, start: int, count: int, splits: Splits, state: dict | None = None) -> np.ndarray:
+    cfg = _cfg(workers)
+    loader = TrainLoader.from_state(cfg, splits, state) if state is not None else TrainLoader(cfg, splits, position=start)
+    with loader:
+        return np.stack([next(loader)["x"][:, 0].astype(np.int64) for _ in range(count)])
+
+
+def _torch_indices(workers: int, start: int, count: int, splits: Splits) -> np.ndarray:
+    loader = make_train_loader(_cfg(workers), splits, position=start, stop=start + count)
+    return np.stack([x[:, 0].numpy().astype(np.int64) for x, _ in loader])
+
+
+@pytest.fixture(scope="module")
+def order():
+    splits = _splits()
+    expected = record_order(_cfg(0), N, 0, COUNT)
+    got = {}
+    for workers in (0, 2):
+        got[("jax", workers, 0)] = _jax_indices(workers, 0, COUNT, splits)
+        got[("torch", workers, 0)] = _torch_indices(workers, 0, COUNT, splits)
+        got[("torch", workers, RESUME)] = _torch_indices(workers, RESUME, COUNT - RESUME, splits)
+    # jaxloop resumes from a loader's checkpointed state: saved with 2 workers, resumed with 0 and 2.
+    cfg2 = _cfg(2)
+    with TrainLoader(cfg2, splits, position=0) as loader:
+        for _ in range(RESUME):
+            next(loader)
+        saved = loader.state()
+    for workers in (0, 2):
+        got[("jax", workers, RESUME)] = _jax_indices(workers, RESUME, COUNT - RESUME, splits, saved)
+    return expected, got
+
+
+def _mismatches(a: np.ndarray, b: np.ndarray) -> int:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return int(np.sum(np.any(a != b, axis=1)))
+
+
+def test_record_order_crosses_epochs_reshuffled_with_the_remainder_dropped(order):
+    expected, _ = order
+    assert expected.shape == (COUNT, BATCH)
+    for epoch in range(3):
+        rows = expected[epoch * 10:(epoch + 1) * 10]
+        assert len(set(rows.ravel())) == 100, "no record repeats within an epoch; 3 are dropped"
+    assert not np.array_equal(expected[:10], expected[10:20]), "each epoch is reshuffled"
+
+
+def test_same_records_in_every_batch_for_0_and_2_workers(order, parity):
+    expected, got = order
+    bad = sum(_mismatches(got[(fw, w, 0)], expected) for fw in ("jax", "torch") for w in (0, 2))
+    parity.check("data order: micro-batches (of 35, 3 epoch boundaries) whose records differ, both loaders, 0 and 2 workers",
+                 bad, 0, "both replay record_order; workers only decide who gathers a batch")
+
+
+def test_same_records_after_a_mid_epoch_resume(order, parity):
+    expected, got = order
+    bad = sum(_mismatches(got[(fw, w, RESUME)], expected[RESUME:]) for fw in ("jax", "torch") for w in (0, 2))
+    parity.check(f"data order: batches differing after resuming at micro-batch {RESUME} (mid-epoch), both loaders, 0/2 workers",
+                 bad, 0, "the position is the loader's whole state")

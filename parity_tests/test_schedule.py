@@ -1,0 +1,185 @@
+"""Learning rate: the rate applied at every optimizer update is the same in jaxloop and torch_ref.
+
+60 configurations (a seeded grid plus the edge cases: warmup 0 and warmup = steps, one-update runs,
+accumulation 1 to 8, init_lr and end_lr zero or not), each run for steps + 3 updates:
+
+- jaxloop: the rate its optimizer (make_optimizer: MultiSteps over clip -> adamw) actually applies,
+  read off the emitted update of a probe parameter whose Adam direction is exactly 1 (b1 = b2 = 0,
+  eps = 1e-30, no decay, no clipping: the schedule is untouched by those), micro-step by micro-step;
+  and the schedule's count in the adamw state. The `lr` metric of train_step is checked against
+  torch_ref over 300-update runs in test_trajectory.
+- torch_ref: optimizer.param_groups[*]["lr"] at every optimizer.step() of train_update.
+- both against an independent float64 closed form written here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxloop.config import Config, OptimConfig, validate
+from jaxloop.optim import make_optimizer
+from jaxloop.sources import load_splits
+from parity_tests.convert import _adam_and_schedule
+from parity_tests.harness import F32_EPS, QUIET, jax_mode, mlp_cfg, model, optim
+from torch_ref.data import micro_batch
+from torch_ref.state import create_train_state
+from torch_ref.step import train_update
+
+EXTRA = 3
+"""Updates run past `steps` (the rate must hold at end_lr)."""
+
+
+def reference_lr(steps: int, warmup: int, init: float, peak: float, end: float, u: int) -> float:
+    """Linear warmup from init to peak over `warmup` updates, then cosine from peak to end at `steps`."""
+    if u < warmup:
+        return init + (u / warmup) * (peak - init)
+    if warmup == steps:
+        return end
+    progress = min(u - warmup, steps - warmup) / (steps - warmup)
+    return end + 0.5 * (peak - end) * (1.0 + math.cos(math.pi * progress))
+
+
+def _grid() -> list[Config]:
+    edge = [  # (steps, warmup, accum, init, peak, end)
+        (1, 0, 1, 0.0, 1e-3, 0.0), (1, 1, 3, 0.0, 1e-3, 1e-5), (40, 0, 8, 0.0, 3e-3, 3e-5),
+        (40, 40, 2, 1e-4, 3e-3, 0.0), (30, 29, 1, 0.0, 1e-2, 1e-2), (25, 5, 4, 1e-2, 1e-2, 0.0),
+        (60, 1, 5, 0.0, 0.1, 1e-6), (12, 6, 7, 3e-4, 3e-4, 3e-4),
+    ]
+    rng = np.random.default_rng(20240229)
+    while len(edge) < 60:
+        steps = int(rng.integers(1, 61))
+        warmup = int(rng.choice([0, steps, int(rng.integers(0, steps + 1))], p=[0.2, 0.2, 0.6]))
+        peak = float(10 ** rng.uniform(-4, -1))
+        init = 0.0 if rng.random() < 0.5 else float(peak * rng.uniform(0, 1))
+        end = 0.0 if rng.random() < 0.5 else float(peak * rng.uniform(0, 1))
+        edge.append((steps, warmup, int(rng.integers(1, 9)), init, peak, end))
+    return [validate(Config(steps=s, log=QUIET, optim=OptimConfig(peak_lr=p, init_lr=i, end_lr=e, warmup_steps=w,
+                                                                   accum_steps=k)), check_paths=False)
+            for s, w, k, i, p, e in edge]
+
+
+GRID = _grid()
+
+
+def _reference(cfg: Config) -> np.ndarray:
+    o = cfg.optim
+    return np.array([reference_lr(cfg.steps, o.warmup_steps, o.init_lr, o.peak_lr, o.end_lr, u)
+                     for u in range(cfg.steps + EXTRA)])
+
+
+def jax_applied_rates(cfg: Config, precision: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per micro-step: the rate jaxloop's optimizer applied (0 when it emitted nothing), MultiSteps'
+    update count and adamw's schedule count after it, for steps + EXTRA updates."""
+    probe = optim(cfg, b1=0.0, b2=0.0, eps=1e-30, weight_decay=0.0, clip_norm=0.0)
+    micro_steps = (cfg.steps + EXTRA) * cfg.optim.accum_steps
+    with jax_mode(precision):
+        tx = make_optimizer(probe)
+        dtype = jnp.result_type(float)
+        params, grads = {"w": jnp.zeros((1,), dtype)}, {"w": jnp.ones((1,), dtype)}
+
+        def body(state, _):
+            updates, state = tx.update(grads, state, params)
+            return state, (-updates["w"][0], state.gradient_step, _adam_and_schedule(state)[1].count)
+
+        _, (rates, updates, counts) = jax.jit(lambda s: jax.lax.scan(body, s, None, length=micro_steps))(tx.init(params))
+        return np.asarray(rates, np.float64), np.asarray(updates), np.asarray(counts)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Both frameworks' applied rates for every configuration of the grid."""
+    splits = load_splits(mlp_cfg())
+    out = []
+    for cfg in GRID:
+        K = cfg.optim.accum_steps
+        tiny = model(mlp_cfg(steps=cfg.steps, optim=cfg.optim, batch_size=2), hidden=(2,))
+        state = create_train_state(tiny, splits)
+        seen: list[list[float]] = []
+        state.optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append([g["lr"] for g in opt.param_groups]))
+        batch = micro_batch(tiny, splits, 0)
+        for _ in range(cfg.steps + EXTRA):
+            train_update(state, [batch] * K, clip="optax")
+        torch_rates = np.array(seen)
+        assert torch_rates.shape == (cfg.steps + EXTRA, 2), "one optimizer.step() per update of K micro-batches"
+        assert (torch_rates[:, 0] == torch_rates[:, 1]).all(), "both param groups get the same rate"
+        assert state.scheduler.last_epoch == cfg.steps + EXTRA == state.step
+        out.append(dict(cfg=cfg, torch=torch_rates[:, 0], reference=_reference(cfg),
+                        fp64=jax_applied_rates(cfg, "fp64"), fp32=jax_applied_rates(cfg, "fp32")))
+    return out
+
+
+def _emitted(rates: np.ndarray, K: int) -> np.ndarray:
+    return rates[K - 1::K]
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    diff = np.abs(a - b)
+    return float(np.max(np.where(diff == 0, 0.0, diff / np.where(b == 0, 1e-300, np.abs(b)))))
+
+
+def test_schedule_advances_once_per_update_never_per_micro_batch(runs, parity):
+    wrong = 0
+    for r in runs:
+        K = r["cfg"].optim.accum_steps
+        for precision in ("fp64", "fp32"):
+            rates, updates, counts = r[precision]
+            micro = np.arange(1, len(rates) + 1)
+            wrong += int(np.sum(updates != micro // K)) + int(np.sum(counts != micro // K))
+            wrong += int(np.count_nonzero(np.delete(rates, np.s_[K - 1::K])))  # nothing applied mid-window
+    parity.check("schedule: micro-steps where jaxloop's update/schedule count is not (micro-steps done) // K",
+                 wrong, 0, "MultiSteps steps the inner adamw, and so its schedule, once per K micro-batches")
+
+
+def test_float64_rate_of_every_update_is_the_same_in_both(runs, parity):
+    worst = max(_rel(_emitted(r["fp64"][0], r["cfg"].optim.accum_steps), r["torch"]) for r in runs)
+    parity.check("schedule fp64 (60 configs, every update): jaxloop vs torch_ref, relative", worst, 1e-13,
+                 "both evaluate warmup + cosine in float64; only operation order differs (a few ulps)")
+
+
+def test_both_rates_equal_an_independent_float64_closed_form(runs, parity):
+    jax_worst = max(_rel(_emitted(r["fp64"][0], r["cfg"].optim.accum_steps), r["reference"]) for r in runs)
+    torch_worst = max(_rel(r["torch"], r["reference"]) for r in runs)
+    parity.check("schedule fp64: jaxloop vs closed form written in the test, relative", jax_worst, 1e-13,
+                 "float64 evaluation of the same formula in another operation order")
+    parity.check("schedule: torch_ref (LambdaLR, base lr 1) vs closed form, relative", torch_worst, 1e-13,
+                 "torch_ref's lambda returns the float64 closed form and LambdaLR multiplies it by 1.0")
+
+
+def test_float32_rate_is_the_closed_form_within_a_few_float32_ulps_of_peak_lr(runs, parity):
+    # optax evaluates the schedule in float32 from values no larger than peak_lr. Its warmup branch is
+    # (init - peak) * (1 - u/w) + peak: a difference of nearly equal numbers at small u, so the error is
+    # absolute, a few ulps of peak_lr (each of the ~5 roundings contributes at most half an ulp of a value
+    # <= peak_lr), and large relative to the small early rates. The cosine branch likewise.
+    # (Relative to the rate this reaches ~1.7e-5 for the small early rates of a long warmup.)
+    worst = 0.0
+    for r in runs:
+        err = np.abs(_emitted(r["fp32"][0], r["cfg"].optim.accum_steps) - r["reference"])
+        worst = max(worst, float(np.max(err)) / (F32_EPS * r["cfg"].optim.peak_lr))
+    parity.check("schedule fp32: |jaxloop - float64 closed form| in float32 ulps of peak_lr", worst, 4.0,
+                 "float32 warmup/cosine formula: about five roundings of values <= peak_lr, half an ulp each")
+
+
+def test_past_steps_both_hold_end_lr(runs, parity):
+    moved, torch_off, jax64_off, jax32_off = 0.0, 0.0, 0.0, 0.0
+    for r in runs:
+        cfg, K = r["cfg"], r["cfg"].optim.accum_steps
+        held = {"torch": r["torch"][cfg.steps:], "fp64": _emitted(r["fp64"][0], K)[cfg.steps:],
+                "fp32": _emitted(r["fp32"][0], K)[cfg.steps:]}
+        moved = max([moved] + [float(np.max(np.abs(v - v[0]))) for v in held.values()])
+        end = cfg.optim.end_lr
+        torch_off = max(torch_off, float(np.max(np.abs(held["torch"] - end))))
+        jax64_off = max(jax64_off, _rel(held["fp64"], np.full_like(held["fp64"], end)))
+        jax32_off = max(jax32_off, float(np.max(np.abs(held["fp32"] - end))) / (F32_EPS * cfg.optim.peak_lr))
+    parity.check("schedule: change of the rate over updates >= steps (both, fp64 and fp32)", moved, 0.0,
+                 "both clamp the cosine's progress at steps, so the rate stops changing there")
+    parity.check("schedule: torch_ref's held rate - end_lr", torch_off, 0.0,
+                 "end + (peak - end) * 0.5 * (1 + cos(pi)): cos(pi) rounds to -1, so exactly end_lr")
+    parity.check("schedule fp64: jaxloop's held rate vs end_lr, relative", jax64_off, 1e-13,
+                 "optax ends the cosine at peak * (end / peak), a rounding or two from end_lr")
+    parity.check("schedule fp32: jaxloop's held rate vs end_lr, in float32 ulps of peak_lr", jax32_off, 4.0,
+                 "the same product in float32")
