@@ -46,6 +46,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.section("parity: measured maximum difference vs tolerance")
         for line in TABLE.lines():
             terminalreporter.write_line(line)
+    if TABLE.notes:
+        terminalreporter.section("parity: measurements behind the findings (see PARITY.md)")
+        for key, value in TABLE.notes.items():
+            terminalreporter.write_line(f"{key}: {value:.3e}")
     if _NOT_RUN:
         terminalreporter.section("parity: tests that did not run (this fails the session)")
         for nodeid in _NOT_RUN:
