@@ -1,8 +1,10 @@
-"""Session setup of the parity suite: 64-bit jax, the shared data, and the table of measured differences.
+"""Setup of the parity suite: 64-bit jax, the shared data, and the table of measured differences.
 
-jax's x64 mode is switched on here, once, before any jax array exists (fp64 needs it); every float32,
-bf16 and fp16 jax computation in the suite runs inside `harness.jax_mode`, which switches it off for
-that computation (see harness.py for why).
+jax's x64 mode is switched on once for the whole package, before any of its tests creates a jax array
+(fp64 needs it), and switched back off after the package's last test, so that jaxloop's own tests in
+the same pytest session (`pytest tests parity_tests`) run as they would alone. Every float32, bf16 and
+fp16 jax computation of the suite runs inside `harness.jax_mode`, which turns x64 off for it (see
+harness.py for why).
 
 At the end pytest prints every check's measured maximum difference beside its tolerance.
 `--parity-out FILE` also writes them, with the curves the report plots, as JSON.
@@ -11,15 +13,12 @@ A skipped or xfailed parity test fails the session: a parity check that does not
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
+import pytest
 
-jax.config.update("jax_enable_x64", True)
-
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
-
-from parity_tests.harness import SHAKESPEARE, SHAKESPEARE_SLICE, TABLE, write_results  # noqa: E402
+from parity_tests.harness import SHAKESPEARE, SHAKESPEARE_SLICE, TABLE, write_results
 
 _NOT_RUN: list[str] = []
 
@@ -34,7 +33,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    out = session.config.getoption("--parity-out")
+    out = session.config.getoption("--parity-out", default=None)  # None when this conftest loaded late
     if out:
         write_results(out)
     if _NOT_RUN and session.exitstatus == 0:
@@ -54,6 +53,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.section("parity: tests that did not run (this fails the session)")
         for nodeid in _NOT_RUN:
             terminalreporter.write_line(nodeid)
+
+
+@pytest.fixture(scope="package", autouse=True)
+def x64():
+    """jax's 64-bit mode for every test of the package (fixtures that build jax state request it too)."""
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", previous)
 
 
 @pytest.fixture(scope="session")
@@ -79,24 +87,8 @@ def shakespeare_slice(tmp_path_factory) -> Path:
     return path
 
 
-RESUME_AT = (13, 22, 30)
-"""Updates at which the resume runs are interrupted (40 updates, checkpoint every 10, 22 updates per
-epoch): 13 mid-epoch and between checkpoints; 22 at the epoch boundary; 30 on a checkpoint, mid-epoch."""
-
-
-def resume_cfg(run_dir):
-    """The digits MLP in float64, 40 updates of 2 micro-batches, evaluation and checkpoint every 10."""
-    from dataclasses import replace
-
-    from jaxloop.config import CheckpointConfig
-    from parity_tests.harness import mlp_cfg, optim
-
-    cfg = optim(mlp_cfg(run_dir, precision="fp64", steps=40, eval_every=10, log_every=1), warmup_steps=10, accum_steps=2)
-    return replace(cfg, checkpoint=CheckpointConfig(every=10, keep_last=2, keep_best=1))
-
-
-@pytest.fixture(scope="session")
-def resume_runs(tmp_path_factory):
+@pytest.fixture(scope="package")
+def resume_runs(x64, tmp_path_factory):
     """Both loops' real runs (jaxloop.train.run, torch_ref.train.run) from the same initial weights:
     uninterrupted, and for each k in RESUME_AT interrupted at k (jaxloop: SIGTERM; torch_ref:
     stop_after) and resumed to the end. A copy of each interrupted run directory is kept."""
@@ -105,7 +97,7 @@ def resume_runs(tmp_path_factory):
 
     from jaxloop.sources import load_splits
     from jaxloop.train import run as jax_train
-    from parity_tests.harness import host, interrupt_jax_run, jax_mode, jax_state
+    from parity_tests.harness import RESUME_AT, host, interrupt_jax_run, jax_mode, jax_state, resume_cfg
     from torch_ref.train import run as torch_train
 
     base = tmp_path_factory.mktemp("resume")

@@ -193,17 +193,10 @@ def _config(src: Path, dst: Path) -> Config:
 
 def _copy_records(src: Path, dst: Path, step: int) -> None:
     """The source's metrics.jsonl records up to the converted update (what a resume would keep)."""
-    path = src / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    kept = []
-    for line in lines:
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if r.get("step", 0) < step or (r.get("step", 0) == step and r.get("updated", True)):
-            kept.append(json.dumps(r))
-    (dst / "metrics.jsonl").write_text("".join(line + "\n" for line in kept))
+    from jaxloop.metrics import read_records
+
+    kept = [r for r in read_records(src) if r.get("step", 0) < step or (r.get("step", 0) == step and r.get("updated", True))]
+    (dst / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
 
 
 def _prepare(src: Path, dst: Path) -> tuple[Config, Splits]:

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloop.config import Config, LogConfig, preset
+from jaxloop.config import CheckpointConfig, Config, LogConfig, preset
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
@@ -135,6 +135,20 @@ def model(cfg: Config, **changes: Any) -> Config:
 def jax_mode(precision: str) -> contextlib.AbstractContextManager:
     """x64 on for fp64, off for every other precision (a real float32 / bf16 / fp16 jaxloop)."""
     return jax.enable_x64(precision == "fp64")
+
+
+def optax_adamw(cfg: Config) -> Any:
+    """jaxloop's optimizer as it was before jaxloop.optim computed the bias corrections exactly:
+    MultiSteps(chain(clip, optax.adamw)), optax.adamw's own bias corrections (the same state layout)."""
+    import optax
+
+    from jaxloop.optim import decay_mask
+    from jaxloop.schedule import make_schedule
+
+    o = cfg.optim
+    adamw = optax.adamw(make_schedule(cfg), b1=o.b1, b2=o.b2, eps=o.eps, eps_root=0.0, weight_decay=o.weight_decay,
+                        mask=decay_mask)
+    return optax.MultiSteps(optax.chain(optax.clip_by_global_norm(o.clip_norm), adamw), every_k_schedule=o.accum_steps)
 
 
 def host(tree: Any) -> Any:
@@ -289,19 +303,23 @@ def tree_rel_diff(a: Any, b: Any) -> tuple[float, str]:
 
 def records(run_dir: str | Path, kind: str = "train") -> list[dict[str, Any]]:
     """The records of kind `kind` in run_dir/metrics.jsonl (both loops write the same file)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if r.get("kind") == kind:
-            out.append(r)
-    return out
+    from jaxloop.metrics import read_records
+
+    return [r for r in read_records(run_dir) if r.get("kind") == kind]
 
 
 # ----------------------------------------------------------------------------- whole runs (resume)
+
+
+RESUME_AT = (13, 22, 30)
+"""Updates at which the resume runs are interrupted (40 updates, checkpoint every 10, 22 updates per
+epoch): 13 mid-epoch and between checkpoints; 22 at the epoch boundary; 30 on a checkpoint, mid-epoch."""
+
+
+def resume_cfg(run_dir: str | Path) -> Config:
+    """The digits MLP in float64, 40 updates of 2 micro-batches, evaluation and checkpoint every 10."""
+    cfg = optim(mlp_cfg(run_dir, precision="fp64", steps=40, eval_every=10, log_every=1), warmup_steps=10, accum_steps=2)
+    return replace(cfg, checkpoint=CheckpointConfig(every=10, keep_last=2, keep_best=1))
 
 
 def interrupt_jax_run(cfg: Config, k: int) -> None:

@@ -14,14 +14,17 @@ import numpy as np
 import optax
 import pytest
 
+from jaxloop.sources import load_splits
 from jaxloop.train import run as jax_train
 from parity_tests.convert import _adam_and_schedule, jax_state_from_torch, main, torch_state_from_jax
-from parity_tests.harness import (curve_rel_diff, data_position, host, jax_checkpoint, jax_mode, records,
-                                  tree_rel_diff)
+from parity_tests.harness import (curve_rel_diff, data_position, host, jax_checkpoint, jax_mode, mlp_cfg, model, optim,
+                                  records, tree_rel_diff)
 from torch_ref.checkpoint import CheckpointManager
+from torch_ref.data import micro_batch
 from torch_ref.models import export_jax_params
 from torch_ref.schedule import lr_at
 from torch_ref.state import create_train_state
+from torch_ref.step import train_update
 from torch_ref.train import run as torch_train
 
 AT = (13, 30)
@@ -99,24 +102,41 @@ def test_the_other_loop_continues_on_the_uninterrupted_trajectory(direction, con
                  "as test_trajectory fp64")
 
 
-def test_conversion_round_trip_is_exact(resume_runs, parity):
-    """torch_ref state -> jaxloop state -> torch_ref state: weights, moments, counts and rate unchanged."""
-    cfg, splits, base = resume_runs["cfg"], resume_runs["splits"], resume_runs["base"]
-    step, payload = CheckpointManager(cfg, base / "torch_13_interrupted").restore_latest()
-    original = create_train_state(cfg, splits, device="cpu")
-    original.load_state_dict(payload)
+def _round_trip_change(cfg, splits, original) -> float:
+    """Largest change of anything a checkpoint holds after torch_ref -> jaxloop -> torch_ref."""
     with jax_mode(cfg.precision):
         jstate = jax_state_from_torch(cfg, splits, original)
         back = torch_state_from_jax(cfg, splits, jstate, original.position, original.extra.get("best"))
+    assert isinstance(jstate.opt_state, optax.MultiStepsState)
+    assert (back.step, back.position, back.skipped, back.bad_streak) == (
+        original.step, original.position, original.skipped, original.bad_streak)
+    assert back.scaler.state_dict() == original.scaler.state_dict(), "the fp16 loss scale and its growth count"
     worst = 0.0
     for p, q in zip(original.model.parameters(), back.model.parameters()):
         worst = max(worst, float((p.detach() - q.detach()).abs().max()))
         a, b = original.optimizer.state[p], back.optimizer.state[q]
         worst = max(worst, float((a["exp_avg"] - b["exp_avg"]).abs().max()),
                     float((a["exp_avg_sq"] - b["exp_avg_sq"]).abs().max()), abs(float(a["step"]) - float(b["step"])))
-    worst = max(worst, abs(original.optimizer.param_groups[0]["lr"] - back.optimizer.param_groups[0]["lr"]),
-                abs(original.scheduler.last_epoch - back.scheduler.last_epoch), abs(original.step - back.step))
-    assert isinstance(jstate.opt_state, optax.MultiStepsState)
-    assert (back.position, back.skipped, back.bad_streak) == (original.position, original.skipped, original.bad_streak)
-    parity.check("convert: torch -> jax -> torch round trip, max |change| of weights, moments, counts, rate",
-                 worst, 0.0, "a copy (kernels transposed twice), no arithmetic")
+    for e, f in zip(original.ema or [], back.ema or []):
+        worst = max(worst, float((e - f).abs().max()))
+    return max(worst, abs(original.optimizer.param_groups[0]["lr"] - back.optimizer.param_groups[0]["lr"]),
+               abs(original.scheduler.last_epoch - back.scheduler.last_epoch))
+
+
+def test_conversion_round_trip_is_exact(resume_runs, parity):
+    """torch_ref -> jaxloop -> torch_ref: the fp64 checkpoint at update 13, and an fp16 state with an EMA
+    after 3 updates (loss scale, growth count and EMA carried too)."""
+    cfg, splits, base = resume_runs["cfg"], resume_runs["splits"], resume_runs["base"]
+    _, payload = CheckpointManager(cfg, base / "torch_13_interrupted").restore_latest()
+    original = create_train_state(cfg, splits, device="cpu")
+    original.load_state_dict(payload)
+    fp16 = optim(model(mlp_cfg(precision="fp16", batch_size=8), hidden=(8,)), ema_decay=0.9)
+    fp16_splits = load_splits(fp16)
+    scaled = create_train_state(fp16, fp16_splits, device="cpu")
+    for b in range(3):
+        train_update(scaled, [micro_batch(fp16, fp16_splits, b)])
+    assert scaled.scaler.is_enabled() and scaled.ema is not None
+    parity.check("convert: torch -> jax -> torch round trip (fp64 checkpoint; fp16 + EMA state), max |change| of "
+                 "weights, moments, counts, rate, EMA", max(_round_trip_change(cfg, splits, original),
+                                                             _round_trip_change(fp16, fp16_splits, scaled)),
+                 0.0, "a copy (kernels transposed twice), no arithmetic")

@@ -15,8 +15,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from parity_tests.conftest import RESUME_AT
-from parity_tests.harness import curve_rel_diff, data_position, jax_checkpoint, records, tree_rel_diff
+from parity_tests.harness import RESUME_AT, curve_rel_diff, data_position, jax_checkpoint, records, tree_rel_diff
 from torch_ref.checkpoint import CheckpointManager
 from torch_ref.models import export_jax_params
 

@@ -8,6 +8,8 @@ after 300 updates tensor by tensor (tree_rel_diff, key biases aside: see the key
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,7 +20,7 @@ from jaxloop.models import make_model
 from jaxloop.sources import MicroBatchGather, load_splits
 from jaxloop.step import cross_entropy_loss, train_step
 from parity_tests.harness import (F32_EPS, curve_rel_diff, flat_params, gpt_cfg, host, jax_mode, jax_run, jax_state,
-                                  mlp_cfg, model, torch_run, tree_rel_diff)
+                                  mlp_cfg, model, optax_adamw, torch_run, tree_rel_diff)
 from torch_ref.models import export_jax_params
 from torch_ref.state import create_train_state as torch_state
 from torch_ref.step import cross_entropy_loss as torch_loss
@@ -28,13 +30,14 @@ UPDATES = 300
 SNAP = 25
 
 
-def _pair(cfg, splits, init=None):
-    j = jax_run(cfg, splits, UPDATES, snapshot_every=SNAP, init_params=init)
+def _pair(cfg, splits):
+    """jaxloop's run, then torch_ref's from jaxloop's initial weights."""
+    j = jax_run(cfg, splits, UPDATES, snapshot_every=SNAP)
     t = torch_run(cfg, splits, j.init, UPDATES, snapshot_every=SNAP)
     return j, t
 
 
-def _record(parity, key, cfg, j, t):
+def _record(parity, key, j, t):
     updates = sorted(j.snapshots)
     parity.add_series(key, update=np.arange(1, UPDATES + 1), jax_loss=j.losses, torch_loss=t.losses,
                       jax_lr=j.lrs, torch_lr=t.lrs,
@@ -48,10 +51,10 @@ def mlp(parity):
     cfg = mlp_cfg()
     splits = load_splits(cfg)
     runs = {}
-    for name, c in (("fp64", replace_precision(cfg, "fp64")), ("fp32", cfg), ("bf16", replace_precision(cfg, "bf16")),
+    for name, c in (("fp64", replace(cfg, precision="fp64")), ("fp32", cfg), ("bf16", replace(cfg, precision="bf16")),
                     ("tanh_fp32", model(cfg, activation="tanh"))):
         runs[name] = _pair(c, splits)
-        _record(parity, f"mlp_{name}", c, *runs[name])
+        _record(parity, f"mlp_{name}", *runs[name])
     return cfg, splits, runs
 
 
@@ -61,21 +64,14 @@ def gpt(parity, shakespeare_slice):
     splits = load_splits(cfg)
     runs = {}
     for name in ("fp64", "fp32", "bf16"):
-        c = replace_precision(cfg, name)
-        runs[name] = _pair(c, splits)
-        _record(parity, f"gpt_{name}", c, *runs[name])
+        runs[name] = _pair(replace(cfg, precision=name), splits)
+        _record(parity, f"gpt_{name}", *runs[name])
     return cfg, splits, runs
 
 
 def _qkv_biases(tree):
     return [(path, leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
             if jax.tree_util.keystr(path).endswith("['qkv']['bias']")]
-
-
-def replace_precision(cfg, precision):
-    from dataclasses import replace
-
-    return replace(cfg, precision=precision)
 
 
 # ----------------------------------------------------------------------------- float64
@@ -117,8 +113,6 @@ def test_float32_smooth_activation_losses_and_params_agree_to_1e5(preset, name, 
 def test_float32_drift_without_jaxloops_exact_bias_correction_is_measured(mlp, parity):
     """The float32 MLP trajectory again with optax.adamw's own bias corrections (jaxloop before the fix
     in jaxloop.optim): recorded beside the fixed one, for the report."""
-    from parity_tests.test_update import optax_adamw
-
     cfg, splits, runs = mlp
     j, t = runs["fp32"]
     with jax_mode("fp32"):
@@ -171,7 +165,7 @@ def test_attention_key_bias_is_a_null_direction_that_adam_turns_into_noise(gpt, 
     batch = MicroBatchGather(splits.train, cfg.seed, cfg.batch_size)(0)
     c = cfg.model.d_model
     with jax_mode("fp64"):
-        state = jax_state(replace_precision(cfg, "fp64"), splits, j.params)
+        state = jax_state(replace(cfg, precision="fp64"), splits, j.params)
         m = make_model(cfg, splits.num_classes)
         apply = jax.jit(lambda p, x: m.apply({"params": p}, x))
         logits = apply(state.params, batch["x"])
@@ -182,7 +176,7 @@ def test_attention_key_bias_is_a_null_direction_that_adam_turns_into_noise(gpt, 
         grads = jax.jit(jax.grad(lambda p: cross_entropy_loss(m.apply, p, batch, None)[0]))(state.params)
         gk = [g[c:2 * c] for path, g in _qkv_biases(grads)]
         gq = [g[:c] for path, g in _qkv_biases(grads)]
-    tstate = torch_state(replace_precision(cfg, "fp64"), splits, init_params=t.params)
+    tstate = torch_state(replace(cfg, precision="fp64"), splits, init_params=t.params)
     x, y = torch.from_numpy(np.array(batch["x"])), torch.from_numpy(np.array(batch["y"]))
     torch_loss(forward(tstate, x), y)[0].backward()
     tk = [blk.attn.qkv.bias.grad[c:2 * c].numpy() for blk in tstate.model.blocks]
@@ -239,7 +233,7 @@ def _relu_lockstep(cfg, splits, updates):
 def relu():
     cfg = model(mlp_cfg(batch_size=64), activation="relu", hidden=(128, 128))  # the digits preset's own sizes
     splits = load_splits(cfg)
-    return {p: _relu_lockstep(replace_precision(cfg, p), splits, UPDATES) for p in ("fp32", "fp64")}
+    return {p: _relu_lockstep(replace(cfg, precision=p), splits, UPDATES) for p in ("fp32", "fp64")}
 
 
 def test_relu_units_flip_in_one_framework_only_at_rounding_level_pre_activations(relu, parity):

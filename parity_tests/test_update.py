@@ -17,7 +17,7 @@ import torch
 from jaxloop.sources import MicroBatchGather, load_splits
 from jaxloop.step import cross_entropy_loss, train_step
 from parity_tests.convert import torch_state_from_jax
-from parity_tests.harness import F32_EPS, host, jax_mode, jax_state, mlp_cfg, optim, tree_rel_diff
+from parity_tests.harness import F32_EPS, host, jax_mode, jax_state, mlp_cfg, optax_adamw, optim, tree_rel_diff
 from torch_ref.models import export_jax_params, param_map
 from torch_ref.optim import clip_gradients, global_norm
 from torch_ref.step import cross_entropy_loss as torch_loss
@@ -232,15 +232,4 @@ def test_float32_adam_step_from_the_same_state_and_gradients_agrees(parity):
     before_fix = tree_rel_diff(optax_own, torch_step)[0]
     parity.note("optax float32 Adam step vs torch (jaxloop before the fix)", before_fix)
     parity.note("optax float32 1 - b2, relative error", abs(one_minus_b2 - (1 - cfg.optim.b2)) / (1 - cfg.optim.b2))
-    assert before_fix > 4 * 16 * F32_EPS / 2, "optax's own float32 bias correction is what the bound rules out"
-
-
-def optax_adamw(cfg):
-    """jaxloop's optimizer as it was, with optax.adamw's own bias corrections (same state layout)."""
-    from jaxloop.optim import decay_mask
-    from jaxloop.schedule import make_schedule
-
-    o = cfg.optim
-    adamw = optax.adamw(make_schedule(cfg), b1=o.b1, b2=o.b2, eps=o.eps, eps_root=0.0, weight_decay=o.weight_decay,
-                        mask=decay_mask)
-    return optax.MultiSteps(optax.chain(optax.clip_by_global_norm(o.clip_norm), adamw), every_k_schedule=o.accum_steps)
+    assert before_fix > 16 * F32_EPS / 2, "optax's own float32 bias correction is outside this bound"
