@@ -63,6 +63,14 @@ _finite = jax.jit(lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x
                                                    if jnp.issubdtype(x.dtype, jnp.inexact)])))
 
 
+def _root_cause(error: BaseException) -> str:
+    """The innermost cause's type and first line (orbax wraps tensorstore's precise error), shortened."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text}"[:300]
+
+
 class Checkpointer:
     """One run's CheckpointManager. Always close() it (in a finally): that awaits the last save."""
 
@@ -111,7 +119,7 @@ class Checkpointer:
                 return Restored(step=step, state=out["state"], data=dict(out["data"]),
                                 metadata=dict(out["metadata"] or {}))
             except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
-                cause = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+                cause = _root_cause(e)
                 warnings.warn(f"checkpoint at update {step} is damaged ({cause}); "
                               f"moving it to {DAMAGED_DIR}/ and trying the previous one", stacklevel=2)
                 self._quarantine(step)

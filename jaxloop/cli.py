@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import re
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -19,7 +20,22 @@ import tyro
 
 from jaxloop.config import Config, ConfigError, from_dict, preset, validate
 
+# Exit statuses of both loops' CLIs (jaxloop.train and torch_ref.train).
 EXIT_BAD_INPUT = 2
+EXIT_NONFINITE = 1
+EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive updates were skipped for a non-finite loss or gradient."""
+
+
+class Interrupted(Exception):
+    """A SIGINT or SIGTERM arrived; the loop finished the update, saved, and stops with EXIT_SIGNAL[signum]."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
 
 
 class UsageError(Exception):

@@ -23,6 +23,7 @@ import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator
 
@@ -59,6 +60,29 @@ def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
         if isinstance(record, dict):
             records.append(record)
     return records
+
+
+@dataclass
+class BestTracker:
+    """Best validation metric so far and evaluations since it improved (for early stopping)."""
+
+    mode: str
+    patience: int = 0
+    best: float | None = None
+    best_step: int | None = None
+    since_best: int = 0
+
+    def update(self, step: int, value: float) -> bool:
+        """Record an evaluation; True when early stopping should end the run."""
+        better = self.best is None or (value < self.best if self.mode == "min" else value > self.best)
+        if better:
+            self.best, self.best_step, self.since_best = value, step, 0
+        else:
+            self.since_best += 1
+        return self.patience > 0 and self.since_best >= self.patience
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "best_step": self.best_step, "since_best": self.since_best}
 
 
 def tb_tag(kind: str, key: str) -> str:

@@ -21,52 +21,15 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxloop.checkpoint import CHECKPOINT_DIR, Checkpointer, quiet_orbax
-from jaxloop.cli import EXIT_BAD_INPUT, parse_or_exit
+from jaxloop.cli import EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_SIGNAL, Interrupted, NonFiniteError, parse_or_exit
 from jaxloop.config import Config, ConfigError, changed_fields, resume_conflicts, to_dict
 from jaxloop.data import DevicePrefetcher, TrainLoader, val_batches
 from jaxloop.distributed import check_divisible, make_mesh, replicate, shard_batch
-from jaxloop.metrics import Profiler, RunLogger, Timings, run_metadata
+from jaxloop.metrics import BestTracker, Profiler, RunLogger, Timings, run_metadata
 from jaxloop.models import make_model
 from jaxloop.sources import load_splits, write_vocab
 from jaxloop.state import TrainState, create_train_state, state_digest
 from jaxloop.step import eval_step, train_step
-
-EXIT_NONFINITE = 1
-EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
-
-
-class NonFiniteError(RuntimeError):
-    """Too many consecutive updates were skipped for a non-finite loss or gradient."""
-
-
-class Interrupted(Exception):
-    def __init__(self, signum: int):
-        self.signum = signum
-        super().__init__(signal.Signals(signum).name)
-
-
-@dataclass
-class BestTracker:
-    """Best validation metric so far and evaluations since it improved (for early stopping)."""
-
-    mode: str
-    patience: int = 0
-    best: float | None = None
-    best_step: int | None = None
-    since_best: int = 0
-
-    def update(self, step: int, value: float) -> bool:
-        """Record an evaluation; True when early stopping should end the run."""
-        better = self.best is None or (value < self.best if self.mode == "min" else value > self.best)
-        if better:
-            self.best, self.best_step, self.since_best = value, step, 0
-        else:
-            self.since_best += 1
-        return self.patience > 0 and self.since_best >= self.patience
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "best_step": self.best_step, "since_best": self.since_best}
-
 
 @dataclass
 class Throughput:
@@ -181,7 +144,7 @@ class Loop:
         self.signal = signum  # finish the current update, save, then exit
 
     def run(self, state: TrainState, restored: Any) -> dict[str, Any]:
-        cfg, K = self.cfg, self.cfg.optim.accum_steps
+        cfg = self.cfg
         step = 0
         tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
         if restored is not None:

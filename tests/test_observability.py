@@ -28,13 +28,13 @@ import pytest
 from jaxloop import sample as sample_mod
 from jaxloop.cli import parse_config
 from jaxloop.config import preset
-from jaxloop.metrics import RunLogger, read_records
+from jaxloop.metrics import BestTracker, RunLogger, read_records
 from jaxloop.models import MLP, init_params, make_model
 from jaxloop.report import main as report_main
 from jaxloop.sources import encode, read_vocab
 from jaxloop.state import TrainState
 from jaxloop.step import train_step
-from jaxloop.train import BestTracker, run
+from jaxloop.train import run
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable

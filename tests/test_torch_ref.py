@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from jaxloop.cli import NonFiniteError
 from jaxloop.config import CheckpointConfig, Config, DataConfig, LogConfig, ModelConfig, OptimConfig, preset, to_dict
 from jaxloop.sources import ArrayRecords, Splits, load_splits, record_order
 from torch_ref.checkpoint import CheckpointManager, best_step, kept_steps
@@ -27,7 +28,11 @@ from torch_ref.optim import clip_gradients, param_groups
 from torch_ref.schedule import lr_table
 from torch_ref.state import create_train_state, state_digest
 from torch_ref.step import train_update
-from torch_ref.train import NonFiniteError, main, run
+from torch_ref.train import main, run
+
+# torch's DataLoader forks its workers, and this test process also holds jax's threads (from other test
+# modules); the workers never touch jax (torch_ref alone never imports it), so the warning is moot here.
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = LogConfig(progress="off", report=False, tensorboard=False)

@@ -28,8 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jaxloop.cli import EXIT_BAD_INPUT, UsageError, parse_or_exit
+from jaxloop.cli import (EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_SIGNAL, Interrupted, NonFiniteError, UsageError,
+                         parse_or_exit)
 from jaxloop.config import Config, ConfigError, changed_fields, resume_conflicts, to_dict
+from jaxloop.metrics import METRICS_FILE, BestTracker, read_records
 from jaxloop.sources import Splits, load_splits, write_vocab
 from torch_ref.checkpoint import CHECKPOINT_DIR, CheckpointManager
 from torch_ref.data import make_train_loader, make_val_loader
@@ -38,43 +40,7 @@ from torch_ref.state import TrainState, create_train_state, state_digest
 from torch_ref.step import evaluate, train_update
 
 PROG = "torch_ref.train"
-METRICS_FILE = "metrics.jsonl"
-EXIT_NONFINITE = 1
-EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
 CLIP_MODES = ("torch", "optax")
-
-
-class NonFiniteError(RuntimeError):
-    """Too many consecutive updates were skipped for a non-finite loss or gradient."""
-
-
-class Interrupted(Exception):
-    def __init__(self, signum: int):
-        self.signum = signum
-        super().__init__(signal.Signals(signum).name)
-
-
-@dataclass
-class BestTracker:
-    """Best validation metric so far and evaluations since it improved (for early stopping)."""
-
-    mode: str
-    patience: int = 0
-    best: float | None = None
-    best_step: int | None = None
-    since_best: int = 0
-
-    def update(self, step: int, value: float) -> bool:
-        """Record an evaluation; True when early stopping should end the run."""
-        better = self.best is None or (value < self.best if self.mode == "min" else value > self.best)
-        if better:
-            self.best, self.best_step, self.since_best = value, step, 0
-        else:
-            self.since_best += 1
-        return self.patience > 0 and self.since_best >= self.patience
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "best_step": self.best_step, "since_best": self.since_best}
 
 
 @dataclass
@@ -88,20 +54,6 @@ class RunResult:
 
 
 # ----------------------------------------------------------------------------- metrics.jsonl
-
-
-def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
-    """All records of run_dir/metrics.jsonl (an unfinished last line, from a killed run, is ignored)."""
-    path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
 
 
 class RunLogger:
