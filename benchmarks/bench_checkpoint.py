@@ -1,10 +1,17 @@
 """How long the training loop is blocked by an async checkpoint save, as a ratio to a synchronous save.
 
 Both save the same TrainState (GPTs of 19M and 85M params: params + Adam moments + accumulator, 290 MiB
-and 1.3 GiB) with jaxloop's Checkpointer, as the loop saves, alternating async and sync rounds in one
-run; the blocked time is what `Checkpointer.save` costs the caller (for async, the background write
-continues and is awaited before the next round, outside the measurement). The async blocked time is
-mostly a fixed per-leaf cost plus a host copy, so the ratio falls as the state grows. Goal: <= 0.1.
+and 1.3 GiB) with jaxloop's Checkpointer, as the loop saves, in one run:
+
+1. blocked: what `Checkpointer.save` costs the caller, async and sync rounds alternating (for async,
+   the background write continues and is awaited before the next round, outside the measurement).
+2. lost: the wall time a loop of donating steps over the whole state (an optimizer-like elementwise
+   update) loses per save against the same loop without saves. This also counts what an async save
+   costs outside save(): the hand-over thread and Orbax's writer competing for the same CPU cores and
+   memory bandwidth, and the step after a save allocating fresh buffers instead of donating. Rounds
+   are long enough for a background save to finish within the next round.
+
+Goal: blocked async / sync <= 0.1.
 
     python benchmarks/bench_checkpoint.py [--rounds 5] [--sizes 512x6 768x12]
 """
@@ -12,9 +19,11 @@ mostly a fixed per-leaf cost plus a host copy, so the ratio falls as the state g
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import jax
 import numpy as np
@@ -22,7 +31,7 @@ import numpy as np
 from jaxloop.checkpoint import Checkpointer, quiet_orbax
 from jaxloop.config import CheckpointConfig, Config, DataConfig, ModelConfig
 from jaxloop.models import make_model
-from jaxloop.state import create_train_state
+from jaxloop.state import TrainState, create_train_state
 
 
 def main() -> None:
@@ -44,8 +53,6 @@ def measure(d_model: int, n_layers: int, rounds: int) -> None:
     n_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
     print(f"state: {n_params / 1e6:.1f}M params, {n_bytes / 2**20:.0f} MiB to save; device {jax.devices()[0]}")
 
-    blocked: dict[str, list[float]] = {"async": [], "sync": []}
-    total: dict[str, list[float]] = {"async": [], "sync": []}
     with tempfile.TemporaryDirectory() as tmp:
         ckpts = {mode: Checkpointer(Config(run_dir=f"{tmp}/{mode}", model=model_cfg,
                                            checkpoint=CheckpointConfig(keep_last=1, keep_best=0,
@@ -53,24 +60,78 @@ def measure(d_model: int, n_layers: int, rounds: int) -> None:
                                     f"{tmp}/{mode}")
                  for mode in ("async", "sync")}
         try:
-            for step in range(1, rounds + 2):
-                for mode, ckpt in ckpts.items():
-                    t0 = time.perf_counter()
-                    ckpt.save(step, state, {"position": step}, check_finite=False)  # as the loop saves
-                    t1 = time.perf_counter()
-                    ckpt.wait()
-                    t2 = time.perf_counter()
-                    if step > 1:  # the first round warms up compilation of the finiteness check and I/O paths
-                        blocked[mode].append(t1 - t0)
-                        total[mode].append(t2 - t0)
+            blocked, committed = measure_blocked(ckpts, state, rounds)
+            lost, step_ms, steps_per_round = measure_lost(ckpts, state, rounds, statistics.median(blocked["sync"]))
         finally:
             for ckpt in ckpts.values():
                 ckpt.close()
     med = {m: statistics.median(v) for m, v in blocked.items()}
     for m in ("sync", "async"):
         print(f"{m:5s}: blocked median {1e3 * med[m]:8.1f} ms  (save committed after median "
-              f"{1e3 * statistics.median(total[m]):8.1f} ms; rounds {', '.join(f'{1e3 * t:.0f}' for t in blocked[m])} ms)")
+              f"{1e3 * statistics.median(committed[m]):8.1f} ms; rounds {', '.join(f'{1e3 * t:.0f}' for t in blocked[m])} ms)")
     print(f"ratio async/sync blocked time: {med['async'] / med['sync']:.3f}  (goal <= 0.1)")
+    print(f"loop of donating steps ({step_ms:.1f} ms each, a save every {steps_per_round}): wall time lost per save "
+          f"sync {1e3 * lost['sync']:.1f} ms, async {1e3 * lost['async']:.1f} ms; "
+          f"ratio async/sync lost time: {lost['async'] / lost['sync']:.3f}")
+
+
+def measure_blocked(ckpts: dict[str, Checkpointer], state: TrainState, rounds: int
+                    ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    blocked: dict[str, list[float]] = {"async": [], "sync": []}
+    committed: dict[str, list[float]] = {"async": [], "sync": []}
+    for step in range(1, rounds + 2):
+        for mode, ckpt in ckpts.items():
+            t0 = time.perf_counter()
+            ckpt.save(step, state, {"position": step}, check_finite=False)  # as the loop saves
+            t1 = time.perf_counter()
+            ckpt.wait()
+            t2 = time.perf_counter()
+            if step > 1:  # the first round warms up the I/O paths
+                blocked[mode].append(t1 - t0)
+                committed[mode].append(t2 - t0)
+    return blocked, committed
+
+
+def _bump(state: TrainState) -> TrainState:
+    """An optimizer-like elementwise update of every float leaf: reads and writes the whole state."""
+    def f(x: Any) -> Any:
+        return x * 0.999 + 1e-3 if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x
+    return state.replace(params=jax.tree.map(f, state.params), opt_state=jax.tree.map(f, state.opt_state))
+
+
+def measure_lost(ckpts: dict[str, Checkpointer], state: TrainState, rounds: int, sync_s: float
+                 ) -> tuple[dict[str, float], float, int]:
+    step = jax.jit(_bump, donate_argnums=0)
+    state = jax.tree.map(lambda x: x.copy(), state)  # our own buffers: the steps donate them
+    state = jax.block_until_ready(step(state))
+    t0 = time.perf_counter()
+    for _ in range(5):
+        state = step(state)
+    state = jax.block_until_ready(state)
+    step_s = (time.perf_counter() - t0) / 5
+    steps_per_round = max(2, math.ceil(2 * sync_s / step_s))  # a background save ends within a round
+
+    def run(mode: str | None, start: int) -> float:
+        nonlocal state
+        t0 = time.perf_counter()
+        for r in range(rounds):
+            for _ in range(steps_per_round):
+                state = step(state)
+            if mode is not None and r < rounds - 1:  # the last round only runs, under the last save
+                ckpts[mode].save(start + r, state, {"position": r}, check_finite=False)
+        state = jax.block_until_ready(state)
+        elapsed = time.perf_counter() - t0
+        if mode is not None:
+            ckpts[mode].wait()
+        return elapsed
+
+    wall: dict[str | None, list[float]] = {None: [], "sync": [], "async": []}
+    for repeat in range(3):  # interleaved, medians: the machine's load drifts
+        for mode in (None, "sync", "async"):
+            wall[mode].append(run(mode, start=1000 * (repeat + 1)))
+    base = statistics.median(wall[None])
+    lost = {m: (statistics.median(wall[m]) - base) / (rounds - 1) for m in ("sync", "async")}
+    return lost, 1e3 * step_s, steps_per_round
 
 
 if __name__ == "__main__":
