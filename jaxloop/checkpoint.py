@@ -10,7 +10,9 @@ donates its buffers: on CPU, zero-copy NumPy views hold them (JAX does not donat
 external references, so that step allocates fresh ones); on accelerators, a device-side copy. A
 background thread then hands the state to Orbax, whose own async save copies it to the host and
 writes it, so Orbax's per-leaf bookkeeping (tens of ms for a few hundred leaves) stays off the loop.
-At most one hand-over is pending: a save first waits for the previous one.
+At most one hand-over is pending: a save first waits for the previous one. With several processes
+Orbax's save is called on the loop's thread (its barriers are collectives that every process must
+issue in the same order), so only Orbax's own async write is in the background.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from jaxloop.config import Config, to_dict
+from jaxloop.distributed import barrier, is_primary
 from jaxloop.state import TrainState
 
 CHECKPOINT_DIR = "checkpoints"
@@ -107,8 +110,10 @@ class Checkpointer:
             create=True,
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        # Orbax's save runs barriers made of device collectives, which must come in the same order on
+        # every process: with several processes it stays on the loop's thread (Orbax's own async save).
         self._stager = (ThreadPoolExecutor(1, thread_name_prefix="jaxloop-checkpoint")
-                        if cfg.checkpoint.async_save else None)
+                        if cfg.checkpoint.async_save and jax.process_count() == 1 else None)
         self._handover: Future | None = None
 
     def save(self, step: int, state: TrainState, data: dict[str, Any],
@@ -165,11 +170,13 @@ class Checkpointer:
         return None
 
     def _quarantine(self, step: int) -> None:
-        damaged = self.directory.parent / DAMAGED_DIR
-        damaged.mkdir(exist_ok=True)
-        src = self.directory / str(step)
-        if src.exists():
-            shutil.move(str(src), str(damaged / f"{step}-{int(time.time())}"))
+        if is_primary():  # every process found the step damaged; one moves it
+            damaged = self.directory.parent / DAMAGED_DIR
+            damaged.mkdir(exist_ok=True)
+            src = self.directory / str(step)
+            if src.exists():
+                shutil.move(str(src), str(damaged / f"{step}-{int(time.time())}"))
+        barrier(f"jaxloop: checkpoint {step} moved aside")
         self.manager.reload()
 
     def all_steps(self) -> list[int]:

@@ -140,6 +140,18 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:
+    """Several processes (hosts) training one model: run the same command in each, with its process_id."""
+
+    num_processes: int = 1
+    """Processes taking part (1 = this process alone, over all its devices)."""
+    process_id: int = 0
+    """This process's index in [0, num_processes); process 0 writes the run's files."""
+    coordinator: str = ""
+    """host:port of process 0's coordination service (needed when num_processes > 1)."""
+
+
+@dataclass(frozen=True)
 class Config:
     """A jaxloop run. Flags are the dotted field paths, e.g. --optim.peak_lr 3e-4."""
 
@@ -172,6 +184,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
 def preset(name: str) -> Config:
@@ -347,6 +360,17 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
     _nonneg_int("log.profile_steps", lg.profile_steps)
     _nonneg_float("log.price_per_hour", lg.price_per_hour)
 
+    dist = cfg.distributed
+    _positive_int("distributed.num_processes", dist.num_processes)
+    if not _is_int(dist.process_id) or not 0 <= dist.process_id < dist.num_processes:
+        raise ConfigError("distributed.process_id", dist.process_id,
+                          f"an integer in [0, distributed.num_processes={dist.num_processes})")
+    if dist.num_processes > 1:
+        host, _, port = dist.coordinator.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError("distributed.coordinator", dist.coordinator,
+                              "host:port of process 0 (needed when distributed.num_processes > 1)")
+
     if check_paths:
         if d.source in ("text", "npz"):
             _readable_file("data.path", d.path)
@@ -410,7 +434,7 @@ def _writable_dir(name: str, path: str) -> None:
 # Fields a resumed run may change: they do not alter the computed trajectory.
 RESUME_SAFE = (
     "run_dir", "resume", "allow_steps_change", "eval_every", "log_every", "max_bad_steps", "patience",
-    "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.",
+    "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed.",
 )
 
 

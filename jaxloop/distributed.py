@@ -2,7 +2,8 @@
 
 The state is replicated; each global micro-batch is split along its first axis over all devices
 (each process loads only its own rows, see jaxloop.data). jit then partitions train_step (GSPMD) and
-all-reduces the gradients, so the loop and the step are the same code for 1 or N devices.
+all-reduces the gradients, so the loop and the step are the same code for 1 or N devices, and for 1
+or N processes (jax.distributed; CPU processes all-reduce through gloo).
 """
 
 from __future__ import annotations
@@ -16,6 +17,29 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxloop.config import Config, ConfigError
 
 DATA_AXIS = "data"
+
+
+def initialize(cfg: Config) -> None:
+    """Join the run's processes (distributed.*) before anything touches a device; one process: nothing."""
+    d = cfg.distributed
+    if d.num_processes == 1:
+        return
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU all-reduce across processes
+    jax.distributed.initialize(coordinator_address=d.coordinator, num_processes=d.num_processes,
+                               process_id=d.process_id)
+
+
+def is_primary() -> bool:
+    """Process 0 writes the run's files (the checkpoints are written by Orbax on every process)."""
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """Wait until every process got here (no-op for one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 def make_mesh() -> Mesh:

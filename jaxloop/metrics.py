@@ -272,18 +272,22 @@ class RunLogger:
     """
 
     def __init__(self, cfg: Config, run_dir: str | Path, *, start_step: int, total_steps: int,
-                 stream: IO[str] | None = None):
+                 stream: IO[str] | None = None, writes: bool = True):
+        """writes=False (processes other than 0 of a multi-process run): no files, no progress."""
         self.cfg, self.total_steps, self.start_step = cfg, total_steps, start_step
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / METRICS_FILE
-        kept = [r for r in read_records(run_dir) if r.get("step", 0) <= start_step]
-        with open(self.path, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-        self._file = open(self.path, "a", buffering=1)
-        mems = [r["mem_bytes"] for r in kept if r.get("kind") == "train" and r.get("mem_bytes") is not None]
-        self.peak_mem_bytes: int | None = max(mems) if mems else None
+        self._file: IO[str] | None = None
         self._tb = None
-        if cfg.log.tensorboard:
+        self.peak_mem_bytes: int | None = None
+        if writes:
+            kept = [r for r in read_records(run_dir) if r.get("step", 0) <= start_step]
+            with open(self.path, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in kept)
+            self._file = open(self.path, "a", buffering=1)
+            mems = [r["mem_bytes"] for r in kept if r.get("kind") == "train" and r.get("mem_bytes") is not None]
+            self.peak_mem_bytes = max(mems) if mems else None
+        if writes and cfg.log.tensorboard:
             SummaryWriter = summary_writer_class()
             # purge_step: TensorBoard hides events of earlier sessions from this update on. The suffix
             # keeps a session that starts within the same second as the previous one from overwriting
@@ -291,7 +295,8 @@ class RunLogger:
             self._tb = SummaryWriter(str(self.run_dir / TB_DIR), purge_step=start_step + 1, flush_secs=10,
                                      filename_suffix=f".{time.time_ns():020d}")
             self._tb.add_text("config", "```\n" + json.dumps(_config_dict(cfg), indent=2) + "\n```", start_step)
-        self._progress = Progress(cfg.log.progress, total_steps, start_step, stream, cfg.log_every)
+        self._progress = Progress(cfg.log.progress if writes else "off", total_steps, start_step, stream,
+                                  cfg.log_every)
 
     def train(self, record: dict[str, Any]) -> None:
         record = dict(record)
@@ -320,14 +325,15 @@ class RunLogger:
                 self._tb.add_scalar(tb_tag(kind, key), float(value), step)
 
     def _write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record) + "\n")
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
         self._progress.close()
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-        if not self._file.closed:
+        if self._file is not None and not self._file.closed:
             self._file.close()
 
 

@@ -24,7 +24,7 @@ from jaxloop.checkpoint import CHECKPOINT_DIR, Checkpointer, quiet_orbax
 from jaxloop.cli import EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_SIGNAL, Interrupted, NonFiniteError, parse_or_exit
 from jaxloop.config import Config, ConfigError, changed_fields, resume_conflicts, to_dict
 from jaxloop.data import DevicePrefetcher, TrainLoader, val_batches
-from jaxloop.distributed import check_divisible, make_mesh, replicate, shard_batch
+from jaxloop.distributed import barrier, check_divisible, initialize, is_primary, make_mesh, replicate, shard_batch
 from jaxloop.metrics import BestTracker, Profiler, RunLogger, Timings, run_metadata
 from jaxloop.models import make_model
 from jaxloop.sources import load_splits, write_vocab
@@ -95,14 +95,17 @@ def run(cfg: Config) -> dict[str, Any]:
     if cfg.precision == "fp64":
         jax.config.update("jax_enable_x64", True)
     splits = load_splits(cfg)  # bad data is a ConfigError before anything is written
+    initialize(cfg)  # join the other processes, if any, before any device is used
     check_divisible(cfg)
     saved = prepare_run_dir(cfg)
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    barrier("jaxloop: run_dir checked")  # nothing is written before every process has read run_dir
+    run_dir, primary = Path(cfg.run_dir), is_primary()
     metadata = run_metadata(cfg)
-    (run_dir / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
-    write_vocab(run_dir, splits)
+    if primary:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+        (run_dir / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
+        write_vocab(run_dir, splits)
     quiet_orbax()
 
     timings = Timings()
@@ -113,7 +116,7 @@ def run(cfg: Config) -> dict[str, Any]:
         restored = ckpt.restore_latest(state) if cfg.resume != "never" else None
         if restored is None and cfg.resume == "must":
             raise ConfigError("resume", "must", f"a run_dir holding a valid checkpoint ({run_dir} has none)")
-        if restored is not None and saved is not None:
+        if restored is not None and saved is not None and primary:
             changes = changed_fields(saved, cfg)
             with open(run_dir / "resumes.jsonl", "a") as f:
                 f.write(json.dumps({"step": restored.step, "changed": changes}) + "\n")
@@ -124,6 +127,8 @@ def run(cfg: Config) -> dict[str, Any]:
             ckpt.close()  # awaits the last async save and surfaces its errors
     summary["timings_s"] = timings.as_dict()
     summary["wall_time_s"] = time.perf_counter() - t_start
+    if not primary:
+        return summary
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if cfg.log.report:
         from jaxloop.report import write_report
@@ -154,7 +159,7 @@ class Loop:
                 setattr(tracker, k, v)
         else:
             loader = TrainLoader(cfg, self.splits)
-        logger = RunLogger(cfg, self.run_dir, start_step=step, total_steps=cfg.steps)
+        logger = RunLogger(cfg, self.run_dir, start_step=step, total_steps=cfg.steps, writes=is_primary())
         batches = DevicePrefetcher(loader, size=cfg.data.prefetch, put=partial(shard_batch, mesh=self.mesh))
         previous = {s: signal.signal(s, self._on_signal) for s in EXIT_SIGNAL}
         try:
@@ -170,6 +175,14 @@ class Loop:
             raise Interrupted(self.signal)
         return summary
 
+    def _agree_on_signal(self) -> None:
+        """A signal that reached any process stops them all, here, at the same update."""
+        from jax.experimental import multihost_utils
+
+        received = np.ravel(multihost_utils.process_allgather(np.int32(self.signal or 0)))
+        if self.signal is None and received.any():
+            self.signal = int(received[received > 0][0])
+
     def _train(self, state, step, batches, logger, tracker) -> dict[str, Any]:
         cfg, K, timings = self.cfg, self.cfg.optim.accum_steps, self.timings
         every = cfg.checkpoint.every
@@ -183,6 +196,7 @@ class Loop:
         stop_reason = "completed"
         window: list[dict] = []
         profiler = Profiler(cfg, self.run_dir, timings)
+        multi = jax.process_count() > 1  # then every process must stop at the same sync point
         while host_step < cfg.steps:
             profiler.before_update(host_step)
             window = []
@@ -198,7 +212,7 @@ class Loop:
             host_step += 1
             due = lambda n: n > 0 and host_step % n == 0
             if not (due(cfg.log_every) or due(cfg.eval_every) or due(every) or host_step >= cfg.steps
-                    or host_step - synced_step >= sync_every or self.signal is not None):
+                    or host_step - synced_step >= sync_every or (self.signal is not None and not multi)):
                 continue
 
             jax.block_until_ready(window)  # waiting for the updates' compute is not log time
@@ -237,6 +251,8 @@ class Loop:
                     stop_reason = "early_stopping"
                     logger.message(f"early stopping at update {host_step}: no better "
                                    f"{cfg.checkpoint.best_metric} in {cfg.patience} evaluations")
+            if multi:
+                self._agree_on_signal()
             end = host_step >= cfg.steps or stop_reason != "completed" or self.signal is not None
             if (due(every) or end) and saved_step != host_step:
                 with timings("checkpoint"):
@@ -280,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:
         print(f"jaxloop.train: {e} received: saved and stopped", file=sys.stderr)
         return EXIT_SIGNAL[e.signum]
+    if cfg.distributed.process_id != 0:
+        return 0  # process 0 reports
     final = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items())
     print(f"done: {summary['final_step']} updates in {summary['wall_time_s']:.1f}s; {final}; "
           f"outputs in {cfg.run_dir}", file=sys.stderr)

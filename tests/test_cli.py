@@ -35,6 +35,9 @@ BAD_FLAGS = [
     (["--checkpoint.best_metric", "ema_val_loss"], "checkpoint.best_metric='ema_val_loss'"),
     (["--run_dir", "/etc/hostname/run"], "run_dir='/etc/hostname/run'"),
     (["--log.price_per_hour", "-1"], "log.price_per_hour=-1.0"),
+    (["--distributed.num_processes", "2"], "distributed.coordinator=''"),
+    (["--distributed.num_processes", "2", "--distributed.process_id", "2", "--distributed.coordinator", "h:1"],
+     "distributed.process_id=2"),
 ]
 
 
