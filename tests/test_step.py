@@ -230,6 +230,31 @@ def test_train_step_compiles_once():
     assert step._cache_size() == 1
 
 
+def test_train_step_donates_the_state():
+    # The input state's buffers are given to the output (no second copy of params and optimizer state):
+    # after the call every leaf of the old state is deleted.
+    cfg = _cfg(accum_steps=2)
+    state = _state(cfg)
+    step = make_train_step(cross_entropy_loss)
+    state, _ = step(state, _batch(0))  # buffers produced by the step, as in the loop
+    new_state, _ = step(state, _batch(1))
+    assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state))
+    assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(new_state))
+
+
+def test_train_step_needs_no_host_transfer():
+    # With state and batch on the device, a compiled step moves nothing between host and device (no
+    # callbacks, no implicit fetch): it runs under a guard that disallows every transfer.
+    cfg = _cfg(accum_steps=2)
+    step = make_train_step(cross_entropy_loss)
+    state = step(_state(cfg), _batch(0))[0]  # compiled outside the guard
+    batch = jax.device_put(_batch(1))
+    with jax.transfer_guard("disallow"):
+        for _ in range(4):
+            state, metrics = step(state, batch)
+    assert np.isfinite(float(metrics["loss"]))
+
+
 def test_per_step_randomness_differs_between_micro_steps_and_updates():
     # Dropout masks come from fold_in(fold_in(rng, update), micro_step): two identical batches in the
     # same window, or in consecutive updates, see different masks, hence different losses.
