@@ -82,6 +82,8 @@ def _root_cause(error: BaseException) -> str:
         error = error.__cause__
     text = str(error).splitlines()[0] if str(error) else ""
     return f"{type(error).__name__}: {text}"[:300]
+
+
 _device_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # new buffers, same shardings
 
 
@@ -205,21 +207,14 @@ class Checkpointer:
 
 
 def quiet_orbax() -> None:
-    """Orbax logs every save at INFO through absl, and warns about what is expected here; keep the console
-    for the run (see _ExpectedOrbaxWarnings)."""
+    """Orbax logs every save at INFO through absl, and warns on every save made without validation
+    metrics (by design here: best tracking ranks only evaluated saves); keep the console for the run."""
     absl = logging.getLogger("absl")
     absl.setLevel(logging.WARNING)
-    if not any(isinstance(f, _ExpectedOrbaxWarnings) for f in absl.filters):
-        absl.addFilter(_ExpectedOrbaxWarnings())
+    if not any(isinstance(f, _NoMetricsWarning) for f in absl.filters):
+        absl.addFilter(_NoMetricsWarning())
 
 
-class _ExpectedOrbaxWarnings(logging.Filter):
-    """Drops two warnings: a save without validation metrics (by design: best tracking ranks only
-    evaluated saves), and "Waiting for previous save" (Orbax adds the main thread's wait() to the next
-    save's count, but here saves run on the hand-over thread, so that wait never delayed a save)."""
-
-    EXPECTED = ("did not provide metrics", "Waiting for previous save")
-
+class _NoMetricsWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(text in message for text in self.EXPECTED)
+        return "did not provide metrics" not in record.getMessage()

@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:
         print(f"jaxloop.train: {e} received: saved and stopped", file=sys.stderr)
         return EXIT_SIGNAL[e.signum]
-    if cfg.distributed.process_id != 0:
+    if not is_primary():
         return 0  # process 0 reports
     final = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items())
     print(f"done: {summary['final_step']} updates in {summary['wall_time_s']:.1f}s; {final}; "

@@ -113,16 +113,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _train_processes(run_dir: Path, processes: int, *extra: str) -> list[subprocess.CompletedProcess]:
+def _launch_processes(run_dir: Path, processes: int, *extra: str) -> list[subprocess.Popen]:
     """The same command in `processes` processes of one device each, joined by jax.distributed."""
     coordinator = f"127.0.0.1:{_free_port()}"
-    procs = [subprocess.Popen([sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(run_dir),
-                               "--log.progress", "plain", "--distributed.num_processes", str(processes),
-                               "--distributed.process_id", str(p), "--distributed.coordinator", coordinator, *extra],
-                              env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for p in range(processes)]
+    return [subprocess.Popen([sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(run_dir),
+                              "--distributed.num_processes", str(processes), "--distributed.process_id", str(p),
+                              "--distributed.coordinator", coordinator, *extra],
+                             env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for p in range(processes)]
+
+
+def _train_processes(run_dir: Path, processes: int, *extra: str) -> list[subprocess.CompletedProcess]:
     done = []
-    for p in procs:
+    for p in _launch_processes(run_dir, processes, "--log.progress", "plain", *extra):
         out, err = p.communicate(timeout=300)
         done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
     for p in done:
@@ -173,13 +176,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_update_and_the_run_resumes
 
     flags = ("--steps", "300", "--log_every", "1", "--checkpoint.every", "50")
     ref = _train(tmp_path / "ref", 2, *flags)
-    coordinator = f"127.0.0.1:{_free_port()}"
-    procs = [subprocess.Popen([sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir",
-                               str(tmp_path / "run"), "--log.progress", "off", *flags,
-                               "--distributed.num_processes", "2", "--distributed.process_id", str(p),
-                               "--distributed.coordinator", coordinator],
-                              env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for p in range(2)]
+    procs = _launch_processes(tmp_path / "run", 2, "--log.progress", "off", *flags)
     deadline = time.monotonic() + 240
     while len([r for r in read_records(tmp_path / "run") if r["kind"] == "train"]) < 30:
         assert time.monotonic() < deadline and procs[0].poll() is None, "the run did not get to update 30"

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from jaxloop.cli import NonFiniteError
-from jaxloop.config import CheckpointConfig, Config, DataConfig, LogConfig, ModelConfig, OptimConfig, preset, to_dict
+from jaxloop.config import (CheckpointConfig, Config, ConfigError, DataConfig, DistributedConfig, LogConfig, ModelConfig,
+                            OptimConfig, preset, to_dict)
 from jaxloop.sources import ArrayRecords, Splits, load_splits, record_order
 from torch_ref.checkpoint import CheckpointManager, best_step, kept_steps
 from torch_ref.data import ReplayBatchSampler, make_train_loader, micro_batch
@@ -381,6 +382,14 @@ def test_bad_flag_in_a_real_process_exits_2_with_one_line(tmp_path):
 
 
 # ----------------------------------------------------------------------------- no jax
+
+
+def test_several_processes_are_refused(tmp_path):
+    # torch_ref is the single-process reference; a multi-process config is bad input for it, not ignored.
+    cfg = _debug(tmp_path / "run", distributed=DistributedConfig(num_processes=2, process_id=0, coordinator="h:1"))
+    with pytest.raises(ConfigError, match="distributed.num_processes"):
+        run(cfg)
+    assert not (tmp_path / "run").exists()
 
 
 def test_torch_ref_runs_without_importing_jax(tmp_path):

@@ -133,7 +133,8 @@ def run(cfg: Config, init_params: Any = None, clip: ClipMode = "torch", stop_aft
     if clip not in CLIP_MODES:
         raise ConfigError("--clip", clip, f"one of {', '.join(CLIP_MODES)}")
     if cfg.distributed.num_processes != 1:
-        raise ConfigError("distributed.num_processes", cfg.distributed.num_processes, "1 (torch_ref runs in one process)")
+        raise ConfigError("distributed.num_processes", cfg.distributed.num_processes,
+                          "1 (torch_ref runs in one process)")
     splits = splits if splits is not None else load_splits(cfg)  # bad data: ConfigError, nothing written
     saved = prepare_run_dir(cfg)
     run_dir = Path(cfg.run_dir)
