@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 from jaxloop.checkpoint import Checkpointer, quiet_orbax
-from jaxloop.config import CheckpointConfig, Config, DataConfig, ModelConfig
+from loopcore.config import CheckpointConfig, Config, DataConfig, ModelConfig
 from jaxloop.models import make_model
 from jaxloop.state import TrainState, create_train_state
 

@@ -1,7 +1,7 @@
 """Input-pipeline throughput: jaxloop's grain TrainLoader against a torch DataLoader.
 
 Both read the same source (scikit-learn's digits, training split), in the same record order
-(jaxloop.sources.record_order), and apply the same deterministic CPU-bound per-record transform
+(loopcore.sources.record_order), and apply the same deterministic CPU-bound per-record transform
 (`augment`: 8x8 -> 32x32 upsampling, a label-dependent shift, two separable 5-tap blurs,
 standardisation; ~0.2 ms of numpy per record), at equal worker counts. Reported: steady-state
 records/s (timed after a warm-up, so worker start-up is excluded and reported separately) and the
@@ -91,7 +91,7 @@ class _ReplaySampler:
         self.cfg, self.num_train = cfg, num_train
 
     def __iter__(self):
-        from jaxloop.sources import record_order
+        from loopcore.sources import record_order
 
         b = 0
         while True:
@@ -138,8 +138,8 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=3, help="measurements per pipeline (best is kept)")
     args = ap.parse_args(argv)
 
-    from jaxloop.config import preset
-    from jaxloop.sources import load_splits
+    from loopcore.config import preset
+    from loopcore.sources import load_splits
 
     cfg = dataclasses.replace(preset("digits"), batch_size=args.batch_size)
     splits = load_splits(cfg)

@@ -2,38 +2,18 @@
 
     from jaxloop import Config, TrainState, make_optimizer, make_schedule, make_train_step, train_step
 
-The names below load on first use, so `import jaxloop.config` (read by torch_ref) never imports jax.
+The config tree lives in the jax-free package `loopcore` (shared with torch_ref); it is re-exported here.
 """
 
-from importlib import import_module
-from typing import Any
+from jaxloop.optim import make_optimizer
+from jaxloop.precision import get_policy
+from jaxloop.schedule import make_schedule
+from jaxloop.state import TrainState, create_train_state, state_digest
+from jaxloop.step import cross_entropy_loss, eval_step, make_eval_step, make_train_step, train_step
+from loopcore.config import Config, ConfigError, preset, validate
 
-_EXPORTS = {
-    "Config": "jaxloop.config",
-    "ConfigError": "jaxloop.config",
-    "preset": "jaxloop.config",
-    "validate": "jaxloop.config",
-    "make_optimizer": "jaxloop.optim",
-    "get_policy": "jaxloop.precision",
-    "make_schedule": "jaxloop.schedule",
-    "TrainState": "jaxloop.state",
-    "create_train_state": "jaxloop.state",
-    "state_digest": "jaxloop.state",
-    "cross_entropy_loss": "jaxloop.step",
-    "eval_step": "jaxloop.step",
-    "make_eval_step": "jaxloop.step",
-    "make_train_step": "jaxloop.step",
-    "train_step": "jaxloop.step",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'jaxloop' has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__ = [
+    "Config", "ConfigError", "TrainState", "create_train_state", "cross_entropy_loss", "eval_step",
+    "get_policy", "make_eval_step", "make_optimizer", "make_schedule", "make_train_step", "preset",
+    "state_digest", "train_step", "validate",
+]

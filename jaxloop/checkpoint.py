@@ -33,11 +33,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
-from jaxloop.config import Config, to_dict
+from loopcore.config import Config, to_dict
+from loopcore.run_dir import CHECKPOINT_DIR
 from jaxloop.distributed import barrier, is_primary
 from jaxloop.state import TrainState
 
-CHECKPOINT_DIR = "checkpoints"
+
 DAMAGED_DIR = "checkpoints_damaged"
 ITEMS = ("state", "data", "config", "metadata")
 
@@ -117,6 +118,11 @@ class Checkpointer:
         self._stager = (ThreadPoolExecutor(1, thread_name_prefix="jaxloop-checkpoint")
                         if cfg.checkpoint.async_save and jax.process_count() == 1 else None)
         self._handover: Future | None = None
+
+    @staticmethod
+    def has_checkpoint(directory: Path) -> bool:
+        """Whether a run's checkpoint directory holds anything (a checkpoint, valid or not)."""
+        return directory.is_dir() and any(directory.iterdir())
 
     def save(self, step: int, state: TrainState, data: dict[str, Any],
              metrics: dict[str, float] | None = None, check_finite: bool = True) -> float:

@@ -1,6 +1,6 @@
 """The input pipeline: sources -> grain (order, shard, gather, worker processes) -> device prefetch.
 
-    splits = load_splits(cfg)                        # jaxloop.sources, numpy only
+    splits = load_splits(cfg)                        # loopcore.sources, numpy only
     with TrainLoader(cfg, splits, position) as loader, DevicePrefetcher(loader, cfg.data.prefetch) as it:
         batch = next(it)                             # this process's shard of micro-batch `position`
         ...
@@ -27,8 +27,8 @@ import jax
 import numpy as np
 from absl import flags as absl_flags
 
-from jaxloop.config import Config, ConfigError
-from jaxloop.sources import (
+from loopcore.config import Config, ConfigError
+from loopcore.sources import (
     Batch,
     MicroBatchGather,
     Splits,

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxloop.config import Config, ConfigError
+from loopcore.config import Config, ConfigError
 
 DATA_AXIS = "data"
 

@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxloop.config import Config
+from loopcore.config import Config
 
 ACTIVATIONS = {
     "gelu": lambda x: nn.gelu(x, approximate=True),

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxloop.config import Config
+from loopcore.config import Config
 from jaxloop.precision import get_policy
 from jaxloop.schedule import make_schedule
 

@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxloop.metrics import METRICS_FILE, PROFILE_DIR, TB_DIR, format_bytes, format_duration, read_records
+from jaxloop.logger import TB_DIR
+from jaxloop.runinfo import PROFILE_DIR, format_bytes, format_duration
+from loopcore.records import METRICS_FILE, read_records
 
 REPORT_FILE = "report.md"
 PLOTS = {"loss": "loss.png", "lr": "lr.png", "throughput": "throughput.png"}

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jaxloop.config import Config, ConfigError, from_dict
+from loopcore.config import Config, ConfigError, from_dict
 
 EXIT_BAD_INPUT = 2
 
@@ -64,7 +64,8 @@ def load_params(run_dir: str | Path, which: str = "best", cfg: Config | None = N
     import jax
     import orbax.checkpoint as ocp
 
-    from jaxloop.checkpoint import CHECKPOINT_DIR, ITEMS
+    from jaxloop.checkpoint import ITEMS
+    from loopcore.run_dir import CHECKPOINT_DIR
 
     if which not in ("best", "latest"):
         raise SampleError(f"--checkpoint={which!r} is not allowed: one of best, latest")
@@ -143,7 +144,7 @@ def make_generate(model: Any, context: int, length: int):
 def check_inputs(run_dir: str | Path, cfg: Config, prompt: str, length: int, temperature: float,
                  seed: int) -> tuple[tuple[str, ...], Any]:
     """(vocabulary, prompt ids) of a character-level run; SampleError for anything unusable."""
-    from jaxloop.sources import encode, read_vocab
+    from loopcore.sources import encode, read_vocab
 
     if length < 1:
         raise SampleError(f"--length={length} is not allowed: an integer >= 1")
@@ -173,7 +174,7 @@ def sample(run_dir: str | Path, prompt: str, length: int = 200, temperature: flo
     import numpy as np
 
     from jaxloop.models import make_model
-    from jaxloop.sources import decode
+    from loopcore.sources import decode
 
     cfg = loaded.cfg if loaded is not None else read_config(run_dir)
     vocab, ids = check_inputs(run_dir, cfg, prompt, length, temperature, seed)

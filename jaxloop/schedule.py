@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxloop.config import Config
+from loopcore.config import Config
 
 
 def make_schedule(cfg: Config) -> optax.Schedule:

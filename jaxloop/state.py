@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from jaxloop.config import Config
+from loopcore.config import Config
 from jaxloop.models import init_params
 from jaxloop.optim import make_optimizer
 from jaxloop.precision import LossScale, Policy, get_policy

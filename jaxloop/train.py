@@ -20,14 +20,17 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxloop.checkpoint import CHECKPOINT_DIR, Checkpointer, quiet_orbax
-from jaxloop.cli import EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_SIGNAL, Interrupted, NonFiniteError, parse_or_exit
-from jaxloop.config import Config, ConfigError, changed_fields, resume_conflicts, to_dict
+from jaxloop.checkpoint import Checkpointer, quiet_orbax
+from loopcore.cli import EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_SIGNAL, Interrupted, NonFiniteError, parse_or_exit
+from loopcore.config import Config, ConfigError
+from loopcore.run_dir import RunDir
 from jaxloop.data import DevicePrefetcher, TrainLoader, val_batches
 from jaxloop.distributed import barrier, check_divisible, initialize, is_primary, make_mesh, replicate, shard_batch
-from jaxloop.metrics import BestTracker, Profiler, RunLogger, Timings, run_metadata
+from jaxloop.logger import RunLogger
+from jaxloop.runinfo import Profiler, Timings, run_metadata
+from loopcore.records import BestTracker
 from jaxloop.models import make_model
-from jaxloop.sources import load_splits, write_vocab
+from loopcore.sources import load_splits, write_vocab
 from jaxloop.state import TrainState, create_train_state, state_digest
 from jaxloop.step import eval_step, train_step
 
@@ -70,25 +73,6 @@ def evaluate(state: TrainState, cfg: Config, splits: Any, mesh: Mesh) -> dict[st
     return out
 
 
-def prepare_run_dir(cfg: Config) -> dict[str, Any] | None:
-    """Check resume rules against run_dir before anything is written; the saved config, if any."""
-    run_dir = Path(cfg.run_dir)
-    has_ckpt = (run_dir / CHECKPOINT_DIR).is_dir() and any((run_dir / CHECKPOINT_DIR).iterdir())
-    saved_path = run_dir / "config.json"
-    saved = json.loads(saved_path.read_text()) if saved_path.exists() else None
-    if cfg.resume == "never" and (has_ckpt or any(run_dir.glob("*"))):
-        raise ConfigError("resume", "never", f"an empty or new run_dir ({run_dir} is not empty; "
-                          "use --resume auto to continue it or choose another --run_dir)")
-    if cfg.resume == "must" and not has_ckpt:
-        raise ConfigError("resume", "must", f"a run_dir holding a checkpoint ({run_dir} has none)")
-    if has_ckpt and saved is not None:
-        conflicts = resume_conflicts(saved, cfg)
-        if conflicts:
-            raise ConfigError("resume", cfg.resume, "a config that matches the checkpointed run; these "
-                              f"fields differ: {'; '.join(conflicts)} (steps may change with --allow_steps_change)")
-    return saved if has_ckpt else None
-
-
 def run(cfg: Config) -> dict[str, Any]:
     """Train according to cfg; returns the summary written to run_dir/summary.json."""
     t_start = time.perf_counter()
@@ -97,14 +81,14 @@ def run(cfg: Config) -> dict[str, Any]:
     splits = load_splits(cfg)  # bad data is a ConfigError before anything is written
     initialize(cfg)  # join the other processes, if any, before any device is used
     check_divisible(cfg)
-    saved = prepare_run_dir(cfg)
+    primary = is_primary()
+    rd = RunDir(cfg, writes=primary)
+    rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))
     barrier("jaxloop: run_dir checked")  # nothing is written before every process has read run_dir
-    run_dir, primary = Path(cfg.run_dir), is_primary()
+    run_dir = rd.path
     metadata = run_metadata(cfg)
+    rd.start(metadata)
     if primary:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
-        (run_dir / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
         write_vocab(run_dir, splits)
     quiet_orbax()
 
@@ -114,12 +98,9 @@ def run(cfg: Config) -> dict[str, Any]:
     ckpt = Checkpointer(cfg, run_dir, metadata)
     try:
         restored = ckpt.restore_latest(state) if cfg.resume != "never" else None
-        if restored is None and cfg.resume == "must":
-            raise ConfigError("resume", "must", f"a run_dir holding a valid checkpoint ({run_dir} has none)")
-        if restored is not None and saved is not None and primary:
-            changes = changed_fields(saved, cfg)
-            with open(run_dir / "resumes.jsonl", "a") as f:
-                f.write(json.dumps({"step": restored.step, "changed": changes}) + "\n")
+        rd.must_have_resumed(restored)
+        if restored is not None:
+            rd.record_resume(restored.step)
         timings.add("setup", time.perf_counter() - t_start)
         summary = Loop(cfg, run_dir, splits, ckpt, timings, mesh).run(state, restored)
     finally:
@@ -129,7 +110,7 @@ def run(cfg: Config) -> dict[str, Any]:
     summary["wall_time_s"] = time.perf_counter() - t_start
     if not primary:
         return summary
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    rd.write_summary(summary)
     if cfg.log.report:
         from jaxloop.report import write_report
 
@@ -155,8 +136,7 @@ class Loop:
         if restored is not None:
             state, step = restored.state, restored.step
             loader = TrainLoader.from_state(cfg, self.splits, restored.data["loader"])
-            for k, v in restored.data["best"].items():
-                setattr(tracker, k, v)
+            tracker.load(restored.data["best"])
         else:
             loader = TrainLoader(cfg, self.splits)
         logger = RunLogger(cfg, self.run_dir, start_step=step, total_steps=cfg.steps, writes=is_primary())

@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxloop.config import Config, from_dict, to_dict
-from jaxloop.sources import Splits, load_splits, write_vocab
+from loopcore.config import Config, from_dict, to_dict
+from loopcore.sources import Splits, load_splits, write_vocab
 
 
 # ----------------------------------------------------------------------------- state <-> state
@@ -193,7 +193,7 @@ def _config(src: Path, dst: Path) -> Config:
 
 def _copy_records(src: Path, dst: Path, step: int) -> None:
     """The source's metrics.jsonl records up to the converted update (what a resume would keep)."""
-    from jaxloop.metrics import read_records
+    from loopcore.records import read_records
 
     kept = [r for r in read_records(src) if r.get("step", 0) < step or (r.get("step", 0) == step and r.get("updated", True))]
     (dst / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))

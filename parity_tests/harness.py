@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloop.config import CheckpointConfig, Config, LogConfig, preset
+from loopcore.config import CheckpointConfig, Config, LogConfig, preset
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
@@ -303,7 +303,7 @@ def tree_rel_diff(a: Any, b: Any) -> tuple[float, str]:
 
 def records(run_dir: str | Path, kind: str = "train") -> list[dict[str, Any]]:
     """The records of kind `kind` in run_dir/metrics.jsonl (both loops write the same file)."""
-    from jaxloop.metrics import read_records
+    from loopcore.records import read_records
 
     return [r for r in read_records(run_dir) if r.get("kind") == kind]
 
@@ -327,7 +327,7 @@ def interrupt_jax_run(cfg: Config, k: int) -> None:
     the loop finishes that update, saves it and raises Interrupted, as on a cluster's preemption."""
     import signal
 
-    from jaxloop.metrics import RunLogger
+    from jaxloop.logger import RunLogger
     from jaxloop.train import Interrupted, run
 
     original = RunLogger.train

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from jaxloop.sources import load_splits, record_order
+from loopcore.sources import load_splits, record_order
 from jaxloop.step import train_step
 from parity_tests.harness import curve_rel_diff, host, jax_mode, jax_run, jax_state, mlp_cfg, optim, torch_run, tree_rel_diff
 

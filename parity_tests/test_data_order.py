@@ -3,7 +3,7 @@
 The records are labelled by their own index (x = [index]), so every batch names its records. 103
 records in batches of 10: 10 batches per epoch with 3 records dropped per epoch, and 35 micro-batches
 cross three epoch boundaries. jaxloop: grain TrainLoader; torch_ref: DataLoader over
-ReplayBatchSampler; both against jaxloop.sources.record_order. Exact: indices are integers.
+ReplayBatchSampler; both against loopcore.sources.record_order. Exact: indices are integers.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxloop.config import Config, DataConfig
+from loopcore.config import Config, DataConfig
 from jaxloop.data import TrainLoader
-from jaxloop.sources import ArrayRecords, Splits, record_order
+from loopcore.sources import ArrayRecords, Splits, record_order
 from parity_tests.harness import QUIET
 from torch_ref.data import make_train_loader
 

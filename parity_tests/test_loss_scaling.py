@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from jaxloop.sources import MicroBatchGather, load_splits
+from loopcore.sources import MicroBatchGather, load_splits
 from parity_tests.harness import jax_run, mlp_cfg, model, optim, torch_run
 
 K = 2

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxloop.checkpoint import Checkpointer
-from jaxloop.config import CheckpointConfig, Config, ModelConfig
+from loopcore.config import CheckpointConfig, Config, ModelConfig
 from parity_tests.harness import QUIET, jax_mode
 from torch_ref.checkpoint import CheckpointManager, best_step, kept_steps
 

@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxloop.config import Config, OptimConfig, validate
+from loopcore.config import Config, OptimConfig, validate
 from jaxloop.optim import make_optimizer
-from jaxloop.sources import load_splits
+from loopcore.sources import load_splits
 from parity_tests.convert import _adam_and_schedule
 from parity_tests.harness import F32_EPS, QUIET, jax_mode, mlp_cfg, model, optim
 from torch_ref.data import micro_batch

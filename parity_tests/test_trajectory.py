@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from jaxloop.models import make_model
-from jaxloop.sources import MicroBatchGather, load_splits
+from loopcore.sources import MicroBatchGather, load_splits
 from jaxloop.step import cross_entropy_loss, train_step
 from parity_tests.harness import (F32_EPS, curve_rel_diff, flat_params, gpt_cfg, host, jax_mode, jax_run, jax_state,
                                   mlp_cfg, model, optax_adamw, torch_run, tree_rel_diff)

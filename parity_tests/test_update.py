@@ -14,7 +14,7 @@ import optax
 import pytest
 import torch
 
-from jaxloop.sources import MicroBatchGather, load_splits
+from loopcore.sources import MicroBatchGather, load_splits
 from jaxloop.step import cross_entropy_loss, train_step
 from parity_tests.convert import torch_state_from_jax
 from parity_tests.harness import F32_EPS, host, jax_mode, jax_state, mlp_cfg, optax_adamw, optim, tree_rel_diff

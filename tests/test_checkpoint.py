@@ -17,9 +17,9 @@ import optax
 import pytest
 
 from jaxloop.checkpoint import Checkpointer
-from jaxloop.cli import Interrupted
-from jaxloop.config import CheckpointConfig, Config, ModelConfig, preset, replace
-from jaxloop.metrics import read_records
+from loopcore.cli import Interrupted
+from loopcore.config import CheckpointConfig, Config, ModelConfig, preset, replace
+from loopcore.records import read_records
 from jaxloop.models import make_model
 from jaxloop.state import create_train_state, state_digest
 from jaxloop.train import RunLogger, run

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxloop.cli import parse_config
-from jaxloop.config import Config, to_dict
+from loopcore.cli import parse_config
+from loopcore.config import Config, to_dict
 
 # (argv, text the one-line message must contain)
 BAD_FLAGS = [

@@ -20,9 +20,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxloop.config import Config, ConfigError, DataConfig, ModelConfig, preset
+from loopcore.config import Config, ConfigError, DataConfig, ModelConfig, preset
 from jaxloop.data import DevicePrefetcher, TrainLoader, num_val_batches, val_batches
-from jaxloop.sources import (
+from loopcore.sources import (
     SPLIT_SEED,
     UNK,
     MicroBatchGather,
@@ -363,8 +363,8 @@ def test_no_hang_at_exit_with_workers_left_open():
     script = textwrap.dedent("""
         from absl import flags
         assert not flags.FLAGS.is_parsed()
-        from jaxloop.config import preset
-        from jaxloop.sources import load_splits
+        from loopcore.config import preset
+        from loopcore.sources import load_splits
         from jaxloop.data import DevicePrefetcher, TrainLoader
         cfg = preset("digits")
         it = DevicePrefetcher(TrainLoader(cfg, load_splits(cfg), 0, 0, 1, workers=2), size=2)
@@ -380,19 +380,16 @@ def test_no_hang_at_exit_with_workers_left_open():
 
 
 def test_sources_imports_neither_jax_nor_grain():
-    # torch_ref imports jaxloop.sources; the module itself must not pull in jax or grain. The package
-    # __init__ is bypassed with a bare package module so only sources.py (and config.py) are judged.
+    # torch_ref imports loopcore.sources; it must not pull in jax or grain.
     script = textwrap.dedent(f"""
-        import importlib.abc, sys, types
+        import importlib.abc, sys
         class Block(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
                 if name.split(".")[0] in ("jax", "jaxlib", "grain", "flax", "optax"):
                     raise ImportError("blocked: " + name)
         sys.meta_path.insert(0, Block())
-        pkg = types.ModuleType("jaxloop"); pkg.__path__ = [{str(REPO / "jaxloop")!r}]
-        sys.modules["jaxloop"] = pkg
-        from jaxloop import sources
-        from jaxloop.config import preset
+        from loopcore import sources
+        from loopcore.config import preset
         s = sources.load_splits(preset("digits"))
         assert sources.record_order(preset("digits"), s.num_train, 0, 3).shape == (3, 64)
         assert not [m for m in sys.modules if m.split(".")[0] in ("jax", "grain")]

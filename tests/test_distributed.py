@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from jaxloop.metrics import read_records
+from loopcore.records import read_records
 
 PROBE = r"""
 import json, sys
 import jax, numpy as np
-from jaxloop.config import preset
+from loopcore.config import preset
 from jaxloop.distributed import make_mesh, replicate, shard_batch
 from jaxloop.models import make_model
-from jaxloop.sources import load_splits, record_order
+from loopcore.sources import load_splits, record_order
 from jaxloop.state import create_train_state
 from jaxloop.step import train_step
 cfg = preset("debug")

@@ -26,12 +26,13 @@ import optax
 import pytest
 
 from jaxloop import sample as sample_mod
-from jaxloop.cli import parse_config
-from jaxloop.config import preset
-from jaxloop.metrics import BestTracker, RunLogger, read_records
+from loopcore.cli import parse_config
+from loopcore.config import preset
+from jaxloop.logger import RunLogger
+from loopcore.records import BestTracker, read_records
 from jaxloop.models import MLP, init_params, make_model
 from jaxloop.report import main as report_main
-from jaxloop.sources import encode, read_vocab
+from loopcore.sources import encode, read_vocab
 from jaxloop.state import TrainState
 from jaxloop.step import train_step
 from jaxloop.train import run
@@ -232,15 +233,15 @@ def test_memory_is_recorded_and_its_peak_summarised(debug_run):
 
 
 def test_memory_is_the_device_peak_when_the_device_reports_one(monkeypatch):
-    import jaxloop.metrics as metrics
+    import jaxloop.runinfo as runinfo
 
     stats = {"bytes_in_use": 5 * 2**20, "peak_bytes_in_use": 7 * 2**20, "bytes_limit": 80 * 2**30}
-    monkeypatch.setattr(metrics, "_device_memory_stats", lambda: stats)  # what a GPU's memory_stats() holds
-    assert metrics.memory_bytes() == 7 * 2**20
-    assert metrics.memory_source().startswith("accelerator peak_bytes_in_use")
-    monkeypatch.setattr(metrics, "_device_memory_stats", lambda: None)  # the CPU backend reports none
-    assert metrics.memory_bytes() > 10 * 2**20  # this process's resident set
-    assert metrics.memory_source().startswith("process resident set size")
+    monkeypatch.setattr(runinfo, "_device_memory_stats", lambda: stats)  # what a GPU's memory_stats() holds
+    assert runinfo.memory_bytes() == 7 * 2**20
+    assert runinfo.memory_source().startswith("accelerator peak_bytes_in_use")
+    monkeypatch.setattr(runinfo, "_device_memory_stats", lambda: None)  # the CPU backend reports none
+    assert runinfo.memory_bytes() > 10 * 2**20  # this process's resident set
+    assert runinfo.memory_source().startswith("process resident set size")
 
 
 def test_plain_progress_lines_when_not_a_terminal(debug_run):

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxloop.config import Config, DataConfig, ModelConfig, OptimConfig
+from loopcore.config import Config, DataConfig, ModelConfig, OptimConfig
 from jaxloop.models import make_model
 from jaxloop.schedule import closed_form, make_schedule
 from jaxloop.state import create_train_state

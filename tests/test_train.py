@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxloop.config import from_dict
-from jaxloop.metrics import read_records
+from loopcore.config import from_dict
+from loopcore.records import read_records
 from jaxloop.schedule import closed_form
 
 

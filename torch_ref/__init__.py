@@ -1,6 +1,6 @@
 """torch_ref: the PyTorch reference training loop of jaxloop, written for clarity first.
 
 One module per jaxloop layer (schedule, optim, precision, models, state, step, data, checkpoint, train),
-so torch_ref/x.py reads beside jaxloop/x.py. It imports no jax: only jaxloop.config, jaxloop.cli and
-jaxloop.sources (numpy) from jaxloop. See README.md, section torch_ref.
+so torch_ref/x.py reads beside jaxloop/x.py. It imports no jax: only loopcore.config, loopcore.cli and
+loopcore.sources (numpy) from jaxloop. See README.md, section torch_ref.
 """

@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
-from jaxloop.config import Config
+from loopcore.config import Config
+from loopcore.run_dir import CHECKPOINT_DIR
 
-CHECKPOINT_DIR = "checkpoints"
 DAMAGED_DIR = "checkpoints_damaged"
 FORMAT = "torch_ref-checkpoint-1"
 _NAME = re.compile(r"^step_(\d{8,})\.pt$")
@@ -164,6 +164,11 @@ class CheckpointManager:
                 self._metrics[step] = _read_header(_path(self.directory, step))[0].get("metrics")
             except DamagedCheckpoint:
                 self._metrics[step] = None  # found out (and moved aside) on restore
+
+    @staticmethod
+    def has_checkpoint(directory: Path) -> bool:
+        """Whether a run's checkpoint directory holds a checkpoint (valid or not)."""
+        return directory.is_dir() and any(_NAME.match(p.name) for p in directory.iterdir())
 
     def _steps_on_disk(self) -> list[int]:
         return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := _NAME.match(p.name)))

@@ -1,7 +1,7 @@
-"""The input pipeline in PyTorch: a Dataset over jaxloop.sources' splits and DataLoaders.
+"""The input pipeline in PyTorch: a Dataset over loopcore.sources' splits and DataLoaders.
 
 Training batches come from a batch sampler that replays jaxloop's record order
-(jaxloop.sources.record_order): micro-batch b holds exactly the records jaxloop's micro-batch b holds,
+(loopcore.sources.record_order): micro-batch b holds exactly the records jaxloop's micro-batch b holds,
 for every worker count. The sampler starts at any micro-batch position, so a resumed run continues
 mid-epoch where it stopped; the position (micro-batches consumed) is the loader's whole checkpointable
 state, as in jaxloop.data.TrainLoader.
@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from jaxloop.config import Config
-from jaxloop.sources import Records, Splits, record_order
+from loopcore.config import Config
+from loopcore.sources import Records, Splits, record_order
 
 
 class SplitDataset(Dataset):

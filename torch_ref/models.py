@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jaxloop.config import Config
+from loopcore.config import Config
 
 LN_EPS = 1e-5  # as jaxloop.models.LN_EPS
 INIT_STD = 0.02  # GPT-2 initialisation of GPT matrices and embeddings, as in jaxloop

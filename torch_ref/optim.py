@@ -30,7 +30,7 @@ from typing import Literal
 
 import torch
 
-from jaxloop.config import Config
+from loopcore.config import Config
 from torch_ref.schedule import BASE_LR
 
 ClipMode = Literal["torch", "optax"]

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from jaxloop.config import Config
+from loopcore.config import Config
 
 BASE_LR = 1.0
 """The optimizer's base learning rate: LambdaLR multiplies it by lr(u), exactly."""

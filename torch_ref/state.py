@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from jaxloop.config import Config
-from jaxloop.sources import Splits
+from loopcore.config import Config
+from loopcore.sources import Splits
 from torch_ref.models import load_jax_params, make_model
 from torch_ref.optim import make_optimizer
 from torch_ref.precision import Policy, get_policy

@@ -6,7 +6,7 @@ torch). Exit status: 0 done (also after early stopping); 1 too many consecutive 
 2 bad input (one line on stderr, nothing written); 130 / 143 interrupted by SIGINT / SIGTERM after the
 current update was finished and saved.
 
-run_dir outputs: config.json (jaxloop.config.to_dict), metrics.jsonl (one JSON record per line: train
+run_dir outputs: config.json (loopcore.config.to_dict), metrics.jsonl (one JSON record per line: train
 records every log_every updates, eval records every eval_every updates and at the end), checkpoints/,
 summary.json, resumes.jsonl (one line per resume), vocab.json (text sources).
 
@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jaxloop.cli import (EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_SIGNAL, Interrupted, NonFiniteError, UsageError,
+from loopcore.cli import (EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_SIGNAL, Interrupted, NonFiniteError, UsageError,
                          parse_or_exit)
-from jaxloop.config import Config, ConfigError, changed_fields, resume_conflicts, to_dict
-from jaxloop.metrics import METRICS_FILE, BestTracker, read_records
-from jaxloop.sources import Splits, load_splits, write_vocab
-from torch_ref.checkpoint import CHECKPOINT_DIR, CheckpointManager
+from loopcore.config import Config, ConfigError
+from loopcore.run_dir import RunDir
+from loopcore.records import METRICS_FILE, BestTracker, read_records
+from loopcore.sources import Splits, load_splits, write_vocab
+from torch_ref.checkpoint import CheckpointManager
 from torch_ref.data import make_train_loader, make_val_loader
 from torch_ref.optim import ClipMode
 from torch_ref.state import TrainState, create_train_state, state_digest
@@ -88,31 +89,6 @@ class RunLogger:
 # ----------------------------------------------------------------------------- run
 
 
-def prepare_run_dir(cfg: Config) -> dict[str, Any] | None:
-    """Check the resume rules against run_dir before anything is written; the saved config, if any.
-
-    The same rules as jaxloop: resume=never needs an empty or new run_dir, resume=must a checkpoint,
-    and a resumed run must not change fields that alter the trajectory (steps only with
-    allow_steps_change).
-    """
-    run_dir = Path(cfg.run_dir)
-    ckpt_dir = run_dir / CHECKPOINT_DIR
-    has_ckpt = ckpt_dir.is_dir() and any(ckpt_dir.glob("step_*.pt"))
-    saved_path = run_dir / "config.json"
-    saved = json.loads(saved_path.read_text()) if saved_path.exists() else None
-    if cfg.resume == "never" and run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError("resume", "never", f"an empty or new run_dir ({run_dir} is not empty; "
-                          "use --resume auto to continue it or choose another --run_dir)")
-    if cfg.resume == "must" and not has_ckpt:
-        raise ConfigError("resume", "must", f"a run_dir holding a checkpoint ({run_dir} has none)")
-    if has_ckpt and saved is not None and cfg.resume != "never":
-        conflicts = resume_conflicts(saved, cfg)
-        if conflicts:
-            raise ConfigError("resume", cfg.resume, "a config that matches the checkpointed run; these "
-                              f"fields differ: {'; '.join(conflicts)} (steps may change with --allow_steps_change)")
-    return saved if has_ckpt else None
-
-
 def default_device() -> str:
     import torch
 
@@ -136,26 +112,23 @@ def run(cfg: Config, init_params: Any = None, clip: ClipMode = "torch", stop_aft
         raise ConfigError("distributed.num_processes", cfg.distributed.num_processes,
                           "1 (torch_ref runs in one process)")
     splits = splits if splits is not None else load_splits(cfg)  # bad data: ConfigError, nothing written
-    saved = prepare_run_dir(cfg)
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    rd = RunDir(cfg)
+    rd.check(has_checkpoint=CheckpointManager.has_checkpoint(rd.checkpoints))
+    rd.start()
+    run_dir = rd.path
     write_vocab(str(run_dir), splits)
 
     state = create_train_state(cfg, splits, init_params, device or default_device())
     ckpt = CheckpointManager(cfg, run_dir)
     restored = ckpt.restore_latest() if cfg.resume != "never" else None
-    if restored is None and cfg.resume == "must":
-        raise ConfigError("resume", "must", f"a run_dir holding a valid checkpoint ({run_dir} has none)")
+    rd.must_have_resumed(restored)
     if restored is not None:
         state.load_state_dict(restored[1])
-        if saved is not None:
-            with open(run_dir / "resumes.jsonl", "a") as f:
-                f.write(json.dumps({"step": state.step, "changed": changed_fields(saved, cfg)}) + "\n")
+        rd.record_resume(state.step)
     loop = Loop(cfg, run_dir, splits, ckpt, clip, stop_after, save_on_stop)
     summary = loop.run(state)
     summary["wall_time_s"] = time.perf_counter() - t_start
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    rd.write_summary(summary)
     return RunResult(records=read_records(run_dir), summary=summary, state=state)
 
 
@@ -195,8 +168,8 @@ class Loop:
     def _train(self, state: TrainState, logger: RunLogger) -> dict[str, Any]:
         cfg, K = self.cfg, self.cfg.optim.accum_steps
         tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
-        for key, value in state.extra.get("best", {}).items():
-            setattr(tracker, key, value)
+        if "best" in state.extra:
+            tracker.load(state.extra["best"])
         train_loader = make_train_loader(cfg, self.splits, position=state.position, device=state.device)
         val_loader = make_val_loader(cfg, self.splits, device=state.device)
         batches = iter(train_loader)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import tyro
 
-from jaxloop.config import Config, ConfigError, from_dict, preset, validate
+from loopcore.config import Config, ConfigError, from_dict, preset, validate
 
 # Exit statuses of both loops' CLIs (jaxloop.train and torch_ref.train).
 EXIT_BAD_INPUT = 2

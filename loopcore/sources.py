@@ -43,7 +43,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from jaxloop.config import Config, ConfigError
+from loopcore.config import Config, ConfigError
 
 SPLIT_SEED = 20240229
 """Seed of the fixed train/validation permutation of digits and npz (independent of cfg.seed)."""

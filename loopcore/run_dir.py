@@ -1,0 +1,79 @@
+"""The run directory: its files (config, metadata, resumes, summary) and the rules for starting or
+resuming into it, the same for both loops.
+
+Rules, checked before anything is written: resume=never needs an empty or new run_dir; resume=must
+needs a checkpoint; a resumed run may not change a field that alters the trajectory (steps only with
+allow_steps_change). Every resume is recorded in resumes.jsonl with the fields it changed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from loopcore.config import Config, ConfigError, changed_fields, resume_conflicts, to_dict
+
+CHECKPOINT_DIR = "checkpoints"
+CONFIG_FILE = "config.json"
+METADATA_FILE = "metadata.json"
+RESUMES_FILE = "resumes.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+class RunDir:
+    """One run's directory. `writes=False` (every process but the primary) checks and writes nothing."""
+
+    def __init__(self, cfg: Config, writes: bool = True):
+        self.cfg, self.path, self.writes = cfg, Path(cfg.run_dir), writes
+        self.saved: dict[str, Any] | None = None
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINT_DIR
+
+    def check(self, has_checkpoint: bool) -> dict[str, Any] | None:
+        """Apply the rules; the config saved with the checkpointed run being resumed, if any."""
+        cfg, run_dir = self.cfg, self.path
+        saved_path = run_dir / CONFIG_FILE
+        saved = json.loads(saved_path.read_text()) if saved_path.exists() else None
+        if cfg.resume == "never" and run_dir.exists() and any(run_dir.iterdir()):
+            raise ConfigError("resume", "never", f"an empty or new run_dir ({run_dir} is not empty; "
+                              "use --resume auto to continue it or choose another --run_dir)")
+        if cfg.resume == "must" and not has_checkpoint:
+            raise ConfigError("resume", "must", f"a run_dir holding a checkpoint ({run_dir} has none)")
+        if has_checkpoint and saved is not None:
+            conflicts = resume_conflicts(saved, cfg)
+            if conflicts:
+                raise ConfigError("resume", cfg.resume, "a config that matches the checkpointed run; these "
+                                  f"fields differ: {'; '.join(conflicts)} (steps may change with --allow_steps_change)")
+        self.saved = saved if has_checkpoint else None
+        return self.saved
+
+    def start(self, metadata: dict[str, Any] | None = None) -> None:
+        """Create the directory and write config.json (and metadata.json)."""
+        if not self.writes:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.write_json(CONFIG_FILE, to_dict(self.cfg))
+        if metadata is not None:
+            self.write_json(METADATA_FILE, metadata)
+
+    def record_resume(self, step: int) -> None:
+        """Append the resume at `step` and the fields this run changed to resumes.jsonl."""
+        if not self.writes or self.saved is None:
+            return
+        with open(self.path / RESUMES_FILE, "a") as f:
+            f.write(json.dumps({"step": step, "changed": changed_fields(self.saved, self.cfg)}) + "\n")
+
+    def must_have_resumed(self, restored: Any) -> None:
+        """resume=must and no valid checkpoint was restored: the run cannot start."""
+        if restored is None and self.cfg.resume == "must":
+            raise ConfigError("resume", "must", f"a run_dir holding a valid checkpoint ({self.path} has none)")
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        if self.writes:
+            self.write_json(SUMMARY_FILE, summary)
+
+    def write_json(self, name: str, obj: Any) -> None:
+        (self.path / name).write_text(json.dumps(obj, indent=2) + "\n")
