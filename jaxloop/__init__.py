@@ -1,6 +1,8 @@
 """jaxloop: a JAX/Flax training loop with a PyTorch-parity harness.
 
-    from jaxloop import Config, TrainState, make_optimizer, make_schedule, make_train_step, train_step
+    import jaxloop
+    jaxloop.run(cfg, jaxloop.Task(model, loss, train_records, val_records))   # your Linen or NNX model
+    from jaxloop import TrainState, make_optimizer, make_schedule, make_train_step, train_step
 
 The config tree lives in the jax-free package `loopcore` (shared with torch_ref); it is re-exported here.
 """
@@ -8,12 +10,14 @@ The config tree lives in the jax-free package `loopcore` (shared with torch_ref)
 from jaxloop.optim import make_optimizer
 from jaxloop.precision import get_policy
 from jaxloop.schedule import make_schedule
-from jaxloop.state import TrainState, create_train_state, state_digest
-from jaxloop.step import cross_entropy_loss, eval_step, make_eval_step, make_train_step, train_step
+from jaxloop.state import TrainState, state_digest
+from jaxloop.step import cross_entropy_loss, eval_step, make_eval_step, make_train_step, scan_steps, train_step
+from jaxloop.task import Task, builtin_task, create_train_state, init_state
+from jaxloop.train import run
 from loopcore.config import Config, ConfigError, preset, validate
 
 __all__ = [
-    "Config", "ConfigError", "TrainState", "create_train_state", "cross_entropy_loss", "eval_step",
-    "get_policy", "make_eval_step", "make_optimizer", "make_schedule", "make_train_step", "preset",
-    "state_digest", "train_step", "validate",
+    "Config", "ConfigError", "Task", "TrainState", "builtin_task", "create_train_state", "cross_entropy_loss",
+    "eval_step", "get_policy", "init_state", "make_eval_step", "make_optimizer", "make_schedule",
+    "make_train_step", "preset", "run", "scan_steps", "state_digest", "train_step", "validate",
 ]

@@ -260,6 +260,15 @@ def num_val_batches(cfg: Config, splits: Splits) -> int:
 _STOP = object()
 
 
+def _stacked(source: Iterator[Batch], size: int, first: int = 0) -> Iterator[Batch]:
+    """Micro-batches of `source` stacked `size` at a time (the first group `first`, if > 0)."""
+    n = first or size
+    while True:
+        group = [next(source) for _ in range(n)]
+        yield {k: np.stack([b[k] for b in group]) for k in group[0]}
+        n = size
+
+
 class _Raised:
     def __init__(self, exc: BaseException):
         self.exc = exc
@@ -276,13 +285,18 @@ class DevicePrefetcher(Iterator[Any]):
     is also stopped at interpreter exit.
     """
 
-    def __init__(self, iterator: Iterator[Any], size: int = 2, put: Callable[[Any], Any] | None = None):
+    def __init__(self, iterator: Iterator[Any], size: int = 2, put: Callable[[Any], Any] | None = None,
+                 chunk: int = 0, first_chunk: int = 0):
         if size < 0:
             raise ConfigError("data.prefetch", size, "an integer >= 0")
-        self._source = iterator
+        self.chunk, self._first_chunk = int(chunk), int(first_chunk)
+        self._source = _stacked(iterator, self.chunk, self._first_chunk) if chunk else iterator
+        self._position_source = iterator
+        self._head: Any = None  # what is left of the chunk take() last cut
         self._put = put if put is not None else jax.device_put
         self.size = int(size)
         self._start = int(getattr(iterator, "position", 0))
+        self.taken = 0
         self.consumed = 0
         self.last_wait_s = 0.0
         self.total_wait_s = 0.0
@@ -322,12 +336,34 @@ class DevicePrefetcher(Iterator[Any]):
 
     @property
     def position(self) -> int:
-        """The source's position after the batches handed out so far."""
-        return self._start + self.consumed
+        """The source's position after the batches handed out so far (micro-batches, with `chunk`)."""
+        return self._start + (self.taken if self.chunk else self.consumed)
 
     def state(self) -> dict[str, Any]:
         """The source's state at `position` (needs a source with state(position), e.g. TrainLoader)."""
-        return self._source.state(self.position)
+        return self._position_source.state(self.position)
+
+    def take(self, n: int) -> Any:
+        """The next n micro-batches stacked along a new leading axis, on the device (needs `chunk`).
+
+        A whole prefetched chunk of n is handed over as it is; otherwise chunks are cut and joined on
+        the device (after a skipped update moved the loop off the chunk grid).
+        """
+        parts, have = [], 0
+        while have < n:
+            if self._head is None:
+                self._head = next(self)
+            size = jax.tree.leaves(self._head)[0].shape[0]
+            cut = min(n - have, size)
+            if cut == size:
+                parts.append(self._head)
+                self._head = None
+            else:
+                parts.append(jax.tree.map(lambda a: a[:cut], self._head))
+                self._head = jax.tree.map(lambda a: a[cut:], self._head)
+            have += cut
+        self.taken += n
+        return parts[0] if len(parts) == 1 else jax.tree.map(lambda *a: jax.numpy.concatenate(a), *parts)
 
     def __iter__(self) -> DevicePrefetcher:
         return self

@@ -59,7 +59,8 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
     return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
 
 
-def shard_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-    """A global batch array from this process's rows, split along axis 0 over the mesh."""
-    sharding = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+def shard_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, stacked: bool = False) -> dict[str, jax.Array]:
+    """A global batch array from this process's rows, split along the batch axis over the mesh (axis 0,
+    or axis 1 of `stacked` micro-batches [n, batch, ...])."""
+    sharding = NamedSharding(mesh, PartitionSpec(None, DATA_AXIS) if stacked else PartitionSpec(DATA_AXIS))
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in local_batch.items()}

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from jaxloop.runinfo import format_duration, memory_bytes
+from jaxloop.runinfo import format_bytes, format_duration, memory_bytes
 from loopcore.config import Config
 from loopcore.records import METRICS_FILE, read_records
 

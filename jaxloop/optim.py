@@ -1,7 +1,15 @@
-"""The optimizer: MultiSteps(K) over clip_by_global_norm -> adamw(schedule, decay mask).
+"""The optimizer, as optax transformations:
 
-Clipping sits inside MultiSteps, so it acts on the mean of the K micro-batch gradients, and adamw's
-schedule count advances only when MultiSteps emits an update.
+    [dynamic_loss_scale(] skip_nonfinite_windows(MultiSteps(chain(
+        record_grad_norm(), clip_by_global_norm, inject_hyperparams(adamw)(schedule)), K)) [)]
+
+MultiSteps(K) averages K micro-batch gradients, so clipping acts on the mean and adamw (and its
+schedule count) steps once per update. `skip_nonfinite_windows` drops a whole accumulation window
+that saw a non-finite gradient (or whose update would make the state non-finite): params, moments,
+update count and schedule stay, the accumulator restarts. `dynamic_loss_scale` (fp16) unscales the
+gradients and follows torch.amp.GradScaler's rule. The step reads what it logs from the state by
+name (`optax.tree_utils.tree_get`): the applied rate `learning_rate`, `grad_norm`, `skipped`,
+`bad_streak`, `scale`.
 
 adamw is optax's chain scale_by_adam -> add_decayed_weights(mask) -> scale_by_learning_rate, with one
 change inside scale_by_adam: the bias corrections 1 - b^t. optax computes them from b rounded to the
@@ -14,15 +22,16 @@ float64: 1 - b^t = -expm1(t log b), a few ulps from exact in any float type. Sam
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+from optax.tree_utils import tree_get
 
-from loopcore.config import Config
-from jaxloop.precision import get_policy
+from jaxloop.precision import GROWTH_INTERVAL, Policy
 from jaxloop.schedule import make_schedule
+from loopcore.config import OptimConfig
 
 
 def decay_mask(params: Any) -> Any:
@@ -31,6 +40,19 @@ def decay_mask(params: Any) -> Any:
     The same rule as nanoGPT's and torch_ref's param groups (`p.dim() >= 2`).
     """
     return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def all_finite(tree: Any) -> jax.Array:
+    """True when every floating leaf of tree is free of NaN and Inf."""
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+def _where(cond: jax.Array, a: Any, b: Any) -> Any:
+    return jax.tree.map(lambda x, y: jnp.where(cond, x, y), a, b)
+
+
+# ----------------------------------------------------------------------------- adamw
 
 
 def _one_minus_pow(b: float, count: jax.Array) -> jax.Array:
@@ -60,21 +82,153 @@ def scale_by_adam(b1: float, b2: float, eps: float) -> optax.GradientTransformat
     return optax.GradientTransformation(base.init, update_fn)
 
 
-def make_optimizer(cfg: Config) -> optax.MultiSteps:
-    """MultiSteps(chain(clip_by_global_norm, adamw), every_k_schedule=accum_steps) from the config.
+def adamw(learning_rate: Any, b1: float, b2: float, eps: float, weight_decay: float) -> optax.GradientTransformation:
+    """optax.adamw(learning_rate, b1, b2, eps, eps_root=0, weight_decay, mask=decay_mask), exact bias corrections."""
+    return optax.chain(
+        scale_by_adam(b1=b1, b2=b2, eps=eps),
+        optax.add_decayed_weights(weight_decay, decay_mask),
+        optax.scale_by_learning_rate(learning_rate),
+    )
+
+
+# ----------------------------------------------------------------------------- the gradient norm
+
+
+class GradNormState(NamedTuple):
+    grad_norm: jax.Array  # global L2 norm of the last gradient seen (inside MultiSteps: of the last update)
+
+
+def record_grad_norm() -> optax.GradientTransformation:
+    """Identity on the updates; keeps their global norm in the state (before clipping, for the logs)."""
+
+    def init_fn(params: Any) -> GradNormState:
+        return GradNormState(jnp.zeros([], optax.tree.dtype(params, "highest")))
+
+    def update_fn(updates: Any, state: GradNormState, params: Any = None) -> tuple[Any, GradNormState]:
+        del params
+        return updates, GradNormState(optax.global_norm(updates).astype(state.grad_norm.dtype))
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+# ----------------------------------------------------------------------------- skipping non-finite windows
+
+
+class SkipWindowsState(NamedTuple):
+    inner_state: Any  # the MultiStepsState
+    poisoned: jax.Array  # the current accumulation window has seen a non-finite gradient
+    bad_streak: jax.Array  # consecutive skipped updates
+    skipped: jax.Array  # skipped updates in the whole run
+
+
+def skip_nonfinite_windows(inner: optax.MultiSteps) -> optax.GradientTransformation:
+    """Skip every update whose window saw a non-finite micro-batch gradient, or whose result is not finite.
+
+    A non-finite micro-batch gradient enters the accumulator as zeros (so it never poisons the running
+    mean) and marks the window; the update that closes a marked window, or one whose updates or inner
+    state would not be finite, is dropped as a whole: zero updates, the inner optimizer state (moments,
+    counts, schedule) and the update count as before the window, the accumulator restarted. This is
+    torch.amp.GradScaler's semantics (an overflow in any micro-batch makes the accumulated .grad
+    non-finite and the step is skipped), and a state out of it is always finite, safe to checkpoint.
+    """
+
+    def init_fn(params: Any) -> SkipWindowsState:
+        return SkipWindowsState(inner.init(params), jnp.zeros([], bool), jnp.zeros([], jnp.int32), jnp.zeros([], jnp.int32))
+
+    def update_fn(updates: Any, state: SkipWindowsState, params: Any = None) -> tuple[Any, SkipWindowsState]:
+        finite = all_finite(updates)
+        updates = _where(finite, updates, jax.tree.map(jnp.zeros_like, updates))
+        new_updates, new_inner = inner.update(updates, state.inner_state, params)
+        emitted = inner.has_updated(new_inner)
+        poisoned = state.poisoned | ~finite
+        skip = emitted & (poisoned | ~all_finite((new_updates, new_inner)))
+        before = state.inner_state
+        dropped = new_inner._replace(gradient_step=before.gradient_step, inner_opt_state=before.inner_opt_state,
+                                     acc_grads=jax.tree.map(jnp.zeros_like, new_inner.acc_grads))
+        applied = emitted & ~skip
+        return _where(skip, jax.tree.map(jnp.zeros_like, new_updates), new_updates), SkipWindowsState(
+            inner_state=_where(skip, dropped, new_inner),
+            poisoned=poisoned & ~emitted,
+            bad_streak=jnp.where(skip, state.bad_streak + 1, jnp.where(applied, 0, state.bad_streak)),
+            skipped=state.skipped + skip.astype(jnp.int32),
+        )
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+# ----------------------------------------------------------------------------- dynamic loss scale
+
+
+class LossScaleState(NamedTuple):
+    scale: jax.Array  # multiplies the loss before differentiation
+    good_steps: jax.Array  # applied updates since the scale last changed
+    inner_state: Any
+
+
+def dynamic_loss_scale(inner: optax.GradientTransformation, init_scale: float = 2.0**16,
+                       growth_interval: int = GROWTH_INTERVAL) -> optax.GradientTransformation:
+    """Unscale gradients of a loss multiplied by `scale`; halve the scale on a skipped update and double
+    it after `growth_interval` applied ones (torch.amp.GradScaler's rule and defaults).
+
+    `inner` must keep `skipped` and `gradient_step` in its state (skip_nonfinite_windows over MultiSteps):
+    they tell a skipped update from an applied one.
+    """
+
+    def init_fn(params: Any) -> LossScaleState:
+        return LossScaleState(jnp.asarray(init_scale, jnp.float32), jnp.zeros([], jnp.int32), inner.init(params))
+
+    def update_fn(updates: Any, state: LossScaleState, params: Any = None) -> tuple[Any, LossScaleState]:
+        updates = jax.tree.map(lambda g: (g / state.scale.astype(g.dtype)).astype(g.dtype), updates)
+        new_updates, new_inner = inner.update(updates, state.inner_state, params)
+        skipped = tree_get(new_inner, "skipped") > tree_get(state.inner_state, "skipped")
+        applied = tree_get(new_inner, "gradient_step") > tree_get(state.inner_state, "gradient_step")
+        good = state.good_steps + applied.astype(jnp.int32)
+        grow = good >= growth_interval
+        scale = jnp.where(skipped, state.scale * 0.5, jnp.where(grow, state.scale * 2.0, state.scale))
+        good = jnp.where(skipped | grow, 0, good)
+        return new_updates, LossScaleState(scale, good, new_inner)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+# ----------------------------------------------------------------------------- the whole optimizer
+
+
+def make_optimizer(optim: OptimConfig, steps: int, policy: Policy) -> optax.GradientTransformation:
+    """The run's optimizer (module doc) from its sub-config, the update count and the precision policy.
 
     Weight decay is always passed explicitly: optax's adamw default (1e-4) and torch's AdamW default
     (1e-2) differ. clip_norm = 0 means no clipping.
     """
-    o = cfg.optim
-    parts = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm > 0 else []
-    parts.append(
-        optax.chain(  # optax.adamw(schedule, b1, b2, eps, eps_root=0, weight_decay, mask), exact bias corrections
-            scale_by_adam(b1=o.b1, b2=o.b2, eps=o.eps),
-            optax.add_decayed_weights(o.weight_decay, decay_mask),
-            optax.scale_by_learning_rate(make_schedule(cfg)),
-        )
-    )
+    o = optim
+    parts = [record_grad_norm()]
+    if o.clip_norm > 0:
+        parts.append(optax.clip_by_global_norm(o.clip_norm))
+    parts.append(optax.inject_hyperparams(adamw, static_args=("b1", "b2", "eps", "weight_decay"))(
+        learning_rate=make_schedule(o, steps), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay))
     # The accumulator holds gradients in the params' dtype (MultiSteps' default is float32).
-    param_dtype = get_policy(cfg.precision).param_dtype
-    return optax.MultiSteps(optax.chain(*parts), every_k_schedule=o.accum_steps, accumulator_dtype=param_dtype)
+    multi = optax.MultiSteps(optax.chain(*parts), every_k_schedule=o.accum_steps, accumulator_dtype=policy.param_dtype)
+    tx = skip_nonfinite_windows(multi)
+    return dynamic_loss_scale(tx) if policy.dynamic_scale else tx
+
+
+def updates_applied(opt_state: Any) -> jax.Array:
+    """Optimizer updates applied so far (skipped ones not counted)."""
+    return tree_get(opt_state, "gradient_step")
+
+
+def loss_scale(opt_state: Any) -> jax.Array:
+    """The factor the loss is multiplied by before differentiation (1 without dynamic scaling)."""
+    return tree_get(opt_state, "scale", jnp.ones([], jnp.float32))
+
+
+def optimizer_metrics(opt_state: Any) -> dict[str, jax.Array]:
+    """What the loop logs from the optimizer state: the rate of the last applied update, its pre-clip
+    gradient norm, skipped updates so far, the current streak of them, and the loss scale."""
+    return {
+        "lr": tree_get(opt_state, "learning_rate", filtering=lambda _, v: not isinstance(v, tuple)),  # not its schedule's state
+        "grad_norm": tree_get(opt_state, "grad_norm"),
+        "skipped": tree_get(opt_state, "skipped"),
+        "bad_streak": tree_get(opt_state, "bad_streak"),
+        "loss_scale": loss_scale(opt_state),
+    }

@@ -1,6 +1,6 @@
 """The learning-rate schedule of record: linear warmup then cosine decay (optax), by update index.
 
-`make_schedule(cfg)(u)` is the rate used by the 0-based optimizer update u. The schedule advances once
+`make_schedule(cfg.optim, cfg.steps)(u)` is the rate used by the 0-based optimizer update u. The schedule advances once
 per update, never per micro-batch: optax.MultiSteps only steps the inner adamw (and so its count) when
 it emits an update.
 """
@@ -13,20 +13,20 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from loopcore.config import Config
+from loopcore.config import Config, OptimConfig
 
 
-def make_schedule(cfg: Config) -> optax.Schedule:
+def make_schedule(optim: OptimConfig, steps: int) -> optax.Schedule:
     """optax.warmup_cosine_decay_schedule over `steps` updates, held at end_lr past them.
 
     lr(0) = init_lr, lr(warmup_steps) = peak_lr, lr(steps) = end_lr. With warmup_steps == steps the
     cosine part is empty (optax rejects decay_steps=0), so the rate jumps to end_lr at u = steps.
     """
-    o = cfg.optim
-    if o.warmup_steps < cfg.steps:
+    o = optim
+    if o.warmup_steps < steps:
         schedule = optax.warmup_cosine_decay_schedule(
             init_value=o.init_lr, peak_value=o.peak_lr, warmup_steps=o.warmup_steps,
-            decay_steps=cfg.steps, end_value=o.end_lr,
+            decay_steps=steps, end_value=o.end_lr,
         )
     else:
         warmup = optax.linear_schedule(o.init_lr, o.peak_lr, transition_steps=o.warmup_steps)
@@ -43,7 +43,7 @@ def make_schedule(cfg: Config) -> optax.Schedule:
 def lr_table(cfg: Config, updates: int | None = None) -> np.ndarray:
     """The rate of every update 0 .. updates-1 (default: steps), as float64, for reports and tests."""
     n = cfg.steps if updates is None else updates
-    sched = make_schedule(cfg)
+    sched = make_schedule(cfg.optim, cfg.steps)
     return np.asarray([float(sched(u)) for u in range(n)], dtype=np.float64)
 
 

@@ -1,106 +1,99 @@
 """TrainState: everything a run needs to continue, as one pytree.
 
-Leaves: params, opt_state (optax.MultiStepsState: the update count, the inner clip+adamw state and the
-micro-batch accumulator), rng, the loss scale, the optional EMA of params, and the non-finite counters.
-Static (not saved): the model's apply function, the optimizer, the schedule and the precision policy.
+Leaves: params, model_state (a model's non-trainable variables), opt_state (the whole optax state:
+update count, moments, accumulator, applied rate, skip counters, loss scale), rng, micro_steps (the
+micro-batches trained on, which seeds each one's dropout), and the optional EMA of params. Static
+(not saved): the model (Linen or NNX, see jaxloop.module), the optimizer, the precision policy and
+the EMA decay.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 
-from loopcore.config import Config
-from jaxloop.models import init_params
-from jaxloop.optim import make_optimizer
-from jaxloop.precision import LossScale, Policy, get_policy
-from jaxloop.schedule import make_schedule
+from jaxloop.module import LinenModel, NnxModel
+from jaxloop.optim import updates_applied
+from jaxloop.precision import Policy, get_policy
 
 
 class TrainState(struct.PyTreeNode):
     params: Any
-    opt_state: optax.MultiStepsState
+    model_state: Any
+    opt_state: Any
     rng: jax.Array
-    loss_scale: LossScale
+    micro_steps: jax.Array
     ema_params: Any
-    poisoned: jax.Array  # the current accumulation window has seen a non-finite micro-batch
-    bad_streak: jax.Array  # consecutive skipped updates
-    skipped: jax.Array  # skipped updates in the whole run
-    apply_fn: Callable[..., Any] = struct.field(pytree_node=False)
-    tx: optax.MultiSteps = struct.field(pytree_node=False)
+    model: LinenModel | NnxModel = struct.field(pytree_node=False)
+    tx: optax.GradientTransformation = struct.field(pytree_node=False)
     policy: Policy = struct.field(pytree_node=False)
-    schedule: Callable[[Any], Any] | None = struct.field(pytree_node=False, default=None)
     ema_decay: float = struct.field(pytree_node=False, default=0.0)
 
     @property
     def step(self) -> jax.Array:
-        """Optimizer updates applied so far (MultiSteps' gradient_step)."""
-        return self.opt_state.gradient_step
+        """Optimizer updates applied so far (skipped ones not counted)."""
+        return updates_applied(self.opt_state)
 
     @classmethod
     def create(
         cls,
         *,
-        apply_fn: Callable[..., Any],
         params: Any,
-        tx: optax.GradientTransformation | optax.MultiSteps,
+        tx: optax.GradientTransformation,
         rng: jax.Array,
+        apply_fn: Any = None,
+        model: LinenModel | NnxModel | None = None,
+        model_state: Any = None,
         policy: Policy | None = None,
-        schedule: Callable[[Any], Any] | None = None,
         ema_decay: float = 0.0,
     ) -> "TrainState":
-        """A fresh state. A plain optax transformation is wrapped in MultiSteps(every_k_schedule=1)."""
+        """A fresh state for a model (or a Linen-style apply_fn) and an optimizer from make_optimizer."""
+        if model is None:
+            model = LinenModel(apply_fn=apply_fn)
         policy = policy or get_policy("fp32")
-        if not isinstance(tx, optax.MultiSteps):
-            tx = optax.MultiSteps(tx, every_k_schedule=1)
         params = policy.cast_to_param(params)
         return cls(
             params=params,
+            model_state=model_state if model_state is not None else {},
             opt_state=tx.init(params),
             rng=rng,
-            loss_scale=LossScale.create(policy.dynamic_scale),
+            micro_steps=jnp.zeros([], jnp.int32),
             ema_params=jax.tree.map(jnp.copy, params) if ema_decay > 0 else None,
-            poisoned=jnp.zeros([], bool),
-            bad_streak=jnp.zeros([], jnp.int32),
-            skipped=jnp.zeros([], jnp.int32),
-            apply_fn=apply_fn,
+            model=model,
             tx=tx,
             policy=policy,
-            schedule=schedule,
             ema_decay=ema_decay,
         )
 
+    def apply_gradients(self, grads: Any, model_state: Any) -> "TrainState":
+        """One optimizer transformation of one micro-batch's gradients; the EMA follows applied updates."""
+        updates, opt_state = self.tx.update(grads, self.opt_state, self.params)
+        params = optax.apply_updates(self.params, updates)
+        ema = self.ema_params
+        if ema is not None:
+            applied, d = updates_applied(opt_state) > self.step, self.ema_decay
+            ema = jax.tree.map(lambda e, p: jnp.where(applied, d * e + (1 - d) * p, e), ema, params)
+        return self.replace(params=params, model_state=model_state, opt_state=opt_state, ema_params=ema,
+                            micro_steps=self.micro_steps + 1)
 
-def create_train_state(cfg: Config, model: Any, example_x: Any) -> TrainState:
-    """The state of a fresh run: params from PRNGKey(seed), the config's optimizer, policy and EMA."""
-    init_rng, step_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))
-    return TrainState.create(
-        apply_fn=model.apply,
-        params=init_params(model, init_rng, example_x),
-        tx=make_optimizer(cfg),
-        rng=step_rng,
-        policy=get_policy(cfg.precision),
-        schedule=make_schedule(cfg),
-        ema_decay=cfg.optim.ema_decay,
-    )
+    def user_model(self, params: Any = None) -> Any:
+        """The trained model as its user wrote it: an NNX module, or Linen variables {"params": ...}."""
+        return self.model.merge(self.params if params is None else params, self.model_state)
 
 
 def state_digest(state: TrainState) -> str:
-    """sha256 over the bytes of params and optimizer state, leaf by leaf in key-path order.
+    """sha256 over the bytes of params, model state and optimizer state, leaf by leaf in key-path order.
 
     Equal digests mean bit-identical weights and optimizer state (the resume contract).
     """
-    import hashlib
-
-    import numpy as np
-
     h = hashlib.sha256()
-    for path, leaf in jax.tree_util.tree_flatten_with_path((state.params, state.opt_state))[0]:
+    for path, leaf in jax.tree_util.tree_flatten_with_path((state.params, state.model_state, state.opt_state))[0]:
         a = np.asarray(jax.device_get(leaf))
         h.update(jax.tree_util.keystr(path).encode())
         h.update(f"{a.dtype.str}{a.shape}".encode())

@@ -1,11 +1,9 @@
-"""train_step and eval_step: pure, jitted functions of (state, batch).
+"""train_step and eval_step: pure functions of (state, batch), and the multi-update call the loop jits.
 
-One call consumes one micro-batch; optax.MultiSteps accumulates K of them into one update. Non-finite
-policy: a micro-batch whose loss or gradient is not finite marks its accumulation window; the update
-that closes the window is then skipped as a whole (params, moments, update count and schedule stay;
-the accumulator is discarded), counted, and the fp16 loss scale halved: torch.amp.GradScaler's
-semantics, since an overflow in any micro-batch makes torch's accumulated .grad non-finite. An update
-whose result would not be finite is skipped the same way, so the state stays finite.
+One train_step consumes one micro-batch; the optimizer (jaxloop.optim) accumulates K of them into an
+update, skips non-finite windows and scales the fp16 loss, so the step itself only differentiates the
+loss and hands the gradients over. A loss is `loss(model, batch, train) -> (scalar, aux)`, with
+`model` bound to the params being differentiated (see jaxloop.module).
 """
 
 from __future__ import annotations
@@ -17,21 +15,21 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxloop.module import LossFn
+from jaxloop.optim import loss_scale, optimizer_metrics
 from jaxloop.state import TrainState
 
 Batch = dict[str, jax.Array]
-# loss_fn(apply, params, batch, rng) -> (scalar loss, aux metrics); rng is None for evaluation.
-LossFn = Callable[[Callable[..., Any], Any, Batch, jax.Array | None], tuple[jax.Array, dict[str, jax.Array]]]
+StepFn = Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]
 
 
-def cross_entropy_loss(apply: Callable[..., Any], params: Any, batch: Batch, rng: jax.Array | None):
+def cross_entropy_loss(model: Callable[..., Any], batch: Batch, train: bool) -> tuple[jax.Array, dict]:
     """Mean softmax cross-entropy of the built-in tasks (labels y for inputs x; any label shape).
 
     An optional per-record `weight` (0 for padding in validation batches) weights the mean.
     Aux: `acc` (weighted accuracy) and `weight` (the total weight, for averaging over batches).
     """
-    train = rng is not None
-    logits = apply({"params": params}, batch["x"], train=train, rngs={"dropout": rng} if train else None)
+    logits = model(batch["x"], train=train)
     labels = batch["y"]
     per_label = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(per_label.dtype)
@@ -43,95 +41,56 @@ def cross_entropy_loss(apply: Callable[..., Any], params: Any, batch: Batch, rng
     return (per_label * w).sum() / total, {"acc": (correct * w).sum() / total, "weight": weight.sum().astype(per_label.dtype)}
 
 
-def _tree_where(cond: jax.Array, a: Any, b: Any) -> Any:
-    return jax.tree.map(lambda x, y: jnp.where(cond, x, y), a, b)
+def make_train_step(loss_fn: LossFn) -> StepFn:
+    """A pure train_step(state, batch) -> (state, metrics) for your own loss (jit it with donate_argnums=0).
 
-
-def _all_finite(tree: Any) -> jax.Array:
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
-
-
-def make_train_step(loss_fn: LossFn, jit: bool = True) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
-    """A train_step(state, batch) -> (state, metrics) for your own loss; jitted with the state donated.
-
-    Metrics (device arrays; fetch them only when you log): loss (this micro-batch, unscaled),
-    lr (the rate of the update this micro-batch belongs to), grad_norm (pre-clip norm of the mean
-    gradient of the window so far: at the last micro-batch, of the update), updated (an update was
-    applied), skipped (skipped updates so far), bad_streak, loss_scale, and loss_fn's aux metrics.
+    Metrics (device arrays; fetch them only when you log): loss (this micro-batch, unscaled), updated
+    (this micro-batch closed an applied update), the optimizer's lr, grad_norm, skipped, bad_streak and
+    loss_scale (jaxloop.optim.optimizer_metrics), and the loss's aux metrics.
     """
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
-        policy, opt = state.policy, state.opt_state
-        rng = jax.random.fold_in(jax.random.fold_in(state.rng, opt.gradient_step), opt.mini_step)
-        apply = policy.wrap_apply(state.apply_fn)
-        scale = state.loss_scale.scale
+        rng = jax.random.fold_in(state.rng, state.micro_steps)
+        scale = loss_scale(state.opt_state)
 
-        def scaled(params: Any):
-            loss, aux = loss_fn(apply, params, batch, rng)
-            loss = policy.cast_to_output(loss)
-            return loss * scale.astype(loss.dtype), (loss, aux)
+        def scaled_loss(params: Any) -> tuple[jax.Array, tuple]:
+            model, model_state = state.model.bind(params, state.model_state, True, rng, state.policy)
+            loss, aux = loss_fn(model, batch, True)
+            loss = state.policy.cast_to_output(loss)
+            return loss * scale.astype(loss.dtype), (loss, aux, model_state())
 
-        grads, (loss, aux) = jax.grad(scaled, has_aux=True)(state.params)
-        grads = jax.tree.map(lambda g: (g / scale.astype(g.dtype)).astype(g.dtype), grads)
-        finite = jnp.isfinite(loss) & _all_finite(grads)
-        grads = _tree_where(finite, grads, jax.tree.map(jnp.zeros_like, grads))
-        mean_grads = jax.tree.map(lambda g, a: a + (g - a) / (opt.mini_step + 1), grads, opt.acc_grads)
+        grads, (loss, aux, model_state) = jax.grad(scaled_loss, has_aux=True)(state.params)
+        # A non-finite loss marks its window as a non-finite gradient would (the optimizer skips it).
+        grads = jax.tree.map(lambda g: jnp.where(jnp.isfinite(loss), g, jnp.nan), grads)
+        new_state = state.apply_gradients(grads, model_state)
+        metrics = {"loss": loss, "updated": new_state.step > state.step, **optimizer_metrics(new_state.opt_state)}
+        return new_state, {**metrics, **{k: v for k, v in aux.items() if k != "weight"}}
 
-        updates, new_opt = state.tx.update(grads, opt, state.params)
-        new_params = optax.apply_updates(state.params, updates)
-        emitted = new_opt.gradient_step != opt.gradient_step
-        poisoned = state.poisoned | ~finite
-        # An update that would itself make the state non-finite (e.g. an overflowing moment) is skipped
-        # too, so a state out of this step is always finite and safe to checkpoint.
-        result_finite = _all_finite((new_params, new_opt.inner_opt_state))
-        skip = emitted & (poisoned | ~result_finite)
-        applied = emitted & ~skip
-        discard = opt._replace(mini_step=jnp.zeros_like(opt.mini_step), acc_grads=jax.tree.map(jnp.zeros_like, opt.acc_grads))
-        new_opt = _tree_where(skip, discard, new_opt)
-        new_params = _tree_where(skip, state.params, new_params)
-        ema = state.ema_params
-        if ema is not None:
-            d = state.ema_decay
-            ema = _tree_where(applied, jax.tree.map(lambda e, p: d * e + (1 - d) * p, ema, new_params), ema)
-
-        new_state = state.replace(
-            params=new_params,
-            opt_state=new_opt,
-            ema_params=ema,
-            loss_scale=state.loss_scale.after_update(emitted, skip, policy.dynamic_scale),
-            poisoned=poisoned & ~emitted,
-            bad_streak=jnp.where(skip, state.bad_streak + 1, jnp.where(applied, 0, state.bad_streak)),
-            skipped=state.skipped + skip.astype(jnp.int32),
-        )
-        metrics = {
-            "loss": loss,
-            "grad_norm": optax.global_norm(mean_grads),
-            "updated": applied,
-            "skipped": new_state.skipped,
-            "bad_streak": new_state.bad_streak,
-            "loss_scale": scale,
-            **{k: v for k, v in aux.items() if k != "weight"},
-        }
-        if state.schedule is not None:
-            metrics["lr"] = jnp.asarray(state.schedule(opt.gradient_step))
-        return new_state, metrics
-
-    return jax.jit(train_step, donate_argnums=0) if jit else train_step
+    return train_step
 
 
-def make_eval_step(loss_fn: LossFn, jit: bool = True) -> Callable[[TrainState, Batch], dict]:
-    """An eval_step(state, batch) -> {loss, aux...}: the loss without gradients or dropout."""
+def make_eval_step(loss_fn: LossFn) -> Callable[[TrainState, Batch], dict]:
+    """A pure eval_step(state, batch) -> {loss, aux...}: the loss without gradients, dropout or updates."""
 
     def eval_step(state: TrainState, batch: Batch) -> dict:
-        apply = state.policy.wrap_apply(state.apply_fn)
-        loss, aux = loss_fn(apply, jax.lax.stop_gradient(state.params), batch, None)
+        model, _ = state.model.bind(jax.lax.stop_gradient(state.params), state.model_state, False, None, state.policy)
+        loss, aux = loss_fn(model, batch, False)
         return {"loss": state.policy.cast_to_output(loss), **aux}
 
-    return jax.jit(eval_step) if jit else eval_step
+    return eval_step
 
 
-train_step = make_train_step(cross_entropy_loss)
-"""The train step of the built-in tasks (batches {x, y}: digits / npz features or characters)."""
-eval_step = make_eval_step(cross_entropy_loss)
+def scan_steps(step: StepFn) -> StepFn:
+    """Several micro-batches in one call: step over the leading axis of `batches` (lax.scan), the
+    metrics of every micro-batch stacked. What the loop dispatches: one call per K x U micro-batches."""
+
+    def steps(state: TrainState, batches: Batch) -> tuple[TrainState, dict]:
+        return jax.lax.scan(step, state, batches)
+
+    return steps
+
+
+train_step = jax.jit(make_train_step(cross_entropy_loss), donate_argnums=0)
+"""The train step of the built-in tasks (batches {x, y}: digits / npz features or characters), jitted."""
+eval_step = jax.jit(make_eval_step(cross_entropy_loss))
 """The eval step of the built-in tasks; aux `weight` lets the loop average exactly over batches."""

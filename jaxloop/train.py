@@ -1,38 +1,43 @@
 """The training loop and its CLI: `python -m jaxloop.train [--preset NAME] [--config FILE] [--field value ...]`.
 
+`run(cfg, task)` trains a Task (default: the preset's built-in one). The host loop only dispatches
+compiled calls of several updates each (jaxloop.cadence) and waits for the device where it must: to
+log, evaluate, save, or end.
+
 Exit status: 0 done (also after early stopping); 1 too many consecutive non-finite updates; 2 bad
 input (one line on stderr, nothing written); 130 / 143 interrupted by SIGINT / SIGTERM after the
-current update was finished and saved.
+current call was finished and saved.
 """
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import time
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from jaxloop.cadence import Cadence
 from jaxloop.checkpoint import Checkpointer, quiet_orbax
-from loopcore.cli import EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_SIGNAL, Interrupted, NonFiniteError, parse_or_exit
-from loopcore.config import Config, ConfigError
-from loopcore.run_dir import RunDir
 from jaxloop.data import DevicePrefetcher, TrainLoader, val_batches
 from jaxloop.distributed import barrier, check_divisible, initialize, is_primary, make_mesh, replicate, shard_batch
 from jaxloop.logger import RunLogger
+from jaxloop.optim import optimizer_metrics
 from jaxloop.runinfo import Profiler, Timings, run_metadata
+from jaxloop.state import TrainState, state_digest
+from jaxloop.step import make_eval_step, make_train_step, scan_steps
+from jaxloop.task import Task, builtin_task, init_state
+from loopcore.cli import EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_SIGNAL, Interrupted, NonFiniteError, parse_or_exit
+from loopcore.config import Config, ConfigError, validate
 from loopcore.records import BestTracker
-from jaxloop.models import make_model
-from loopcore.sources import load_splits, write_vocab
-from jaxloop.state import TrainState, create_train_state, state_digest
-from jaxloop.step import eval_step, train_step
+from loopcore.run_dir import RunDir
+from loopcore.sources import Splits, write_vocab
+
 
 @dataclass
 class Throughput:
@@ -58,102 +63,194 @@ class Throughput:
         self.time += seconds
 
 
-def evaluate(state: TrainState, cfg: Config, splits: Any, mesh: Mesh) -> dict[str, float]:
-    """Loss and accuracy over the whole validation split (and of the EMA params, when kept)."""
-    out: dict[str, float] = {}
-    variants = [("val_", state)]
-    if state.ema_params is not None:
-        variants.append(("ema_val_", state.replace(params=state.ema_params)))
-    for prefix, s in variants:
-        sums = [eval_step(s, shard_batch(batch, mesh)) for batch in val_batches(cfg, splits)]
-        sums = jax.device_get(sums)
-        weight = sum(float(m["weight"]) for m in sums)
-        out[prefix + "loss"] = sum(float(m["loss"]) * float(m["weight"]) for m in sums) / weight
-        out[prefix + "acc"] = sum(float(m["acc"]) * float(m["weight"]) for m in sums) / weight
-    return out
+class Evaluator:
+    """The validation split through one compiled eval step: loss and aux metrics, weighted by records."""
+
+    def __init__(self, cfg: Config, task: Task, splits: Splits, mesh: Mesh):
+        self.cfg, self.splits, self.mesh = cfg, splits, mesh
+        self.step = jax.jit(make_eval_step(task.eval_loss()))
+
+    def __call__(self, state: TrainState) -> dict[str, float]:
+        out: dict[str, float] = {}
+        variants = [("val_", state)] + ([("ema_val_", state.replace(params=state.ema_params))]
+                                       if state.ema_params is not None else [])
+        for prefix, s in variants:
+            batches = list(val_batches(self.cfg, self.splits))
+            sums = [self.step(s, shard_batch(b, self.mesh)) for b in batches]
+            # host waits for every validation batch's metrics
+            sums = jax.device_get(sums)
+            weights = [float(m.get("weight", b["weight"].sum())) for m, b in zip(sums, batches)]
+            for key in sums[0]:
+                if key != "weight":
+                    out[prefix + key] = sum(float(m[key]) * w for m, w in zip(sums, weights)) / sum(weights)
+        return out
 
 
-def run(cfg: Config) -> dict[str, Any]:
-    """Train according to cfg; returns the summary written to run_dir/summary.json."""
+def run(cfg: Config, task: Task | None = None) -> dict[str, Any]:
+    """Train `task` (default: the preset's built-in task) according to cfg; returns the summary
+    written to run_dir/summary.json."""
     t_start = time.perf_counter()
     if cfg.precision == "fp64":
         jax.config.update("jax_enable_x64", True)
-    splits = load_splits(cfg)  # bad data is a ConfigError before anything is written
+    validate(cfg, check_paths=task is None)
+    task = task if task is not None else builtin_task(cfg)  # bad data is a ConfigError before anything is written
+    splits = task.splits()
     initialize(cfg)  # join the other processes, if any, before any device is used
     check_divisible(cfg)
-    primary = is_primary()
-    rd = RunDir(cfg, writes=primary)
+    rd = RunDir(cfg, writes=is_primary())
     rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))
     barrier("jaxloop: run_dir checked")  # nothing is written before every process has read run_dir
-    run_dir = rd.path
     metadata = run_metadata(cfg)
     rd.start(metadata)
-    if primary:
-        write_vocab(run_dir, splits)
+    if rd.writes:
+        write_vocab(rd.path, splits)
     quiet_orbax()
 
     timings = Timings()
     mesh = make_mesh()
-    state = replicate(create_train_state(cfg, make_model(cfg, splits.num_classes), splits.example_x), mesh)
-    ckpt = Checkpointer(cfg, run_dir, metadata)
+    state = replicate(init_state(cfg, task, splits), mesh)
+    ckpt = Checkpointer(cfg, rd.path, metadata)
     try:
         restored = ckpt.restore_latest(state) if cfg.resume != "never" else None
         rd.must_have_resumed(restored)
         if restored is not None:
             rd.record_resume(restored.step)
         timings.add("setup", time.perf_counter() - t_start)
-        summary = Loop(cfg, run_dir, splits, ckpt, timings, mesh).run(state, restored)
+        loop = Loop(cfg, task, splits, ckpt, timings, mesh, rd)
+        summary = loop.run(state, restored)
     finally:
         with timings("checkpoint"):
             ckpt.close()  # awaits the last async save and surfaces its errors
     summary["timings_s"] = timings.as_dict()
     summary["wall_time_s"] = time.perf_counter() - t_start
-    if not primary:
-        return summary
     rd.write_summary(summary)
-    if cfg.log.report:
+    if cfg.log.report and rd.writes:
         from jaxloop.report import write_report
 
-        write_report(run_dir)
+        write_report(rd.path)
     return summary
 
 
 class Loop:
     """One training run from a fresh or restored state to `steps` updates (or an early stop)."""
 
-    def __init__(self, cfg: Config, run_dir: Path, splits: Any, ckpt: Checkpointer, timings: Timings, mesh: Mesh):
-        self.cfg, self.run_dir, self.splits, self.ckpt, self.timings = cfg, run_dir, splits, ckpt, timings
-        self.mesh = mesh
+    def __init__(self, cfg: Config, task: Task, splits: Splits, ckpt: Checkpointer, timings: Timings, mesh: Mesh,
+                 rd: RunDir):
+        self.cfg, self.splits, self.ckpt, self.timings, self.mesh, self.rd = cfg, splits, ckpt, timings, mesh, rd
+        self.cadence = Cadence.of(cfg)
+        self.evaluate = Evaluator(cfg, task, splits, mesh)
+        # jit and donation: each call runs K x n micro-batches (n updates) and donates the state it is given.
+        self.updates = jax.jit(scan_steps(make_train_step(task.loss)), donate_argnums=0)
+        self.compiled: dict[int, Any] = {}
         self.signal: int | None = None
-
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        self.signal = signum  # finish the current update, save, then exit
+        self.tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
+        self.stop_reason = "completed"
 
     def run(self, state: TrainState, restored: Any) -> dict[str, Any]:
-        cfg = self.cfg
-        step = 0
-        tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
+        cfg, step = self.cfg, 0
         if restored is not None:
             state, step = restored.state, restored.step
+            self.tracker.load(restored.data["best"])
             loader = TrainLoader.from_state(cfg, self.splits, restored.data["loader"])
-            tracker.load(restored.data["best"])
         else:
             loader = TrainLoader(cfg, self.splits)
-        logger = RunLogger(cfg, self.run_dir, start_step=step, total_steps=cfg.steps, writes=is_primary())
-        batches = DevicePrefetcher(loader, size=cfg.data.prefetch, put=partial(shard_batch, mesh=self.mesh))
+        self.logger = RunLogger(cfg, self.rd.path, start_step=step, total_steps=cfg.steps, writes=is_primary())
+        K, n = cfg.optim.accum_steps, self.cadence.per_call
+        batches = DevicePrefetcher(loader, size=cfg.data.prefetch, put=partial(shard_batch, mesh=self.mesh, stacked=True),
+                                   chunk=K * n, first_chunk=K * (-step % n))
         previous = {s: signal.signal(s, self._on_signal) for s in EXIT_SIGNAL}
         try:
-            summary = self._train(state, step, batches, logger, tracker)
-            summary["peak_mem_bytes"] = logger.peak_mem_bytes
+            summary = self._train(state, step, batches)
+            summary["peak_mem_bytes"] = self.logger.peak_mem_bytes
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
             batches.close()
             loader.close()
-            logger.close()
+            self.logger.close()
         if self.signal is not None:
             raise Interrupted(self.signal)
         return summary
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.signal = signum  # finish the current call, save, then exit
+
+    def _train(self, state: TrainState, step: int, batches: DevicePrefetcher) -> dict[str, Any]:
+        cfg, cadence, profiler = self.cfg, self.cadence, Profiler(self.cfg, self.rd.path, self.timings)
+        self.rate, self.saved_step, self.last_eval = Throughput(step, time.perf_counter()), step or None, {}
+        while step < cfg.steps:
+            profiler.before_update(step)
+            n = cadence.updates_next(step)
+            chunk = batches.take(cfg.optim.accum_steps * n)
+            state, metrics = self._step_fn(n, state, chunk)(state, chunk)  # dispatched; returns at once
+            step += n
+            if not cadence.sync(step) and self.signal is None:
+                continue
+            # host waits here for the dispatched updates: their step count and last metrics come back
+            step, last = int(state.step), jax.device_get(metrics)
+            if self._at_sync(state, step, last, batches):
+                break
+        profiler.close()
+        self.timings.add("data_wait", batches.total_wait_s)
+        return self._summary(state)
+
+    def _step_fn(self, n: int, state: TrainState, chunk: Any) -> Any:
+        """The call running n updates, compiled on first use (its own compile time is timed)."""
+        if n not in self.compiled:
+            with self.timings("compile"):
+                self.compiled[n] = self.updates.lower(state, chunk).compile()
+            self.rate = Throughput(self.rate.step, time.perf_counter(), self.rate.data_wait)
+        return self.compiled[n]
+
+    def _at_sync(self, state: TrainState, step: int, last: dict, batches: DevicePrefetcher) -> bool:
+        """Log, evaluate, save as due at `step`; True when the run ends here."""
+        cfg, cadence = self.cfg, self.cadence
+        if int(last["bad_streak"][-1]) >= cfg.max_bad_steps:
+            raise NonFiniteError(
+                f"{int(last['bad_streak'][-1])} consecutive updates were skipped for a non-finite loss or gradient "
+                f"(update {step + 1}; max_bad_steps={cfg.max_bad_steps}); the last saved checkpoint is finite")
+        if cadence.log(step):
+            with self.timings("log"):
+                self.logger.train(self._record(step, last, batches.total_wait_s))
+        t_pause, evaluated = time.perf_counter(), None
+        if cadence.eval(step):
+            with self.timings("eval"):
+                evaluated = self.last_eval = self.evaluate(state)
+            self.logger.eval({"step": step, **evaluated})
+            if self.tracker.update(step, self._metric(evaluated)):
+                self.stop_reason = "early_stopping"
+                self.logger.message(f"early stopping at update {step}: no better "
+                                    f"{cfg.checkpoint.best_metric} in {cfg.patience} evaluations")
+        if jax.process_count() > 1:
+            self._agree_on_signal()
+        end = step >= cfg.steps or self.stop_reason != "completed" or self.signal is not None
+        if (cadence.save(step) or end) and self.saved_step != step:
+            with self.timings("checkpoint"):
+                # batches.state(): the position after the micro-batches trained on, not those prefetched
+                self.ckpt.save(step, state, {"loader": batches.state(), "best": self.tracker.as_dict()},
+                               metrics=evaluated, check_finite=False)  # the optimizer keeps the state finite
+            self.saved_step = step
+        if self.signal is not None:
+            self.stop_reason = f"signal {signal.Signals(self.signal).name}"
+        self.rate.pause(time.perf_counter() - t_pause)  # evaluation and saving are not training time
+        return end
+
+    def _record(self, step: int, last: dict, data_wait: float) -> dict[str, Any]:
+        K = self.cfg.optim.accum_steps
+        record = {"step": step, "loss": float(np.mean(last["loss"][-K:]))}
+        record.update({k: float(last[k][-1]) for k in ("lr", "grad_norm", "loss_scale")})
+        record["skipped"] = int(last["skipped"][-1])
+        record.update(self.rate.interval(step, time.perf_counter(), data_wait))
+        record["samples_per_s"] = record["updates_per_s"] * K * self.cfg.batch_size
+        if self.splits.source == "text":
+            record["tokens_per_s"] = record["samples_per_s"] * self.cfg.model.context
+        return record
+
+    def _metric(self, evaluated: dict[str, float]) -> float:
+        name = self.cfg.checkpoint.best_metric
+        if name not in evaluated:
+            raise ConfigError("checkpoint.best_metric", name, f"a metric the evaluation reports ({', '.join(evaluated)})")
+        return evaluated[name]
 
     def _agree_on_signal(self) -> None:
         """A signal that reached any process stops them all, here, at the same update."""
@@ -163,101 +260,17 @@ class Loop:
         if self.signal is None and received.any():
             self.signal = int(received[received > 0][0])
 
-    def _train(self, state, step, batches, logger, tracker) -> dict[str, Any]:
-        cfg, K, timings = self.cfg, self.cfg.optim.accum_steps, self.timings
-        every = cfg.checkpoint.every
-        sync_every = min(cfg.log_every, cfg.max_bad_steps)
-        step_fn = None
-        host_step, synced_step = step, step
-        rate = Throughput(step, time.perf_counter())
-        data_wait = 0.0
-        last_eval: dict[str, float] = {}
-        saved_step = step if step else None
-        stop_reason = "completed"
-        window: list[dict] = []
-        profiler = Profiler(cfg, self.run_dir, timings)
-        multi = jax.process_count() > 1  # then every process must stop at the same sync point
-        while host_step < cfg.steps:
-            profiler.before_update(host_step)
-            window = []
-            for _ in range(K):
-                batch = next(batches)
-                data_wait += batches.last_wait_s
-                if step_fn is None:
-                    with timings("compile"):
-                        step_fn = train_step.lower(state, batch).compile()
-                    rate = Throughput(host_step, time.perf_counter(), data_wait)
-                state, metrics = step_fn(state, batch)
-                window.append(metrics)
-            host_step += 1
-            due = lambda n: n > 0 and host_step % n == 0
-            if not (due(cfg.log_every) or due(cfg.eval_every) or due(every) or host_step >= cfg.steps
-                    or host_step - synced_step >= sync_every or (self.signal is not None and not multi)):
-                continue
-
-            jax.block_until_ready(window)  # waiting for the updates' compute is not log time
-            with timings("log"):
-                fetched = jax.device_get(window)
-                host_step = synced_step = int(state.step)
-                last = fetched[-1]
-                if int(last["bad_streak"]) >= cfg.max_bad_steps:
-                    first = host_step + 1
-                    raise NonFiniteError(
-                        f"{int(last['bad_streak'])} consecutive updates were skipped for a non-finite loss or "
-                        f"gradient (update {first} tried {int(last['bad_streak'])} times; max_bad_steps="
-                        f"{cfg.max_bad_steps}); the last saved checkpoint is finite")
-                if due(cfg.log_every) or host_step >= cfg.steps:
-                    record = {
-                        "step": host_step,
-                        "loss": float(np.mean([float(m["loss"]) for m in fetched])),
-                        "lr": float(last["lr"]),
-                        "grad_norm": float(last["grad_norm"]),
-                        "skipped": int(last["skipped"]),
-                        "loss_scale": float(last["loss_scale"]),
-                        **rate.interval(host_step, time.perf_counter(), data_wait),
-                    }
-                    record["samples_per_s"] = record["updates_per_s"] * K * cfg.batch_size
-                    if cfg.model.kind == "gpt":
-                        record["tokens_per_s"] = record["samples_per_s"] * cfg.model.context
-                    logger.train(record)
-
-            evaluated = None
-            t_pause = time.perf_counter()
-            if due(cfg.eval_every) or host_step >= cfg.steps:
-                with timings("eval"):
-                    evaluated = last_eval = evaluate(state, cfg, self.splits, self.mesh)
-                logger.eval({"step": host_step, **evaluated})
-                if tracker.update(host_step, evaluated[cfg.checkpoint.best_metric]):
-                    stop_reason = "early_stopping"
-                    logger.message(f"early stopping at update {host_step}: no better "
-                                   f"{cfg.checkpoint.best_metric} in {cfg.patience} evaluations")
-            if multi:
-                self._agree_on_signal()
-            end = host_step >= cfg.steps or stop_reason != "completed" or self.signal is not None
-            if (due(every) or end) and saved_step != host_step:
-                with timings("checkpoint"):
-                    # batches.state(): the position after the micro-batches consumed, not those prefetched
-                    self.ckpt.save(host_step, state, {"loader": batches.state(), "best": tracker.as_dict()},
-                                   metrics=evaluated, check_finite=False)  # train_step keeps it finite
-                saved_step = host_step
-            if end:
-                if self.signal is not None:
-                    stop_reason = f"signal {signal.Signals(self.signal).name}"
-                break
-            rate.pause(time.perf_counter() - t_pause)  # evaluation and saving are not training time
-
-        profiler.close()
-        timings.add("data_wait", data_wait)
-        if not last_eval:
-            last_eval = evaluate(state, cfg, self.splits, self.mesh)
+    def _summary(self, state: TrainState) -> dict[str, Any]:
+        cfg = self.cfg
+        last_eval = self.last_eval or self.evaluate(state)
         return {
             "final_step": int(state.step),
-            "stop_reason": stop_reason,
+            "stop_reason": self.stop_reason,
             "final": last_eval,
-            "best": {"metric": cfg.checkpoint.best_metric, "value": tracker.best, "step": tracker.best_step,
+            "best": {"metric": cfg.checkpoint.best_metric, "value": self.tracker.best, "step": self.tracker.best_step,
                      "checkpoint_step": self.ckpt.best_step()},
-            "updates_per_s": rate.updates / rate.seconds if rate.seconds else 0.0,
-            "skipped_updates": int(state.skipped),
+            "updates_per_s": self.rate.updates / self.rate.seconds if self.rate.seconds else 0.0,
+            "skipped_updates": int(optimizer_metrics(state.opt_state)["skipped"]),
             "state_digest": state_digest(state),
         }
 

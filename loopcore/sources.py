@@ -116,6 +116,36 @@ class WindowRecords:
         return {"x": windows[:, :-1], "y": windows[:, 1:]}
 
 
+class SequenceRecords:
+    """Records from any random-access sequence of dicts of arrays (a list, a grain MapDataset, ...).
+
+    `get` stacks the records at `indices` key by key; every record must have the same keys and shapes.
+    """
+
+    def __init__(self, seq: Any):
+        if not hasattr(seq, "__getitem__") or not hasattr(seq, "__len__"):
+            raise TypeError(f"records must support len() and [i] (a sequence of dicts), got {type(seq).__name__}")
+        if len(seq) == 0:
+            raise ValueError("records are empty")
+        first = seq[0]
+        if not isinstance(first, dict) or not first:
+            raise TypeError(f"a record must be a non-empty dict of arrays, got {type(first).__name__}")
+        self.seq = seq
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def get(self, indices: Sequence[int] | np.ndarray) -> Batch:
+        idx = _as_indices(indices, len(self))
+        rows = [self.seq[int(i)] for i in idx]
+        return {k: np.stack([np.asarray(r[k]) for r in rows]) for k in rows[0]}
+
+
+def as_records(source: Any) -> Records:
+    """`source` itself if it has `get(indices)` (Records), else SequenceRecords(source)."""
+    return source if hasattr(source, "get") and hasattr(source, "__len__") else SequenceRecords(source)
+
+
 @dataclass(frozen=True, eq=False)
 class Splits:
     """The training and validation records of a run's source.

@@ -1,0 +1,123 @@
+"""One interface over a Flax Linen module or a Flax NNX module, so one pure step trains either.
+
+A model is kept as (params, model_state) pytrees in the TrainState: params are what the optimizer
+updates (Linen's "params" collection; NNX's nnx.Param variables), model_state everything else the
+model carries (Linen's other collections such as batch_stats; NNX's batch statistics and its own
+nnx.Rngs counters). `bind(params, model_state, train, rng, policy)` gives the callable a loss calls
+(`model(x, ...)`) and, after the call, the updated model_state: a pure function of its inputs, so it
+runs inside jit and grad. Losses have the signature `loss(model, batch, train) -> (scalar, aux dict)`.
+
+Linen: `model(*args, **kwargs)` is `module.apply(variables, *args, rngs={"dropout": rng}, **kwargs)`
+(non-params collections mutable while training); the loss passes `train=` itself if the module takes
+it. Initialisation calls the loss once with a model that initialises the module on its first call
+(`module.init(rngs, *args, **kwargs)`), so the module is initialised with exactly the arguments the
+loss gives it. NNX: `model` is the module, merged from the state and set to train() or eval() mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from jaxloop.precision import Policy
+
+LossFn = Callable[[Callable[..., Any], dict[str, Any], bool], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+@dataclass(frozen=True, eq=False)
+class LinenModel:
+    """A flax.linen Module (or any Linen-style `apply(variables, *args, rngs=, mutable=, **kwargs)`)."""
+
+    module: Any = None
+    apply_fn: Callable[..., Any] | None = None
+
+    def init(self, rng: jax.Array, loss_fn: LossFn, batch: dict[str, Any]) -> tuple[Any, Any]:
+        """(params, model_state) of the module, initialised from rng by one (jitted) call of the loss."""
+        module = self.module
+
+        def variables_of(key: jax.Array, batch: dict[str, Any]) -> dict[str, Any]:
+            made: dict[str, Any] = {}
+
+            def model(*args: Any, **kwargs: Any) -> Any:
+                if "variables" not in made:
+                    params_key, dropout_key = jax.random.split(key)
+                    made["variables"] = module.init({"params": params_key, "dropout": dropout_key}, *args, **kwargs)
+                return module.apply(made["variables"], *args, rngs={"dropout": key}, mutable=False, **kwargs)
+
+            loss_fn(model, batch, False)
+            return made["variables"]
+
+        variables = dict(jax.jit(variables_of)(rng, batch))
+        return variables.pop("params"), variables
+
+    def bind(self, params: Any, model_state: Any, train: bool, rng: jax.Array | None,
+             policy: Policy) -> tuple[Callable[..., Any], Callable[[], Any]]:
+        apply = self.apply_fn or self.module.apply
+        variables = policy.cast_to_compute({"params": params, **model_state})
+        mutable = list(model_state) if train and model_state else False
+        rngs = {"dropout": rng} if rng is not None else None
+        updated: dict[str, Any] = {}
+
+        def model(*args: Any, **kwargs: Any) -> Any:
+            out = apply(variables, *policy.cast_to_compute(args), rngs=rngs, mutable=mutable, **kwargs)
+            if mutable:
+                out, updated["state"] = out
+            return policy.cast_to_output(out)
+
+        def new_state() -> Any:
+            return policy.cast_to_param(dict(updated["state"])) if "state" in updated else model_state
+
+        return model, new_state
+
+    def merge(self, params: Any, model_state: Any) -> Any:
+        """What a user gets back: the Linen variables dict."""
+        return {"params": params, **model_state}
+
+
+@dataclass(frozen=True, eq=False)
+class NnxModel:
+    """A flax.nnx Module, split once into its graph (static) and its state."""
+
+    graphdef: Any
+
+    @classmethod
+    def split(cls, module: Any) -> tuple["NnxModel", Any, Any]:
+        from flax import nnx
+
+        graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+        return cls(graphdef), params, rest
+
+    def bind(self, params: Any, model_state: Any, train: bool, rng: jax.Array | None,
+             policy: Policy) -> tuple[Callable[..., Any], Callable[[], Any]]:
+        from flax import nnx
+
+        del rng  # an NNX module draws from its own nnx.Rngs, whose counters are in model_state
+        module = nnx.merge(self.graphdef, policy.cast_to_compute(params), model_state)
+        module.train() if train else module.eval()
+
+        def model(*args: Any, **kwargs: Any) -> Any:
+            return policy.cast_to_output(module(*policy.cast_to_compute(args), **kwargs))
+
+        def new_state() -> Any:
+            return policy.cast_to_param(nnx.split(module, nnx.Param, ...)[2])
+
+        return model, new_state
+
+    def merge(self, params: Any, model_state: Any) -> Any:
+        """What a user gets back: the NNX module with these weights (in eval mode)."""
+        from flax import nnx
+
+        module = nnx.merge(self.graphdef, params, model_state)
+        module.eval()
+        return module
+
+
+def is_nnx(model: Any) -> bool:
+    try:
+        from flax import nnx
+    except ImportError:  # pragma: no cover - flax always has nnx from 0.8 on
+        return False
+    return isinstance(model, nnx.Module)

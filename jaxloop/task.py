@@ -1,0 +1,97 @@
+"""What a run trains: a Task bundles the model, the loss, the optional eval metrics and the records.
+
+    task = jaxloop.Task(model=MyLinenOrNnxModule(...), loss=my_loss, train=train_records, val=val_records)
+    jaxloop.run(cfg, task)
+
+`loss(model, batch, train) -> (scalar loss, {name: scalar})`: `model` is the module bound to the params
+being trained (see jaxloop.module); batches are dicts of arrays stacked from the records. The aux
+metrics are logged as val_<name> after each evaluation. Validation batches carry `weight` (1 for a
+record, 0 for the padding that fills the last batch): a loss that weights its mean by it (as
+`cross_entropy_loss` does) evaluates exactly; the loop averages batches by their total weight.
+The presets (digits, shakespeare, debug) are built-in tasks: `builtin_task(cfg)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxloop.models import make_model
+from jaxloop.module import LinenModel, LossFn, NnxModel, is_nnx
+from jaxloop.optim import make_optimizer
+from jaxloop.precision import get_policy
+from jaxloop.state import TrainState
+from jaxloop.step import cross_entropy_loss
+from loopcore.config import Config
+from loopcore.sources import Splits, as_records, load_splits
+
+
+@dataclass(frozen=True, eq=False)
+class Task:
+    """A model (flax.linen.Module or flax.nnx.Module), its loss, and training and validation records.
+
+    train / val: any random-access source of records: a sequence of dicts of numpy arrays, a grain
+    MapDataset, or loopcore.sources.Records. eval_metrics(model, batch) -> {name: scalar}, if given,
+    adds metrics to the validation loss (weighted by batch["weight"] like the loss).
+    """
+
+    model: Any
+    loss: LossFn
+    train: Any
+    val: Any
+    eval_metrics: Callable[[Callable[..., Any], dict[str, Any]], dict[str, Any]] | None = None
+    vocab: tuple[str, ...] | None = None  # written to run_dir/vocab.json for sampling (text tasks)
+
+    def splits(self) -> Splits:
+        """The records as the data layer reads them."""
+        if isinstance(self.train, Splits):
+            return self.train
+        train, val = as_records(self.train), as_records(self.val)
+        example = train.get(np.zeros(1, np.int64))
+        return Splits(source="task", train=train, val=val, num_classes=0, example_x=example.get("x"), vocab=self.vocab)
+
+    def eval_loss(self) -> LossFn:
+        """The loss evaluation runs: the task's loss with eval_metrics' values added to its aux."""
+        if self.eval_metrics is None:
+            return self.loss
+
+        def loss(model: Callable[..., Any], batch: dict[str, Any], train: bool) -> tuple[Any, dict]:
+            value, aux = self.loss(model, batch, train)
+            return value, {**aux, **self.eval_metrics(model, batch)}
+
+        return loss
+
+
+def builtin_task(cfg: Config, splits: Splits | None = None) -> Task:
+    """The task of a preset / CLI run: the config's model (MLP or GPT) and source, cross-entropy."""
+    splits = splits if splits is not None else load_splits(cfg)
+    return Task(model=make_model(cfg, splits.num_classes), loss=cross_entropy_loss, train=splits, val=splits)
+
+
+def init_state(cfg: Config, task: Task, splits: Splits | None = None) -> TrainState:
+    """The state of a fresh run: a Linen model initialised from PRNGKey(seed) (an NNX module keeps the
+    weights it was built with), the config's optimizer, precision policy and EMA."""
+    splits = splits if splits is not None else task.splits()
+    init_rng, step_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))
+    policy = get_policy(cfg.precision)
+    if is_nnx(task.model):
+        model, params, model_state = NnxModel.split(task.model)
+    else:
+        model = LinenModel(module=task.model)
+        params, model_state = model.init(init_rng, task.loss, splits.train.get(np.zeros(1, np.int64)))
+    return TrainState.create(
+        model=model, params=params, model_state=policy.cast_to_param(model_state), rng=step_rng, policy=policy,
+        tx=make_optimizer(cfg.optim, cfg.steps, policy), ema_decay=cfg.optim.ema_decay,
+    )
+
+
+def create_train_state(cfg: Config, model: Any, example_x: Any) -> TrainState:
+    """The fresh state of a built-in model (cross-entropy over {x, y}) for inputs shaped like example_x."""
+    example = {"x": np.asarray(example_x), "y": np.zeros(np.shape(example_x)[:1] + ((np.shape(example_x)[1],)
+               if np.ndim(example_x) == 2 and np.issubdtype(np.asarray(example_x).dtype, np.integer) else ()), np.int32)}
+    records = [{k: v[0] for k, v in example.items()}]
+    return init_state(cfg, Task(model=model, loss=cross_entropy_loss, train=records, val=records))
