@@ -32,7 +32,8 @@ import numpy as np
 from jaxloop.checkpoint import Checkpointer, quiet_orbax
 from loopcore.config import CheckpointConfig, Config, DataConfig, ModelConfig
 from jaxloop.models import make_model
-from jaxloop.state import TrainState, create_train_state
+from jaxloop.state import TrainState
+from jaxloop.task import create_train_state
 
 
 def main() -> None:

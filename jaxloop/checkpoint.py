@@ -163,11 +163,7 @@ class Checkpointer:
         """The newest checkpoint that restores; damaged newer ones are warned about and moved aside."""
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
-                out = self.manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(target),
-                    data=ocp.args.JsonRestore(),
-                    metadata=ocp.args.JsonRestore(),
-                ))
+                out = restore(self.manager, step, target, data=True)
                 return Restored(step=step, state=out["state"], data=dict(out["data"]),
                                 metadata=dict(out["metadata"] or {}))
             except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
@@ -224,3 +220,97 @@ def quiet_orbax() -> None:
 class _NoMetricsWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "did not provide metrics" not in record.getMessage()
+
+
+def restore(manager: ocp.CheckpointManager, step: int, target: Any, data: bool = False) -> dict[str, Any]:
+    """The one Orbax restore of jaxloop: the state of `step` against `target` (a TrainState to resume,
+    or an abstract tree to read), with the data position and metadata when `data`."""
+    items = {"state": ocp.args.StandardRestore(target)}
+    if data:
+        items.update(data=ocp.args.JsonRestore(), metadata=ocp.args.JsonRestore())
+    return manager.restore(step, args=ocp.args.Composite(**items))
+
+
+def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None = None) -> tuple[int, str, dict]:
+    """(step, "best" or "latest", the saved TrainState as nested dicts) of a run, read-only.
+
+    Nothing in run_dir is changed (a damaged step is skipped with a warning, not moved). The state is
+    restored against an abstract tree built from the checkpoint's own metadata, on the first local
+    device, so no model needs building. `best` (by checkpoint.best_metric) falls back to the latest
+    checkpoint, with a warning, when no checkpoint holds validation metrics. FileNotFoundError when
+    the run holds no readable checkpoint.
+    """
+    import json
+
+    from loopcore.config import from_dict
+
+    if cfg is None:
+        cfg = from_dict(json.loads((Path(run_dir) / "config.json").read_text()))
+    directory = Path(run_dir).absolute() / CHECKPOINT_DIR
+    if not directory.is_dir() or not any(p.name.isdigit() for p in directory.iterdir()):
+        raise FileNotFoundError(f"{run_dir} holds no checkpoint (nothing in {directory})")
+    if cfg.precision == "fp64":
+        jax.config.update("jax_enable_x64", True)
+    logging.getLogger("absl").setLevel(logging.ERROR)  # orbax warns at length about read-only managers
+    metric = cfg.checkpoint.best_metric
+    options = ocp.CheckpointManagerOptions(read_only=True, create=False, best_mode=cfg.checkpoint.best_mode,
+                                           best_fn=lambda metrics: float(metrics[metric]))
+    with ocp.CheckpointManager(directory, options=options, item_names=ITEMS) as manager:
+        steps = sorted(manager.all_steps(), reverse=True)
+        if not steps:
+            raise FileNotFoundError(f"{run_dir} holds no committed checkpoint (in {directory})")
+        chosen, first = which, steps[0]
+        if which == "best":
+            try:
+                best = manager.best_step()
+            except Exception:  # noqa: BLE001 - metrics missing or unreadable
+                best = None
+            if best is None:
+                warnings.warn(f"no checkpoint of {run_dir} holds {metric}; using the latest", stacklevel=2)
+                chosen = "latest"
+            else:
+                first = best
+        sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        for step in [first] + [s for s in steps if s != first]:
+            try:
+                with ocp.StandardCheckpointer() as reader:
+                    meta = reader.metadata(directory / str(step) / "state").item_metadata
+                abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), meta)
+                return int(step), chosen, restore(manager, step, abstract)["state"]
+            except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
+                warnings.warn(f"checkpoint at update {step} could not be read ({type(e).__name__}); "
+                              "trying the next newest", stacklevel=2)
+                chosen = "latest"
+    raise FileNotFoundError(f"no checkpoint of {run_dir} could be read")
+
+
+def load_model(run_dir: str | Path, model: Any, which: str = "best") -> Any:
+    """The trained weights of a run, given back in the user's form: an NNX module (updated in place
+    with the checkpoint's params and state, in eval mode), or for a Linen module its variables
+    {"params": ..., other collections}. `which`: the best (checkpoint.best_metric) or latest checkpoint."""
+    from jaxloop.module import NnxModel, is_nnx
+
+    _, _, saved = read_checkpoint(run_dir, which)
+    if not is_nnx(model):
+        return {"params": saved["params"], **saved.get("model_state", {})}
+    from flax import nnx
+
+    adapter, params, model_state = NnxModel.split(model)
+    params, model_state = _fill(params, saved["params"]), _fill(model_state, saved["model_state"])
+    nnx.update(model, params, adapter._typed(model_state))
+    model.eval()
+    return model
+
+
+def _fill(target: Any, saved: dict[str, Any]) -> Any:
+    """target's tree with each leaf taken from the nested dict `saved` at the same names."""
+    def name(key: Any) -> str:
+        return str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key))))
+
+    def leaf(path: Any, _: Any) -> Any:
+        node = saved
+        for key in path:
+            node = node[name(key)] if isinstance(node, dict) else node[int(name(key))]
+        return node
+
+    return jax.tree_util.tree_map_with_path(leaf, target)

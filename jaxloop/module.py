@@ -4,7 +4,7 @@ A model is kept as (params, model_state) pytrees in the TrainState: params are w
 updates (Linen's "params" collection; NNX's nnx.Param variables), model_state everything else the
 model carries (Linen's other collections such as batch_stats; NNX's batch statistics and its own
 nnx.Rngs counters). `bind(params, model_state, train, rng, policy)` gives the callable a loss calls
-(`model(x, ...)`) and, after the call, the updated model_state: a pure function of its inputs, so it
+(`model(x, ...)`; a Linen one also has `model.params`) and, after the call, the updated model_state: a pure function of its inputs, so it
 runs inside jit and grad. Losses have the signature `loss(model, batch, train) -> (scalar, aux dict)`.
 
 Linen: `model(*args, **kwargs)` is `module.apply(variables, *args, rngs={"dropout": rng}, **kwargs)`
@@ -21,10 +21,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from jaxloop.precision import Policy
 
 LossFn = Callable[[Callable[..., Any], dict[str, Any], bool], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+class Bound:
+    """A Linen module bound to its variables: call it like the module; `params` for regularisers."""
+
+    def __init__(self, call: Callable[..., Any], params: Any):
+        self._call, self.params = call, params
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,7 +72,7 @@ class LinenModel:
         rngs = {"dropout": rng} if rng is not None else None
         updated: dict[str, Any] = {}
 
-        def model(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             out = apply(variables, *policy.cast_to_compute(args), rngs=rngs, mutable=mutable, **kwargs)
             if mutable:
                 out, updated["state"] = out
@@ -70,7 +81,7 @@ class LinenModel:
         def new_state() -> Any:
             return policy.cast_to_param(dict(updated["state"])) if "state" in updated else model_state
 
-        return model, new_state
+        return Bound(call, variables["params"]), new_state
 
     def merge(self, params: Any, model_state: Any) -> Any:
         """What a user gets back: the Linen variables dict."""
@@ -79,30 +90,44 @@ class LinenModel:
 
 @dataclass(frozen=True, eq=False)
 class NnxModel:
-    """A flax.nnx Module, split once into its graph (static) and its state."""
+    """A flax.nnx Module, split once into its graph (static) and its state.
+
+    Typed PRNG keys in the state (an nnx.Rngs stream's key) are kept as their raw key data, so the
+    state checkpoints like any array; `keys` names them and their implementation.
+    """
 
     graphdef: Any
+    keys: tuple[tuple[str, str], ...] = ()  # (key path, PRNG implementation name) of each typed key
 
     @classmethod
     def split(cls, module: Any) -> tuple["NnxModel", Any, Any]:
         from flax import nnx
 
         graphdef, params, rest = nnx.split(module, nnx.Param, ...)
-        return cls(graphdef), params, rest
+        keys = tuple((jax.tree_util.keystr(path), str(jax.random.key_impl(leaf)))
+                     for path, leaf in jax.tree_util.tree_flatten_with_path(rest)[0] if _is_key(leaf))
+        # copies: the loop donates the state's buffers, and the module passed in must stay usable
+        return cls(graphdef, keys), jax.tree.map(jnp.copy, params), jax.tree.map(jnp.copy, _key_data(rest))
+
+    def _typed(self, model_state: Any) -> Any:
+        impls = dict(self.keys)
+        return jax.tree_util.tree_map_with_path(
+            lambda path, a: jax.random.wrap_key_data(a, impl=impls[k]) if (k := jax.tree_util.keystr(path)) in impls
+            else a, model_state)
 
     def bind(self, params: Any, model_state: Any, train: bool, rng: jax.Array | None,
              policy: Policy) -> tuple[Callable[..., Any], Callable[[], Any]]:
         from flax import nnx
 
         del rng  # an NNX module draws from its own nnx.Rngs, whose counters are in model_state
-        module = nnx.merge(self.graphdef, policy.cast_to_compute(params), model_state)
+        module = nnx.merge(self.graphdef, policy.cast_to_compute(params), self._typed(model_state))
         module.train() if train else module.eval()
 
         def model(*args: Any, **kwargs: Any) -> Any:
             return policy.cast_to_output(module(*policy.cast_to_compute(args), **kwargs))
 
         def new_state() -> Any:
-            return policy.cast_to_param(nnx.split(module, nnx.Param, ...)[2])
+            return policy.cast_to_param(_key_data(nnx.split(module, nnx.Param, ...)[2]))
 
         return model, new_state
 
@@ -110,9 +135,17 @@ class NnxModel:
         """What a user gets back: the NNX module with these weights (in eval mode)."""
         from flax import nnx
 
-        module = nnx.merge(self.graphdef, params, model_state)
+        module = nnx.merge(self.graphdef, params, self._typed(model_state))
         module.eval()
         return module
+
+
+def _is_key(leaf: Any) -> bool:
+    return hasattr(leaf, "dtype") and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+
+
+def _key_data(tree: Any) -> Any:
+    return jax.tree.map(lambda a: jax.random.key_data(a) if _is_key(a) else a, tree)
 
 
 def is_nnx(model: Any) -> bool:

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from optax.tree_utils import tree_get
+from optax.tree_utils import NamedTupleKey, tree_get
 
 from jaxloop.precision import GROWTH_INTERVAL, Policy
 from jaxloop.schedule import make_schedule
@@ -180,8 +180,8 @@ def dynamic_loss_scale(inner: optax.GradientTransformation, init_scale: float = 
     def update_fn(updates: Any, state: LossScaleState, params: Any = None) -> tuple[Any, LossScaleState]:
         updates = jax.tree.map(lambda g: (g / state.scale.astype(g.dtype)).astype(g.dtype), updates)
         new_updates, new_inner = inner.update(updates, state.inner_state, params)
-        skipped = tree_get(new_inner, "skipped") > tree_get(state.inner_state, "skipped")
-        applied = tree_get(new_inner, "gradient_step") > tree_get(state.inner_state, "gradient_step")
+        skipped = field(new_inner, "SkipWindowsState", "skipped") > field(state.inner_state, "SkipWindowsState", "skipped")
+        applied = updates_applied(new_inner) > updates_applied(state.inner_state)
         good = state.good_steps + applied.astype(jnp.int32)
         grow = good >= growth_interval
         scale = jnp.where(skipped, state.scale * 0.5, jnp.where(grow, state.scale * 2.0, state.scale))
@@ -212,23 +212,40 @@ def make_optimizer(optim: OptimConfig, steps: int, policy: Policy) -> optax.Grad
     return dynamic_loss_scale(tx) if policy.dynamic_scale else tx
 
 
+def field(opt_state: Any, tuple_name: str, name: str, default: Any = None) -> Any:
+    """The field `name` of the NamedTuple state `tuple_name` inside the optimizer state (by name, so a
+    param called like a field, e.g. LayerNorm's `scale`, is never taken for it)."""
+    def named(path: Any, _: Any) -> bool:
+        last = path[-1] if path else None
+        return isinstance(last, NamedTupleKey) and (last.tuple_name, last.name) == (tuple_name, name)
+
+    return tree_get(opt_state, name, default, filtering=named)
+
+
 def updates_applied(opt_state: Any) -> jax.Array:
     """Optimizer updates applied so far (skipped ones not counted)."""
-    return tree_get(opt_state, "gradient_step")
+    return field(opt_state, "MultiStepsState", "gradient_step")
 
 
 def loss_scale(opt_state: Any) -> jax.Array:
     """The factor the loss is multiplied by before differentiation (1 without dynamic scaling)."""
-    return tree_get(opt_state, "scale", jnp.ones([], jnp.float32))
+    return field(opt_state, "LossScaleState", "scale", jnp.ones([], jnp.float32))
 
 
 def optimizer_metrics(opt_state: Any) -> dict[str, jax.Array]:
     """What the loop logs from the optimizer state: the rate of the last applied update, its pre-clip
-    gradient norm, skipped updates so far, the current streak of them, and the loss scale."""
-    return {
-        "lr": tree_get(opt_state, "learning_rate", filtering=lambda _, v: not isinstance(v, tuple)),  # not its schedule's state
-        "grad_norm": tree_get(opt_state, "grad_norm"),
-        "skipped": tree_get(opt_state, "skipped"),
-        "bad_streak": tree_get(opt_state, "bad_streak"),
-        "loss_scale": loss_scale(opt_state),
-    }
+    gradient norm (both where the optimizer keeps them, as make_optimizer's does), skipped updates so
+    far, the current streak of them, and the loss scale."""
+    hyper = field(opt_state, "InjectStatefulHyperparamsState", "hyperparams", {})
+    metrics = {"lr": hyper.get("learning_rate"), "grad_norm": field(opt_state, "GradNormState", "grad_norm"),
+               "skipped": field(opt_state, "SkipWindowsState", "skipped"),
+               "bad_streak": field(opt_state, "SkipWindowsState", "bad_streak"), "loss_scale": loss_scale(opt_state)}
+    return {k: v for k, v in metrics.items() if v is not None}
+
+
+def for_the_loop(tx: Any, params: Any) -> optax.GradientTransformation:
+    """tx as the step needs it: an optimizer from make_optimizer as it is; any other optax
+    transformation inside skip_nonfinite_windows(MultiSteps(tx, 1)) (a MultiSteps keeps its K)."""
+    if field(jax.eval_shape(tx.init, params), "SkipWindowsState", "skipped") is not None:
+        return tx
+    return skip_nonfinite_windows(tx if isinstance(tx, optax.MultiSteps) else optax.MultiSteps(tx, every_k_schedule=1))

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,65 +52,18 @@ def read_config(run_dir: str | Path) -> Config:
 
 
 def load_params(run_dir: str | Path, which: str = "best", cfg: Config | None = None) -> Loaded:
-    """Read-only restore of the params of the best (by checkpoint.best_metric) or latest checkpoint.
-
-    Nothing in run_dir is changed (a damaged step is skipped with a warning, not moved). The state is
-    restored against an abstract tree built from the checkpoint's own metadata, placed on the first
-    local device, so no model initialisation is needed. `best` falls back to the latest checkpoint,
-    with a warning, when no checkpoint holds validation metrics.
-    """
-    import jax
-    import orbax.checkpoint as ocp
-
-    from jaxloop.checkpoint import ITEMS
-    from loopcore.run_dir import CHECKPOINT_DIR
+    """Read-only restore of the params of the best (by checkpoint.best_metric) or latest checkpoint
+    (jaxloop.checkpoint.read_checkpoint; SampleError when there is none)."""
+    from jaxloop.checkpoint import read_checkpoint
 
     if which not in ("best", "latest"):
         raise SampleError(f"--checkpoint={which!r} is not allowed: one of best, latest")
     cfg = cfg if cfg is not None else read_config(run_dir)
-    directory = Path(run_dir).absolute() / CHECKPOINT_DIR
-    if not directory.is_dir() or not any(p.name.isdigit() for p in directory.iterdir()):
-        raise SampleError(f"{run_dir} holds no checkpoint (nothing in {directory})")
-    if cfg.precision == "fp64":
-        jax.config.update("jax_enable_x64", True)
-    logging.getLogger("absl").setLevel(logging.ERROR)  # orbax warns at length about read-only managers
-    metric, mode = cfg.checkpoint.best_metric, cfg.checkpoint.best_mode
-    options = ocp.CheckpointManagerOptions(
-        read_only=True, create=False, best_mode=mode,
-        best_fn=lambda metrics: float(metrics[metric]),
-    )
-    with ocp.CheckpointManager(directory, options=options, item_names=ITEMS) as manager:
-        steps = sorted(manager.all_steps(), reverse=True)
-        if not steps:
-            raise SampleError(f"{run_dir} holds no committed checkpoint (in {directory})")
-        chosen = which
-        first = steps[0]
-        if which == "best":
-            try:
-                best = manager.best_step()
-            except Exception:  # noqa: BLE001 - metrics missing or unreadable
-                best = None
-            if best is None:
-                warnings.warn(f"no checkpoint of {run_dir} holds {metric}; using the latest", stacklevel=2)
-                chosen = "latest"
-            else:
-                first = best
-        device = jax.local_devices()[0]
-        sharding = jax.sharding.SingleDeviceSharding(device)
-        for step in [first] + [s for s in steps if s != first]:
-            try:
-                with ocp.StandardCheckpointer() as reader:
-                    meta = reader.metadata(directory / str(step) / "state").item_metadata
-                abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), meta)
-                out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
-                params = out["state"]["params"]
-            except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
-                warnings.warn(f"checkpoint at update {step} could not be read ({type(e).__name__}); "
-                              "trying the next newest", stacklevel=2)
-                chosen = "latest"
-                continue
-            return Loaded(step=int(step), which=chosen, params=params, cfg=cfg)
-    raise SampleError(f"no checkpoint of {run_dir} could be read")
+    try:
+        step, chosen, state = read_checkpoint(run_dir, which, cfg)
+    except FileNotFoundError as e:
+        raise SampleError(str(e)) from None
+    return Loaded(step=step, which=chosen, params=state["params"], cfg=cfg)
 
 
 def make_generate(model: Any, context: int, length: int):

@@ -19,7 +19,7 @@ import optax
 from flax import struct
 
 from jaxloop.module import LinenModel, NnxModel
-from jaxloop.optim import updates_applied
+from jaxloop.optim import for_the_loop, updates_applied
 from jaxloop.precision import Policy, get_policy
 
 
@@ -53,11 +53,13 @@ class TrainState(struct.PyTreeNode):
         policy: Policy | None = None,
         ema_decay: float = 0.0,
     ) -> "TrainState":
-        """A fresh state for a model (or a Linen-style apply_fn) and an optimizer from make_optimizer."""
+        """A fresh state for a model (or a Linen-style apply_fn) and an optimizer (make_optimizer's, or
+        any optax transformation: see jaxloop.optim.for_the_loop)."""
         if model is None:
             model = LinenModel(apply_fn=apply_fn)
         policy = policy or get_policy("fp32")
         params = policy.cast_to_param(params)
+        tx = for_the_loop(tx, params)
         return cls(
             params=params,
             model_state=model_state if model_state is not None else {},

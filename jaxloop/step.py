@@ -23,6 +23,16 @@ Batch = dict[str, jax.Array]
 StepFn = Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]
 
 
+def weighted_mean(values: jax.Array, batch: Batch) -> jax.Array:
+    """Mean of per-record `values` [n, ...], weighted by batch["weight"] when present (0 for the padding
+    of the last validation batch), so a loss built on it evaluates exactly."""
+    weight = batch.get("weight")
+    if weight is None:
+        return values.mean()
+    w = jnp.broadcast_to(weight.reshape(weight.shape + (1,) * (values.ndim - 1)), values.shape).astype(values.dtype)
+    return (values * w).sum() / jnp.maximum(w.sum(), 1)
+
+
 def cross_entropy_loss(model: Callable[..., Any], batch: Batch, train: bool) -> tuple[jax.Array, dict]:
     """Mean softmax cross-entropy of the built-in tasks (labels y for inputs x; any label shape).
 
@@ -33,12 +43,9 @@ def cross_entropy_loss(model: Callable[..., Any], batch: Batch, train: bool) -> 
     labels = batch["y"]
     per_label = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(per_label.dtype)
-    weight = batch.get("weight")
-    if weight is None:
-        return per_label.mean(), {"acc": correct.mean(), "weight": jnp.asarray(labels.shape[0], per_label.dtype)}
-    w = jnp.broadcast_to(weight.reshape(weight.shape + (1,) * (labels.ndim - 1)), labels.shape).astype(per_label.dtype)
-    total = jnp.maximum(w.sum(), 1)
-    return (per_label * w).sum() / total, {"acc": (correct * w).sum() / total, "weight": weight.sum().astype(per_label.dtype)}
+    weight = batch["weight"].sum() if "weight" in batch else labels.shape[0]
+    aux = {"acc": weighted_mean(correct, batch), "weight": jnp.asarray(weight, per_label.dtype)}
+    return weighted_mean(per_label, batch), aux
 
 
 def make_train_step(loss_fn: LossFn) -> StepFn:

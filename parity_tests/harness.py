@@ -159,7 +159,7 @@ def host(tree: Any) -> Any:
 def jax_state(cfg: Config, splits: Any, init_params: Any = None):
     """jaxloop's fresh TrainState for cfg (call inside jax_mode(cfg.precision)); optionally other weights."""
     from jaxloop.models import make_model
-    from jaxloop.state import create_train_state
+    from jaxloop.task import create_train_state
 
     state = create_train_state(cfg, make_model(cfg, splits.num_classes), splits.example_x)
     if init_params is not None:

@@ -44,7 +44,7 @@ def _metrics(value):
 
 def _tiny_state(cfg: Config):
     from jaxloop.models import make_model
-    from jaxloop.state import create_train_state
+    from jaxloop.task import create_train_state
 
     return create_train_state(cfg, make_model(cfg, 3), np.zeros((1, 4), np.float32))
 

@@ -21,7 +21,8 @@ from loopcore.cli import Interrupted
 from loopcore.config import CheckpointConfig, Config, ModelConfig, preset, replace
 from loopcore.records import read_records
 from jaxloop.models import make_model
-from jaxloop.state import create_train_state, state_digest
+from jaxloop.state import state_digest
+from jaxloop.task import create_train_state
 from jaxloop.train import RunLogger, run
 
 

@@ -22,7 +22,7 @@ from loopcore.config import preset
 from jaxloop.distributed import make_mesh, replicate, shard_batch
 from jaxloop.models import make_model
 from loopcore.sources import load_splits, record_order
-from jaxloop.state import create_train_state
+from jaxloop.task import create_train_state
 from jaxloop.step import train_step
 cfg = preset("debug")
 splits = load_splits(cfg)

@@ -9,11 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from optax.tree_utils import tree_set
 
 from loopcore.config import Config, DataConfig, ModelConfig, OptimConfig
 from jaxloop.models import make_model
 from jaxloop.schedule import closed_form, make_schedule
-from jaxloop.state import create_train_state
+from jaxloop.task import create_train_state
+from jaxloop.optim import field, loss_scale
 from jaxloop.step import cross_entropy_loss, make_train_step, train_step
 
 F32_EPS = 2.0**-23
@@ -41,8 +43,8 @@ def _host(tree):
 
 
 def _inner_adam(opt_state):
-    """The ScaleByAdamState inside MultiSteps(chain(clip, adamw))."""
-    leaves = jax.tree.leaves(opt_state.inner_opt_state, is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
+    """The ScaleByAdamState inside the optimizer (MultiSteps(chain(clip, adamw)) and its wrappers)."""
+    leaves = jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
     return next(s for s in leaves if isinstance(s, optax.ScaleByAdamState))
 
 
@@ -57,7 +59,8 @@ def test_applied_lr_per_update_equals_float64_closed_form(accum):
         for k in range(accum):
             state, m = train_step(state, _batch(100 * u + k))
             assert bool(m["updated"]) == (k == accum - 1), "an update is applied once per K micro-batches"
-            worst = max(worst, abs(float(m["lr"]) - closed_form(cfg, u)))
+        # lr: the rate the optimizer applied in update u, read from its state
+        worst = max(worst, abs(float(m["lr"]) - closed_form(cfg, u)))
         assert int(state.step) == u + 1
         assert int(_inner_adam(state.opt_state).count) == u + 1, "adamw's schedule count advances once per update"
     assert worst <= tol, f"max |lr - closed form| = {worst:.3g} > {tol:.3g}"
@@ -66,7 +69,7 @@ def test_applied_lr_per_update_equals_float64_closed_form(accum):
 def test_schedule_holds_end_lr_past_steps_and_hits_its_anchors():
     # float32: optax's warmup computes (init - peak) * frac + peak, so errors are ulps of peak_lr.
     cfg = _cfg(warmup_steps=4)
-    s, tol = make_schedule(cfg), 8 * F32_EPS * cfg.optim.peak_lr
+    s, tol = make_schedule(cfg.optim, cfg.steps), 8 * F32_EPS * cfg.optim.peak_lr
     assert abs(float(s(0)) - cfg.optim.init_lr) <= tol
     assert abs(float(s(4)) - cfg.optim.peak_lr) <= tol
     for u in (cfg.steps, cfg.steps + 1, 10 * cfg.steps):
@@ -75,7 +78,7 @@ def test_schedule_holds_end_lr_past_steps_and_hits_its_anchors():
 
 def test_schedule_with_warmup_equal_to_steps_is_all_warmup():
     cfg = _cfg(warmup_steps=12)
-    s, tol = make_schedule(cfg), 8 * F32_EPS * cfg.optim.peak_lr
+    s, tol = make_schedule(cfg.optim, cfg.steps), 8 * F32_EPS * cfg.optim.peak_lr
     for u in range(14):
         assert abs(float(s(u)) - closed_form(cfg, u)) <= tol
 
@@ -106,7 +109,7 @@ def test_clip_factor_is_max_norm_over_norm_when_norm_exceeds_it():
     state = _state(cfg)
     batch = _batch(0)
     loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(
-        state.apply_fn({"params": p}, batch["x"]), batch["y"]).mean()
+        state.model.module.apply({"params": p}, batch["x"]), batch["y"]).mean()
     grads = _host(jax.grad(loss)(state.params))
     norm = math.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in jax.tree.leaves(grads)))
     assert norm > cfg.optim.clip_norm
@@ -124,7 +127,7 @@ def test_no_clipping_below_max_norm():
     state = _state(cfg)
     batch = _batch(0)
     loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(
-        state.apply_fn({"params": p}, batch["x"]), batch["y"]).mean()
+        state.model.module.apply({"params": p}, batch["x"]), batch["y"]).mean()
     grads = _host(jax.grad(loss)(state.params))
     state, _ = train_step(state, batch)
     for g, m1 in zip(jax.tree.leaves(grads), jax.tree.leaves(_host(_inner_adam(state.opt_state).mu))):
@@ -191,8 +194,8 @@ def test_nan_at_a_non_emitting_micro_step_skips_the_whole_update():
     after = _host((state.params, _inner_adam(state.opt_state)))
     jax.tree.map(np.testing.assert_array_equal, before, after)
     assert int(m1["skipped"]) == 1 and int(state.step) == 0
-    assert int(state.opt_state.mini_step) == 0
-    assert all(float(np.abs(a).max()) == 0 for a in jax.tree.leaves(_host(state.opt_state.acc_grads)))
+    assert int(field(state.opt_state, "MultiStepsState", "mini_step")) == 0
+    assert all(float(np.abs(a).max()) == 0 for a in jax.tree.leaves(_host(field(state.opt_state, "MultiStepsState", "acc_grads"))))
     for k in range(2):
         state, m = train_step(state, _batch(10 + k))
     assert bool(m["updated"]) and int(state.step) == 1
@@ -202,12 +205,12 @@ def test_nan_at_a_non_emitting_micro_step_skips_the_whole_update():
 def test_fp16_loss_scale_halves_on_overflow_and_doubles_after_2000_good_updates():
     cfg = Config(steps=12, batch_size=8, precision="fp16", model=ModelConfig(hidden=(32,)))
     state = _state(cfg)
-    assert float(state.loss_scale.scale) == 2.0**16
+    assert float(loss_scale(state.opt_state)) == 2.0**16
     state, m = train_step(state, _nan_batch(0))
-    assert float(state.loss_scale.scale) == 2.0**15 and int(m["skipped"]) == 1
-    state = state.replace(loss_scale=state.loss_scale.replace(good_steps=jnp.asarray(1999, jnp.int32)))
+    assert float(loss_scale(state.opt_state)) == 2.0**15 and int(m["skipped"]) == 1
+    state = state.replace(opt_state=tree_set(state.opt_state, good_steps=jnp.asarray(1999, jnp.int32)))
     state, m = train_step(state, _batch(1))
-    assert float(state.loss_scale.scale) == 2.0**16 and int(state.loss_scale.good_steps) == 0
+    assert float(loss_scale(state.opt_state)) == 2.0**16 and int(field(state.opt_state, "LossScaleState", "good_steps")) == 0
 
 
 def test_fp16_overflow_from_a_huge_scale_is_skipped_not_applied():
@@ -215,16 +218,16 @@ def test_fp16_overflow_from_a_huge_scale_is_skipped_not_applied():
     # exactly as GradScaler would; params stay finite.
     cfg = Config(steps=12, batch_size=8, precision="fp16", model=ModelConfig(hidden=(32,)))
     state = _state(cfg)
-    state = state.replace(loss_scale=state.loss_scale.replace(scale=jnp.asarray(2.0**40, jnp.float32)))
+    state = state.replace(opt_state=tree_set(state.opt_state, scale=jnp.asarray(2.0**40, jnp.float32)))
     state, m = train_step(state, _batch(0))
-    assert int(m["skipped"]) == 1 and float(state.loss_scale.scale) == 2.0**39
+    assert int(m["skipped"]) == 1 and float(loss_scale(state.opt_state)) == 2.0**39
     assert all(np.isfinite(a).all() for a in jax.tree.leaves(_host(state.params)))
 
 
 def test_train_step_compiles_once():
     cfg = _cfg(accum_steps=2)
     state = _state(cfg)
-    step = make_train_step(cross_entropy_loss)
+    step = jax.jit(make_train_step(cross_entropy_loss), donate_argnums=0)
     for i in range(6):
         state, _ = step(state, _batch(i))
     assert step._cache_size() == 1
@@ -235,7 +238,7 @@ def test_train_step_donates_the_state():
     # after the call every leaf of the old state is deleted.
     cfg = _cfg(accum_steps=2)
     state = _state(cfg)
-    step = make_train_step(cross_entropy_loss)
+    step = jax.jit(make_train_step(cross_entropy_loss), donate_argnums=0)
     state, _ = step(state, _batch(0))  # buffers produced by the step, as in the loop
     new_state, _ = step(state, _batch(1))
     assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state))
@@ -246,7 +249,7 @@ def test_train_step_needs_no_host_transfer():
     # With state and batch on the device, a compiled step moves nothing between host and device (no
     # callbacks, no implicit fetch): it runs under a guard that disallows every transfer.
     cfg = _cfg(accum_steps=2)
-    step = make_train_step(cross_entropy_loss)
+    step = jax.jit(make_train_step(cross_entropy_loss), donate_argnums=0)
     state = step(_state(cfg), _batch(0))[0]  # compiled outside the guard
     batch = jax.device_put(_batch(1))
     with jax.transfer_guard("disallow"):
@@ -256,8 +259,8 @@ def test_train_step_needs_no_host_transfer():
 
 
 def test_per_step_randomness_differs_between_micro_steps_and_updates():
-    # Dropout masks come from fold_in(fold_in(rng, update), micro_step): two identical batches in the
-    # same window, or in consecutive updates, see different masks, hence different losses.
+    # Dropout masks come from fold_in(rng, micro_steps): two identical batches in the same window, or
+    # in consecutive updates, see different masks, hence different losses.
     cfg = Config(preset="shakespeare", steps=10, batch_size=4, optim=OptimConfig(accum_steps=2, warmup_steps=1),
                  model=ModelConfig(kind="gpt", context=8, d_model=16, n_layers=1, n_heads=2, dropout=0.5),
                  data=DataConfig(source="text", path="unused.txt"))
@@ -276,13 +279,13 @@ def test_an_update_that_would_make_the_state_non_finite_is_skipped():
     # A finite gradient of 1e20 per parameter (loss = 1e20 * sum(params)) squares past float32's max:
     # Adam's second moment would be inf. The update is skipped and the state stays finite, so every
     # state out of train_step can be saved.
-    def linear_loss(apply, params, batch, rng):
-        return 1e20 * sum(jnp.sum(p) for p in jax.tree.leaves(params)), {}
+    def linear_loss(model, batch, train):
+        return 1e20 * sum(jnp.sum(p) for p in jax.tree.leaves(model.params)), {}
 
     cfg = _cfg(clip_norm=0.0)
     state = _state(cfg)
     before = _host((state.params, _inner_adam(state.opt_state)))
-    state, m = make_train_step(linear_loss)(state, _batch(0))
+    state, m = jax.jit(make_train_step(linear_loss))(state, _batch(0))
     assert float(m["loss"]) != 0 and np.isfinite(float(m["loss"])), "loss and gradient (1e20) are finite"
     assert int(m["skipped"]) == 1 and int(state.step) == 0
     jax.tree.map(np.testing.assert_array_equal, before, _host((state.params, _inner_adam(state.opt_state))))
@@ -322,8 +325,8 @@ def test_gpt_is_causal_a_later_token_never_changes_earlier_logits():
     cfg, batch = _gpt()
     state = create_train_state(cfg, make_model(cfg, 11), batch["x"][:1])
     x = batch["x"].copy()
-    a = state.apply_fn({"params": state.params}, x)
+    a = state.model.module.apply({"params": state.params}, x)
     x[:, -1] = (x[:, -1] + 1) % 11
-    b = state.apply_fn({"params": state.params}, x)
+    b = state.model.module.apply({"params": state.params}, x)
     np.testing.assert_array_equal(np.asarray(a[:, :-1]), np.asarray(b[:, :-1]))
     assert not np.array_equal(np.asarray(a[:, -1]), np.asarray(b[:, -1]))

@@ -1,0 +1,120 @@
+"""jaxloop.optim's own transformations, worked by hand on one scalar parameter (as optax tests its own).
+
+Inner optimizer: optax.sgd(1), so an applied update moves p by minus the (mean) gradient; every number
+below is exact in float32.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxloop.optim import (dynamic_loss_scale, field, make_optimizer, optimizer_metrics, record_grad_norm,
+                           skip_nonfinite_windows, updates_applied)
+from jaxloop.precision import get_policy
+from loopcore.config import OptimConfig
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _run(tx, grads, p=1.0):
+    """Feed scalar gradients through tx; the param after each and the final state."""
+    params = jnp.asarray(p, jnp.float32)
+    state = tx.init(params)
+    trail = []
+    for g in grads:
+        updates, state = tx.update(jnp.asarray(g, jnp.float32), state, params)
+        params = optax.apply_updates(params, updates)
+        trail.append(float(params))
+    return trail, state
+
+
+def _skip(k: int, inner=None):
+    return skip_nonfinite_windows(optax.MultiSteps(inner or optax.sgd(1.0), every_k_schedule=k))
+
+
+def test_finite_windows_apply_the_mean_gradient_once_per_window():
+    # K=2: gradients 2, 4 -> mean 3 -> p = 1 - 3 = -2, applied at the second micro-batch only.
+    trail, state = _run(_skip(2), [2.0, 4.0])
+    assert trail == [1.0, -2.0]
+    assert int(updates_applied(state)) == 1 and int(state.skipped) == 0
+
+
+def test_a_nan_in_any_micro_batch_skips_its_whole_window_and_the_next_starts_clean():
+    # Window 1: NaN, 4 -> skipped (p stays 1, update count stays 0, accumulator restarts);
+    # window 2: 1, 3 -> mean 2 -> p = -1. Had the NaN entered the accumulator (optax.MultiSteps resets
+    # it as 0 * acc = NaN), window 2 would be NaN too.
+    trail, state = _run(_skip(2), [NAN, 4.0, 1.0, 3.0])
+    assert trail == [1.0, 1.0, 1.0, -1.0]
+    assert int(updates_applied(state)) == 1
+    assert int(state.skipped) == 1 and int(state.bad_streak) == 0 and not bool(state.poisoned)
+
+
+def test_a_nan_in_the_last_micro_batch_skips_too_and_streaks_count_consecutive_skips():
+    trail, state = _run(_skip(2), [1.0, INF, 1.0, NAN])
+    assert trail == [1.0] * 4
+    assert int(state.skipped) == 2 and int(state.bad_streak) == 2 and int(updates_applied(state)) == 0
+    _, state = _run(_skip(1), [NAN, NAN, 5.0])
+    assert int(state.skipped) == 2 and int(state.bad_streak) == 0, "an applied update ends the streak"
+
+
+def test_an_update_whose_result_is_not_finite_is_skipped():
+    # Finite gradient 2^100, scaled by -2^33: the update (-2^133) overflows float32. Skipped, p stays;
+    # then 2^-33 -> update -1 -> p = 0.
+    trail, state = _run(_skip(1, optax.scale(-(2.0**33))), [2.0**100, 2.0**-33])
+    assert trail == [1.0, 0.0]
+    assert int(state.skipped) == 1 and int(updates_applied(state)) == 1
+
+
+def test_skipped_windows_keep_the_inner_state_and_schedule():
+    # Adam's count is the schedule's clock: a skipped window leaves it at 1.
+    tx = _skip(1, optax.adam(optax.linear_schedule(1.0, 0.0, 10)))
+    _, state = _run(tx, [1.0, NAN])
+    adam = next(s for s in optax.tree_utils.tree_get_all_with_path(state, "count"))[1]
+    assert int(adam) == 1
+
+
+def test_loss_scale_unscales_grows_after_interval_and_halves_on_a_skip():
+    # init scale 8, growth every 2 applied updates. Scaled gradients 16, 8 -> true 2, 1 -> p = 1-2-1 = -2;
+    # after the 2nd good update the scale doubles to 16; then an Inf: skipped, scale halves to 8.
+    tx = dynamic_loss_scale(_skip(1), init_scale=8.0, growth_interval=2)
+    trail, state = _run(tx, [16.0, 8.0])
+    assert trail == [-1.0, -2.0]
+    assert float(state.scale) == 16.0 and int(state.good_steps) == 0
+    trail, state = _run(tx, [16.0, 8.0, INF])
+    assert trail == [-1.0, -2.0, -2.0]
+    assert float(state.scale) == 8.0 and int(state.good_steps) == 0
+
+
+def test_loss_scale_counts_updates_not_micro_batches():
+    # K=2: four micro-batches are two updates: growth interval 2 is reached once.
+    tx = dynamic_loss_scale(_skip(2), init_scale=4.0, growth_interval=2)
+    _, state = _run(tx, [4.0, 4.0, 4.0, 4.0])
+    assert float(state.scale) == 8.0
+
+
+def test_record_grad_norm_keeps_the_norm_and_passes_updates_through():
+    tx = record_grad_norm()
+    state = tx.init({"a": jnp.zeros(2)})
+    updates, state = tx.update({"a": jnp.asarray([3.0, 4.0])}, state)
+    assert float(state.grad_norm) == 5.0
+    np.testing.assert_array_equal(updates["a"], [3.0, 4.0])
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_logged_lr_is_the_rate_the_optimizer_applied(k):
+    # With sgd-like unit gradients the rate is read back from inject_hyperparams' state: it must be the
+    # schedule's value at each applied update u (warmup 0 -> 1e-2 over 4 updates), never per micro-batch.
+    o = OptimConfig(peak_lr=1e-2, init_lr=0.0, end_lr=1e-3, warmup_steps=4, clip_norm=0.0, accum_steps=k)
+    tx = make_optimizer(o, 10, get_policy("fp32"))
+    params = {"w": jnp.ones((2, 2))}
+    state = tx.init(params)
+    rates = []
+    for _ in range(6 * k):
+        _, state = tx.update({"w": jnp.ones((2, 2))}, state, params)
+        rates.append(float(optimizer_metrics(state)["lr"]))
+    per_update = rates[k - 1::k]
+    np.testing.assert_allclose(per_update[:5], [0.0, 2.5e-3, 5e-3, 7.5e-3, 1e-2], rtol=1e-6)
+    assert int(field(state, "MultiStepsState", "gradient_step")) == 6
