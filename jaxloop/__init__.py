@@ -15,7 +15,7 @@ from jaxloop.state import TrainState, state_digest
 from jaxloop.step import (cross_entropy_loss, eval_step, make_eval_step, make_train_step, scan_steps, train_step,
                           weighted_mean)
 from jaxloop.task import Task, builtin_task, create_train_state, init_state
-from jaxloop.train import run
+from jaxloop.loop import run
 from loopcore.config import Config, ConfigError, preset, validate
 
 __all__ = [

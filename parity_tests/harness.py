@@ -328,7 +328,7 @@ def interrupt_jax_run(cfg: Config, k: int) -> None:
     import signal
 
     from jaxloop.logger import RunLogger
-    from jaxloop.train import Interrupted, run
+    from jaxloop.loop import Interrupted, run
 
     original = RunLogger.train
 

@@ -15,7 +15,7 @@ import optax
 import pytest
 
 from loopcore.sources import load_splits
-from jaxloop.train import run as jax_train
+from jaxloop.loop import run as jax_train
 from parity_tests.convert import _adam_and_schedule, jax_state_from_torch, main, torch_state_from_jax
 from parity_tests.harness import (curve_rel_diff, data_position, host, jax_checkpoint, jax_mode, mlp_cfg, model, optim,
                                   records, tree_rel_diff)

@@ -35,7 +35,7 @@ from jaxloop.report import main as report_main
 from loopcore.sources import encode, read_vocab
 from jaxloop.state import TrainState
 from jaxloop.step import train_step
-from jaxloop.train import run
+from jaxloop.loop import run
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
