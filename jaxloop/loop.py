@@ -74,9 +74,8 @@ class Evaluator:
             # host waits for every validation batch's metrics
             sums = jax.device_get(sums)
             weights = [float(m.get("weight", b["weight"].sum())) for m, b in zip(sums, batches)]
-            for key in sums[0]:
-                if key != "weight":
-                    out[prefix + key] = sum(float(m[key]) * w for m, w in zip(sums, weights)) / sum(weights)
+            for key in ["loss"] + sorted(k for k in sums[0] if k not in ("loss", "weight")):
+                out[prefix + key] = sum(float(m[key]) * w for m, w in zip(sums, weights)) / sum(weights)
         return out
 
 

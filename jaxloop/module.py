@@ -53,9 +53,9 @@ class LinenModel:
             made: dict[str, Any] = {}
 
             def model(*args: Any, **kwargs: Any) -> Any:
-                if "variables" not in made:
-                    params_key, dropout_key = jax.random.split(key)
-                    made["variables"] = module.init({"params": params_key, "dropout": dropout_key}, *args, **kwargs)
+                if "variables" not in made:  # params drawn from `key` itself, as module.init(key, ...) does
+                    made["variables"] = module.init({"params": key, "dropout": jax.random.fold_in(key, 1)},
+                                                    *args, **kwargs)
                 return module.apply(made["variables"], *args, rngs={"dropout": key}, mutable=False, **kwargs)
 
             loss_fn(model, batch, False)
