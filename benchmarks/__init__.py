@@ -1,0 +1,50 @@
+"""jaxloop's benchmarks: `python -m benchmarks` (see benchmarks/__main__.py); bench_data.py and
+bench_checkpoint.py also run on their own."""
+
+DESCRIPTION = """
+## What each row measures
+
+All times are medians after warm-up; contenders sharing the machine run interleaved (A B C A B C ...),
+with the same data (the run's first micro-batches in jaxloop's record order, real Tiny Shakespeare
+windows or digits), the same initial weights (jaxloop's, loaded into torch_ref), fp32, and the same
+threads (XLA:CPU uses every core; torch.set_num_threads(cores), OMP_NUM_THREADS for torch children).
+torch_ref runs as it does in its own loop, i.e. with torch.use_deterministic_algorithms(True).
+
+- **peak**: fp32 matmul rate of this CPU, n x n (2048; 1024 under --quick), jitted `jnp.dot` vs
+  `torch.mm`, best block; the larger of the two is the peak that the GPT step rows' "% of peak" uses.
+- **step.{mlp,gpt64,gpt128}.k{1,4}** (goal: jaxloop <= 0.7x torch eager for the GPT, <= 0.5x for the
+  MLP, and no slower than torch.compile): ms per optimizer update of K micro-batches. jaxloop: K calls
+  of `train_step.lower(state, batch).compile()` (as the loop calls it), blocking at the end of each
+  block; torch eager: `torch_ref.step.train_update` over K micro-batches; torch.compile: the same with
+  `state.model = torch.compile(state.model)` (its failure is caught and reported; skipped under
+  --quick). GPT rows also give the achieved GFLOP/s of jaxloop's update, counted from the compiled
+  HLO's cost analysis (the analytic 6·N·tokens + attention count is recorded beside it), as % of the
+  measured peak.
+- **eval.gpt128** (goal >= 3x): tokens/s of a full validation pass (`eval_step` over `val_batches`,
+  eval_batch_size 256, dispatch all then fetch, as the loop's evaluate) / tokens/s of the compiled
+  training update alone (batch 32).
+- **loop.{mlp,gpt64}.k{1,4}** (goal <= 1.10): `jaxloop.train.run` in a child process (log_every 10,
+  prefetch 2, async checkpoints every 100, eval only at the end), its own `step_ms` from
+  metrics.jsonl (median over the log intervals after the first), divided by the compiled update alone
+  measured in the same process on the same batches, runs and alone-blocks interleaved. Cross-check
+  in the notes: (wall - setup - compile - eval - checkpoint) / updates.
+- **e2e.shakespeare64** (goal: jaxloop wall <= 0.6x torch_ref's, val_loss within 0.02): `python -m
+  jaxloop.train` and `python -m torch_ref.train` with `--preset shakespeare --model.context 64
+  --batch_size 12 --data.path ... --steps 2000` (100 under --quick), wall time of the whole process
+  (imports, compile, evaluations every 250, checkpoints included); final val_loss of both.
+- **startup.compile[.scan0/.scan1]** (goal <= 2 s): `train_step.lower(...).compile()` of the 4-block GPT
+  (ctx 128, batch 32) in a fresh process with no cache (default model, and both `GPT.scan_blocks`
+  settings); CPU seconds, init and eval-step compile in the notes.
+- **startup.cache** (goal <= 0.5 s): the same in two fresh processes with
+  `jaxloop.compilation.enable_compilation_cache(dir)`: the second's compile is a cache hit.
+- **startup.digits** (goal <= 3 s): `python -m jaxloop.train` (digits, log_every 1) from `Popen` to
+  its first train record appearing in metrics.jsonl (polled every 10 ms); torch_ref's CLI beside it.
+- **memory.***: peak RSS (`ru_maxrss` of the child from `os.wait4`) of jaxloop vs torch_ref: the e2e and
+  digits CLI runs, and state + compile + updates of one framework per child (mlp, gpt128).
+- **data**: benchmarks/bench_data.py (grain TrainLoader vs torch DataLoader, same records and per-record
+  transform), the worst grain / best-torch ratio over worker counts.
+- **checkpoint**: benchmarks/bench_checkpoint.py, the time an async save blocks the loop / a sync
+  save's (goal <= 0.1), worst over state sizes.
+- **accel.{fp32,bf16}**: with a GPU, the GPT update and its model-FLOPs utilisation against the measured
+  matmul peak; without one, "unmeasured: no GPU".
+"""
