@@ -167,33 +167,35 @@ def digits_row(opts: Options) -> Row:
 # ----------------------------------------------------------------------------- 6. memory
 
 
-def memory_rows(opts: Options) -> list[Row]:
-    rows = []
-    for key, what in (("mem.e2e", "e2e.shakespeare64 CLI"), ("mem.digits", "startup.digits CLI")):
-        row = Row(f"memory.{key.split('.')[1]}", f"peak RSS, {what} (jaxloop / torch_ref)", unit="MiB", goal="info")
-        if key in opts.cache:
-            j, t = opts.cache[key]
-            row.jax, row.ref, row.ratio = j / 2**20, t / 2**20, j / t
-            row.notes = "ru_maxrss of the child (os.wait4)"
-        else:
-            row.status, row.notes = "skipped", f"comes from the {what.split()[0]} row (not run)"
-        rows.append(row)
-    for shape in ("mlp", "gpt128"):
-        row = Row(f"memory.step.{shape}", f"peak RSS, state + compile + 20 updates, {shape} (jaxloop / torch_ref)",
-                  unit="MiB", goal="info")
-        try:
-            rss = {}
-            for fw in ("jax", "torch"):
-                c = run_child(["-m", "benchmarks.driver", "stepmem", "--framework", fw, "--shape", shape,
-                               "--updates", "5" if opts.quick else "20"], threads=opts.threads)
-                c.json()
-                rss[fw] = c.maxrss_bytes
-            row.jax, row.ref, row.ratio = rss["jax"] / 2**20, rss["torch"] / 2**20, rss["jax"] / rss["torch"]
-            row.notes = "one framework per child process (imports included)"
-        except Exception as e:  # noqa: BLE001
-            failed(row, e)
-        rows.append(row)
-    return rows
+def memory_row(opts: Options, source: str) -> Row:
+    """Peak RSS of the jaxloop and torch_ref CLI children of another row (e2e or digits)."""
+    what = {"e2e": "e2e.shakespeare64", "digits": "startup.digits"}[source]
+    row = Row(f"memory.{source}", f"peak RSS, {what} CLI processes (jaxloop / torch_ref)", unit="MiB", goal="info")
+    if f"mem.{source}" in opts.cache:
+        j, t = opts.cache[f"mem.{source}"]
+        row.jax, row.ref, row.ratio = j / 2**20, t / 2**20, j / t
+        row.notes = "ru_maxrss of each child (os.wait4)"
+    else:
+        row.status, row.notes = "skipped", f"comes from the {what} row (not run)"
+    return row
+
+
+def step_memory_row(opts: Options, shape: str) -> Row:
+    """Peak RSS of one framework per child: state, compile (jax) and a few updates."""
+    row = Row(f"memory.step.{shape}", f"peak RSS, state + compile + updates, {shape} (jaxloop / torch_ref)",
+              unit="MiB", goal="info")
+    try:
+        rss = {}
+        for fw in ("jax", "torch"):
+            c = run_child(["-m", "benchmarks.driver", "stepmem", "--framework", fw, "--shape", shape,
+                           "--updates", "5" if opts.quick else "20"], threads=opts.threads)
+            c.json()
+            rss[fw] = c.maxrss_bytes
+        row.jax, row.ref, row.ratio = rss["jax"] / 2**20, rss["torch"] / 2**20, rss["jax"] / rss["torch"]
+        row.notes = "ru_maxrss of each child (os.wait4), imports included"
+        return row
+    except Exception as e:  # noqa: BLE001
+        return failed(row, e)
 
 
 # ----------------------------------------------------------------------------- 8. the existing benchmarks
