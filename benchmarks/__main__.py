@@ -71,7 +71,9 @@ def selected(name: str, only: list[str] | None, quick: bool) -> bool:
     return name not in (QUICK_SKIP if quick else FULL_SKIP)
 
 
-def run(opts: Options, only: list[str] | None = None) -> dict[str, Any]:
+def run(opts: Options, only: list[str] | None = None,
+        save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the selected rows; `save` gets the result so far after each row (a killed run keeps its rows)."""
     info = machine()
     info["threads"] = {"xla_cpu": f"all {opts.threads} cores (default Eigen pool)",
                        "torch": opts.threads}
@@ -89,6 +91,8 @@ def run(opts: Options, only: list[str] | None = None) -> dict[str, Any]:
                 continue
             results.append(row)
             opts.log(f"[benchmarks]   {format_row(row)}  ({time.perf_counter() - t:.1f} s)")
+        if save is not None:
+            save({"machine": info, "rows": [as_dict(r) for r in results]})
     info["harness_s"] = time.perf_counter() - t0
     info["quick"] = opts.quick
     try:
@@ -210,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         opts = Options(quick=args.quick)
         if args.threads:
             opts.threads = args.threads
-        result = run(opts, args.only)
+        save = (lambda r: Path(args.out).write_text(json.dumps(r, indent=1, default=str))) if args.out else None
+        result = run(opts, args.only, save)
     print_table(result)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1, default=str))

@@ -47,6 +47,7 @@ class Row:
 @dataclass
 class Options:
     quick: bool = False
+    smoke: bool = False  # tests only: one round of tiny blocks (checks the harness, measures nothing)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="jaxloop-bench-")))
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     cache: dict[str, Any] = field(default_factory=dict)  # figures one row measured and another reuses

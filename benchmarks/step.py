@@ -219,11 +219,11 @@ def step_row(opts: Options, shape: str, accum: int) -> Row:
         per = {}
         for name, fn in contenders.items():
             fn(1)
-            per[name] = fn(2)
-        block_s = 0.3 if opts.quick else 1.0
+            per[name] = fn(1 if opts.smoke else 2)
+        block_s = 0.01 if opts.smoke else 0.3 if opts.quick else 1.0
         sized = {name: (lambda fn=fn, n=max(1, math.ceil(block_s / max(per[name], 1e-6))): fn(n))
                  for name, fn in contenders.items()}
-        times = interleaved(sized, rounds=3 if opts.quick else 7)
+        times = interleaved(sized, rounds=1 if opts.smoke else 3 if opts.quick else 7)
         med = {name: median(v) for name, v in times.items()}
         row.jax, row.ref = 1e3 * med["jaxloop"], 1e3 * med["torch eager"]
         row.ratio = med["jaxloop"] / med["torch eager"]

@@ -13,7 +13,7 @@ from benchmarks.common import Options
 
 
 def test_quick_smallest_row_prints_one_table_row(tmp_path):
-    result = run(Options(quick=True, workdir=tmp_path, log=lambda s: None), only=["step.mlp.k1"])
+    result = run(Options(quick=True, smoke=True, workdir=tmp_path, log=lambda s: None), only=["step.mlp.k1"])
     assert [r["name"] for r in result["rows"]] == ["step.mlp.k1"]
     row = result["rows"][0]
     assert row["status"] == "ok", row["notes"]
