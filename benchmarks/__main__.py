@@ -138,7 +138,8 @@ COLUMNS = ("row", "jaxloop", "reference", "unit", "ratio", "goal", "met")
 
 
 def table_cells(result: dict[str, Any]) -> list[list[str]]:
-    return [[r["name"], _num(r["jax"]), _num(r["ref"]), r["unit"], _num(r["ratio"]), r["goal"] or "-", _met(r)]
+    mixed = result["machine"].get("quick") == "mixed"
+    return [[r["name"] + (f" [{r.get('mode')}]" if mixed else ""), _num(r["jax"]), _num(r["ref"]), r["unit"], _num(r["ratio"]), r["goal"] or "-", _met(r)]
             for r in result["rows"]]
 
 
@@ -150,7 +151,8 @@ def header_lines(result: dict[str, Any]) -> list[str]:
         f"versions: {v}",
         f"threads: XLA:CPU {m['threads']['xla_cpu']}; torch.set_num_threads({m['threads']['torch']}) "
         f"(children: OMP_NUM_THREADS={m['threads']['torch']})",
-        f"taken {m['time_utc']}{' with --quick' if m.get('quick') else ''}; load average at start "
+        f"taken {m['time_utc']}{' with --quick' if m.get('quick') is True else ''}"
+        f"{' partly with --quick (rows marked [quick])' if m.get('quick') == 'mixed' else ''}; load average at start "
         f"{_load(m.get('load_avg_at_start'))}, at end {_load(m.get('load_avg_at_end'))}; harness {m.get('harness_s', 0):.0f} s",
     ]
 
@@ -193,13 +195,30 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several runs: rows by name (later runs replace earlier ones), order of first sight."""
+    rows: dict[str, dict[str, Any]] = {}
+    for res in results:
+        quick = res["machine"].get("quick")
+        for r in res["rows"]:
+            r = dict(r)
+            r.setdefault("mode", "quick" if quick else "full")
+            rows[r["name"]] = r
+    machine = dict(results[0]["machine"])
+    if len({bool(res["machine"].get("quick")) for res in results}) > 1:
+        machine["quick"] = "mixed"
+    return {"machine": machine, "rows": list(rows.values())}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short runs and fewer rows (smoke check)")
     p.add_argument("--only", action="append", metavar="ROW", help="run this row or row prefix (repeatable)")
     p.add_argument("--out", metavar="FILE.json", help="write the results as JSON")
     p.add_argument("--markdown", metavar="FILE.md", help="write the results as the BENCHMARKS.md record")
-    p.add_argument("--from-json", metavar="FILE.json", help="take the results from a saved --out file, run nothing")
+    p.add_argument("--from-json", metavar="FILE.json", nargs="+",
+                   help="take the results from saved --out files, run nothing (several: rows merged by name, later "
+                        "files win; machine from the first)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores, as XLA:CPU)")
     p.add_argument("--list", action="store_true", help="print the row names and exit")
     args = p.parse_args(argv)
@@ -209,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                           "  (--quick only)" if name in FULL_SKIP else ""))
         return 0
     if args.from_json:
-        result = json.loads(Path(args.from_json).read_text())
+        result = merge([json.loads(Path(f).read_text()) for f in args.from_json])
     else:
         opts = Options(quick=args.quick)
         if args.threads:
