@@ -38,10 +38,12 @@ torch_ref runs as it does in its own loop, i.e. with torch.use_deterministic_alg
   (ctx 128, batch 32) in a fresh process with no cache (default model, and both `GPT.scan_blocks`
   settings); CPU seconds, init and eval-step compile in the notes.
 - **startup.cache** (goal <= 0.5 s): the same in two fresh processes with
-  `jaxloop.compilation.enable_compilation_cache(dir)`: the second's compile is a cache hit.
+  `jaxloop.compilation.enable_compilation_cache(dir)`: the second's compile is a cache hit; the notes
+  split it into tracing + lowering (Python, which no cache skips) and XLA compile / cache load.
 - **startup.digits** (goal <= 3 s): `python -m jaxloop.train` (digits, log_every 1) from `Popen` to
   its first train record appearing in metrics.jsonl (polled every 10 ms); torch_ref's CLI beside it.
-- **memory.***: peak RSS (`ru_maxrss` of the child from `os.wait4`) of jaxloop vs torch_ref: the e2e and
+- **memory.***: peak RSS (the child's VmHWM from /proc, polled every 10 ms; wait4's ru_maxrss would carry the
+  harness's own high-water mark over fork + exec) of jaxloop vs torch_ref: the e2e and
   digits CLI runs, and state + compile + updates of one framework per child (mlp, gpt128).
 - **data**: benchmarks/bench_data.py (grain TrainLoader vs torch DataLoader, same records and per-record
   transform), the worst grain / best-torch ratio over worker counts.
@@ -77,4 +79,15 @@ process, which load disturbs far less than wall time), jax 0.10.2, 4-block GPT c
   one raveled float32 vector (jax.flatten_util.ravel_pytree, 818k entries) compiles in 0.6 s. That,
   not the blocks, is the way to the <= 2 s goal (optim/step's owners); the persistent compilation
   cache (row startup.cache) removes the cost on every run after the first.
+"""
+
+FINDINGS += """
+## Reading a run taken on a loaded machine
+
+On a machine that other jobs load (load average 7-10 on 2 cores while this file's run was taken),
+torch_ref's figures inflate far more than jaxloop's: every small torch op is an OpenMP parallel region
+whose barrier waits for a thread the scheduler has taken away, and torch_ref's update is hundreds of
+small ops (per-parameter isfinite, .item() syncs), so the MLP's eager update went from 12 ms to 290 ms
+between two runs minutes apart while jaxloop's went from 0.8 to 1.5 ms. Ratios against torch from a
+loaded run are therefore far too flattering to jaxloop; only a quiet machine's run is a record.
 """

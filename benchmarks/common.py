@@ -151,7 +151,11 @@ def child_env(threads: int | None = None) -> dict[str, str]:
 
 def run_child(args: Sequence[str], *, timeout: float = 1800, cwd: Path | None = None,
               poll: Callable[[], bool] | None = None, threads: int | None = None) -> Child:
-    """Run `python args...` in the repository's environment; wall time, peak RSS (wait4's ru_maxrss).
+    """Run `python args...` in the repository's environment; wall time, peak RSS, CPU seconds.
+
+    Peak RSS is the child's VmHWM (/proc/PID/status), read every 10 ms while it runs: wait4's ru_maxrss
+    is no good here, Linux carries the high-water mark over fork + exec, so every child of this (large)
+    process would report at least this process's own peak.
 
     poll: called every 10 ms while the child runs (e.g. to timestamp a file appearing); True stops polling.
     """
@@ -161,7 +165,9 @@ def run_child(args: Sequence[str], *, timeout: float = 1800, cwd: Path | None = 
                              env=child_env(threads))
         deadline = t0 + timeout
         status, usage = 0, None
+        hwm = 0
         while True:
+            hwm = max(hwm, _vm_hwm(p.pid))
             pid, status, usage = os.wait4(p.pid, os.WNOHANG)
             if pid:
                 break
@@ -176,8 +182,20 @@ def run_child(args: Sequence[str], *, timeout: float = 1800, cwd: Path | None = 
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return Child(rc=p.returncode, wall_s=wall, maxrss_bytes=usage.ru_maxrss * 1024,
+        return Child(rc=p.returncode, wall_s=wall, maxrss_bytes=hwm or usage.ru_maxrss * 1024,
                      cpu_s=usage.ru_utime + usage.ru_stime, stdout=out.read(), stderr=err.read())
+
+
+def _vm_hwm(pid: int) -> int:
+    """The process's resident-set high-water mark in bytes (0 if unreadable)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def failed(row: Row, err: BaseException | str) -> Row:

@@ -96,7 +96,7 @@ def compile_row(opts: Options, scan: bool | None = None) -> Row:
         r = run_child(args, threads=opts.threads).json()
         row.jax = r["compile_s"]
         row.goal, row.met = "<= 2 s", r["compile_s"] <= 2.0
-        row.notes = (f"cpu {r['compile_cpu_s']:.2f} s; eval_step compile {r['eval_compile_s']:.2f} s; state "
+        row.notes = (f"lower {r['lower_s']:.2f} s + XLA {r['xla_s']:.2f} s; cpu {r['compile_cpu_s']:.2f} s; eval_step compile {r['eval_compile_s']:.2f} s; state "
                      f"(init) {r['state_s']:.2f} s; imports {r['imports_s']:.2f} s; make_model default "
                      f"scan_blocks={models.SCAN_BLOCKS}")
         row.extra = r
@@ -116,7 +116,8 @@ def cache_row(opts: Options) -> Row:
         row.jax, row.ref = second["compile_s"], first["compile_s"]
         row.ratio = second["compile_s"] / first["compile_s"]
         row.goal, row.met = "<= 0.5 s", second["compile_s"] <= 0.5
-        row.notes = (f"ref column = first (cache-filling) run's compile; second run: state {second['state_s']:.2f} s "
+        row.notes = (f"ref column = first (cache-filling) run's compile; second run: trace+lower {second['lower_s']:.2f} s "
+                     f"+ XLA/cache load {second['xla_s']:.2f} s (first: {first['lower_s']:.2f} + {first['xla_s']:.2f}); state {second['state_s']:.2f} s "
                      f"(vs {first['state_s']:.2f}), eval compile {second['eval_compile_s']:.2f} s "
                      f"(vs {first['eval_compile_s']:.2f}); cache {sum(f.stat().st_size for f in cache.rglob('*') if f.is_file()) / 2**20:.1f} MiB")
         row.extra = {"first": first, "second": second}
@@ -174,7 +175,7 @@ def memory_row(opts: Options, source: str) -> Row:
     if f"mem.{source}" in opts.cache:
         j, t = opts.cache[f"mem.{source}"]
         row.jax, row.ref, row.ratio = j / 2**20, t / 2**20, j / t
-        row.notes = "ru_maxrss of each child (os.wait4)"
+        row.notes = "VmHWM of each child process, polled every 10 ms"
     else:
         row.status, row.notes = "skipped", f"comes from the {what} row (not run)"
     return row
@@ -192,7 +193,7 @@ def step_memory_row(opts: Options, shape: str) -> Row:
             c.json()
             rss[fw] = c.maxrss_bytes
         row.jax, row.ref, row.ratio = rss["jax"] / 2**20, rss["torch"] / 2**20, rss["jax"] / rss["torch"]
-        row.notes = "ru_maxrss of each child (os.wait4), imports included"
+        row.notes = "VmHWM of each child process, imports included"
         return row
     except Exception as e:  # noqa: BLE001
         return failed(row, e)
