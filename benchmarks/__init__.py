@@ -69,7 +69,9 @@ process, which load disturbs far less than wall time), jax 0.10.2, 4-block GPT c
 
 - A lax.scan over the blocks makes XLA:CPU's compile *slower* here (the while loop's body, its
   dynamic slices of the stacked weights and the stacked residuals of the backward pass cost more than
-  compiling four copies of a small block), and the step was not faster. `GPT.scan_blocks` is kept as a
+  compiling four copies of a small block), and the update got slower: in this file's run, row
+  scan.gpt128 measured the scanned update 1.18x the unrolled one's time and its compile 14.0 vs 9.8 CPU
+  seconds; startup.compile.scan1 / scan0 12.5 vs 9.0 CPU seconds. `GPT.scan_blocks` is kept as a
   flag (same parameter names, so torch_ref's map, optim's decay mask and checkpoints are unchanged) with
   default False (`jaxloop.models.SCAN_BLOCKS`); rows startup.compile.scan0/scan1 re-measure it.
 - Stacking the block parameters as nn.scan does ([n_layers, ...] under one name, 16 leaves instead of
@@ -77,8 +79,10 @@ process, which load disturbs far less than wall time), jax 0.10.2, 4-block GPT c
 - The optimizer dominates: MultiSteps alone doubles it (chain(clip, adamw) without MultiSteps: 3.3 s;
   with it: 6.6 s; both lax.cond branches over every leaf), and the same MultiSteps(clip, adamw) over
   one raveled float32 vector (jax.flatten_util.ravel_pytree, 818k entries) compiles in 0.6 s. That,
-  not the blocks, is the way to the <= 2 s goal (optim/step's owners); the persistent compilation
-  cache (row startup.cache) removes the cost on every run after the first.
+  not the blocks, is the way to the <= 2 s goal (optim/step's owners). The persistent compilation
+  cache (row startup.cache) removes the XLA part on every run after the first; what remains is
+  tracing and lowering train_step (about 1.5-2 CPU seconds, also mostly the per-leaf optimizer), which
+  no cache skips.
 """
 
 FINDINGS += """

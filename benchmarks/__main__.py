@@ -207,7 +207,17 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     machine = dict(results[0]["machine"])
     if len({bool(res["machine"].get("quick")) for res in results}) > 1:
         machine["quick"] = "mixed"
-    return {"machine": machine, "rows": list(rows.values())}
+    if len(results) > 1:
+        machine["time_utc"] = " + ".join(res["machine"]["time_utc"] for res in results)
+        machine["harness_s"] = sum(res["machine"].get("harness_s", 0) for res in results)
+    order = {name: i for i, (name, _) in enumerate(registry())}
+
+    def rank(r: dict[str, Any]) -> tuple[int, str]:
+        name = r["name"]
+        best = max((k for k in order if name == k or name.startswith(k + ".")), key=len, default=None)
+        return (order[best] if best is not None else len(order), name)
+
+    return {"machine": machine, "rows": sorted(rows.values(), key=rank)}
 
 
 def main(argv: list[str] | None = None) -> int:
