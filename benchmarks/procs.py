@@ -234,7 +234,7 @@ def checkpoint_row(opts: Options) -> Row:
         if c.rc != 0:
             raise RuntimeError(f"exit {c.rc}: {c.stderr[-300:]}")
         ratios = [float(x) for x in re.findall(r"ratio async/sync blocked time: ([0-9.]+)", c.stdout)]
-        blocked = {m: [float(x) for x in re.findall(rf"{m}\s*: blocked median\s+([0-9.]+) ms", c.stdout)]
+        blocked = {m: [float(x) for x in re.findall(rf"(?m)^{m}\s*: blocked median\s+([0-9.]+) ms", c.stdout)]
                    for m in ("sync", "async")}
         if not ratios:
             raise RuntimeError(f"no ratio in output: {c.stdout[-300:]}")
