@@ -243,6 +243,8 @@ def step_row(opts: Options, shape: str, accum: int) -> Row:
             row.extra.update(hlo_flops_per_update=(jx.flops or 0) * accum,
                              analytic_flops_per_update=analytic_flops(cfg, splits.num_classes) * accum)
             rate = flops / med["jaxloop"]
+            if "peak_flops" not in opts.cache:  # --only without the peak row: measure it now
+                matmul_peak(opts)
             peak = opts.cache.get("peak_flops")
             row.extra["gflops"] = rate / 1e9
             pct = f", {100 * rate / peak:.0f}% of measured peak" if peak else ""
