@@ -91,6 +91,12 @@ class GPT(nn.Module):
     dropout: float = 0.0
     tie_embeddings: bool = True
     remat: bool = False
+    scan_blocks: bool = False
+    """Run the (identical) blocks as one jax.lax.scan over their stacked parameters: XLA compiles one
+    block body instead of n_layers copies. Parameters keep their per-block names (block_0, ...), so the
+    tree, torch_ref's name map and optim's decay mask (ndim >= 2) are unchanged; the stacking (and its
+    transpose, slicing the gradient) happens inside the step. Dropout masks then differ from the unrolled
+    form's (per-layer keys are folded from one key), everything else is the same computation."""
 
     @nn.compact
     def __call__(self, tokens: jax.Array, train: bool = False) -> jax.Array:
@@ -99,17 +105,46 @@ class GPT(nn.Module):
         pos = nn.Embed(self.context, self.d_model, embedding_init=init, name="pos_embed")
         x = tok(tokens) + pos(jnp.arange(tokens.shape[1]))[None]
         x = nn.Dropout(self.dropout, deterministic=not train)(x)
-        block = nn.remat(Block, static_argnums=(2,)) if self.remat else Block
-        for i in range(self.n_layers):
-            x = block(self.n_heads, self.mlp_ratio, self.dropout, name=f"block_{i}")(x, train)
+        if self.scan_blocks and not self.is_initializing():
+            x = self._scanned_blocks(x, train)
+        else:
+            block = nn.remat(Block, static_argnums=(2,)) if self.remat else Block
+            for i in range(self.n_layers):
+                x = block(self.n_heads, self.mlp_ratio, self.dropout, name=f"block_{i}")(x, train)
         x = nn.LayerNorm(epsilon=LN_EPS, name="ln_f")(x)
         if self.tie_embeddings:
             return tok.attend(x)
         return nn.Dense(self.vocab_size, use_bias=False, kernel_init=init, name="head")(x)
 
 
-def make_model(cfg: Config, num_classes: int) -> nn.Module:
-    """The model the config names; num_classes is the label count or vocabulary size from the data."""
+    def _scanned_blocks(self, x: jax.Array, train: bool) -> jax.Array:
+        """The blocks as lax.scan over [n_layers, ...]-stacked copies of block_0..block_{n-1}'s params."""
+        params = self.variables["params"]
+        stacked = jax.tree.map(lambda *p: jnp.stack(p), *[params[f"block_{i}"] for i in range(self.n_layers)])
+        block = Block(self.n_heads, self.mlp_ratio, self.dropout, parent=None)  # unbound: applied by hand
+        use_rng = train and self.dropout > 0
+        key = self.make_rng("dropout") if use_rng else None
+
+        def body(h: jax.Array, layer: tuple[Any, jax.Array]) -> tuple[jax.Array, None]:
+            p, i = layer
+            rngs = {"dropout": jax.random.fold_in(key, i)} if use_rng else None
+            return block.apply({"params": p}, h, train, rngs=rngs), None
+
+        if self.remat:
+            body = jax.checkpoint(body)
+        x, _ = jax.lax.scan(body, x, (stacked, jnp.arange(self.n_layers)))
+        return x
+
+
+SCAN_BLOCKS = False
+"""make_model's GPT default for scan_blocks (chosen by measurement: see BENCHMARKS.md)."""
+
+
+def make_model(cfg: Config, num_classes: int, scan_blocks: bool | None = None) -> nn.Module:
+    """The model the config names; num_classes is the label count or vocabulary size from the data.
+
+    scan_blocks: GPT.scan_blocks (None = SCAN_BLOCKS); the parameters are the same either way.
+    """
     m = cfg.model
     classes = m.vocab_size or num_classes
     if m.kind == "mlp":
@@ -118,6 +153,7 @@ def make_model(cfg: Config, num_classes: int) -> nn.Module:
         vocab_size=classes, context=m.context, d_model=m.d_model, n_layers=m.n_layers,
         n_heads=m.n_heads, mlp_ratio=m.mlp_ratio, dropout=m.dropout,
         tie_embeddings=m.tie_embeddings, remat=m.remat,
+        scan_blocks=SCAN_BLOCKS if scan_blocks is None else scan_blocks,
     )
 
 

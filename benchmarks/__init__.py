@@ -1,0 +1,97 @@
+"""jaxloop's benchmarks: `python -m benchmarks` (see benchmarks/__main__.py); bench_data.py and
+bench_checkpoint.py also run on their own."""
+
+DESCRIPTION = """
+## What each row measures
+
+All times are medians after warm-up; contenders sharing the machine run interleaved (A B C A B C ...),
+with the same data (the run's first micro-batches in jaxloop's record order, real Tiny Shakespeare
+windows or digits), the same initial weights (jaxloop's, loaded into torch_ref), fp32, and the same
+threads (XLA:CPU uses every core; torch.set_num_threads(cores), OMP_NUM_THREADS for torch children).
+torch_ref runs as it does in its own loop, i.e. with torch.use_deterministic_algorithms(True).
+
+- **peak**: fp32 matmul rate of this CPU, n x n (2048; 1024 under --quick), jitted `jnp.dot` vs
+  `torch.mm`, best block; the larger of the two is the peak that the GPT step rows' "% of peak" uses.
+- **step.{mlp,gpt64,gpt128}.k{1,4}** (goal: jaxloop <= 0.7x torch eager for the GPT, <= 0.5x for the
+  MLP, and no slower than torch.compile): ms per optimizer update of K micro-batches. jaxloop: K calls
+  of `train_step.lower(state, batch).compile()` (as the loop calls it), blocking at the end of each
+  block; torch eager: `torch_ref.step.train_update` over K micro-batches; torch.compile: the same with
+  `state.model = torch.compile(state.model)` (its failure is caught and reported; skipped under
+  --quick). GPT rows also give the achieved GFLOP/s of jaxloop's update, counted from the compiled
+  HLO's cost analysis (the analytic 6·N·tokens + attention count is recorded beside it), as % of the
+  measured peak.
+- **scan.gpt128** (info): jaxloop's update with `GPT(scan_blocks=True)` / with the unrolled blocks,
+  interleaved, and both first compiles (wall and CPU seconds, same process).
+- **eval.gpt128** (goal >= 3x): tokens/s of a full validation pass (`eval_step` over `val_batches`,
+  eval_batch_size 256, dispatch all then fetch, as the loop's evaluate) / tokens/s of the compiled
+  training update alone (batch 32).
+- **loop.{mlp,gpt64}.k{1,4}** (goal <= 1.10): `jaxloop.train.run` in a child process (log_every 10,
+  prefetch 2, async checkpoints every 100, eval only at the end), its own `step_ms` from
+  metrics.jsonl (median over the log intervals after the first), divided by the compiled update alone
+  measured in the same process on the same batches, runs and alone-blocks interleaved. Cross-check
+  in the notes: (wall - setup - compile - eval - checkpoint) / updates.
+- **e2e.shakespeare64** (goal: jaxloop wall <= 0.6x torch_ref's, val_loss within 0.02): `python -m
+  jaxloop.train` and `python -m torch_ref.train` with `--preset shakespeare --model.context 64
+  --batch_size 12 --data.path ... --steps 2000` (100 under --quick), wall time of the whole process
+  (imports, compile, evaluations every 250, checkpoints included); final val_loss of both.
+- **startup.compile[.scan0/.scan1]** (goal <= 2 s): `train_step.lower(...).compile()` of the 4-block GPT
+  (ctx 128, batch 32) in a fresh process with no cache (default model, and both `GPT.scan_blocks`
+  settings); CPU seconds, init and eval-step compile in the notes.
+- **startup.cache** (goal <= 0.5 s): the same in two fresh processes with
+  `jaxloop.compilation.enable_compilation_cache(dir)`: the second's compile is a cache hit; the notes
+  split it into tracing + lowering (Python, which no cache skips) and XLA compile / cache load.
+- **startup.digits** (goal <= 3 s): `python -m jaxloop.train` (digits, log_every 1) from `Popen` to
+  its first train record appearing in metrics.jsonl (polled every 10 ms); torch_ref's CLI beside it.
+- **memory.***: peak RSS (the child's VmHWM from /proc, polled every 10 ms; wait4's ru_maxrss would carry the
+  harness's own high-water mark over fork + exec) of jaxloop vs torch_ref: the e2e and
+  digits CLI runs, and state + compile + updates of one framework per child (mlp, gpt128).
+- **data**: benchmarks/bench_data.py (grain TrainLoader vs torch DataLoader, same records and per-record
+  transform), the worst grain / best-torch ratio over worker counts.
+- **checkpoint**: benchmarks/bench_checkpoint.py, the time an async save blocks the loop / a sync
+  save's (goal <= 0.1), worst over state sizes.
+- **accel.{fp32,bf16}**: with a GPU, the GPT update and its model-FLOPs utilisation against the measured
+  matmul peak; without one, "unmeasured: no GPU".
+"""
+
+FINDINGS = """
+## Where the GPT's compile time goes (scan over blocks)
+
+Measured 2026-11-23 on the 2-core AMD EPYC (loaded by other jobs, so in CPU seconds of the compiling
+process, which load disturbs far less than wall time), jax 0.10.2, 4-block GPT ctx 128 batch 32:
+
+| compiled function (jit(...).lower().compile()) | unrolled blocks | `GPT(scan_blocks=True)` |
+|---|---|---|
+| forward + backward (jax.grad of the loss) | 3.0 s | 5.1 s |
+| optimizer update alone (MultiSteps(clip, adamw), 52 leaves) | 6.1-6.6 s | 5.5 s |
+| grad + optimizer | 8.3 s | 10.0 s |
+| the whole train_step | 10.5-11.7 s | 14.1-15.1 s |
+| eval_step | 1.0-1.3 s | 1.6-1.9 s |
+
+- A lax.scan over the blocks makes XLA:CPU's compile *slower* here (the while loop's body, its
+  dynamic slices of the stacked weights and the stacked residuals of the backward pass cost more than
+  compiling four copies of a small block), and the update got slower: in this file's run, row
+  scan.gpt128 measured the scanned update 1.18x the unrolled one's time and its compile 14.0 vs 9.8 CPU
+  seconds; startup.compile.scan1 / scan0 12.5 vs 9.0 CPU seconds. `GPT.scan_blocks` is kept as a
+  flag (same parameter names, so torch_ref's map, optim's decay mask and checkpoints are unchanged) with
+  default False (`jaxloop.models.SCAN_BLOCKS`); rows startup.compile.scan0/scan1 re-measure it.
+- Stacking the block parameters as nn.scan does ([n_layers, ...] under one name, 16 leaves instead of
+  52) only takes the optimizer's compile from 6.1 to 3.6 s.
+- The optimizer dominates: MultiSteps alone doubles it (chain(clip, adamw) without MultiSteps: 3.3 s;
+  with it: 6.6 s; both lax.cond branches over every leaf), and the same MultiSteps(clip, adamw) over
+  one raveled float32 vector (jax.flatten_util.ravel_pytree, 818k entries) compiles in 0.6 s. That,
+  not the blocks, is the way to the <= 2 s goal (optim/step's owners). The persistent compilation
+  cache (row startup.cache) removes the XLA part on every run after the first; what remains is
+  tracing and lowering train_step (about 1.5-2 CPU seconds, also mostly the per-leaf optimizer), which
+  no cache skips.
+"""
+
+FINDINGS += """
+## Reading a run taken on a loaded machine
+
+On a machine that other jobs load (load average 7-10 on 2 cores while this file's run was taken),
+torch_ref's figures inflate far more than jaxloop's: every small torch op is an OpenMP parallel region
+whose barrier waits for a thread the scheduler has taken away, and torch_ref's update is hundreds of
+small ops (per-parameter isfinite, .item() syncs), so the MLP's eager update went from 12 ms to 290 ms
+between two runs minutes apart while jaxloop's went from 0.8 to 1.5 ms. Ratios against torch from a
+loaded run are therefore far too flattering to jaxloop; only a quiet machine's run is a record.
+"""

@@ -1,0 +1,257 @@
+"""`python -m benchmarks`: jaxloop against torch_ref and against its own compiled step, in one table.
+
+    python -m benchmarks                         # every row (tens of minutes on 2 cores)
+    python -m benchmarks --quick                 # a smoke version (short runs, fewer rows; < 2 min quiet)
+    python -m benchmarks --only step.mlp.k1      # one row (or a prefix: --only step; repeatable)
+    python -m benchmarks --out results.json      # also write the rows, machine and versions as JSON
+    python -m benchmarks --markdown BENCHMARKS.md [--from-json results.json]   # (re)write the record
+    python -m benchmarks --list                  # the row names
+
+Each row prints jaxloop's figure, the reference's, their ratio, the goal and whether it was met. Rows
+that cannot run here (no GPU) print as unmeasured; a row that fails prints as failed with the error,
+and the others still run. The measurements themselves are described in BENCHMARKS.md and in each
+row's module (benchmarks/step.py: in-process rows; benchmarks/procs.py: child-process rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import Options, Row, as_dict, machine
+
+# rows left out under --quick unless named with --only (their cost is mostly another compile)
+# (--quick keeps one row per kind of measurement, on the smallest shapes: a smoke check, not a record)
+QUICK_SKIP = ("step.gpt64.k4", "step.gpt128.k1", "step.gpt128.k4", "scan.gpt128", "eval.gpt128", "loop.mlp.k4", "loop.gpt64.k1",
+              "loop.gpt64.k4", "startup.compile", "startup.compile.scan0", "startup.compile.scan1",
+              "memory.step.mlp", "memory.step.gpt128", "checkpoint")
+FULL_SKIP = ("eval.gpt64",)  # the quick stand-in for eval.gpt128
+
+
+def registry() -> list[tuple[str, Callable[[Options], Row | list[Row]]]]:
+    """(name, function) in run order; a function may return several rows (names share its prefix)."""
+    from benchmarks import procs, step
+
+    rows: list[tuple[str, Callable[[Options], Any]]] = [("peak", step.matmul_peak)]
+    for shape in ("mlp", "gpt64", "gpt128"):
+        for k in (1, 4):
+            rows.append((f"step.{shape}.k{k}", lambda o, s=shape, k=k: step.step_row(o, s, k)))
+    rows.append(("scan.gpt128", lambda o: step.scan_row(o, "gpt128")))
+    rows.append(("eval.gpt64", lambda o: step.eval_row(o, "gpt64")))
+    rows.append(("eval.gpt128", lambda o: step.eval_row(o, "gpt128")))
+    for shape in ("mlp", "gpt64"):
+        for k in (1, 4):
+            rows.append((f"loop.{shape}.k{k}", lambda o, s=shape, k=k: procs.loop_row(o, s, k)))
+    rows += [
+        ("e2e.shakespeare64", procs.e2e_row),
+        ("startup.compile", procs.compile_row),
+        ("startup.compile.scan0", lambda o: procs.compile_row(o, False)),
+        ("startup.compile.scan1", lambda o: procs.compile_row(o, True)),
+        ("startup.cache", procs.cache_row),
+        ("startup.digits", procs.digits_row),
+        ("memory.e2e", lambda o: procs.memory_row(o, "e2e")),
+        ("memory.digits", lambda o: procs.memory_row(o, "digits")),
+        ("memory.step.mlp", lambda o: procs.step_memory_row(o, "mlp")),
+        ("memory.step.gpt128", lambda o: procs.step_memory_row(o, "gpt128")),
+        ("data", procs.data_row),
+        ("checkpoint", procs.checkpoint_row),
+        ("accel", procs.accel_rows),
+    ]
+    return rows
+
+
+def selected(name: str, only: list[str] | None, quick: bool) -> bool:
+    if only:
+        return any(name == o or name.startswith(o + ".") or o.startswith(name + ".") for o in only)
+    return name not in (QUICK_SKIP if quick else FULL_SKIP)
+
+
+def run(opts: Options, only: list[str] | None = None,
+        save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the selected rows; `save` gets the result so far after each row (a killed run keeps its rows)."""
+    info = machine()
+    info["threads"] = {"xla_cpu": f"all {opts.threads} cores (default Eigen pool)",
+                       "torch": opts.threads}
+    results: list[Row] = []
+    t0 = time.perf_counter()
+    for name, fn in registry():
+        if not selected(name, only, opts.quick):
+            continue
+        t = time.perf_counter()
+        opts.log(f"[benchmarks] {name} ...")
+        out = fn(opts)
+        for row in out if isinstance(out, list) else [out]:
+            if only and not any(row.name == o or row.name.startswith(o + ".") or name == o or name.startswith(o + ".")
+                                for o in only):
+                continue
+            results.append(row)
+            opts.log(f"[benchmarks]   {format_row(row)}  ({time.perf_counter() - t:.1f} s)")
+        if save is not None:
+            save({"machine": info, "rows": [as_dict(r) for r in results]})
+    info["harness_s"] = time.perf_counter() - t0
+    info["quick"] = opts.quick
+    try:
+        import os
+
+        info["load_avg_at_end"] = os.getloadavg()
+    except OSError:
+        pass
+    return {"machine": info, "rows": [as_dict(r) for r in results]}
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _num(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        a = abs(v)
+        if a >= 1000:
+            return f"{v:,.0f}"
+        if a >= 100:
+            return f"{v:.1f}"
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def _met(r: dict[str, Any]) -> str:
+    if r["status"] != "ok":
+        return r["status"]
+    if r["met"] is None:
+        return "-"
+    return "yes" if r["met"] else "NO"
+
+
+def format_row(row: Row) -> str:
+    r = as_dict(row)
+    return (f"{r['name']}: jax {_num(r['jax'])} / ref {_num(r['ref'])} {r['unit']}, ratio {_num(r['ratio'])} "
+            f"(goal {r['goal'] or '-'}: {_met(r)}) {r['notes']}")
+
+
+COLUMNS = ("row", "jaxloop", "reference", "unit", "ratio", "goal", "met")
+
+
+def table_cells(result: dict[str, Any]) -> list[list[str]]:
+    mixed = result["machine"].get("quick") == "mixed"
+    return [[r["name"] + (f" [{r.get('mode')}]" if mixed else ""), _num(r["jax"]), _num(r["ref"]), r["unit"], _num(r["ratio"]), r["goal"] or "-", _met(r)]
+            for r in result["rows"]]
+
+
+def header_lines(result: dict[str, Any]) -> list[str]:
+    m = result["machine"]
+    v = ", ".join(f"{k} {val}" for k, val in m["versions"].items() if val)
+    return [
+        f"machine: {m['cpu']}, {m['cores']} cores, {m['platform']}; python {m['python']}",
+        f"versions: {v}",
+        f"threads: XLA:CPU {m['threads']['xla_cpu']}; torch.set_num_threads({m['threads']['torch']}) "
+        f"(children: OMP_NUM_THREADS={m['threads']['torch']})",
+        f"taken {m['time_utc']}{' with --quick' if m.get('quick') is True else ''}"
+        f"{' partly with --quick (rows marked [quick])' if m.get('quick') == 'mixed' else ''}; load average at start "
+        f"{_load(m.get('load_avg_at_start'))}, at end {_load(m.get('load_avg_at_end'))}; harness {m.get('harness_s', 0):.0f} s",
+    ]
+
+
+def _load(v: Any) -> str:
+    return "/".join(f"{x:.1f}" for x in v) if v else "?"
+
+
+def print_table(result: dict[str, Any], file=sys.stdout) -> None:
+    cells = table_cells(result)
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(COLUMNS)]
+    for line in header_lines(result):
+        print(line, file=file)
+    print(file=file)
+    print(" | ".join(c.ljust(w) for c, w in zip(COLUMNS, widths)), file=file)
+    print("-+-".join("-" * w for w in widths), file=file)
+    for row in cells:
+        print(" | ".join(c.ljust(w) for c, w in zip(row, widths)), file=file)
+    print(file=file)
+    print("notes (ratio = jaxloop / reference unless said otherwise):", file=file)
+    for r in result["rows"]:
+        print(f"  {r['name']}: {r['what']}. {r['notes']}", file=file)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    from benchmarks import DESCRIPTION, FINDINGS
+
+    lines = ["# Benchmarks", "",
+             "Generated by `python -m benchmarks --markdown BENCHMARKS.md` (rewrite it from a saved run with "
+             "`--from-json FILE`). Do not edit the tables by hand.", ""]
+    lines += [f"- {line}" for line in header_lines(result)]
+    gpu = any(r["name"].startswith("accel") and r["status"] != "unmeasured" for r in result["rows"])
+    if not gpu:
+        lines.append("- accelerator rows: unmeasured, no GPU on this machine")
+    lines += ["", "| " + " | ".join(COLUMNS) + " | notes |", "|" + "---|" * (len(COLUMNS) + 1)]
+    for r, cells in zip(result["rows"], table_cells(result)):
+        note = f"{r['what']}. {r['notes']}".replace("|", "/")
+        lines.append("| " + " | ".join(cells) + f" | {note} |")
+    lines += ["", DESCRIPTION.strip(), "", FINDINGS.strip(), ""]
+    return "\n".join(lines)
+
+
+def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several runs: rows by name (later runs replace earlier ones), order of first sight."""
+    rows: dict[str, dict[str, Any]] = {}
+    for res in results:
+        quick = res["machine"].get("quick")
+        for r in res["rows"]:
+            r = dict(r)
+            r.setdefault("mode", "quick" if quick else "full")
+            rows[r["name"]] = r
+    machine = dict(results[0]["machine"])
+    if len({bool(res["machine"].get("quick")) for res in results}) > 1:
+        machine["quick"] = "mixed"
+    if len(results) > 1:
+        machine["time_utc"] = " + ".join(res["machine"]["time_utc"] for res in results)
+        machine["harness_s"] = sum(res["machine"].get("harness_s", 0) for res in results)
+    order = {name: i for i, (name, _) in enumerate(registry())}
+
+    def rank(r: dict[str, Any]) -> tuple[int, str]:
+        name = r["name"]
+        best = max((k for k in order if name == k or name.startswith(k + ".")), key=len, default=None)
+        return (order[best] if best is not None else len(order), name)
+
+    return {"machine": machine, "rows": sorted(rows.values(), key=rank)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="short runs and fewer rows (smoke check)")
+    p.add_argument("--only", action="append", metavar="ROW", help="run this row or row prefix (repeatable)")
+    p.add_argument("--out", metavar="FILE.json", help="write the results as JSON")
+    p.add_argument("--markdown", metavar="FILE.md", help="write the results as the BENCHMARKS.md record")
+    p.add_argument("--from-json", metavar="FILE.json", nargs="+",
+                   help="take the results from saved --out files, run nothing (several: rows merged by name, later "
+                        "files win; machine from the first)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores, as XLA:CPU)")
+    p.add_argument("--list", action="store_true", help="print the row names and exit")
+    args = p.parse_args(argv)
+    if args.list:
+        for name, _ in registry():
+            print(name + ("  (skipped under --quick)" if name in QUICK_SKIP else
+                          "  (--quick only)" if name in FULL_SKIP else ""))
+        return 0
+    if args.from_json:
+        result = merge([json.loads(Path(f).read_text()) for f in args.from_json])
+    else:
+        opts = Options(quick=args.quick)
+        if args.threads:
+            opts.threads = args.threads
+        save = (lambda r: Path(args.out).write_text(json.dumps(r, indent=1, default=str))) if args.out else None
+        result = run(opts, args.only, save)
+    print_table(result)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+"""Rows measured in child processes: loop efficiency, end to end, start-up and compile, memory, the
+data and checkpoint benchmarks, and the accelerator rows."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import TEXT, Options, Row, failed, gpu_present, median, run_child
+
+# ----------------------------------------------------------------------------- 2. loop efficiency
+
+
+def loop_row(opts: Options, shape: str, accum: int) -> Row:
+    from benchmarks.step import SHAPES
+
+    row = Row(f"loop.{shape}.k{accum}", f"jaxloop.train.run per update / compiled update alone, "
+              f"{SHAPES[shape]['label']}, K={accum}", unit="ms/update")
+    try:
+        if opts.quick:
+            steps, reps = (60 if shape == "mlp" else 30), 1
+        else:
+            steps, reps = (1000 if shape == "mlp" else 300 // accum), 2
+        d = opts.workdir / row.name
+        c = run_child(["-m", "benchmarks.driver", "loop", "--shape", shape, "--accum", str(accum), "--steps",
+                       str(steps), "--reps", str(reps), "--dir", str(d)], threads=opts.threads)
+        r = c.json()
+        loop_ms, alone_ms = median(r["loop_step_ms"]), median(r["alone_ms"])
+        row.jax, row.ref, row.ratio = loop_ms, alone_ms, loop_ms / alone_ms
+        row.check("<=", 1.10)
+        cross = median(r["loop_crosscheck_ms"])
+        wait = [w for w in r.get("data_wait_ms", []) if w is not None]
+        row.notes = (f"{steps} updates x {reps} run(s), log_every 10, prefetch 2, async ckpt every 100, eval at end; "
+                     f"loop = median step_ms of metrics.jsonl intervals after the first; cross-check (wall - "
+                     f"setup/compile/eval/checkpoint)/updates = {cross:.2f} ms ({cross / alone_ms:.2f}x)"
+                     + (f"; data_wait {median(wait):.3f} ms/update" if wait else ""))
+        row.extra = r
+        return row
+    except Exception as e:  # noqa: BLE001
+        return failed(row, e)
+
+
+# ----------------------------------------------------------------------------- 3. end to end
+
+
+def _final(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def e2e_row(opts: Options) -> Row:
+    steps = 100 if opts.quick else 2000
+    row = Row("e2e.shakespeare64", f"CLI wall time, shakespeare ctx64 b12, {steps} updates (jaxloop / torch_ref)", unit="s")
+    try:
+        flags = ["--preset", "shakespeare", "--model.context", "64", "--batch_size", "12", "--data.path", str(TEXT),
+                 "--steps", str(steps), "--log.progress", "off", "--log.no-report", "--resume", "never"]
+        results = {}
+        for name, module in (("jaxloop", "jaxloop.train"), ("torch_ref", "torch_ref.train")):
+            run_dir = opts.workdir / f"e2e-{name}"
+            c = run_child(["-m", module, *flags, "--run_dir", str(run_dir)], threads=opts.threads,
+                          timeout=3600)
+            if c.rc != 0:
+                raise RuntimeError(f"{module} exited {c.rc}: {c.stderr[-400:]}")
+            results[name] = (c, _final(run_dir))
+        (jc, js), (tc, ts) = results["jaxloop"], results["torch_ref"]
+        row.jax, row.ref, row.ratio = jc.wall_s, tc.wall_s, jc.wall_s / tc.wall_s
+        row.check("<=", 0.6)
+        jv, tv = js["final"]["val_loss"], ts["final"]["val_loss"]
+        close = abs(jv - tv) <= 0.02
+        row.met = bool(row.met) and close
+        row.notes = (f"val_loss jaxloop {jv:.4f} vs torch_ref {tv:.4f} (|diff| {abs(jv - tv):.4f}, goal <= 0.02: "
+                     f"{'met' if close else 'NOT met'}); process wall incl. imports; torch threads "
+                     f"{opts.threads} (OMP_NUM_THREADS); jaxloop also writes TensorBoard events")
+        row.extra = {"val_loss": {"jaxloop": jv, "torch_ref": tv},
+                     "summary_wall_s": {"jaxloop": js.get("wall_time_s"), "torch_ref": ts.get("wall_time_s")},
+                     "jax_timings_s": js.get("timings_s")}
+        opts.cache["mem.e2e"] = (jc.maxrss_bytes, tc.maxrss_bytes)
+        return row
+    except Exception as e:  # noqa: BLE001
+        return failed(row, e)
+
+
+# ----------------------------------------------------------------------------- 4. compile and start-up
+
+
+def compile_row(opts: Options, scan: bool | None = None) -> Row:
+    from jaxloop import models
+
+    label = "default" if scan is None else f"scan_blocks={scan}"
+    name = "startup.compile" if scan is None else f"startup.compile.scan{int(scan)}"
+    row = Row(name, f"first train_step compile, 4-block GPT ctx128 b32 ({label}), fresh process", unit="s")
+    try:
+        args = ["-m", "benchmarks.driver", "compile"] + ([] if scan is None else ["--scan", str(int(scan))])
+        r = run_child(args, threads=opts.threads).json()
+        row.jax = r["compile_s"]
+        row.goal, row.met = "<= 2 s", r["compile_s"] <= 2.0
+        row.notes = (f"lower {r['lower_s']:.2f} s + XLA {r['xla_s']:.2f} s; cpu {r['compile_cpu_s']:.2f} s; eval_step compile {r['eval_compile_s']:.2f} s; state "
+                     f"(init) {r['state_s']:.2f} s; imports {r['imports_s']:.2f} s; make_model default "
+                     f"scan_blocks={models.SCAN_BLOCKS}")
+        row.extra = r
+        return row
+    except Exception as e:  # noqa: BLE001
+        return failed(row, e)
+
+
+def cache_row(opts: Options) -> Row:
+    row = Row("startup.cache", "second-run compile with jaxloop.compilation.enable_compilation_cache (4-block GPT)",
+              unit="s")
+    try:
+        cache = opts.workdir / "xla-cache"
+        args = ["-m", "benchmarks.driver", "compile", "--cache", str(cache)]
+        first = run_child(args, threads=opts.threads).json()
+        second = run_child(args, threads=opts.threads).json()
+        row.jax, row.ref = second["compile_s"], first["compile_s"]
+        row.ratio = second["compile_s"] / first["compile_s"]
+        row.goal, row.met = "<= 0.5 s", second["compile_s"] <= 0.5
+        row.notes = (f"ref column = first (cache-filling) run's compile; second run: trace+lower {second['lower_s']:.2f} s "
+                     f"+ XLA/cache load {second['xla_s']:.2f} s (first: {first['lower_s']:.2f} + {first['xla_s']:.2f}); state {second['state_s']:.2f} s "
+                     f"(vs {first['state_s']:.2f}), eval compile {second['eval_compile_s']:.2f} s "
+                     f"(vs {first['eval_compile_s']:.2f}); cache {sum(f.stat().st_size for f in cache.rglob('*') if f.is_file()) / 2**20:.1f} MiB")
+        row.extra = {"first": first, "second": second}
+        return row
+    except Exception as e:  # noqa: BLE001
+        return failed(row, e)
+
+
+def _first_record_time(path: Path, t0: float, box: dict[str, float]):
+    """A poll function: stamps box['t'] when `path` first holds a train record."""
+    def poll() -> bool:
+        try:
+            with open(path) as f:
+                if any('"train"' in line for line in f):
+                    box["t"] = time.perf_counter() - t0
+                    return True
+        except OSError:
+            pass
+        return False
+    return poll
+
+
+def digits_row(opts: Options) -> Row:
+    row = Row("startup.digits", "digits CLI: process start to first update logged (jaxloop / torch_ref)", unit="s")
+    try:
+        out: dict[str, Any] = {}
+        for name, module in (("jaxloop", "jaxloop.train"), ("torch_ref", "torch_ref.train")):
+            run_dir = opts.workdir / f"digits-{name}"
+            box: dict[str, float] = {}
+            t0 = time.perf_counter()
+            c = run_child(["-m", module, "--run_dir", str(run_dir), "--steps", "50", "--log_every", "1",
+                           "--eval_every", "0", "--log.progress", "off", "--log.no-report", "--resume", "never"],
+                          poll=_first_record_time(run_dir / "metrics.jsonl", t0, box), threads=opts.threads)
+            if c.rc != 0 or "t" not in box:
+                raise RuntimeError(f"{module} exited {c.rc} (first record seen: {'t' in box}): {c.stderr[-300:]}")
+            out[name] = (box["t"], c)
+        row.jax, row.ref = out["jaxloop"][0], out["torch_ref"][0]
+        row.ratio = row.jax / row.ref
+        row.goal, row.met = "<= 3 s", row.jax <= 3.0
+        row.notes = (f"Popen to the first train record in metrics.jsonl (log_every 1), 50 updates; whole run "
+                     f"{out['jaxloop'][1].wall_s:.1f} s vs {out['torch_ref'][1].wall_s:.1f} s")
+        opts.cache["mem.digits"] = (out["jaxloop"][1].maxrss_bytes, out["torch_ref"][1].maxrss_bytes)
+        return row
+    except Exception as e:  # noqa: BLE001
+        return failed(row, e)
+
+
+# ----------------------------------------------------------------------------- 6. memory
+
+
+def memory_row(opts: Options, source: str) -> Row:
+    """Peak RSS of the jaxloop and torch_ref CLI children of another row (e2e or digits)."""
+    what = {"e2e": "e2e.shakespeare64", "digits": "startup.digits"}[source]
+    row = Row(f"memory.{source}", f"peak RSS, {what} CLI processes (jaxloop / torch_ref)", unit="MiB", goal="info")
+    if f"mem.{source}" in opts.cache:
+        j, t = opts.cache[f"mem.{source}"]
+        row.jax, row.ref, row.ratio = j / 2**20, t / 2**20, j / t
+        row.notes = "VmHWM of each child process, polled every 10 ms"
+    else:
+        row.status, row.notes = "skipped", f"comes from the {what} row (not run)"
+    return row
+
+
+def step_memory_row(opts: Options, shape: str) -> Row:
+    """Peak RSS of one framework per child: state, compile (jax) and a few updates."""
+    row = Row(f"memory.step.{shape}", f"peak RSS, state + compile + updates, {shape} (jaxloop / torch_ref)",
+              unit="MiB", goal="info")
+    try:
+        rss = {}
+        for fw in ("jax", "torch"):
+            c = run_child(["-m", "benchmarks.driver", "stepmem", "--framework", fw, "--shape", shape,
+                           "--updates", "5" if opts.quick else "20"], threads=opts.threads)
+            c.json()
+            rss[fw] = c.maxrss_bytes
+        row.jax, row.ref, row.ratio = rss["jax"] / 2**20, rss["torch"] / 2**20, rss["jax"] / rss["torch"]
+        row.notes = "VmHWM of each child process, imports included"
+        return row
+    except Exception as e:  # noqa: BLE001
+        return failed(row, e)
+
+
+# ----------------------------------------------------------------------------- 8. the existing benchmarks
+
+
+def data_row(opts: Options) -> Row:
+    row = Row("data", "input pipeline: grain TrainLoader / best torch DataLoader (benchmarks/bench_data.py)",
+              unit="records/s", goal="info")
+    try:
+        args = ["benchmarks/bench_data.py"] + (["--seconds", "0.5", "--rounds", "1", "--workers", "0"]
+                                               if opts.quick else [])
+        c = run_child(args)
+        if c.rc != 0:
+            raise RuntimeError(f"exit {c.rc}: {c.stderr[-300:]}")
+        m = re.search(r"worst over worker counts: ([0-9.]+)x", c.stdout)
+        table = [line for line in c.stdout.splitlines() if re.match(r"\s*\d+ \|", line)]
+        if table:
+            cells = [x.strip() for x in table[0].split("|")]
+            row.jax, row.ref = float(cells[1]), max(float(cells[2]), float(cells[3]))
+        row.ratio = float(m.group(1)) if m else None
+        row.check(">=", 1.0)
+        row.goal = "info (>= 1)"
+        row.notes = ("worst over worker counts; " + "; ".join(" ".join(t.split()) for t in table))[:300]
+        row.extra = {"stdout": c.stdout[-3000:]}
+        return row
+    except Exception as e:  # noqa: BLE001
+        return failed(row, e)
+
+
+def checkpoint_row(opts: Options) -> Row:
+    row = Row("checkpoint", "async save: loop blocked / sync save blocked (benchmarks/bench_checkpoint.py)", unit="ms")
+    try:
+        args = ["benchmarks/bench_checkpoint.py"] + (["--rounds", "2", "--sizes", "256x2"] if opts.quick else [])
+        c = run_child(args)
+        if c.rc != 0:
+            raise RuntimeError(f"exit {c.rc}: {c.stderr[-300:]}")
+        ratios = [float(x) for x in re.findall(r"ratio async/sync blocked time: ([0-9.]+)", c.stdout)]
+        blocked = {m: [float(x) for x in re.findall(rf"(?m)^{m}\s*: blocked median\s+([0-9.]+) ms", c.stdout)]
+                   for m in ("sync", "async")}
+        if not ratios:
+            raise RuntimeError(f"no ratio in output: {c.stdout[-300:]}")
+        row.ratio = max(ratios)
+        if blocked["async"] and blocked["sync"]:
+            row.jax, row.ref = blocked["async"][-1], blocked["sync"][-1]
+        row.check("<=", 0.1)
+        lost = re.findall(r"ratio async/sync lost time: ([0-9.\-]+)", c.stdout)
+        sizes = re.findall(r"state: ([0-9.]+M params, \d+ MiB)", c.stdout)
+        row.notes = f"worst over sizes ({', '.join(sizes)}); figures of the largest; lost-time ratios {', '.join(lost)}"
+        row.extra = {"stdout": c.stdout[-3000:]}
+        return row
+    except Exception as e:  # noqa: BLE001
+        return failed(row, e)
+
+
+# ----------------------------------------------------------------------------- 7. accelerators
+
+
+def accel_rows(opts: Options) -> list[Row]:
+    rows = []
+    for precision in ("fp32", "bf16"):
+        row = Row(f"accel.{precision}", f"GPU update, GPT ctx128 b32, {precision}: model-FLOPs utilisation",
+                  unit="ms/update", goal="info")
+        if not gpu_present():
+            row.status, row.notes = "unmeasured", "unmeasured: no GPU"
+            rows.append(row)
+            continue
+        try:
+            import dataclasses
+
+            import jax
+            import jax.numpy as jnp
+
+            from benchmarks.step import JaxUpdate, analytic_flops, host_batches, make_cfg, splits_for
+
+            cfg = dataclasses.replace(make_cfg("gpt128"), precision=precision)
+            splits = splits_for(opts, "gpt128")
+            jx = JaxUpdate(cfg, splits, host_batches(cfg, splits, 4))
+            jx(3)
+            t = median([jx(20) for _ in range(5)])
+            dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
+            n = 8192
+            a = jnp.ones((n, n), dtype)
+            dot = jax.jit(jnp.dot)
+            jax.block_until_ready(dot(a, a))
+            t0 = time.perf_counter()
+            for _ in range(10):
+                out = dot(a, a)
+            jax.block_until_ready(out)
+            peak = 2 * n ** 3 * 10 / (time.perf_counter() - t0)
+            flops = analytic_flops(cfg, splits.num_classes)
+            row.jax, row.ratio = 1e3 * t, flops / t / peak
+            row.notes = f"MFU vs measured {precision} matmul peak {peak / 1e12:.1f} TFLOP/s (ratio column = MFU)"
+        except Exception as e:  # noqa: BLE001
+            failed(row, e)
+        rows.append(row)
+    return rows
