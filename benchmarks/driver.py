@@ -72,7 +72,7 @@ def compile_(args: argparse.Namespace) -> dict:
 
     from loopcore.sources import load_splits
     from jaxloop.models import make_model
-    from jaxloop.state import create_train_state
+    from jaxloop.task import create_train_state
     from jaxloop.step import eval_step, train_step
     from benchmarks.step import host_batches, make_cfg
 

@@ -72,7 +72,7 @@ class JaxUpdate:
         import jax
 
         from jaxloop.models import make_model
-        from jaxloop.state import create_train_state
+        from jaxloop.task import create_train_state
         from jaxloop.step import train_step
 
         self.K = cfg.optim.accum_steps
@@ -265,7 +265,7 @@ def eval_row(opts: Options, shape: str = "gpt128") -> Row:
 
         from jaxloop.data import val_batches
         from jaxloop.models import make_model
-        from jaxloop.state import create_train_state
+        from jaxloop.task import create_train_state
         from jaxloop.step import eval_step
 
         cfg = make_cfg(shape)

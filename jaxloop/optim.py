@@ -43,9 +43,11 @@ def decay_mask(params: Any) -> Any:
 
 
 def all_finite(tree: Any) -> jax.Array:
-    """True when every floating leaf of tree is free of NaN and Inf."""
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+    """True when every floating leaf of tree is free of NaN and Inf: sum(x * 0) is 0 for finite x and NaN
+    otherwise. One scalar sum, not a reduction-and-stack per leaf: XLA:CPU compiles this several
+    times faster on a state of a few hundred leaves."""
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    return jnp.isfinite(sum(jnp.sum(x * 0, dtype=jnp.float32) for x in leaves)) if leaves else jnp.asarray(True)
 
 
 def _where(cond: jax.Array, a: Any, b: Any) -> Any:
@@ -136,18 +138,26 @@ def skip_nonfinite_windows(inner: optax.MultiSteps) -> optax.GradientTransformat
         return SkipWindowsState(inner.init(params), jnp.zeros([], bool), jnp.zeros([], jnp.int32), jnp.zeros([], jnp.int32))
 
     def update_fn(updates: Any, state: SkipWindowsState, params: Any = None) -> tuple[Any, SkipWindowsState]:
+        # lax.cond, not a select per leaf: both pick whole trees, and XLA:CPU compiles a select of every
+        # leaf on one global predicate an order of magnitude slower (measured: 50 s against 7 s for the GPT).
         finite = all_finite(updates)
-        updates = _where(finite, updates, jax.tree.map(jnp.zeros_like, updates))
+        zeros = lambda tree: jax.tree.map(jnp.zeros_like, tree)  # noqa: E731
+        updates = jax.lax.cond(finite, lambda u: u, zeros, updates)
         new_updates, new_inner = inner.update(updates, state.inner_state, params)
         emitted = inner.has_updated(new_inner)
         poisoned = state.poisoned | ~finite
         skip = emitted & (poisoned | ~all_finite((new_updates, new_inner)))
         before = state.inner_state
-        dropped = new_inner._replace(gradient_step=before.gradient_step, inner_opt_state=before.inner_opt_state,
-                                     acc_grads=jax.tree.map(jnp.zeros_like, new_inner.acc_grads))
+
+        def drop(out: tuple[Any, Any]) -> tuple[Any, Any]:
+            u, inner_state = out
+            return zeros(u), inner_state._replace(gradient_step=before.gradient_step, acc_grads=zeros(inner_state.acc_grads),
+                                                  inner_opt_state=before.inner_opt_state)
+
+        new_updates, new_inner = jax.lax.cond(skip, drop, lambda out: out, (new_updates, new_inner))
         applied = emitted & ~skip
-        return _where(skip, jax.tree.map(jnp.zeros_like, new_updates), new_updates), SkipWindowsState(
-            inner_state=_where(skip, dropped, new_inner),
+        return new_updates, SkipWindowsState(
+            inner_state=new_inner,
             poisoned=poisoned & ~emitted,
             bad_streak=jnp.where(skip, state.bad_streak + 1, jnp.where(applied, 0, state.bad_streak)),
             skipped=state.skipped + skip.astype(jnp.int32),

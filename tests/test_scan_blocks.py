@@ -26,7 +26,10 @@ def test_scan_blocks_same_params_logits_and_grads():
         assert m.apply({"params": params}, x).shape == (4, 8, 11)
     np.testing.assert_allclose(scanned.apply({"params": params}, x), unrolled.apply({"params": params}, x),
                                rtol=1e-5, atol=1e-6)
-    grad = lambda m: jax.grad(lambda p: cross_entropy_loss(m.apply, p, batch, None)[0])(params)  # noqa: E731
+    def grad(m):
+        bound = lambda p: lambda x, train=False: m.apply({"params": p}, x, train=train)  # noqa: E731
+        return jax.grad(lambda p: cross_entropy_loss(bound(p), batch, False)[0])(params)
+
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grad(scanned), grad(unrolled))
 
 
