@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 
 from jaxloop.cadence import Cadence
 from jaxloop.checkpoint import Checkpointer, quiet_orbax
+from jaxloop.compilation import enable_compilation_cache
 from jaxloop.data import DevicePrefetcher, TrainLoader, val_batches
 from jaxloop.distributed import barrier, check_divisible, initialize, is_primary, make_mesh, replicate, shard_batch
 from jaxloop.logger import RunLogger
@@ -86,6 +87,8 @@ def run(cfg: Config, task: Task | None = None) -> dict[str, Any]:
     if cfg.precision == "fp64":
         jax.config.update("jax_enable_x64", True)
     validate(cfg, check_paths=task is None)
+    if cfg.compile_cache:
+        enable_compilation_cache(cfg.compile_cache)  # before the first compile of the run
     task = task if task is not None else builtin_task(cfg)  # bad data is a ConfigError before anything is written
     splits = task.splits()
     initialize(cfg)  # join the other processes, if any, before any device is used

@@ -179,6 +179,8 @@ class Config:
     """Stop the run after this many consecutive skipped (non-finite) updates."""
     patience: int = 0
     """Early stopping: stop after this many evaluations without a better best_metric (0 = off)."""
+    compile_cache: str = "~/.cache/jaxloop/xla"
+    """JAX's persistent compilation cache: a second run or a resume loads its compiled steps ("" = off)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -433,7 +435,7 @@ def _writable_dir(name: str, path: str) -> None:
 
 # Fields a resumed run may change: they do not alter the computed trajectory.
 RESUME_SAFE = (
-    "run_dir", "resume", "allow_steps_change", "eval_every", "log_every", "max_bad_steps", "patience",
+    "run_dir", "resume", "allow_steps_change", "compile_cache", "eval_every", "log_every", "max_bad_steps", "patience",
     "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed.",
 )
 
