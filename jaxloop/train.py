@@ -25,7 +25,8 @@ from loopcore.cli import EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_SIGNAL, Interrupte
 from loopcore.config import Config, ConfigError
 from loopcore.run_dir import RunDir
 from jaxloop.data import DevicePrefetcher, TrainLoader, val_batches
-from jaxloop.distributed import barrier, check_divisible, initialize, is_primary, make_mesh, replicate, shard_batch
+from jaxloop.distributed import barrier, check_divisible, initialize, is_primary, make_mesh, shard_batch
+from jaxloop.distributed import create_sharded, pin_shardings, to_host  # fsdp (issue 14)
 from jaxloop.logger import RunLogger
 from jaxloop.runinfo import Profiler, Timings, run_metadata
 from loopcore.records import BestTracker
@@ -93,8 +94,9 @@ def run(cfg: Config) -> dict[str, Any]:
     quiet_orbax()
 
     timings = Timings()
-    mesh = make_mesh()
-    state = replicate(create_train_state(cfg, make_model(cfg, splits.num_classes), splits.example_x), mesh)
+    mesh = make_mesh(cfg.distributed)  # fsdp (issue 14): (data, fsdp) mesh; state built straight into its shards
+    model = make_model(cfg, splits.num_classes)
+    state = create_sharded(lambda: create_train_state(cfg, model, splits.example_x), mesh)
     ckpt = Checkpointer(cfg, run_dir, metadata)
     try:
         restored = ckpt.restore_latest(state) if cfg.resume != "never" else None
@@ -185,7 +187,8 @@ class Loop:
                 data_wait += batches.last_wait_s
                 if step_fn is None:
                     with timings("compile"):
-                        step_fn = train_step.lower(state, batch).compile()
+                        # fsdp (issue 14): the state comes back in its own shardings (donation, restore target)
+                        step_fn = pin_shardings(train_step, state).lower(state, batch).compile()
                     rate = Throughput(host_step, time.perf_counter(), data_wait)
                 state, metrics = step_fn(state, batch)
                 window.append(metrics)
@@ -258,7 +261,7 @@ class Loop:
                      "checkpoint_step": self.ckpt.best_step()},
             "updates_per_s": rate.updates / rate.seconds if rate.seconds else 0.0,
             "skipped_updates": int(state.skipped),
-            "state_digest": state_digest(state),
+            "state_digest": state_digest(to_host(state)),  # fsdp (issue 14): shards held by other processes
         }
 
 
