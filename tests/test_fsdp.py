@@ -168,6 +168,7 @@ def layout_runs(request, tmp_path_factory):
     return request.param, dirs
 
 
+@pytest.mark.slow  # 9 GPT runs, ~10 s of compiling each on 2 idle cores
 def test_every_layout_logs_the_same_losses(layout_runs):
     # Same global batches, same init: the layouts differ only in how XLA splits the reductions (the
     # gradient's sum over the batch: an all-reduce for fsdp=1, a reduce-scatter for fsdp=4).

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from loopcore.records import read_records
 from test_fsdp import MLP, ROOT
 from test_fsdp import _env as env, _main_runs as main_runs, _summary as summary
@@ -43,6 +45,7 @@ def _wait(procs: list[subprocess.Popen], timeout: int = 300) -> list[tuple[int, 
     return done
 
 
+@pytest.mark.slow  # five processes start and compile one after another
 def test_two_processes_match_one_process_bit_for_bit_through_a_sigterm_to_one_and_a_resume(tmp_path):
     # fsdp=2 over two processes: gloo carries the all-gathers and reduce-scatters of one global
     # computation, the same as one process with two devices runs. SIGTERM reaches process 1 only; at the
