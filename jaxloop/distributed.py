@@ -118,6 +118,14 @@ def shard_state(state: Any, mesh: Mesh, min_size: int = MIN_SHARD_SIZE) -> Any:
     return jax.device_put(state, state_shardings(state, mesh, min_size))
 
 
+def abstract_sharded(init: Callable[[], Any], mesh: Mesh, min_size: int = MIN_SHARD_SIZE) -> Any:
+    """init()'s tree as jax.ShapeDtypeStructs carrying the rule's shardings, computing nothing: a restore
+    target (Orbax reads each shard straight into place, and no fresh state is built only to be replaced)."""
+    abstract = jax.eval_shape(init)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract,
+                        state_shardings(abstract, mesh, min_size))
+
+
 def create_sharded(init: Callable[[], Any], mesh: Mesh, min_size: int = MIN_SHARD_SIZE) -> Any:
     """init() (e.g. `lambda: create_train_state(cfg, model, x)`), computed straight into its shards.
 

@@ -26,7 +26,7 @@ from loopcore.config import Config, ConfigError
 from loopcore.run_dir import RunDir
 from jaxloop.data import DevicePrefetcher, TrainLoader, val_batches
 from jaxloop.distributed import barrier, check_divisible, initialize, is_primary, make_mesh, shard_batch
-from jaxloop.distributed import create_sharded, pin_shardings, to_host  # fsdp (issue 14)
+from jaxloop.distributed import abstract_sharded, create_sharded, pin_shardings, to_host  # fsdp (issue 14)
 from jaxloop.logger import RunLogger
 from jaxloop.runinfo import Profiler, Timings, run_metadata
 from loopcore.records import BestTracker
@@ -96,11 +96,13 @@ def run(cfg: Config) -> dict[str, Any]:
     timings = Timings()
     mesh = make_mesh(cfg.distributed)  # fsdp (issue 14): (data, fsdp) mesh; state built straight into its shards
     model = make_model(cfg, splits.num_classes)
-    state = create_sharded(lambda: create_train_state(cfg, model, splits.example_x), mesh)
+    init = lambda: create_train_state(cfg, model, splits.example_x)  # noqa: E731
     ckpt = Checkpointer(cfg, run_dir, metadata)
     try:
-        restored = ckpt.restore_latest(state) if cfg.resume != "never" else None
+        # fsdp (issue 14): restore into the abstract sharded state (no fresh state built to be replaced)
+        restored = ckpt.restore_latest(abstract_sharded(init, mesh)) if cfg.resume != "never" else None
         rd.must_have_resumed(restored)
+        state = restored.state if restored is not None else create_sharded(init, mesh)
         if restored is not None:
             rd.record_resume(restored.step)
         timings.add("setup", time.perf_counter() - t_start)
