@@ -155,9 +155,11 @@ def pin_shardings(step: Callable[..., Any], state: Any, donate: bool = True) -> 
     and would drift from the layout the checkpoint's restore target expects. `step` may itself be jitted.
     """
     shardings = jax.tree.map(lambda x: x.sharding, state)
-    mesh = next(s.mesh for s in jax.tree.leaves(shardings) if isinstance(s, NamedSharding))
+    named = [s for s in jax.tree.leaves(shardings) if isinstance(s, NamedSharding)]
+    if not named:
+        raise ValueError("pin_shardings needs a state placed on a mesh (shard_state or create_sharded)")
     return jax.jit(lambda s, *args: step(s, *args), donate_argnums=0 if donate else (),
-                   out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())))
+                   out_shardings=(shardings, NamedSharding(named[0].mesh, PartitionSpec())))
 
 
 def shard_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
