@@ -146,9 +146,17 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
     return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
 
 
-def pin_shardings(step: Callable[..., Any], state: Any, donate: bool = True) -> Callable[..., Any]:
+def pin_shardings(step: Callable[..., Any], state: Any, donate: bool = True, gather_params: bool = True
+                  ) -> Callable[..., Any]:
     """step(state, *args) -> (state, rest...), jitted to return the state in the shardings it has now
     (and everything else replicated), with the state donated.
+
+    gather_params: a state with `.params` (and `.replace`, a flax struct) enters the step with its params
+    constrained to be whole on every device, so XLA all-gathers the weights once per call and reduce-
+    scatters their gradients, and the activations stay split over the batch. Left to itself, GSPMD
+    followed the weights' feature split into the activations, and had to replicate some of them
+    ("Involuntary full rematerialization"): measured on the shakespeare GPT, 1.3x the temporaries of
+    fsdp = 1, against ~1.0x with the gather.
 
     Without it, GSPMD's propagation picks the output layout: usually the input's, but nothing says so,
     and a state that came back in another layout would not be donated into (new buffers every update)
@@ -158,8 +166,16 @@ def pin_shardings(step: Callable[..., Any], state: Any, donate: bool = True) -> 
     named = [s for s in jax.tree.leaves(shardings) if isinstance(s, NamedSharding)]
     if not named:
         raise ValueError("pin_shardings needs a state placed on a mesh (shard_state or create_sharded)")
-    return jax.jit(lambda s, *args: step(s, *args), donate_argnums=0 if donate else (),
-                   out_shardings=(shardings, NamedSharding(named[0].mesh, PartitionSpec())))
+    replicated = NamedSharding(named[0].mesh, PartitionSpec())
+
+    def pinned(s: Any, *args: Any) -> Any:
+        if gather_params and hasattr(s, "params") and hasattr(s, "replace"):
+            # FSDP's schedule: the whole weights where the model uses them (all-gathered once per call,
+            # their gradient reduce-scattered back), so the activations stay split over the batch.
+            s = s.replace(params=jax.lax.with_sharding_constraint(s.params, replicated))
+        return step(s, *args)
+
+    return jax.jit(pinned, donate_argnums=0 if donate else (), out_shardings=(shardings, replicated))
 
 
 def shard_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
