@@ -20,7 +20,8 @@ from jaxloop.cadence import Cadence
 from jaxloop.checkpoint import Checkpointer, quiet_orbax
 from jaxloop.compilation import enable_compilation_cache
 from jaxloop.data import DevicePrefetcher, TrainLoader, val_batches
-from jaxloop.distributed import barrier, check_divisible, initialize, is_primary, make_mesh, replicate, shard_batch
+from jaxloop.distributed import (abstract_sharded, barrier, check_divisible, create_sharded, initialize, is_primary,
+                                 make_mesh, pin_shardings, shard_batch, to_host)
 from jaxloop.logger import RunLogger
 from jaxloop.optim import optimizer_metrics
 from jaxloop.runinfo import Profiler, Timings, run_metadata
@@ -103,12 +104,14 @@ def run(cfg: Config, task: Task | None = None) -> dict[str, Any]:
     quiet_orbax()
 
     timings = Timings()
-    mesh = make_mesh()
-    state = replicate(init_state(cfg, task, splits), mesh)
+    mesh = make_mesh(cfg.distributed)  # (data, fsdp): the state is sharded over fsdp, the batch over both
+    init = lambda: init_state(cfg, task, splits)  # noqa: E731
     ckpt = Checkpointer(cfg, rd.path, metadata)
     try:
-        restored = ckpt.restore_latest(state) if cfg.resume != "never" else None
+        # a resume reads every shard straight into place: no fresh state is built only to be replaced
+        restored = ckpt.restore_latest(abstract_sharded(init, mesh)) if cfg.resume != "never" else None
         rd.must_have_resumed(restored)
+        state = restored.state if restored is not None else create_sharded(init, mesh)
         if restored is not None:
             rd.record_resume(restored.step)
         timings.add("setup", time.perf_counter() - t_start)
@@ -135,8 +138,7 @@ class Loop:
         self.cfg, self.splits, self.ckpt, self.timings, self.mesh, self.rd = cfg, splits, ckpt, timings, mesh, rd
         self.cadence = Cadence.of(cfg)
         self.evaluate = Evaluator(cfg, task, splits, mesh)
-        # jit and donation: each call runs K x n micro-batches (n updates) and donates the state it is given.
-        self.updates = jax.jit(scan_steps(make_train_step(task.loss)), donate_argnums=0)
+        self.steps = scan_steps(make_train_step(task.loss))  # K x n micro-batches (n updates) per call
         self.compiled: dict[int, Any] = {}
         self.signal: int | None = None
         self.tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
@@ -194,7 +196,8 @@ class Loop:
         """The call running n updates, compiled on first use (its own compile time is timed)."""
         if n not in self.compiled:
             with self.timings("compile"):
-                self.compiled[n] = self.updates.lower(state, chunk).compile()
+                # jit with the state donated and returned in its own shardings (jaxloop.distributed)
+                self.compiled[n] = pin_shardings(self.steps, state, donate=True).lower(state, chunk).compile()
             self.rate = Throughput(self.rate.step, time.perf_counter(), self.rate.data_wait)
         return self.compiled[n]
 
@@ -267,5 +270,5 @@ class Loop:
                      "checkpoint_step": self.ckpt.best_step()},
             "updates_per_s": self.rate.updates / self.rate.seconds if self.rate.seconds else 0.0,
             "skipped_updates": int(optimizer_metrics(state.opt_state)["skipped"]),
-            "state_digest": state_digest(state),
+            "state_digest": state_digest(to_host(state)),  # shards held by other processes too
         }

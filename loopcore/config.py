@@ -149,6 +149,9 @@ class DistributedConfig:
     """This process's index in [0, num_processes); process 0 writes the run's files."""
     coordinator: str = ""
     """host:port of process 0's coordination service (needed when num_processes > 1)."""
+    fsdp: int = 1
+    """Devices over which the state (params, optimizer state, EMA) is sharded; must divide the device
+    count, the other factor is the data-parallel axis (1 = state replicated on every device)."""
 
 
 @dataclass(frozen=True)
@@ -364,6 +367,7 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
 
     dist = cfg.distributed
     _positive_int("distributed.num_processes", dist.num_processes)
+    _positive_int("distributed.fsdp", dist.fsdp)  # divides the device count: checked when jax starts
     if not _is_int(dist.process_id) or not 0 <= dist.process_id < dist.num_processes:
         raise ConfigError("distributed.process_id", dist.process_id,
                           f"an integer in [0, distributed.num_processes={dist.num_processes})")
