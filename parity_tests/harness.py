@@ -278,6 +278,15 @@ def curve_rel_diff(a: Any, b: Any) -> float:
     return float(np.max(rel))
 
 
+def ulps_of_value(got: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """|got - reference| in float32 ulps of the reference value itself (np.spacing of its float32
+    rounding); a zero rate must be exactly zero (infinitely many ulps otherwise)."""
+    got, reference = _same_length(got, reference)
+    spacing = np.spacing(np.abs(reference).astype(np.float32)).astype(np.float64)
+    diff = np.abs(got - reference)
+    return np.where(diff == 0, 0.0, np.where(reference == 0, np.inf, diff / spacing))
+
+
 def abs_diff(a: Any, b: Any) -> float:
     """max |a - b|; refuses empty or different-length inputs."""
     a, b = _same_length(a, b)

@@ -26,7 +26,7 @@ from loopcore.config import Config, OptimConfig, validate
 from jaxloop.optim import make_optimizer
 from loopcore.sources import load_splits
 from parity_tests.convert import _adam_and_schedule
-from parity_tests.harness import QUIET, jax_mode, mlp_cfg, model, optim
+from parity_tests.harness import QUIET, jax_mode, mlp_cfg, model, optim, ulps_of_value
 from parity_tests.oracle import lr_oracle_table
 from torch_ref.data import micro_batch
 from torch_ref.state import create_train_state
@@ -61,14 +61,6 @@ GRID = _grid()
 def _reference(cfg: Config) -> np.ndarray:
     return lr_oracle_table(cfg, cfg.steps + EXTRA)
 
-
-def ulps_of_value(got: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    """|got - reference| in float32 ulps of the reference value itself (np.spacing of its float32
-    rounding); a zero rate must be exactly zero (infinitely many ulps otherwise)."""
-    got, reference = np.asarray(got, np.float64), np.asarray(reference, np.float64)
-    spacing = np.spacing(np.abs(reference).astype(np.float32)).astype(np.float64)
-    diff = np.abs(got - reference)
-    return np.where(diff == 0, 0.0, np.where(reference == 0, np.inf, diff / spacing))
 
 
 def jax_applied_rates(cfg: Config, precision: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

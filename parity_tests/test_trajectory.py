@@ -19,9 +19,8 @@ import torch
 from jaxloop.models import make_model
 from loopcore.sources import MicroBatchGather, load_splits
 from jaxloop.step import cross_entropy_loss, train_step
-from parity_tests.test_schedule import ulps_of_value
 from parity_tests.harness import (F32_EPS, curve_rel_diff, flat_params, gpt_cfg, host, jax_mode, jax_run, jax_state,
-                                  mlp_cfg, model, optax_adamw, torch_run, tree_rel_diff)
+                                  mlp_cfg, model, optax_adamw, torch_run, tree_rel_diff, ulps_of_value)
 from torch_ref.models import export_jax_params
 from torch_ref.state import create_train_state as torch_state
 from torch_ref.step import cross_entropy_loss as torch_loss
