@@ -149,7 +149,7 @@ def test_sampler_replays_jaxloop_record_order_from_a_mid_epoch_position(workers)
     start, count = 40, 10  # ... and the 10 micro-batches run into epoch 1
     assert start < per_epoch < start + count
     expected = record_order(cfg, splits.num_train, start, count)
-    sampler = ReplayBatchSampler(cfg, splits.num_train, start=start, stop=start + count, chunk=3)
+    sampler = ReplayBatchSampler(cfg, splits.num_train, start=start, stop=start + count)
     assert [list(b) for b in sampler] == expected.tolist()
     loader = make_train_loader(cfg, splits, position=start, stop=start + count)
     batches = list(loader)
