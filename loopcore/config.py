@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal, get_args, get_type_hints
 
-PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
+PRECISIONS = ("fp32", "bf16", "bf16_full", "fp16", "fp64")
 PRESETS = ("digits", "shakespeare", "debug")
 
 
@@ -169,8 +169,9 @@ class Config:
     """Validate over the whole validation split every this many updates (0 = only at the end)."""
     log_every: int = 10
     """Record metrics every this many updates."""
-    precision: Literal["fp32", "bf16", "fp16", "fp64"] = "fp32"
-    """fp32; bf16 or fp16 compute with fp32 params and loss; fp64 (needs JAX_ENABLE_X64, for parity)."""
+    precision: Literal["fp32", "bf16", "bf16_full", "fp16", "fp64"] = "fp32"
+    """fp32; bf16: matmuls in bf16, the rest fp32 (torch.autocast's way); bf16_full: the whole model in bf16;
+    fp16: the whole model in fp16 with a dynamic loss scale; fp64 (needs JAX_ENABLE_X64, for parity)."""
     resume: Literal["auto", "never", "must"] = "auto"
     """auto: resume from run_dir if it holds a checkpoint; never: start fresh; must: fail without one."""
     allow_steps_change: bool = False
