@@ -12,8 +12,10 @@ and moved nothing aside (no checkpoints_damaged/). Any warning fails the test (c
 damaged-checkpoint fallback warns.
 
 Mutants caught (run, seen to fail, reverted): jaxloop's restore treating every step as damaged (moves it
-aside with a warning, retrains from scratch); the same without the warning (restore_latest returns None):
-the resume record is missing and the losses after k are those of jaxloop's own init (1e-1 apart).
+aside with a warning, retrains from scratch): the warning fails the run; the same without the warning
+(restore_latest returns None for the converted run_dir): the run starts afresh and fails when it reaches
+the converted step's save (orbax StepAlreadyExistsError); were it to write elsewhere, the missing resume
+record and the losses of jaxloop's own init would fail it.
 """
 
 from __future__ import annotations
