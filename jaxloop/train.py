@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
@@ -25,6 +26,7 @@ from loopcore.cli import EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_SIGNAL, Interrupte
 from loopcore.config import Config, ConfigError
 from loopcore.run_dir import RunDir
 from jaxloop.data import DevicePrefetcher, TrainLoader, val_batches
+from jaxloop.init_from import init_params_from
 from jaxloop.distributed import barrier, check_divisible, initialize, is_primary, make_mesh, replicate, shard_batch
 from jaxloop.logger import RunLogger
 from jaxloop.runinfo import Profiler, Timings, run_metadata
@@ -95,6 +97,7 @@ def run(cfg: Config) -> dict[str, Any]:
     timings = Timings()
     mesh = make_mesh()
     state = replicate(create_train_state(cfg, make_model(cfg, splits.num_classes), splits.example_x), mesh)
+    state = state.replace(params=(p := init_params_from(cfg.init_from, state.params)), ema_params=jax.tree.map(jnp.copy, p) if state.ema_params is not None else None) if cfg.init_from else state  # --init_from
     ckpt = Checkpointer(cfg, run_dir, metadata)
     try:
         restored = ckpt.restore_latest(state) if cfg.resume != "never" else None

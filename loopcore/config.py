@@ -180,6 +180,10 @@ class Config:
     """Stop the run after this many consecutive skipped (non-finite) updates."""
     patience: int = 0
     """Early stopping: stop after this many evaluations without a better best_metric (0 = off)."""
+    init_from: str = ""
+    """A run_dir (or its checkpoints/ directory) whose newest checkpoint's params initialise this fresh run
+    (optimizer, step and data position start afresh); empty = the model's own seeded init. Not allowed
+    when the run resumes from a checkpoint of its own run_dir."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -376,6 +380,8 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
         if d.source in ("text", "npz"):
             _readable_file("data.path", d.path)
         _writable_dir("run_dir", cfg.run_dir)
+        if cfg.init_from and not os.path.isdir(cfg.init_from):
+            raise ConfigError("init_from", cfg.init_from, "empty or an existing run_dir or checkpoints directory")
     return cfg
 
 
@@ -434,7 +440,7 @@ def _writable_dir(name: str, path: str) -> None:
 
 # Fields a resumed run may change: they do not alter the computed trajectory.
 RESUME_SAFE = (
-    "run_dir", "resume", "allow_steps_change", "eval_every", "log_every", "max_bad_steps", "patience",
+    "run_dir", "resume", "allow_steps_change", "eval_every", "log_every", "max_bad_steps", "patience", "init_from",
     "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed.",
 )
 
