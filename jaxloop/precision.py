@@ -10,8 +10,8 @@ bf16: torch.autocast's way, op by op: params, optimizer state, inputs, embedding
 bf16_full: the whole model in bfloat16: params and floating inputs cast to bfloat16 for the forward and
       backward pass (LayerNorm, softmax inputs and the residual stream included); logits and loss float32.
       Cheaper in memory traffic, further from torch.autocast (the parity suite measures both).
-fp16: as bf16_full with float16, plus dynamic loss scaling with torch.amp.GradScaler's rule, its state
-      kept in the TrainState.
+fp16: as bf16 (autocast-like, op by op) with float16 matmuls, plus dynamic loss scaling with
+      torch.amp.GradScaler's rule, its state kept in the TrainState.
 fp64: everything float64 (needs jax x64), used by the parity suite.
 
 float32 matmuls run at full float32 precision: importing this module sets jax's default matmul
@@ -79,7 +79,7 @@ def get_policy(name: str) -> Policy:
     if name == "bf16_full":
         return Policy("bf16_full", f32, jnp.bfloat16, f32)
     if name == "fp16":
-        return Policy("fp16", f32, jnp.float16, f32, dynamic_scale=True)
+        return Policy("fp16", f32, f32, f32, dynamic_scale=True, matmul_dtype=jnp.float16)
     if name == "fp64":
         if not jax.config.jax_enable_x64:
             raise ValueError("precision=fp64 needs 64-bit JAX: set JAX_ENABLE_X64=1")

@@ -171,7 +171,7 @@ class Config:
     """Record metrics every this many updates."""
     precision: Literal["fp32", "bf16", "bf16_full", "fp16", "fp64"] = "fp32"
     """fp32; bf16: matmuls in bf16, the rest fp32 (torch.autocast's way); bf16_full: the whole model in bf16;
-    fp16: the whole model in fp16 with a dynamic loss scale; fp64 (needs JAX_ENABLE_X64, for parity)."""
+    fp16: as bf16 with fp16 matmuls and a dynamic loss scale; fp64 (needs JAX_ENABLE_X64, for parity)."""
     resume: Literal["auto", "never", "must"] = "auto"
     """auto: resume from run_dir if it holds a checkpoint; never: start fresh; must: fail without one."""
     allow_steps_change: bool = False

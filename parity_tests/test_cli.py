@@ -28,7 +28,7 @@ from loopcore.sources import MicroBatchGather, load_splits
 from parity_tests.harness import QUIET, ROOT, curve_rel_diff, host, jax_mode, jax_state, records
 
 UPDATES = 40
-FLAGS = ["--preset", "digits", "--steps", str(UPDATES), "--eval_every", "20", "--log_every", "1",
+FLAGS = ["--preset", "digits", "--steps", str(UPDATES), "--optim.warmup_steps", "10", "--eval_every", "20", "--log_every", "1",
          "--log.progress", "off", "--log.no-report", "--log.no-tensorboard"]
 
 

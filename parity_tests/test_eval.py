@@ -8,8 +8,8 @@ Compared per evaluation: val_loss, val_acc, ema_val_loss, ema_val_acc (relative,
 evaluated steps and the update at which each stopped (exact).
 
 Mutants caught (run, seen to fail, reverted): torch_ref averaging the validation loss over batches
-instead of records (the short last batch over-weighted); torch_ref's EMA update d * p + (1 - d) * e
-(decay on the wrong side); torch_ref stopping after patience + 1 evaluations without improvement.
+instead of records (the short last batch over-weighted): 4.5e-2; torch_ref's EMA update d * p + (1 - d) * e
+(decay on the wrong side): 7.6e-1; torch_ref stopping after patience + 1 evaluations without improvement.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ fp16: as bf16 with float16, plus dynamic loss scaling by torch.amp.GradScaler wi
 fp64: the model is converted with model.double() and floating inputs are cast to float64 (parity).
 
 jaxloop's bf16 mirrors autocast op by op (matmuls bf16 with float32 accumulation, everything else
-float32); jaxloop's bf16_full (the whole model in bf16) has no torch_ref counterpart, and neither has its
-fp16 (the whole model in fp16; autocast here): the parity suite compares those against this autocast.
+float32), and so does its fp16 (float16 matmuls); jaxloop's bf16_full (the whole model in bf16) has no
+torch_ref counterpart: the parity suite compares it against this autocast.
 
 float32 matmuls are pinned to full float32 precision (importing this module turns TF32 off for CUDA
 matmuls and cuDNN and sets torch.set_float32_matmul_precision("highest")), as jaxloop pins jax's.
