@@ -8,9 +8,8 @@ jaxloop starts from J0 (jaxloop.init_from, Orbax), torch_ref from T0 (its own lo
 checkpoint). Both runs: the digits preset (MLP 64-128-128-10), float32, seed 0, 40 updates, evaluation
 at 20 and 40, torch_ref with optax's clip arithmetic.
 
-Mutants caught (run, seen to fail, reverted): jaxloop ignoring --init_from (the `# --init_from` line of
-jaxloop.train.run removed); torch_ref ignoring it (init_model_from not called): the first losses are then
-those of the loop's own seed-0 init, ~1e-1 from J0's.
+Mutant caught (run, seen to fail, reverted): jaxloop ignoring --init_from (the `# --init_from` line of
+jaxloop.train.run removed): its first loss is then that of its own seed-0 init, not J0's.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ from loopcore.sources import MicroBatchGather, load_splits
 from parity_tests.harness import QUIET, ROOT, curve_rel_diff, host, jax_mode, jax_state, records
 
 UPDATES = 40
-FLAGS = ["--preset", "digits", "--steps", str(UPDATES), "--optim.warmup_steps", "10", "--eval_every", "20", "--log_every", "1",
-         "--log.progress", "off", "--log.no-report", "--log.no-tensorboard"]
+FLAGS = ["--preset", "digits", "--steps", str(UPDATES), "--optim.warmup_steps", "10", "--eval_every", "20",
+         "--log_every", "1", "--log.progress", "off", "--log.no-report", "--log.no-tensorboard"]
 
 
 def _initial_checkpoint(run_dir):

@@ -180,3 +180,41 @@ def test_conversion_round_trip_is_exact(resume_runs, parity):
                  "weights, moments, counts, rate, EMA", max(_round_trip_change(cfg, splits, original),
                                                              _round_trip_change(fp16, fp16_splits, scaled)),
                  0.0, "a copy (kernels transposed twice), no arithmetic")
+
+
+def test_gpt_conversion_round_trip_and_fp32_resume(shakespeare_slice, parity):
+    """The GPT (tied embedding, qkv, LayerNorm) in float32: jaxloop's state after 3 updates -> torch_ref ->
+    jaxloop is a copy (weights, Adam moments, counts), and torch_ref resumed from the converted state
+    continues on jaxloop's own trajectory for 20 more updates (test_trajectory's float32 bound)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxloop.step import train_step
+    from parity_tests.harness import gpt_cfg, jax_state
+
+    cfg = gpt_cfg(shakespeare_slice, steps=40, precision="fp32")
+    splits = load_splits(cfg)
+    batches = [micro_batch(cfg, splits, b) for b in range(23)]
+    as_jax = lambda b: {"x": jnp.asarray(b[0].numpy()), "y": jnp.asarray(b[1].numpy())}  # noqa: E731
+    with jax_mode("fp32"):
+        state = jax_state(cfg, splits)
+        for b in range(3):
+            state, _ = train_step(state, as_jax(batches[b]))
+        tstate = torch_state_from_jax(cfg, splits, state, position=3)
+        back = jax_state_from_torch(cfg, splits, tstate)
+        original = host((state.params, _adam_and_schedule(state.opt_state)[0]))
+        copied = host((back.params, _adam_and_schedule(back.opt_state)[0]))
+        change = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+                     for a, b in zip(jax.tree.leaves(original), jax.tree.leaves(copied)))
+        losses = []
+        for b in range(3, 23):
+            state, m = train_step(state, as_jax(batches[b]))
+            losses.append(float(m["loss"]))
+        final = host(state.params)
+    tlosses = [train_update(tstate, [batches[b]], clip="optax")["loss"] for b in range(3, 23)]
+    parity.check("convert GPT fp32: jax -> torch -> jax round trip, max |change| of weights, Adam moments and counts",
+                 change, 0.0, "a copy (kernels transposed twice, qkv and the tied embedding as they are)")
+    parity.check("convert GPT fp32: torch_ref resumed from the converted update 3, loss of 20 updates vs jaxloop's",
+                 curve_rel_diff(tlosses, losses), 1e-5, "test_trajectory's float32 bound")
+    parity.check("convert GPT fp32: params after the 20 resumed updates, torch_ref vs jaxloop",
+                 tree_rel_diff(export_jax_params(tstate.model), final)[0], 1e-5, "test_trajectory's float32 bound")
