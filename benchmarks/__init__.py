@@ -20,8 +20,6 @@ torch_ref runs as it does in its own loop, i.e. with torch.use_deterministic_alg
   --quick). GPT rows also give the achieved GFLOP/s of jaxloop's update, counted from the compiled
   HLO's cost analysis (the analytic 6·N·tokens + attention count is recorded beside it), as % of the
   measured peak.
-- **scan.gpt128** (info): jaxloop's update with `GPT(scan_blocks=True)` / with the unrolled blocks,
-  interleaved, and both first compiles (wall and CPU seconds, same process).
 - **eval.gpt128** (goal >= 3x): tokens/s of a full validation pass (`eval_step` over `val_batches`,
   eval_batch_size 256, dispatch all then fetch, as the loop's evaluate) / tokens/s of the compiled
   training update alone (batch 32).
@@ -34,9 +32,8 @@ torch_ref runs as it does in its own loop, i.e. with torch.use_deterministic_alg
   jaxloop.train` and `python -m torch_ref.train` with `--preset shakespeare --model.context 64
   --batch_size 12 --data.path ... --steps 2000` (100 under --quick), wall time of the whole process
   (imports, compile, evaluations every 250, checkpoints included); final val_loss of both.
-- **startup.compile[.scan0/.scan1]** (goal <= 2 s): `train_step.lower(...).compile()` of the 4-block GPT
-  (ctx 128, batch 32) in a fresh process with no cache (default model, and both `GPT.scan_blocks`
-  settings); CPU seconds, init and eval-step compile in the notes.
+- **startup.compile** (goal <= 2 s): `train_step.lower(...).compile()` of the 4-block GPT
+  (ctx 128, batch 32) in a fresh process with no cache; CPU seconds, init and eval-step compile in the notes.
 - **startup.cache** (goal <= 0.5 s): the same in two fresh processes with
   `jaxloop.compilation.enable_compilation_cache(dir)`: the second's compile is a cache hit; the notes
   split it into tracing + lowering (Python, which no cache skips) and XLA compile / cache load.
@@ -67,13 +64,12 @@ process, which load disturbs far less than wall time), jax 0.10.2, 4-block GPT c
 | the whole train_step | 10.5-11.7 s | 14.1-15.1 s |
 | eval_step | 1.0-1.3 s | 1.6-1.9 s |
 
-- A lax.scan over the blocks makes XLA:CPU's compile *slower* here (the while loop's body, its
+- A lax.scan over the blocks (tried as `GPT(scan_blocks=True)`) makes XLA:CPU's compile *slower* here (the while loop's body, its
   dynamic slices of the stacked weights and the stacked residuals of the backward pass cost more than
   compiling four copies of a small block), and the update got slower: in this file's run, row
-  scan.gpt128 measured the scanned update 1.18x the unrolled one's time and its compile 14.0 vs 9.8 CPU
-  seconds; startup.compile.scan1 / scan0 12.5 vs 9.0 CPU seconds. `GPT.scan_blocks` is kept as a
-  flag (same parameter names, so torch_ref's map, optim's decay mask and checkpoints are unchanged) with
-  default False (`jaxloop.models.SCAN_BLOCKS`); rows startup.compile.scan0/scan1 re-measure it.
+  scan.gpt128 (since removed) measured the scanned update 1.18x the unrolled one's time and its compile 14.0 vs 9.8 CPU
+  seconds; a fresh process's first compile 12.5 vs 9.0 CPU seconds. The scanned formulation was
+  therefore removed again (the measurement is kept here).
 - Stacking the block parameters as nn.scan does ([n_layers, ...] under one name, 16 leaves instead of
   52) only takes the optimizer's compile from 6.1 to 3.6 s.
 - The optimizer dominates: MultiSteps alone doubles it (chain(clip, adamw) without MultiSteps: 3.3 s;

@@ -27,8 +27,8 @@ from benchmarks.common import Options, Row, as_dict, machine
 
 # rows left out under --quick unless named with --only (their cost is mostly another compile)
 # (--quick keeps one row per kind of measurement, on the smallest shapes: a smoke check, not a record)
-QUICK_SKIP = ("step.gpt64.k4", "step.gpt128.k1", "step.gpt128.k4", "scan.gpt128", "eval.gpt128", "loop.mlp.k4", "loop.gpt64.k1",
-              "loop.gpt64.k4", "startup.compile", "startup.compile.scan0", "startup.compile.scan1",
+QUICK_SKIP = ("step.gpt64.k4", "step.gpt128.k1", "step.gpt128.k4", "eval.gpt128", "loop.mlp.k4", "loop.gpt64.k1",
+              "loop.gpt64.k4", "startup.compile",
               "memory.step.mlp", "memory.step.gpt128", "checkpoint")
 FULL_SKIP = ("eval.gpt64",)  # the quick stand-in for eval.gpt128
 
@@ -41,7 +41,6 @@ def registry() -> list[tuple[str, Callable[[Options], Row | list[Row]]]]:
     for shape in ("mlp", "gpt64", "gpt128"):
         for k in (1, 4):
             rows.append((f"step.{shape}.k{k}", lambda o, s=shape, k=k: step.step_row(o, s, k)))
-    rows.append(("scan.gpt128", lambda o: step.scan_row(o, "gpt128")))
     rows.append(("eval.gpt64", lambda o: step.eval_row(o, "gpt64")))
     rows.append(("eval.gpt128", lambda o: step.eval_row(o, "gpt128")))
     for shape in ("mlp", "gpt64"):
@@ -50,8 +49,6 @@ def registry() -> list[tuple[str, Callable[[Options], Row | list[Row]]]]:
     rows += [
         ("e2e.shakespeare64", procs.e2e_row),
         ("startup.compile", procs.compile_row),
-        ("startup.compile.scan0", lambda o: procs.compile_row(o, False)),
-        ("startup.compile.scan1", lambda o: procs.compile_row(o, True)),
         ("startup.cache", procs.cache_row),
         ("startup.digits", procs.digits_row),
         ("memory.e2e", lambda o: procs.memory_row(o, "e2e")),

@@ -1,7 +1,7 @@
 """Child-process entry points of the harness; each prints one JSON line (the parent adds wall time and peak RSS).
 
     python -m benchmarks.driver loop --shape gpt64 --accum 1 --steps 300 --reps 2 --dir D
-    python -m benchmarks.driver compile [--scan 0|1] [--cache DIR]
+    python -m benchmarks.driver compile [--cache DIR]
     python -m benchmarks.driver stepmem --framework jax|torch --shape mlp --updates 20
 """
 
@@ -79,8 +79,7 @@ def compile_(args: argparse.Namespace) -> dict:
     t_imported = time.perf_counter()
     cfg = make_cfg(args.shape)
     splits = load_splits(cfg)
-    kw = {} if args.scan is None else {"scan_blocks": bool(args.scan)}
-    state = create_train_state(cfg, make_model(cfg, splits.num_classes, **kw), splits.example_x)
+    state = create_train_state(cfg, make_model(cfg, splits.num_classes), splits.example_x)
     batch = jax.device_put(host_batches(cfg, splits, 1)[0])
     jax.block_until_ready(state)
     t_state = time.perf_counter()
@@ -134,7 +133,6 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--dir", required=True)
     c = sub.add_parser("compile")
     c.add_argument("--shape", default="gpt128")
-    c.add_argument("--scan", type=int, default=None)
     c.add_argument("--cache", default="")
     m = sub.add_parser("stepmem")
     m.add_argument("--framework", choices=("jax", "torch"), required=True)

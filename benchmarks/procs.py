@@ -85,20 +85,15 @@ def e2e_row(opts: Options) -> Row:
 # ----------------------------------------------------------------------------- 4. compile and start-up
 
 
-def compile_row(opts: Options, scan: bool | None = None) -> Row:
-    from jaxloop import models
-
-    label = "default" if scan is None else f"scan_blocks={scan}"
-    name = "startup.compile" if scan is None else f"startup.compile.scan{int(scan)}"
-    row = Row(name, f"first train_step compile, 4-block GPT ctx128 b32 ({label}), fresh process", unit="s")
+def compile_row(opts: Options) -> Row:
+    row = Row("startup.compile", "first train_step compile, 4-block GPT ctx128 b32, fresh process", unit="s")
     try:
-        args = ["-m", "benchmarks.driver", "compile"] + ([] if scan is None else ["--scan", str(int(scan))])
+        args = ["-m", "benchmarks.driver", "compile"]
         r = run_child(args, threads=opts.threads).json()
         row.jax = r["compile_s"]
         row.goal, row.met = "<= 2 s", r["compile_s"] <= 2.0
         row.notes = (f"lower {r['lower_s']:.2f} s + XLA {r['xla_s']:.2f} s; cpu {r['compile_cpu_s']:.2f} s; eval_step compile {r['eval_compile_s']:.2f} s; state "
-                     f"(init) {r['state_s']:.2f} s; imports {r['imports_s']:.2f} s; make_model default "
-                     f"scan_blocks={models.SCAN_BLOCKS}")
+                     f"(init) {r['state_s']:.2f} s; imports {r['imports_s']:.2f} s")
         row.extra = r
         return row
     except Exception as e:  # noqa: BLE001

@@ -68,7 +68,7 @@ def splits_for(opts: Options, shape: str):
 class JaxUpdate:
     """K calls of the compiled (lowered + compiled ahead of time, as the loop does) train_step."""
 
-    def __init__(self, cfg, splits, batches, scan_blocks: bool | None = None):
+    def __init__(self, cfg, splits, batches):
         import jax
 
         from jaxloop.models import make_model
@@ -76,8 +76,7 @@ class JaxUpdate:
         from jaxloop.step import train_step
 
         self.K = cfg.optim.accum_steps
-        kw = {} if scan_blocks is None else {"scan_blocks": scan_blocks}
-        model = make_model(cfg, splits.num_classes, **kw)
+        model = make_model(cfg, splits.num_classes)
         self.state = create_train_state(cfg, model, splits.example_x)
         self.init_params = jax.device_get(self.state.params)
         self.batches = [jax.device_put(b) for b in batches]
@@ -298,33 +297,6 @@ def eval_row(opts: Options, shape: str = "gpt128") -> Row:
         row.notes = (f"{len(val)} batches of {cfg.data.eval_batch_size or cfg.batch_size}"
                      f"{' (first 2 only, --quick)' if opts.quick else ' (whole split)'}; ref column = jaxloop "
                      "training tokens/s (compiled update alone)")
-        return row
-    except Exception as e:  # noqa: BLE001
-        return failed(row, e)
-
-
-def scan_row(opts: Options, shape: str = "gpt128") -> Row:
-    """GPT(scan_blocks=True) against the unrolled blocks: update time (interleaved) and compile time."""
-    row = Row(f"scan.{shape}", f"jaxloop update, scan_blocks=True / unrolled, {SHAPES[shape]['label']}, K=1",
-              unit="ms/update", goal="info")
-    try:
-        cfg = make_cfg(shape)
-        splits = splits_for(opts, shape)
-        batches = host_batches(cfg, splits, 4)
-        unrolled, scanned = JaxUpdate(cfg, splits, batches, scan_blocks=False), JaxUpdate(cfg, splits, batches, scan_blocks=True)
-        per = {}
-        for name, fn in (("unrolled", unrolled), ("scan", scanned)):
-            fn(1)
-            per[name] = fn(2)
-        block_s = 0.3 if opts.quick else 1.0
-        times = interleaved({name: (lambda fn=fn, n=max(1, math.ceil(block_s / per[name])): fn(n))
-                             for name, fn in (("unrolled", unrolled), ("scan", scanned))}, rounds=3 if opts.quick else 7)
-        row.jax, row.ref = 1e3 * median(times["scan"]), 1e3 * median(times["unrolled"])
-        row.ratio = row.jax / row.ref
-        row.notes = (f"compile (this process, wall / cpu): scan {scanned.compile_s:.2f} / {scanned.compile_cpu_s:.2f} s, "
-                     f"unrolled {unrolled.compile_s:.2f} / {unrolled.compile_cpu_s:.2f} s")
-        row.extra = {"compile_s": {"scan": scanned.compile_s, "unrolled": unrolled.compile_s},
-                     "compile_cpu_s": {"scan": scanned.compile_cpu_s, "unrolled": unrolled.compile_cpu_s}}
         return row
     except Exception as e:  # noqa: BLE001
         return failed(row, e)

@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 from jaxloop.cadence import Cadence
 from jaxloop.checkpoint import Checkpointer, quiet_orbax
 from jaxloop.compilation import enable_compilation_cache
+from jaxloop.init_from import init_params_from
 from jaxloop.data import DevicePrefetcher, TrainLoader, val_batches
 from jaxloop.distributed import (abstract_sharded, barrier, check_divisible, create_sharded, initialize, is_primary,
                                  make_mesh, pin_shardings, shard_batch, to_host)
@@ -112,6 +113,9 @@ def run(cfg: Config, task: Task | None = None) -> dict[str, Any]:
         restored = ckpt.restore_latest(abstract_sharded(init, mesh)) if cfg.resume != "never" else None
         rd.must_have_resumed(restored)
         state = restored.state if restored is not None else create_sharded(init, mesh)
+        if restored is None and cfg.init_from:  # a fresh run from another run's params (--init_from)
+            params = init_params_from(cfg.init_from, state.params)
+            state = state.replace(params=params, ema_params=None if state.ema_params is None else params)
         if restored is not None:
             rd.record_resume(restored.step)
         timings.add("setup", time.perf_counter() - t_start)

@@ -2,6 +2,16 @@
 
 Both are written out layer by layer (no fused attention) so that torch_ref/models.py can mirror them
 exactly; parameter names are stable because torch_ref maps weights by them.
+
+Precision. `mm_dtype` (set by make_model from the precision policy: bfloat16 for precision="bf16",
+None otherwise) makes the models cast op by op as torch.autocast does: the matmuls (Dense layers, the
+tied head, the attention products q.k and weights.v) take their inputs in mm_dtype, accumulate in
+float32 and round their result once to mm_dtype (bias added before that rounding, as torch's addmm);
+everything else stays float32: embeddings, LayerNorm, softmax, the residual stream, the activations'
+arithmetic (computed in float32 from mm_dtype inputs and rounded once, as torch does for GELU on bf16),
+logits and loss. With mm_dtype None every op runs in its inputs' dtype (fp32, fp64, or the whole-model
+bf16_full / fp16 policies, which cast params and inputs before the call). float32 matmuls are pinned to
+full precision (lax.Precision.HIGHEST: no TF32 or bf16 passes on accelerators).
 """
 
 from __future__ import annotations
@@ -20,6 +30,52 @@ ACTIVATIONS = {
     "relu": nn.relu,
     "tanh": jnp.tanh,
 }
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _act(name: str, x: jax.Array) -> jax.Array:
+    """The activation computed in at least float32 and rounded once to x's dtype (torch's way on bf16)."""
+    return ACTIVATIONS[name](x.astype(jnp.promote_types(x.dtype, jnp.float32))).astype(x.dtype)
+
+
+def _matmul(x: jax.Array, w: jax.Array, dims: Any, mm_dtype: Any, bias: jax.Array | None = None) -> jax.Array:
+    """dot_general(x, w) (+ bias). mm_dtype None: in the promoted dtype of the operands, at full precision.
+    Otherwise autocast's way: operands (and bias) in mm_dtype, float32 accumulation, one rounding to mm_dtype."""
+    if mm_dtype is None:
+        dtype = jnp.result_type(x, w) if bias is None else jnp.result_type(x, w, bias)
+        y = jax.lax.dot_general(x.astype(dtype), w.astype(dtype), dims, precision=HIGHEST)
+        if bias is not None:
+            y += jnp.reshape(bias.astype(dtype), (1,) * (y.ndim - 1) + (-1,))
+        return y
+    y = jax.lax.dot_general(x.astype(mm_dtype), w.astype(mm_dtype), dims, precision=HIGHEST,
+                            preferred_element_type=jnp.float32)
+    if bias is not None:
+        y += jnp.reshape(bias.astype(mm_dtype).astype(jnp.float32), (1,) * (y.ndim - 1) + (-1,))
+    return y.astype(mm_dtype)
+
+
+def _einsum(spec: str, a: jax.Array, b: jax.Array, mm_dtype: Any) -> jax.Array:
+    if mm_dtype is None:
+        return jnp.einsum(spec, a, b, precision=HIGHEST)
+    return jnp.einsum(spec, a.astype(mm_dtype), b.astype(mm_dtype), precision=HIGHEST,
+                      preferred_element_type=jnp.float32).astype(mm_dtype)
+
+
+class Dense(nn.Module):
+    """flax.linen.Dense's parameters (kernel (in, out), bias; same names, initialisers and float32
+    param dtype, so the same initial values) computed by _matmul (mm_dtype: see the module doc)."""
+
+    features: int
+    use_bias: bool = True
+    kernel_init: Any = nn.initializers.lecun_normal()
+    bias_init: Any = nn.initializers.zeros_init()
+    mm_dtype: Any = None
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32)
+        bias = self.param("bias", self.bias_init, (self.features,), jnp.float32) if self.use_bias else None
+        return _matmul(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), self.mm_dtype, bias)
 LN_EPS = 1e-5  # torch.nn.LayerNorm's default; flax's is 1e-6
 INIT_STD = 0.02  # GPT-2 initialisation of GPT matrices and embeddings
 
@@ -30,33 +86,39 @@ class MLP(nn.Module):
     hidden: tuple[int, ...]
     classes: int
     activation: str = "gelu"
+    mm_dtype: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-        act = ACTIVATIONS[self.activation]
         for i, width in enumerate(self.hidden):
-            x = act(nn.Dense(width, name=f"hidden_{i}")(x))
-        return nn.Dense(self.classes, name="out")(x)
+            x = _act(self.activation, Dense(width, mm_dtype=self.mm_dtype, name=f"hidden_{i}")(x))
+        return Dense(self.classes, mm_dtype=self.mm_dtype, name="out")(x)
 
 
 class CausalSelfAttention(nn.Module):
     n_heads: int
     dropout: float
+    mm_dtype: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
         b, t, c = x.shape
         h, d = self.n_heads, c // self.n_heads
-        dense = lambda n, name: nn.Dense(n, kernel_init=nn.initializers.normal(INIT_STD), name=name)
+        dense = lambda n, name: Dense(n, kernel_init=nn.initializers.normal(INIT_STD), mm_dtype=self.mm_dtype,  # noqa: E731
+                                      name=name)
         q, k, v = jnp.split(dense(3 * c, "qkv")(x), 3, axis=-1)
         q, k, v = (a.reshape(b, t, h, d) for a in (q, k, v))
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
+        scores = _einsum("bqhd,bkhd->bhqk", q, k, self.mm_dtype)
+        if self.mm_dtype is None:
+            scores = scores / math.sqrt(d)
+        else:  # torch divides a bf16 tensor by a Python float in float32 and rounds once
+            scores = (scores.astype(jnp.float32) / math.sqrt(d)).astype(scores.dtype)
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
         # softmax in at least float32 (bf16/fp16 compute), float64 under fp64
         scores = jnp.where(causal, scores.astype(jnp.promote_types(scores.dtype, jnp.float32)), -jnp.inf)
-        weights = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+        weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
         weights = nn.Dropout(self.dropout, deterministic=not train)(weights)
-        y = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, t, c)
+        y = _einsum("bhqk,bkhd->bqhd", weights, v, self.mm_dtype).reshape(b, t, c)
         return dense(c, "proj")(y)
 
 
@@ -66,16 +128,19 @@ class Block(nn.Module):
     n_heads: int
     mlp_ratio: int
     dropout: float
+    mm_dtype: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
         c = x.shape[-1]
         drop = nn.Dropout(self.dropout, deterministic=not train)
-        dense = lambda n, name: nn.Dense(n, kernel_init=nn.initializers.normal(INIT_STD), name=name)
-        x = x + drop(CausalSelfAttention(self.n_heads, self.dropout, name="attn")(
+        dense = lambda n, name: Dense(n, kernel_init=nn.initializers.normal(INIT_STD), mm_dtype=self.mm_dtype,  # noqa: E731
+                                      name=name)
+        # the residual stream keeps x's dtype (float32 under mm_dtype: a bf16 branch is promoted by the add)
+        x = x + drop(CausalSelfAttention(self.n_heads, self.dropout, self.mm_dtype, name="attn")(
             nn.LayerNorm(epsilon=LN_EPS, name="ln1")(x), train))
         y = nn.LayerNorm(epsilon=LN_EPS, name="ln2")(x)
-        y = dense(c, "mlp_proj")(nn.gelu(dense(self.mlp_ratio * c, "mlp_fc")(y), approximate=True))
+        y = dense(c, "mlp_proj")(_act("gelu", dense(self.mlp_ratio * c, "mlp_fc")(y)))
         return x + drop(y)
 
 
@@ -91,12 +156,7 @@ class GPT(nn.Module):
     dropout: float = 0.0
     tie_embeddings: bool = True
     remat: bool = False
-    scan_blocks: bool = False
-    """Run the (identical) blocks as one jax.lax.scan over their stacked parameters: XLA compiles one
-    block body instead of n_layers copies. Parameters keep their per-block names (block_0, ...), so the
-    tree, torch_ref's name map and optim's decay mask (ndim >= 2) are unchanged; the stacking (and its
-    transpose, slicing the gradient) happens inside the step. Dropout masks then differ from the unrolled
-    form's (per-layer keys are folded from one key), everything else is the same computation."""
+    mm_dtype: Any = None
 
     @nn.compact
     def __call__(self, tokens: jax.Array, train: bool = False) -> jax.Array:
@@ -105,55 +165,28 @@ class GPT(nn.Module):
         pos = nn.Embed(self.context, self.d_model, embedding_init=init, name="pos_embed")
         x = tok(tokens) + pos(jnp.arange(tokens.shape[1]))[None]
         x = nn.Dropout(self.dropout, deterministic=not train)(x)
-        if self.scan_blocks and not self.is_initializing():
-            x = self._scanned_blocks(x, train)
-        else:
-            block = nn.remat(Block, static_argnums=(2,)) if self.remat else Block
-            for i in range(self.n_layers):
-                x = block(self.n_heads, self.mlp_ratio, self.dropout, name=f"block_{i}")(x, train)
+        block = nn.remat(Block, static_argnums=(2,)) if self.remat else Block
+        for i in range(self.n_layers):
+            x = block(self.n_heads, self.mlp_ratio, self.dropout, self.mm_dtype, name=f"block_{i}")(x, train)
         x = nn.LayerNorm(epsilon=LN_EPS, name="ln_f")(x)
-        if self.tie_embeddings:
-            return tok.attend(x)
-        return nn.Dense(self.vocab_size, use_bias=False, kernel_init=init, name="head")(x)
+        if self.tie_embeddings:  # x @ E^T (flax's Embed.attend), a matmul
+            return _matmul(x, tok.embedding, (((x.ndim - 1,), (1,)), ((), ())), self.mm_dtype)
+        return Dense(self.vocab_size, use_bias=False, kernel_init=init, mm_dtype=self.mm_dtype, name="head")(x)
 
 
-    def _scanned_blocks(self, x: jax.Array, train: bool) -> jax.Array:
-        """The blocks as lax.scan over [n_layers, ...]-stacked copies of block_0..block_{n-1}'s params."""
-        params = self.variables["params"]
-        stacked = jax.tree.map(lambda *p: jnp.stack(p), *[params[f"block_{i}"] for i in range(self.n_layers)])
-        block = Block(self.n_heads, self.mlp_ratio, self.dropout, parent=None)  # unbound: applied by hand
-        use_rng = train and self.dropout > 0
-        key = self.make_rng("dropout") if use_rng else None
+def make_model(cfg: Config, num_classes: int) -> nn.Module:
+    """The model the config names; num_classes is the label count or vocabulary size from the data."""
+    from jaxloop.precision import get_policy
 
-        def body(h: jax.Array, layer: tuple[Any, jax.Array]) -> tuple[jax.Array, None]:
-            p, i = layer
-            rngs = {"dropout": jax.random.fold_in(key, i)} if use_rng else None
-            return block.apply({"params": p}, h, train, rngs=rngs), None
-
-        if self.remat:
-            body = jax.checkpoint(body)
-        x, _ = jax.lax.scan(body, x, (stacked, jnp.arange(self.n_layers)))
-        return x
-
-
-SCAN_BLOCKS = False
-"""make_model's GPT default for scan_blocks (chosen by measurement: see BENCHMARKS.md)."""
-
-
-def make_model(cfg: Config, num_classes: int, scan_blocks: bool | None = None) -> nn.Module:
-    """The model the config names; num_classes is the label count or vocabulary size from the data.
-
-    scan_blocks: GPT.scan_blocks (None = SCAN_BLOCKS); the parameters are the same either way.
-    """
     m = cfg.model
     classes = m.vocab_size or num_classes
+    mm_dtype = get_policy(cfg.precision).matmul_dtype
     if m.kind == "mlp":
-        return MLP(hidden=tuple(m.hidden), classes=classes, activation=m.activation)
+        return MLP(hidden=tuple(m.hidden), classes=classes, activation=m.activation, mm_dtype=mm_dtype)
     return GPT(
         vocab_size=classes, context=m.context, d_model=m.d_model, n_layers=m.n_layers,
         n_heads=m.n_heads, mlp_ratio=m.mlp_ratio, dropout=m.dropout,
-        tie_embeddings=m.tie_embeddings, remat=m.remat,
-        scan_blocks=SCAN_BLOCKS if scan_blocks is None else scan_blocks,
+        tie_embeddings=m.tie_embeddings, remat=m.remat, mm_dtype=mm_dtype,
     )
 
 

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from optax.tree_utils import NamedTupleKey, tree_get
+from optax.tree_utils import NamedTupleKey, tree_get, tree_set
 
 from jaxloop.precision import GROWTH_INTERVAL, Policy
 from jaxloop.schedule import make_schedule
@@ -230,6 +230,16 @@ def field(opt_state: Any, tuple_name: str, name: str, default: Any = None) -> An
         return isinstance(last, NamedTupleKey) and (last.tuple_name, last.name) == (tuple_name, name)
 
     return tree_get(opt_state, name, default, filtering=named)
+
+
+def with_fields(opt_state: Any, tuple_name: str, **values: Any) -> Any:
+    """opt_state with the named fields of the NamedTuple state `tuple_name` replaced (e.g. to build a
+    state converted from another framework's)."""
+    def named(path: Any, _: Any) -> bool:
+        last = path[-1] if path else None
+        return isinstance(last, NamedTupleKey) and last.tuple_name == tuple_name
+
+    return tree_set(opt_state, filtering=named, **values)
 
 
 def updates_applied(opt_state: Any) -> jax.Array:

@@ -1,9 +1,22 @@
 """Precision policies, applied in one place: the model call inside the step.
 
-fp32: everything float32. bf16 / fp16: params and optimizer state stay float32; params and floating
-inputs are cast to the compute dtype for the forward/backward pass; model outputs (logits) and the loss
-are float32. fp16 adds dynamic loss scaling with torch.amp.GradScaler's rule, its state kept in the
-TrainState. fp64: everything float64 (needs jax x64), used by the parity suite.
+fp32: everything float32.
+bf16: torch.autocast's way, op by op: params, optimizer state, inputs, embeddings, LayerNorm, softmax,
+      the residual stream, logits and loss in float32; the matmuls (dense layers, the tied head, the
+      attention products) in bfloat16 with float32 accumulation and one rounding of each result. The
+      built-in models do the per-op casting (Policy.matmul_dtype, read by jaxloop.models.make_model);
+      a model of your own gets it by passing `policy.matmul_dtype` to its layers (e.g. a Dense layer's
+      inputs and kernel cast to it) and float32 everywhere else.
+bf16_full: the whole model in bfloat16: params and floating inputs cast to bfloat16 for the forward and
+      backward pass (LayerNorm, softmax inputs and the residual stream included); logits and loss float32.
+      Cheaper in memory traffic, further from torch.autocast (the parity suite measures both).
+fp16: as bf16 (autocast-like, op by op) with float16 matmuls, plus dynamic loss scaling with
+      torch.amp.GradScaler's rule, its state kept in the TrainState.
+fp64: everything float64 (needs jax x64), used by the parity suite.
+
+float32 matmuls run at full float32 precision: importing this module sets jax's default matmul
+precision to "highest" (no TF32 or bf16 passes on GPUs/TPUs), and the built-in models also pass
+lax.Precision.HIGHEST to each of their matmuls. torch_ref pins torch the same way (no TF32).
 """
 
 from __future__ import annotations
@@ -15,6 +28,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import struct
+
+jax.config.update("jax_default_matmul_precision", "highest")
 
 # torch.amp.GradScaler's defaults, the rule fp16 follows.
 INIT_SCALE = 2.0**16
@@ -32,6 +47,8 @@ class Policy:
     compute_dtype: Any
     output_dtype: Any
     dynamic_scale: bool = False
+    matmul_dtype: Any = None
+    """autocast-like policies: the dtype of the model's matmuls (the model casts per op); else None."""
 
     def cast_to_compute(self, tree: Any) -> Any:
         return _cast_floating(tree, self.compute_dtype)
@@ -58,14 +75,16 @@ def get_policy(name: str) -> Policy:
     if name == "fp32":
         return Policy("fp32", f32, f32, f32)
     if name == "bf16":
-        return Policy("bf16", f32, jnp.bfloat16, f32)
+        return Policy("bf16", f32, f32, f32, matmul_dtype=jnp.bfloat16)
+    if name == "bf16_full":
+        return Policy("bf16_full", f32, jnp.bfloat16, f32)
     if name == "fp16":
-        return Policy("fp16", f32, jnp.float16, f32, dynamic_scale=True)
+        return Policy("fp16", f32, f32, f32, dynamic_scale=True, matmul_dtype=jnp.float16)
     if name == "fp64":
         if not jax.config.jax_enable_x64:
             raise ValueError("precision=fp64 needs 64-bit JAX: set JAX_ENABLE_X64=1")
         return Policy("fp64", jnp.float64, jnp.float64, jnp.float64)
-    raise ValueError(f"precision={name!r} is not allowed: one of fp32, bf16, fp16, fp64")
+    raise ValueError(f"precision={name!r} is not allowed: one of fp32, bf16, bf16_full, fp16, fp64")
 
 
 def _cast_floating(tree: Any, dtype: Any) -> Any:

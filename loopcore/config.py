@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal, get_args, get_type_hints
 
-PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
+PRECISIONS = ("fp32", "bf16", "bf16_full", "fp16", "fp64")
 PRESETS = ("digits", "shakespeare", "debug")
 
 
@@ -172,8 +172,9 @@ class Config:
     """Validate over the whole validation split every this many updates (0 = only at the end)."""
     log_every: int = 10
     """Record metrics every this many updates."""
-    precision: Literal["fp32", "bf16", "fp16", "fp64"] = "fp32"
-    """fp32; bf16 or fp16 compute with fp32 params and loss; fp64 (needs JAX_ENABLE_X64, for parity)."""
+    precision: Literal["fp32", "bf16", "bf16_full", "fp16", "fp64"] = "fp32"
+    """fp32; bf16: matmuls in bf16, the rest fp32 (torch.autocast's way); bf16_full: the whole model in bf16;
+    fp16: as bf16 with fp16 matmuls and a dynamic loss scale; fp64 (needs JAX_ENABLE_X64, for parity)."""
     resume: Literal["auto", "never", "must"] = "auto"
     """auto: resume from run_dir if it holds a checkpoint; never: start fresh; must: fail without one."""
     allow_steps_change: bool = False
@@ -184,6 +185,10 @@ class Config:
     """Early stopping: stop after this many evaluations without a better best_metric (0 = off)."""
     compile_cache: str = "~/.cache/jaxloop/xla"
     """JAX's persistent compilation cache: a second run or a resume loads its compiled steps ("" = off)."""
+    init_from: str = ""
+    """A run_dir (or its checkpoints/ directory) whose newest checkpoint's params initialise this fresh run
+    (optimizer, step and data position start afresh); empty = the model's own seeded init. Not allowed
+    when the run resumes from a checkpoint of its own run_dir."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -381,6 +386,8 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
         if d.source in ("text", "npz"):
             _readable_file("data.path", d.path)
         _writable_dir("run_dir", cfg.run_dir)
+        if cfg.init_from and not os.path.isdir(cfg.init_from):
+            raise ConfigError("init_from", cfg.init_from, "empty or an existing run_dir or checkpoints directory")
     return cfg
 
 
@@ -439,7 +446,8 @@ def _writable_dir(name: str, path: str) -> None:
 
 # Fields a resumed run may change: they do not alter the computed trajectory.
 RESUME_SAFE = (
-    "run_dir", "resume", "allow_steps_change", "compile_cache", "eval_every", "log_every", "max_bad_steps", "patience",
+    "run_dir", "resume", "allow_steps_change", "compile_cache", "eval_every", "log_every", "max_bad_steps",
+    "patience", "init_from",
     "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed.",
 )
 

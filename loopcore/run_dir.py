@@ -42,6 +42,9 @@ class RunDir:
                               "use --resume auto to continue it or choose another --run_dir)")
         if cfg.resume == "must" and not has_checkpoint:
             raise ConfigError("resume", "must", f"a run_dir holding a checkpoint ({run_dir} has none)")
+        if cfg.init_from and has_checkpoint and cfg.resume != "never":
+            raise ConfigError("init_from", cfg.init_from, f"empty when the run resumes ({run_dir} holds a checkpoint; "
+                              "drop --init_from to resume it, or choose another --run_dir)")
         if has_checkpoint and saved is not None:
             conflicts = resume_conflicts(saved, cfg)
             if conflicts:

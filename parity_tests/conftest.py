@@ -9,6 +9,9 @@ harness.py for why).
 At the end pytest prints every check's measured maximum difference beside its tolerance.
 `--parity-out FILE` also writes them, with the curves the report plots, as JSON.
 A skipped or xfailed parity test fails the session: a parity check that does not run proves nothing.
+Any warning in a parity test (DeprecationWarnings aside) is an error (filterwarnings "error" on every item of this package) unless
+the test itself names it: a damaged-checkpoint fallback, for one, warns, and a parity run that fell
+back to a fresh start must not pass quietly.
 """
 
 from __future__ import annotations
@@ -25,6 +28,17 @@ _NOT_RUN: list[str] = []
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--parity-out", default=None, help="write the measured differences and curves as JSON here")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if here in Path(str(item.path)).resolve().parents:
+            # prepended: filters a test or its module names itself are applied after these and win.
+            # DeprecationWarnings stay ignored as in pyproject.toml (an API's future, not a run's result:
+            # e.g. optax.global_norm, which jaxloop.step still calls).
+            item.add_marker(pytest.mark.filterwarnings("ignore::DeprecationWarning"), append=False)
+            item.add_marker(pytest.mark.filterwarnings("error"), append=False)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -15,11 +15,11 @@ What maps to what (one optimizer update u = applied updates so far):
 | model weights (Linear (out, in))            | params (Dense kernels (in, out): transposed)               |
 | AdamW state per parameter: step, exp_avg,   | ScaleByAdamState(count, mu, nu) (transposed like the       |
 | exp_avg_sq                                  | weights)                                                   |
-| state.step; LambdaLR last_epoch             | MultiStepsState.gradient_step; ScaleByScheduleState.count; |
-|                                             | ScaleByAdamState.count (all equal to u)                    |
+| state.step; LambdaLR last_epoch             | MultiStepsState.gradient_step; the schedule's counts       |
+|                                             | (inject_hyperparams); ScaleByAdamState.count (all u)       |
 | (between updates: no partial gradients)     | MultiStepsState.mini_step = 0, acc_grads = 0               |
-| GradScaler scale, _growth_tracker (fp16)    | LossScale(scale, good_steps)                               |
-| skipped, bad_streak                         | skipped, bad_streak (poisoned = False)                     |
+| GradScaler scale, _growth_tracker (fp16)    | LossScaleState(scale, good_steps)                          |
+| skipped, bad_streak                         | SkipWindowsState skipped, bad_streak (poisoned = False)    |
 | EMA list (model.parameters() order)         | ema_params                                                 |
 | position (micro-batches consumed)           | data item: loader state at that position                   |
 | extra["best"] (best-metric tracker)         | data item: best                                            |
@@ -50,17 +50,17 @@ from loopcore.sources import Splits, load_splits, write_vocab
 
 
 def _adam_and_schedule(opt_state: Any) -> tuple[Any, Any]:
+    """(the ScaleByAdamState, the schedule's count) inside jaxloop's optimizer state."""
+    import jax
     import optax
 
-    import jax
+    from jaxloop.optim import field
 
-    nodes = jax.tree.leaves(
-        opt_state, is_leaf=lambda s: isinstance(s, (optax.ScaleByAdamState, optax.ScaleByScheduleState)))
-    adam = [s for s in nodes if isinstance(s, optax.ScaleByAdamState)]
-    sched = [s for s in nodes if isinstance(s, optax.ScaleByScheduleState)]
-    if len(adam) != 1 or len(sched) != 1:
-        raise ValueError(f"expected one ScaleByAdamState and one ScaleByScheduleState, found {len(adam)} and {len(sched)}")
-    return adam[0], sched[0]
+    adam = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
+            if isinstance(s, optax.ScaleByAdamState)]
+    if len(adam) != 1:
+        raise ValueError(f"expected one ScaleByAdamState, found {len(adam)}")
+    return adam[0], field(opt_state, "WrappedScheduleState", "count")
 
 
 def _get(tree: Any, path: tuple[str, ...]) -> Any:
@@ -81,7 +81,7 @@ def jax_state_from_torch(cfg: Config, splits: Splits, tstate: Any) -> Any:
     import jax.numpy as jnp
     import optax
 
-    from jaxloop.precision import LossScale
+    from jaxloop.optim import field, with_fields
     from parity_tests.harness import jax_state
     from torch_ref.models import export_jax_params, param_map
 
@@ -106,20 +106,19 @@ def jax_state_from_torch(cfg: Config, splits: Splits, tstate: Any) -> Any:
     def fill(node: Any) -> Any:
         if isinstance(node, optax.ScaleByAdamState):
             return optax.ScaleByAdamState(count=count, mu=as_like(node.mu, mu), nu=as_like(node.nu, nu))
-        if isinstance(node, optax.ScaleByScheduleState):
-            return optax.ScaleByScheduleState(count=count)
         return node
 
-    inner = jax.tree.map(fill, state.opt_state.inner_opt_state,
-                         is_leaf=lambda s: isinstance(s, (optax.ScaleByAdamState, optax.ScaleByScheduleState)))
-    opt_state = state.opt_state._replace(
-        mini_step=jnp.zeros_like(state.opt_state.mini_step), gradient_step=count, inner_opt_state=inner,
-        acc_grads=jax.tree.map(jnp.zeros_like, state.opt_state.acc_grads))
-    loss_scale = state.loss_scale
+    opt = jax.tree.map(fill, state.opt_state, is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
+    opt = with_fields(opt, "MultiStepsState", mini_step=jnp.zeros([], jnp.int32), gradient_step=count,
+                      acc_grads=jax.tree.map(jnp.zeros_like, field(opt, "MultiStepsState", "acc_grads")))
+    opt = with_fields(opt, "InjectStatefulHyperparamsState", count=count)  # the schedule's clocks: update u
+    opt = with_fields(opt, "WrappedScheduleState", count=count)
+    opt = with_fields(opt, "SkipWindowsState", poisoned=jnp.zeros([], bool),
+                      bad_streak=jnp.asarray(tstate.bad_streak, jnp.int32), skipped=jnp.asarray(tstate.skipped, jnp.int32))
     if tstate.scaler.is_enabled():
         sd = tstate.scaler.state_dict()
-        loss_scale = LossScale(scale=jnp.asarray(sd["scale"], jnp.float32),
-                               good_steps=jnp.asarray(sd["_growth_tracker"], jnp.int32))
+        opt = with_fields(opt, "LossScaleState", scale=jnp.asarray(sd["scale"], jnp.float32),
+                          good_steps=jnp.asarray(sd["_growth_tracker"], jnp.int32))
     ema = state.ema_params
     if tstate.ema is not None:
         by_name = dict(zip([n for n, _ in tstate.model.named_parameters()], tstate.ema))
@@ -128,9 +127,7 @@ def jax_state_from_torch(cfg: Config, splits: Splits, tstate: Any) -> Any:
             value = by_name[name].detach().cpu().numpy()
             _set(tree, path, value.T if transpose else value)
         ema = as_like(state.params, tree)
-    return state.replace(opt_state=opt_state, loss_scale=loss_scale, ema_params=ema,
-                         poisoned=jnp.zeros([], bool), bad_streak=jnp.asarray(tstate.bad_streak, jnp.int32),
-                         skipped=jnp.asarray(tstate.skipped, jnp.int32))
+    return state.replace(opt_state=opt, ema_params=ema)
 
 
 def torch_state_from_jax(cfg: Config, splits: Splits, jstate: Any, position: int,
@@ -138,18 +135,20 @@ def torch_state_from_jax(cfg: Config, splits: Splits, jstate: Any, position: int
     """torch_ref's TrainState at jaxloop state `jstate`'s update, its loader at micro-batch `position`."""
     import torch
 
+    from jaxloop.optim import field
     from parity_tests.harness import host
     from torch_ref.models import param_map
     from torch_ref.state import create_train_state
 
     opt = jstate.opt_state
-    if int(opt.mini_step) != 0:
-        raise ValueError(f"the jax state is inside an accumulation window (mini_step {int(opt.mini_step)}); "
+    mini_step = int(field(opt, "MultiStepsState", "mini_step"))
+    if mini_step != 0:
+        raise ValueError(f"the jax state is inside an accumulation window (mini_step {mini_step}); "
                          "convert at an update boundary")
-    step = int(opt.gradient_step)
-    adam, sched = _adam_and_schedule(opt)
-    if int(adam.count) != step or int(sched.count) != step:
-        raise ValueError(f"adam count {int(adam.count)} / schedule count {int(sched.count)} != update {step}")
+    step = int(field(opt, "MultiStepsState", "gradient_step"))
+    adam, sched_count = _adam_and_schedule(opt)
+    if int(adam.count) != step or int(sched_count) != step:
+        raise ValueError(f"adam count {int(adam.count)} / schedule count {int(sched_count)} != update {step}")
     tstate = create_train_state(cfg, splits, init_params=host(jstate.params), device="cpu")
     mu, nu = host(adam.mu), host(adam.nu)
     named = dict(tstate.model.named_parameters())
@@ -174,10 +173,12 @@ def torch_state_from_jax(cfg: Config, splits: Splits, jstate: Any, position: int
         group["lr"] = lr
     if tstate.scaler.is_enabled():
         sd = tstate.scaler.state_dict()
-        sd.update(scale=float(jstate.loss_scale.scale), _growth_tracker=int(jstate.loss_scale.good_steps))
+        sd.update(scale=float(field(opt, "LossScaleState", "scale")),
+                  _growth_tracker=int(field(opt, "LossScaleState", "good_steps")))
         tstate.scaler.load_state_dict(sd)
     tstate.step, tstate.position = step, int(position)
-    tstate.skipped, tstate.bad_streak = int(jstate.skipped), int(jstate.bad_streak)
+    tstate.skipped = int(field(opt, "SkipWindowsState", "skipped"))
+    tstate.bad_streak = int(field(opt, "SkipWindowsState", "bad_streak"))
     if best is not None:
         tstate.extra["best"] = dict(best)
     return tstate

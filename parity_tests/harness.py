@@ -48,6 +48,9 @@ F64_EPS = 2.0**-52
 # ----------------------------------------------------------------------------- the table
 
 
+KINDS = ("cross", "own", "finding")
+
+
 @dataclass
 class Check:
     name: str
@@ -57,6 +60,9 @@ class Check:
     passed: bool
     test: str = ""
     """The pytest node id of the test that made the check."""
+    kind: str = "cross"
+    """cross: jaxloop against torch_ref (what the report counts); own: one framework against itself or
+    an oracle; finding: a measurement that explains a finding (listed apart)."""
 
 
 @dataclass
@@ -69,11 +75,13 @@ class ParityTable:
     """Measurements that explain a finding rather than check a contract (e.g. the size of a fixed defect)."""
     current_test: str = ""
 
-    def check(self, name: str, measured: float, tolerance: float, reason: str) -> None:
-        """Record a measured difference and assert it is within tolerance."""
+    def check(self, name: str, measured: float, tolerance: float, reason: str, kind: str = "cross") -> None:
+        """Record a measured difference and assert it is within tolerance (kind: see Check.kind)."""
+        if kind not in KINDS:
+            raise ValueError(f"kind {kind!r}: one of {KINDS}")
         measured = float(measured)
         passed = bool(measured <= tolerance)  # NaN fails
-        self.checks.append(Check(name, measured, float(tolerance), reason, passed, self.current_test))
+        self.checks.append(Check(name, measured, float(tolerance), reason, passed, self.current_test, kind))
         assert passed, f"{name}: measured {measured:.3e} > tolerance {tolerance:.3e} ({reason})"
 
     def note(self, key: str, value: float) -> None:
@@ -146,7 +154,7 @@ def optax_adamw(cfg: Config) -> Any:
     from jaxloop.schedule import make_schedule
 
     o = cfg.optim
-    adamw = optax.adamw(make_schedule(cfg), b1=o.b1, b2=o.b2, eps=o.eps, eps_root=0.0, weight_decay=o.weight_decay,
+    adamw = optax.adamw(make_schedule(cfg.optim, cfg.steps), b1=o.b1, b2=o.b2, eps=o.eps, eps_root=0.0, weight_decay=o.weight_decay,
                         mask=decay_mask)
     return optax.MultiSteps(optax.chain(optax.clip_by_global_norm(o.clip_norm), adamw), every_k_schedule=o.accum_steps)
 
@@ -207,8 +215,8 @@ def jax_run(cfg: Config, splits: Any, updates: int, snapshot_every: int = 0, ini
                     state, metrics = train_step(state, next(source))
                     window.append(metrics)
                 w = jax.device_get(window)
-                rows.append((float(np.mean([float(m["loss"]) for m in w])), float(w[-1]["lr"]),
-                             float(w[-1]["grad_norm"]), bool(w[-1]["updated"]), float(w[-1]["loss_scale"])))
+                rows.append((float(np.mean([float(m["loss"]) for m in w])), float(w[-1].get("lr", np.nan)),
+                             float(w[-1].get("grad_norm", np.nan)), bool(w[-1]["updated"]), float(w[-1]["loss_scale"])))
                 if snapshot_every and (u + 1) % snapshot_every == 0:
                     snapshots[u + 1] = host(state.params)
         finally:
@@ -249,19 +257,40 @@ def torch_run(cfg: Config, splits: Any, init_params: Any, updates: int, snapshot
 # ----------------------------------------------------------------------------- measures
 
 
-def curve_rel_diff(a: Any, b: Any) -> float:
-    """max_u |a_u - b_u| / |b_u| (0 where both are 0)."""
+def _same_length(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Both as float64 arrays; refuses empty inputs and different shapes (a comparison of nothing, or of
+    a truncated run, would otherwise pass)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.size == 0 or b.size == 0:
+        raise ValueError(f"nothing to compare: sizes {a.size} and {b.size}")
+    if a.shape != b.shape:
+        raise ValueError(f"different shapes: {a.shape} and {b.shape}")
+    return a, b
+
+
+def curve_rel_diff(a: Any, b: Any) -> float:
+    """max_u |a_u - b_u| / |b_u| (0 where both are 0); refuses empty or different-length curves."""
+    a, b = _same_length(a, b)
     diff = np.abs(a - b)
     scale = np.abs(b)
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(diff == 0, 0.0, diff / scale)
-    return float(np.max(rel)) if rel.size else 0.0
+    return float(np.max(rel))
+
+
+def ulps_of_value(got: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """|got - reference| in float32 ulps of the reference value itself (np.spacing of its float32
+    rounding); a zero rate must be exactly zero (infinitely many ulps otherwise)."""
+    got, reference = _same_length(got, reference)
+    spacing = np.spacing(np.abs(reference).astype(np.float32)).astype(np.float64)
+    diff = np.abs(got - reference)
+    return np.where(diff == 0, 0.0, np.where(reference == 0, np.inf, diff / spacing))
 
 
 def abs_diff(a: Any, b: Any) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.max(np.abs(a - b))) if a.size else 0.0
+    """max |a - b|; refuses empty or different-length inputs."""
+    a, b = _same_length(a, b)
+    return float(np.max(np.abs(a - b)))
 
 
 def flat_params(tree: Any) -> dict[str, np.ndarray]:
@@ -288,7 +317,10 @@ def without_key_bias(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def tree_rel_diff(a: Any, b: Any) -> tuple[float, str]:
     """(max over tensors of ||a - b||_2 / ||b||_2, the tensor attaining it); key biases left out."""
     fa, fb = without_key_bias(flat_params(a)), without_key_bias(flat_params(b))
-    assert fa.keys() == fb.keys(), (sorted(fa), sorted(fb))
+    if not fa or not fb:
+        raise ValueError(f"nothing to compare: {len(fa)} and {len(fb)} tensors")
+    if fa.keys() != fb.keys():
+        raise ValueError(f"different tensors: {sorted(set(fa) ^ set(fb))}")
     worst, where = 0.0, ""
     for key in fa:
         if fa[key].shape != fb[key].shape:

@@ -1,18 +1,34 @@
 """Cross-framework resume: a checkpoint of one loop, converted, is resumed by the other loop.
 
-`python -m parity_tests.convert --from torch|jax SRC DST` (called in-process through its main) on the
-interrupted runs of conftest.resume_runs (the digits MLP in float64, interrupted at k = 13 and 30);
-the other loop then resumes DST with its own real `run`, and must continue on the trajectory of the
-uninterrupted runs to the tolerance of test_trajectory (1e-10 relative in float64).
+`python -m parity_tests.convert --from torch|jax SRC DST` (called in-process through its main) on runs of
+the digits MLP in float64 interrupted at k = 13 and 30; the other loop then resumes DST with its own real
+`run`, and must continue on the trajectory of the source loop's uninterrupted run to the tolerance of
+test_trajectory (1e-10 relative in float64).
+
+Each source run starts from its own framework's initial weights (torch->jax: torch_ref's own seeded init,
+not jaxloop's), so a loop that ignored the converted checkpoint and trained from its own fresh start
+would end elsewhere; and each resumed run must have recorded its resume at update k (resumes.jsonl)
+and moved nothing aside (no checkpoints_damaged/). Any warning fails the test (conftest.py): the
+damaged-checkpoint fallback warns.
+
+Mutants caught (run, seen to fail, reverted): jaxloop's restore treating every step as damaged (moves it
+aside with a warning, retrains from scratch): the warning fails the run; the same without the warning
+(restore_latest returns None for the converted run_dir): the run starts afresh and fails when it reaches
+the converted step's save (orbax StepAlreadyExistsError); were it to write elsewhere, the missing resume
+record and the losses of jaxloop's own init would fail it.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import optax
 import pytest
+
+from jaxloop.optim import field
 
 from loopcore.sources import load_splits
 from jaxloop.loop import run as jax_train
@@ -32,19 +48,26 @@ AT = (13, 30)
 
 @pytest.fixture(scope="module")
 def converted(resume_runs):
-    base, cfg = resume_runs["base"], resume_runs["cfg"]
-    out = {}
+    """torch->jax: torch_ref's runs from its OWN initial weights (uninterrupted, and stopped at k), converted
+    at k and resumed by jaxloop. jax->torch: jaxloop's interrupted runs of conftest.resume_runs (from
+    jaxloop's init), converted and resumed by torch_ref (whose own init differs)."""
+    base, cfg, splits = resume_runs["base"], resume_runs["cfg"], resume_runs["splits"]
+    at = lambda name: replace(cfg, run_dir=str(base / name))  # noqa: E731
+    own = torch_train(at("torch_own"), clip="optax", device="cpu", splits=splits)
+    out = {"torch_own": (at("torch_own"), own)}
     for k in AT:
+        src = at(f"torch_own_{k}")
+        torch_train(src, clip="optax", stop_after=k, device="cpu", splits=splits)
         dst = base / f"from_torch_{k}"
-        assert main(["--from", "torch", str(base / f"torch_{k}_interrupted"), str(dst)]) == 0
-        restored = jax_checkpoint(replace(cfg, run_dir=str(dst)), resume_runs["splits"])
+        assert main(["--from", "torch", src.run_dir, str(dst)]) == 0
+        restored = jax_checkpoint(replace(cfg, run_dir=str(dst)), splits)
         jcfg = replace(cfg, run_dir=str(dst))
         out[("torch->jax", k)] = (restored, jcfg, jax_train(jcfg), None)
         dst = base / f"from_jax_{k}"
         assert main(["--from", "jax", str(base / f"jax_{k}_interrupted"), str(dst)]) == 0
         payload = CheckpointManager(cfg, dst).restore_latest()
         tcfg = replace(cfg, run_dir=str(dst))
-        result = torch_train(tcfg, clip="optax", device="cpu", splits=resume_runs["splits"])
+        result = torch_train(tcfg, clip="optax", device="cpu", splits=splits)
         out[("jax->torch", k)] = (payload, tcfg, result.summary, result)
     return out
 
@@ -58,10 +81,10 @@ def test_converted_jax_checkpoint_holds_the_update_schedule_and_data_position(co
     wrong = 0
     for k in AT:
         (step, state, data), _, _, _ = converted[("torch->jax", k)]
-        adam, sched = _adam_and_schedule(state.opt_state)
-        counts = (step, int(state.opt_state.gradient_step), int(adam.count), int(sched.count))
+        adam, sched_count = _adam_and_schedule(state.opt_state)
+        counts = (step, int(field(state.opt_state, "MultiStepsState", "gradient_step")), int(adam.count), int(sched_count))
         wrong += counts != (k,) * 4
-        wrong += (int(state.opt_state.mini_step), data_position(data)) != (0, K * k)
+        wrong += (int(field(state.opt_state, "MultiStepsState", "mini_step")), data_position(data)) != (0, K * k)
     parity.check("convert torch->jax: update count, MultiSteps/Adam/schedule counts, mini_step, data position wrong",
                  wrong, 0, "AdamW's step and LambdaLR's last_epoch become optax's counts; position carried")
 
@@ -80,26 +103,45 @@ def test_converted_torch_checkpoint_holds_the_update_schedule_and_data_position(
 
 
 @pytest.mark.parametrize("direction", ["torch->jax", "jax->torch"])
-def test_the_other_loop_continues_on_the_uninterrupted_trajectory(direction, converted, resume_runs, parity):
+def test_the_other_loop_resumes_at_k_and_continues_the_source_loops_trajectory(direction, converted, resume_runs, parity):
     cfg = resume_runs["cfg"]
-    (jcfg, _), (tcfg, tresult) = resume_runs["jax"], resume_runs["torch"]
-    reference_params = export_jax_params(tresult.state.model)
-    worst_loss, worst_params = 0.0, 0.0
+    if direction == "torch->jax":  # the source: torch_ref from its own init
+        (scfg, sresult) = converted["torch_own"]
+    else:  # the source: jaxloop from its own init (torch_ref's uninterrupted run from the same weights)
+        scfg, sresult = resume_runs["torch"][0], resume_runs["torch"][1]
+        assert _losses_after(resume_runs["jax"][0].run_dir, 0).size == cfg.steps
+    reference_params = export_jax_params(sresult.state.model)
+    worst_loss, worst_params, not_resumed = 0.0, 0.0, 0
     for k in AT:
         _, rcfg, _, result = converted[(direction, k)]
+        run_dir = Path(rcfg.run_dir)
+        resumes = [json.loads(line)["step"] for line in (run_dir / "resumes.jsonl").read_text().splitlines()] \
+            if (run_dir / "resumes.jsonl").exists() else []
+        not_resumed += (resumes != [k]) + (run_dir / "checkpoints_damaged").exists()
         losses = _losses_after(rcfg.run_dir, k)
-        assert len(losses) == cfg.steps - k
-        worst_loss = max(worst_loss, curve_rel_diff(losses, _losses_after(jcfg.run_dir, k)),
-                         curve_rel_diff(losses, _losses_after(tcfg.run_dir, k)))
+        worst_loss = max(worst_loss, curve_rel_diff(losses, _losses_after(scfg.run_dir, k)))
         if result is None:
             final = host(jax_checkpoint(rcfg, resume_runs["splits"])[1].params)
         else:
             final = export_jax_params(result.state.model)
         worst_params = max(worst_params, tree_rel_diff(final, reference_params)[0])
-    parity.check(f"convert {direction} (k = 13, 30): resumed losses vs uninterrupted jaxloop and torch_ref",
-                 worst_loss, 1e-10, "as test_trajectory fp64: the conversion is exact, the rest is rounding")
-    parity.check(f"convert {direction} (k = 13, 30): final params vs uninterrupted torch_ref", worst_params, 1e-10,
-                 "as test_trajectory fp64")
+    parity.check(f"convert {direction} (k = 13, 30): converted runs not resumed at k (resumes.jsonl) or with a "
+                 "checkpoint moved aside", not_resumed, 0, "the converted checkpoint is the one restored")
+    parity.check(f"convert {direction} (k = 13, 30): resumed losses after k vs the source loop's uninterrupted run "
+                 "(each loop from its own init)", worst_loss, 1e-10,
+                 "as test_trajectory fp64: the conversion is exact, the rest is rounding")
+    parity.check(f"convert {direction} (k = 13, 30): final params vs the source loop's uninterrupted run",
+                 worst_params, 1e-10, "as test_trajectory fp64")
+
+
+def test_the_frameworks_own_initial_weights_differ(converted, resume_runs, parity):
+    """What makes the conversion tests able to fail: a loop that trained from its own fresh start instead
+    of the converted checkpoint would end elsewhere (here: torch_ref's run from its own init and its run
+    from jaxloop's init end with weights at least 10% apart)."""
+    gap = tree_rel_diff(export_jax_params(converted["torch_own"][1].state.model),
+                        export_jax_params(resume_runs["torch"][1].state.model))[0]
+    parity.note("convert: final params of torch_ref from its own init vs from jaxloop's init, relative", gap)
+    assert gap > 0.1, f"the two inits end only {gap:.1e} apart"
 
 
 def _round_trip_change(cfg, splits, original) -> float:
@@ -140,3 +182,41 @@ def test_conversion_round_trip_is_exact(resume_runs, parity):
                  "weights, moments, counts, rate, EMA", max(_round_trip_change(cfg, splits, original),
                                                              _round_trip_change(fp16, fp16_splits, scaled)),
                  0.0, "a copy (kernels transposed twice), no arithmetic")
+
+
+def test_gpt_conversion_round_trip_and_fp32_resume(shakespeare_slice, parity):
+    """The GPT (tied embedding, qkv, LayerNorm) in float32: jaxloop's state after 3 updates -> torch_ref ->
+    jaxloop is a copy (weights, Adam moments, counts), and torch_ref resumed from the converted state
+    continues on jaxloop's own trajectory for 20 more updates (test_trajectory's float32 bound)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxloop.step import train_step
+    from parity_tests.harness import gpt_cfg, jax_state
+
+    cfg = gpt_cfg(shakespeare_slice, steps=40, precision="fp32")
+    splits = load_splits(cfg)
+    batches = [micro_batch(cfg, splits, b) for b in range(23)]
+    as_jax = lambda b: {"x": jnp.asarray(b[0].numpy()), "y": jnp.asarray(b[1].numpy())}  # noqa: E731
+    with jax_mode("fp32"):
+        state = jax_state(cfg, splits)
+        for b in range(3):
+            state, _ = train_step(state, as_jax(batches[b]))
+        tstate = torch_state_from_jax(cfg, splits, state, position=3)
+        back = jax_state_from_torch(cfg, splits, tstate)
+        original = host((state.params, _adam_and_schedule(state.opt_state)[0]))
+        copied = host((back.params, _adam_and_schedule(back.opt_state)[0]))
+        change = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+                     for a, b in zip(jax.tree.leaves(original), jax.tree.leaves(copied)))
+        losses = []
+        for b in range(3, 23):
+            state, m = train_step(state, as_jax(batches[b]))
+            losses.append(float(m["loss"]))
+        final = host(state.params)
+    tlosses = [train_update(tstate, [batches[b]], clip="optax")["loss"] for b in range(3, 23)]
+    parity.check("convert GPT fp32: jax -> torch -> jax round trip, max |change| of weights, Adam moments and counts",
+                 change, 0.0, "a copy (kernels transposed twice, qkv and the tied embedding as they are)")
+    parity.check("convert GPT fp32: torch_ref resumed from the converted update 3, loss of 20 updates vs jaxloop's",
+                 curve_rel_diff(tlosses, losses), 1e-5, "test_trajectory's float32 bound")
+    parity.check("convert GPT fp32: params after the 20 resumed updates, torch_ref vs jaxloop",
+                 tree_rel_diff(export_jax_params(tstate.model), final)[0], 1e-5, "test_trajectory's float32 bound")

@@ -2,8 +2,13 @@
 
 The records are labelled by their own index (x = [index]), so every batch names its records. 103
 records in batches of 10: 10 batches per epoch with 3 records dropped per epoch, and 35 micro-batches
-cross three epoch boundaries. jaxloop: grain TrainLoader; torch_ref: DataLoader over
-ReplayBatchSampler; both against loopcore.sources.record_order. Exact: indices are integers.
+cross three epoch boundaries. jaxloop: grain TrainLoader over loopcore.sources.record_order; torch_ref:
+DataLoader over ReplayBatchSampler, whose order (torch_ref.data.replay_order) is its own implementation
+of the documented definition: two implementations compared. Exact: indices are integers.
+
+Mutants caught (run, seen to fail, reverted): torch_ref seeding an epoch with SeedSequence([epoch, seed])
+instead of [seed, epoch] (every batch differs); torch_ref keeping an epoch's remainder (drop-last off:
+every batch after the first epoch boundary differs).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from loopcore.config import Config, DataConfig
 from jaxloop.data import TrainLoader
 from loopcore.sources import ArrayRecords, Splits, record_order
 from parity_tests.harness import QUIET
-from torch_ref.data import make_train_loader
+from torch_ref.data import make_train_loader, replay_order
 
 # torch's DataLoader forks its workers; this process has jax's threads, which the workers never touch
 # (torch_ref alone never imports jax), so python's warning about forking a multithreaded process is moot.
@@ -93,3 +98,21 @@ def test_same_records_after_a_mid_epoch_resume(order, parity):
     bad = sum(_mismatches(got[(fw, w, RESUME)], expected[RESUME:]) for fw in ("jax", "torch") for w in (0, 2))
     parity.check(f"data order: batches differing after resuming at micro-batch {RESUME} (mid-epoch), both loaders, 0/2 workers",
                  bad, 0, "the position is the loader's whole state")
+
+
+def test_torch_refs_own_record_order_equals_loopcores_over_many_shapes(parity):
+    """torch_ref.data.replay_order (epoch by epoch) against loopcore.sources.record_order (per-batch
+    divmod), for 40 seeded (seed, num_train, batch_size, start, count): 2..5 epochs each."""
+    rng = np.random.default_rng(7)
+    bad = 0
+    for _ in range(40):
+        n = int(rng.integers(1, 300))
+        batch = int(rng.integers(1, n + 1))
+        per_epoch = n // batch
+        start = int(rng.integers(0, 3 * per_epoch + 1))
+        count = int(rng.integers(1, 2 * per_epoch + 2))
+        cfg = Config(seed=int(rng.integers(0, 2**31)), batch_size=batch, log=QUIET)
+        mine = np.stack(list(replay_order(cfg, n, start, start + count)))
+        bad += _mismatches(mine, record_order(cfg, n, start, count))
+    parity.check("data order: micro-batches differing, torch_ref's own order vs loopcore's (40 shapes)", bad, 0,
+                 "the same documented definition, implemented twice")

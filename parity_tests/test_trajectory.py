@@ -17,10 +17,12 @@ import pytest
 import torch
 
 from jaxloop.models import make_model
+from loopcore.config import preset
 from loopcore.sources import MicroBatchGather, load_splits
+from jaxloop.optim import for_the_loop
 from jaxloop.step import cross_entropy_loss, train_step
-from parity_tests.harness import (F32_EPS, curve_rel_diff, flat_params, gpt_cfg, host, jax_mode, jax_run, jax_state,
-                                  mlp_cfg, model, optax_adamw, torch_run, tree_rel_diff)
+from parity_tests.harness import (F32_EPS, QUIET, curve_rel_diff, flat_params, gpt_cfg, host, jax_mode, jax_run, jax_state,
+                                  mlp_cfg, model, torch_run, tree_rel_diff, ulps_of_value)
 from torch_ref.models import export_jax_params
 from torch_ref.state import create_train_state as torch_state
 from torch_ref.step import cross_entropy_loss as torch_loss
@@ -105,28 +107,64 @@ def test_float32_smooth_activation_losses_and_params_agree_to_1e5(preset, name, 
     parity.check(f"trajectory fp32 {preset} ({act}): params after 300 updates, relative",
                  tree_rel_diff(j.params, t.params)[0], 1e-5, "same")
     cfg = request.getfixturevalue(preset)[0]
-    parity.check(f"trajectory fp32 {preset} ({act}): lr metric vs torch lr, float32 ulps of peak_lr",
-                 float(np.max(np.abs(j.lrs - t.lrs))) / (F32_EPS * cfg.optim.peak_lr), 4.0,
-                 "optax's float32 schedule (test_schedule)")
+    parity.check(f"trajectory fp32 {preset} ({act}): lr metric vs torch lr, float32 ulps of the rate",
+                 float(np.max(ulps_of_value(j.lrs, t.lrs))), 0.5,
+                 "jaxloop's float32 rate is the float64 rate rounded once (test_schedule)")
 
 
-def test_float32_drift_without_jaxloops_exact_bias_correction_is_measured(mlp, parity):
-    """The float32 MLP trajectory again with optax.adamw's own bias corrections (jaxloop before the fix
-    in jaxloop.optim): recorded beside the fixed one, for the report."""
-    cfg, splits, runs = mlp
-    j, t = runs["fp32"]
-    with jax_mode("fp32"):
-        state = jax_state(cfg, splits, j.init)
-        state = state.replace(tx=optax_adamw(cfg), opt_state=optax_adamw(cfg).init(state.params))
+def stock_optax_adamw(cfg):
+    """optax by default: MultiSteps(chain(clip_by_global_norm, optax.adamw(schedule, b1, b2, eps,
+    weight_decay, mask)), K), optax's own bias corrections (jaxloop's schedule: test_schedule checks it)."""
+    import optax
+
+    from jaxloop.optim import decay_mask
+    from jaxloop.schedule import make_schedule
+
+    o = cfg.optim
+    adamw = optax.adamw(make_schedule(cfg.optim, cfg.steps), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask)
+    return optax.MultiSteps(optax.chain(optax.clip_by_global_norm(o.clip_norm), adamw), every_k_schedule=o.accum_steps)
+
+
+def _stock_run(cfg, splits, init):
+    """jaxloop's train_step with stock optax.adamw in place of jaxloop's optimizer, 300 updates."""
+    with jax_mode(cfg.precision):
+        state = jax_state(cfg, splits, init)
+        tx = for_the_loop(stock_optax_adamw(cfg), state.params)  # within skip_nonfinite_windows, as the loop's
+        state = state.replace(tx=tx, opt_state=tx.init(state.params))
         gather = MicroBatchGather(splits.train, cfg.seed, cfg.batch_size)
         losses = []
         for u in range(UPDATES):
             state, m = train_step(state, gather(u))
             losses.append(float(m["loss"]))
-    before = curve_rel_diff(losses, t.losses)
+        return np.asarray(losses), host(state.params)
+
+
+def test_stock_optax_adamw_agrees_with_torch_adamw_in_float64_over_a_trajectory(mlp, parity):
+    """The libraries by default: optax.adamw (not jaxloop's exact-bias-correction variant) under jaxloop's
+    step, against torch.optim.AdamW under torch_ref, 300 updates of the MLP in float64: the same algebra,
+    so the float64 bound. Mutant caught (run, seen to fail): optax.adamw with eps_root=eps (eps inside the
+    square root): the loss 8.7e-3 apart."""
+    cfg, splits, runs = mlp
+    _, t = runs["fp64"]
+    losses, params = _stock_run(replace(cfg, precision="fp64"), splits, runs["fp64"][0].init)
+    parity.check("trajectory fp64 mlp, stock optax.adamw vs torch AdamW: loss of every update (300), relative",
+                 curve_rel_diff(losses, t.losses), 1e-10, "as jaxloop's fp64 trajectory: the same AdamW in float64")
+    parity.check("trajectory fp64 mlp, stock optax.adamw vs torch AdamW: params after 300 updates, relative",
+                 tree_rel_diff(params, t.params)[0], 1e-10, "same")
+
+
+def test_float32_drift_of_stock_optax_adamw_is_measured(mlp, parity):
+    """The float32 MLP trajectory with stock optax.adamw (its float32 bias corrections: jaxloop before its
+    fix in jaxloop.optim) against torch, beside jaxloop's: recorded for the report, and it must be the larger."""
+    cfg, splits, runs = mlp
+    j, t = runs["fp32"]
+    losses, params = _stock_run(cfg, splits, j.init)
+    before, after = curve_rel_diff(losses, t.losses), curve_rel_diff(j.losses, t.losses)
     parity.note("fp32 mlp loss difference with optax's own bias correction (before the fix)", before)
-    parity.note("fp32 mlp loss difference with jaxloop's exact bias correction", curve_rel_diff(j.losses, t.losses))
-    assert before > curve_rel_diff(j.losses, t.losses)
+    parity.note("fp32 mlp loss difference with jaxloop's exact bias correction", after)
+    parity.note("fp32 mlp params difference, stock optax.adamw vs torch", tree_rel_diff(params, t.params)[0])
+    parity.note("fp32 mlp params difference, jaxloop vs torch", tree_rel_diff(j.params, t.params)[0])
+    assert before > after
 
 
 def test_fp32_state_under_x64_stays_float32_but_its_schedule_and_bias_corrections_do_not(mlp, parity):
@@ -173,7 +211,8 @@ def test_attention_key_bias_is_a_null_direction_that_adam_turns_into_noise(gpt, 
             lambda path, p: p.at[c:2 * c].add(0.5)
             if jax.tree_util.keystr(path).endswith("['qkv']['bias']") else p, state.params)
         moved = float(jnp.max(jnp.abs(apply(shifted, batch["x"]) - logits)))
-        grads = jax.jit(jax.grad(lambda p: cross_entropy_loss(m.apply, p, batch, None)[0]))(state.params)
+        bound = lambda p: lambda x, train=False: m.apply({"params": p}, x, train=train)  # noqa: E731
+        grads = jax.jit(jax.grad(lambda p: cross_entropy_loss(bound(p), batch, False)[0]))(state.params)
         gk = [g[c:2 * c] for path, g in _qkv_biases(grads)]
         gq = [g[:c] for path, g in _qkv_biases(grads)]
     tstate = torch_state(replace(cfg, precision="fp64"), splits, init_params=t.params)
@@ -261,25 +300,86 @@ def test_relu_units_flip_in_one_framework_only_at_rounding_level_pre_activations
 
 # ----------------------------------------------------------------------------- bf16
 
+PRESET_UPDATES = 4
 
-@pytest.mark.parametrize("preset", ["mlp", "gpt"])
-def test_bf16_cross_framework_gap_is_at_most_twice_each_frameworks_own_bf16_gap(preset, request, parity):
-    """jaxloop runs the whole model in bf16 (params and inputs cast); torch autocast picks bf16 per op
-    (matmuls) and keeps others (LayerNorm, the residual adds) in float32. Each framework's bf16 run
-    departs from its own fp32 run by bf16 rounding; the bf16 runs of the two must not differ by more
-    than twice the smaller of those departures. bf16 differences are noise that changes sign and size
-    from update to update, so each is measured by its RMS over the 300 updates (the largest single
-    update is an extreme value of that noise; it is reported too)."""
-    _, _, runs = request.getfixturevalue(preset)
+
+@pytest.fixture(scope="module")
+def gpt_preset_bf16(shakespeare_slice):
+    """The shakespeare preset's GPT (context 128, width 128, 4 blocks of 4 heads, tied head) for
+    PRESET_UPDATES updates at the preset's peak rate (warmup 0; batch 8 instead of 32, to keep the suite
+    short) on the Tiny Shakespeare slice: jaxloop fp32, bf16 (autocast-like) and bf16_full (whole model),
+    torch_ref fp32 and bf16 (torch.autocast), all from jaxloop's fp32 initial weights."""
+    base = preset("shakespeare")
+    cfg = replace(base, log=QUIET, batch_size=8, steps=100, data=replace(base.data, path=str(shakespeare_slice)),
+                  optim=replace(base.optim, warmup_steps=0))
+    splits = load_splits(cfg)
+    j32 = jax_run(cfg, splits, PRESET_UPDATES)
+    runs = {"jax fp32": j32, "torch fp32": torch_run(cfg, splits, j32.init, PRESET_UPDATES)}
+    for name in ("bf16", "bf16_full"):
+        runs[f"jax {name}"] = jax_run(replace(cfg, precision=name), splits, PRESET_UPDATES, init_params=j32.init)
+    runs["torch bf16"] = torch_run(replace(cfg, precision="bf16"), splits, j32.init, PRESET_UPDATES)
+    return runs
+
+
+def _bf16_gaps(runs, jax_name):
+    """(loss gaps: jax own, torch own, cross), (params gaps: the same): loss by the RMS over the updates of
+    the relative difference, params by tree_rel_diff after the last update."""
+    rel = lambda a, b: np.abs(a - b) / np.abs(b)  # noqa: E731
+    rms = lambda v: float(np.sqrt(np.mean(v ** 2)))  # noqa: E731
+    jb, tb, jf, tf = runs[jax_name], runs["torch bf16"], runs["jax fp32"], runs["torch fp32"]
+    loss = (rms(rel(jb.losses, jf.losses)), rms(rel(tb.losses, tf.losses)), rms(rel(jb.losses, tb.losses)))
+    params = (tree_rel_diff(jb.params, jf.params)[0], tree_rel_diff(tb.params, tf.params)[0],
+              tree_rel_diff(jb.params, tb.params)[0])
+    return loss, params
+
+
+def test_bf16_autocast_like_gap_across_frameworks_is_a_quarter_of_each_frameworks_own_bf16_gap(gpt_preset_bf16, parity):
+    """jaxloop's bf16 (matmuls in bf16 with float32 accumulation, LayerNorm/softmax/residual/logits/loss in
+    float32) against torch_ref's torch.autocast, on the preset GPT: each framework's bf16 run departs from
+    its own fp32 run by bf16 rounding (own gap); the two bf16 runs must be at most a quarter of the smaller
+    own gap apart in loss (RMS over the updates): the same ops rounded at the same places, so only
+    float32-level differences (accumulation order) move a bf16 rounding. Mutants caught (run, seen to
+    fail): jaxloop's whole-model bf16 (bf16_full, jaxloop's bf16 before) at 2.3x the own gap; jaxloop's
+    bf16 dividing the bf16 scores by a bf16-rounded sqrt(d) (torch divides in float32) at 1.0x.
+    Params (measured, not yet within a quarter, see PARITY.md): Adam's first steps are lr * sign(g), so a
+    gradient element whose sign a bf16 rounding flips moves by 2 lr in one framework only; the gradients
+    at the initial weights agree across frameworks to ~0.4x the own gap (per tensor), the params after 4
+    updates to ~1x."""
+    (lj, lt, lc), (pj, pt, pc) = _bf16_gaps(gpt_preset_bf16, "jax bf16")
+    parity.check(f"bf16 preset GPT ({PRESET_UPDATES} updates): loss, jaxloop bf16 vs torch autocast, RMS relative "
+                 f"(bound 0.25 x min own gap; own gaps {lj:.1e} jax, {lt:.1e} torch)", lc, 0.25 * min(lj, lt),
+                 "the same per-op casts: only float32-level differences move a bf16 rounding")
+    parity.note("bf16 preset GPT: loss cross / min own gap (autocast-like)", lc / min(lj, lt))
+    parity.note("bf16 preset GPT: params cross / min own gap (autocast-like)", pc / min(pj, pt))
+    parity.note("bf16 preset GPT: params own gap jax", pj)
+    parity.note("bf16 preset GPT: params own gap torch", pt)
+    parity.note("bf16 preset GPT: params cross gap", pc)
+
+
+def test_bf16_full_whole_model_policy_gap_is_measured(gpt_preset_bf16, parity):
+    """jaxloop's bf16_full (the whole model in bf16: LayerNorm, softmax inputs and the residual stream too)
+    against torch autocast: its cross-framework gap is of the order of the own gaps, not a fraction of them
+    (measured; this is the mutant the autocast-like check above rejects)."""
+    (lj, lt, lc), (pj, pt, pc) = _bf16_gaps(gpt_preset_bf16, "jax bf16_full")
+    parity.note("bf16_full preset GPT: loss cross / min own gap (whole model)", lc / min(lj, lt))
+    parity.note("bf16_full preset GPT: params cross / min own gap (whole model)", pc / min(pj, pt))
+    parity.check("bf16_full finding: 0.25 / (params cross gap / min own gap) for the whole-model policy "
+                 "(> 1 would mean it passes the autocast bound)", 0.25 * min(pj, pt) / pc, 1.0,
+                 "whole-model bf16 rounds the residual stream and LayerNorm too: not torch.autocast", kind="finding")
+
+
+@pytest.mark.parametrize("preset_name", ["mlp", "gpt"])
+def test_bf16_300_update_gap_across_frameworks_is_at_most_twice_each_frameworks_own_gap(preset_name, request, parity):
+    """The small models over 300 updates in bf16 (autocast-like in jaxloop, torch.autocast): the updates
+    compound the rounding noise, so over a whole run the two bf16 runs are compared with the own gaps by
+    RMS over the 300 updates, at most twice the smaller (bf16 differences are noise that changes sign
+    and size from update to update)."""
+    _, _, runs = request.getfixturevalue(preset_name)
     (jb, tb), (jf, tf) = runs["bf16"], runs["fp32"]
     rel = lambda a, b: np.abs(a - b) / np.abs(b)  # noqa: E731
     rms = lambda v: float(np.sqrt(np.mean(v ** 2)))  # noqa: E731
     gap_j, gap_t, cross = rel(jb.losses, jf.losses), rel(tb.losses, tf.losses), rel(jb.losses, tb.losses)
-    for what, value in (("jax gap", gap_j.max()), ("torch gap", gap_t.max()), ("cross", cross.max())):
-        parity.note(f"bf16 {preset} largest single-update loss difference, {what}", value)
-    parity.check(f"trajectory bf16 {preset}: loss RMS over 300 updates, jax vs torch (bound: 2 x min own bf16-fp32 gap;"
+    parity.note(f"bf16 {preset_name} 300 updates: loss RMS cross / min own", rms(cross) / min(rms(gap_j), rms(gap_t)))
+    parity.check(f"trajectory bf16 {preset_name}: loss RMS over 300 updates, jax vs torch (bound: 2 x min own bf16-fp32 gap;"
                  f" gaps {rms(gap_j):.1e}, {rms(gap_t):.1e})", rms(cross), 2 * min(rms(gap_j), rms(gap_t)),
-                 "each framework's bf16 noise; the two are independent")
-    parity.check(f"trajectory bf16 {preset}: largest single-update loss difference vs the sum of the largest own gaps"
-                 f" ({gap_j.max():.1e} + {gap_t.max():.1e})", float(cross.max()), float(gap_j.max() + gap_t.max()),
-                 "triangle inequality through the two fp32 runs (which agree to 1e-5)")
+                 "each framework's bf16 noise compounds over the run")

@@ -13,7 +13,8 @@ from optax.tree_utils import tree_set
 
 from loopcore.config import Config, DataConfig, ModelConfig, OptimConfig
 from jaxloop.models import make_model
-from jaxloop.schedule import closed_form, make_schedule
+from jaxloop.schedule import make_schedule
+from parity_tests.oracle import lr_oracle as closed_form
 from jaxloop.task import create_train_state
 from jaxloop.optim import field, loss_scale
 from jaxloop.step import cross_entropy_loss, make_train_step, train_step

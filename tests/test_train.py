@@ -13,7 +13,7 @@ import pytest
 
 from loopcore.config import from_dict
 from loopcore.records import read_records
-from jaxloop.schedule import closed_form
+from parity_tests.oracle import lr_oracle as closed_form
 
 
 def _cli(run_dir: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -1,8 +1,10 @@
 """The input pipeline in PyTorch: a Dataset over loopcore.sources' splits and DataLoaders.
 
-Training batches come from a batch sampler that replays jaxloop's record order
-(loopcore.sources.record_order): micro-batch b holds exactly the records jaxloop's micro-batch b holds,
-for every worker count. The sampler starts at any micro-batch position, so a resumed run continues
+Training batches come from a batch sampler that implements the documented record order on its own
+(the definition in loopcore/sources.py's docstring, written here from that text with numpy's
+generator and no code of loopcore.sources): micro-batch b holds exactly the records jaxloop's
+micro-batch b holds, for every worker count; parity_tests/test_data_order.py compares the two
+implementations. The sampler starts at any micro-batch position, so a resumed run continues
 mid-epoch where it stopped; the position (micro-batches consumed) is the loader's whole checkpointable
 state, as in jaxloop.data.TrainLoader.
 
@@ -20,7 +22,34 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from loopcore.config import Config
-from loopcore.sources import Records, Splits, record_order
+from loopcore.sources import Records, Splits
+
+
+def epoch_batches(seed: int, epoch: int, num_train: int, batch_size: int) -> np.ndarray:
+    """The micro-batches of one epoch, int64 [num_train // batch_size, batch_size]: the epoch's
+    permutation Generator(PCG64(SeedSequence([seed, epoch]))).permutation(num_train), cut into
+    consecutive batches of batch_size, its tail (num_train % batch_size records) dropped."""
+    if not 1 <= batch_size <= num_train:
+        raise ValueError(f"batch_size {batch_size} must be in [1, {num_train}]")
+    perm = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch]))).permutation(num_train)
+    per_epoch = num_train // batch_size
+    return perm[:per_epoch * batch_size].reshape(per_epoch, batch_size).astype(np.int64)
+
+
+def replay_order(cfg: Config, num_train: int, start: int, stop: int | None = None) -> Iterator[np.ndarray]:
+    """Micro-batches start, start + 1, ... (up to stop, or endless): epoch by epoch, batch by batch;
+    global micro-batch b is batch b mod batches-per-epoch of epoch b div batches-per-epoch."""
+    per_epoch = num_train // cfg.batch_size
+    epoch, first = divmod(start, per_epoch) if per_epoch else (0, 0)
+    b = start
+    while stop is None or b < stop:
+        batches = epoch_batches(cfg.seed, epoch, num_train, cfg.batch_size)
+        for row in batches[first:]:
+            if stop is not None and b >= stop:
+                return
+            yield row
+            b += 1
+        epoch, first = epoch + 1, 0
 
 
 class SplitDataset(Dataset):
@@ -38,24 +67,20 @@ class SplitDataset(Dataset):
 
 
 class ReplayBatchSampler(Sampler[list[int]]):
-    """Micro-batches start, start + 1, ... (up to stop, or endless) of jaxloop's record order.
+    """Micro-batches start, start + 1, ... (up to stop, or endless) of the record order (replay_order).
 
     Each item is the list of training-record indices of one micro-batch: epoch e is the permutation
     drawn from (cfg.seed, e), cut into num_train // batch_size batches, remainder dropped.
     """
 
-    def __init__(self, cfg: Config, num_train: int, start: int = 0, stop: int | None = None, chunk: int = 256):
+    def __init__(self, cfg: Config, num_train: int, start: int = 0, stop: int | None = None):
         if start < 0 or (stop is not None and stop < start):
             raise ValueError(f"need 0 <= start <= stop, got start={start}, stop={stop}")
-        self.cfg, self.num_train, self.start, self.stop, self.chunk = cfg, num_train, start, stop, chunk
+        self.cfg, self.num_train, self.start, self.stop = cfg, num_train, start, stop
 
     def __iter__(self) -> Iterator[list[int]]:
-        b = self.start
-        while self.stop is None or b < self.stop:
-            n = self.chunk if self.stop is None else min(self.chunk, self.stop - b)
-            for row in record_order(self.cfg, self.num_train, b, n):
-                yield row.tolist()
-            b += n
+        for row in replay_order(self.cfg, self.num_train, self.start, self.stop):
+            yield row.tolist()
 
     def __len__(self) -> int:
         if self.stop is None:
@@ -94,5 +119,5 @@ def make_val_loader(cfg: Config, splits: Splits, device: torch.device | str = "c
 
 def micro_batch(cfg: Config, splits: Splits, b: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Micro-batch b as one (x, y) pair without a DataLoader (for tests and single-update helpers)."""
-    record = splits.train.get(record_order(cfg, splits.num_train, b, 1)[0])
+    record = splits.train.get(next(replay_order(cfg, splits.num_train, b, b + 1)))
     return torch.from_numpy(np.array(record["x"])), torch.from_numpy(np.array(record["y"]))

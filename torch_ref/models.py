@@ -66,8 +66,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (a.reshape(b, t, h, d) for a in (q, k, v))
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        # Softmax in float32 when computing in bf16/fp16, in float64 under fp64 (jaxloop casts the
-        # scores to float32 here, which under fp64 rounds them; see the README).
+        # Softmax in float32 when computing in bf16/fp16, in float64 under fp64: the scores are promoted
+        # to at least float32, as in jaxloop (promote_types), so fp64 scores are never rounded.
         scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
         scores = scores.masked_fill(~causal, -math.inf)
         weights = torch.softmax(scores, dim=-1).to(v.dtype)

@@ -9,10 +9,12 @@ fp16: as bf16 with float16, plus dynamic loss scaling by torch.amp.GradScaler wi
       2000 consecutive good updates.
 fp64: the model is converted with model.double() and floating inputs are cast to float64 (parity).
 
-Where it differs from jaxloop: jaxloop casts the parameters and inputs to the compute dtype and runs the
-whole model in it; autocast instead picks the dtype per op (matmuls in the low precision, some
-reductions such as softmax in float32 depending on the device). Both keep float32 master weights, a
-float32 loss and float32 optimizer state, so low-precision parity is loose by nature.
+jaxloop's bf16 mirrors autocast op by op (matmuls bf16 with float32 accumulation, everything else
+float32), and so does its fp16 (float16 matmuls); jaxloop's bf16_full (the whole model in bf16) has no
+torch_ref counterpart: the parity suite compares it against this autocast.
+
+float32 matmuls are pinned to full float32 precision (importing this module turns TF32 off for CUDA
+matmuls and cuDNN and sets torch.set_float32_matmul_precision("highest")), as jaxloop pins jax's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ import dataclasses
 from typing import ContextManager
 
 import torch
+
+from loopcore.config import ConfigError
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+torch.set_float32_matmul_precision("highest")
 
 # torch.amp.GradScaler's rule, as in jaxloop.precision (those constants equal GradScaler's defaults).
 INIT_SCALE = 2.0**16
@@ -81,4 +89,7 @@ def get_policy(name: str) -> Policy:
         return Policy("fp16", f32, torch.float16, f32, loss_scaling=True)
     if name == "fp64":
         return Policy("fp64", f64, f64, f64)
+    if name == "bf16_full":
+        raise ConfigError("precision", name, "fp32, bf16, fp16 or fp64 in torch_ref (its bf16 is torch.autocast; "
+                                              "bf16_full, the whole model in bf16, is jaxloop's only)")
     raise ValueError(f"precision={name!r} is not allowed: one of fp32, bf16, fp16, fp64")

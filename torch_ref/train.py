@@ -44,6 +44,24 @@ PROG = "torch_ref.train"
 CLIP_MODES = ("torch", "optax")
 
 
+def init_model_from(state: TrainState, path: str | Path) -> None:
+    """--init_from: the model weights of the newest torch_ref checkpoint under `path` (a run_dir, e.g. one
+    written by parity_tests.convert from a jaxloop run, or its checkpoints/ directory); the optimizer,
+    schedule, step and data position stay fresh. The EMA, if kept, restarts from the loaded weights."""
+    import torch
+
+    path = Path(path)
+    run_dir = path.parent if path.name == "checkpoints" else path
+    restored = CheckpointManager(state.cfg, run_dir).restore_latest()
+    if restored is None:
+        raise ConfigError("init_from", str(path), "a run_dir holding a torch_ref checkpoint")
+    state.model.load_state_dict(restored[1]["model"])
+    if state.ema is not None:
+        with torch.no_grad():
+            for e, p in zip(state.ema, state.model.parameters()):
+                e.copy_(p.detach())
+
+
 @dataclass
 class RunResult:
     records: list[dict[str, Any]]
@@ -125,6 +143,8 @@ def run(cfg: Config, init_params: Any = None, clip: ClipMode = "torch", stop_aft
     if restored is not None:
         state.load_state_dict(restored[1])
         rd.record_resume(state.step)
+    elif cfg.init_from:
+        init_model_from(state, cfg.init_from)
     loop = Loop(cfg, run_dir, splits, ckpt, clip, stop_after, save_on_stop)
     summary = loop.run(state)
     summary["wall_time_s"] = time.perf_counter() - t_start
