@@ -169,13 +169,21 @@ def pin_shardings(step: Callable[..., Any], state: Any, donate: bool = True, gat
     replicated = NamedSharding(named[0].mesh, PartitionSpec())
 
     def pinned(s: Any, *args: Any) -> Any:
-        if gather_params and hasattr(s, "params") and hasattr(s, "replace"):
-            # FSDP's schedule: the whole weights where the model uses them (all-gathered once per call,
-            # their gradient reduce-scattered back), so the activations stay split over the batch.
-            s = s.replace(params=jax.lax.with_sharding_constraint(s.params, replicated))
-        return step(s, *args)
+        return step(whole_params(s, replicated.mesh) if gather_params else s, *args)
 
     return jax.jit(pinned, donate_argnums=0 if donate else (), out_shardings=(shardings, replicated))
+
+
+def whole_params(state: Any, mesh: Mesh) -> Any:
+    """Inside a jitted step: a state with `.params` (a flax struct) gets them whole on every device.
+
+    FSDP's schedule: XLA all-gathers each sharded weight where the model uses it (once per call) and
+    reduce-scatters its gradient back, so the activations stay split over the batch (and the sums over
+    the batch come out the same for every layout). Any other pytree is returned as it is.
+    """
+    if hasattr(state, "params") and hasattr(state, "replace"):
+        return state.replace(params=jax.lax.with_sharding_constraint(state.params, NamedSharding(mesh, PartitionSpec())))
+    return state
 
 
 def shard_batch(local_batch: dict[str, np.ndarray], mesh: Mesh, stacked: bool = False) -> dict[str, jax.Array]:

@@ -22,7 +22,7 @@ from jaxloop.compilation import enable_compilation_cache
 from jaxloop.init_from import init_params_from
 from jaxloop.data import DevicePrefetcher, TrainLoader, val_batches
 from jaxloop.distributed import (abstract_sharded, barrier, check_divisible, create_sharded, initialize, is_primary,
-                                 make_mesh, pin_shardings, shard_batch, to_host)
+                                 make_mesh, pin_shardings, shard_batch, to_host, whole_params)
 from jaxloop.logger import RunLogger
 from jaxloop.optim import optimizer_metrics
 from jaxloop.runinfo import Profiler, Timings, run_metadata
@@ -65,7 +65,8 @@ class Evaluator:
 
     def __init__(self, cfg: Config, task: Task, splits: Splits, mesh: Mesh):
         self.cfg, self.splits, self.mesh = cfg, splits, mesh
-        self.step = jax.jit(make_eval_step(task.eval_loss()))
+        eval_step = make_eval_step(task.eval_loss())
+        self.step = jax.jit(lambda state, batch: eval_step(whole_params(state, mesh), batch))
 
     def __call__(self, state: TrainState) -> dict[str, float]:
         out: dict[str, float] = {}
