@@ -187,7 +187,8 @@ class Loop:
             chunk = batches.take(cfg.optim.accum_steps * n)
             state, metrics = self._step_fn(n, state, chunk)(state, chunk)  # dispatched; returns at once
             step += n
-            if not cadence.sync(step) and self.signal is None:
+            # one process alone stops early at a signal; several agree on it at a sync point (_at_sync)
+            if not cadence.sync(step) and (self.signal is None or jax.process_count() > 1):
                 continue
             # host waits here for the dispatched updates: their step count and last metrics come back
             step, last = int(state.step), jax.device_get(metrics)

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import optax
 from optax.tree_utils import NamedTupleKey, tree_get, tree_set
 
+from jaxloop import precision
 from jaxloop.precision import GROWTH_INTERVAL, Policy
 from jaxloop.schedule import make_schedule
 from loopcore.config import OptimConfig
@@ -170,25 +171,29 @@ def skip_nonfinite_windows(inner: optax.MultiSteps) -> optax.GradientTransformat
 
 
 class LossScaleState(NamedTuple):
-    scale: jax.Array  # multiplies the loss before differentiation
+    scale: jax.Array  # GradScaler's scale S
+    factor: jax.Array  # what each micro-batch's loss is multiplied by: S / K (torch_ref scales loss / K)
     good_steps: jax.Array  # applied updates since the scale last changed
     inner_state: Any
 
 
 def dynamic_loss_scale(inner: optax.GradientTransformation, init_scale: float = 2.0**16,
-                       growth_interval: int = GROWTH_INTERVAL) -> optax.GradientTransformation:
-    """Unscale gradients of a loss multiplied by `scale`; halve the scale on a skipped update and double
-    it after `growth_interval` applied ones (torch.amp.GradScaler's rule and defaults).
+                       growth_interval: int = GROWTH_INTERVAL, accum_steps: int = 1) -> optax.GradientTransformation:
+    """Unscale gradients of a loss multiplied by `factor` = scale / accum_steps; halve the scale on a
+    skipped update and double it after `growth_interval` applied ones (torch.amp.GradScaler's rule and
+    defaults). The factor divides by K as torch's `scaler.scale(loss / K).backward()` does, so each
+    micro-batch's scaled backward pass has the magnitude torch's has and overflows where torch's does.
 
     `inner` must keep `skipped` and `gradient_step` in its state (skip_nonfinite_windows over MultiSteps):
     they tell a skipped update from an applied one.
     """
 
     def init_fn(params: Any) -> LossScaleState:
-        return LossScaleState(jnp.asarray(init_scale, jnp.float32), jnp.zeros([], jnp.int32), inner.init(params))
+        scale = jnp.asarray(init_scale, jnp.float32)
+        return LossScaleState(scale, scale / accum_steps, jnp.zeros([], jnp.int32), inner.init(params))
 
     def update_fn(updates: Any, state: LossScaleState, params: Any = None) -> tuple[Any, LossScaleState]:
-        updates = jax.tree.map(lambda g: (g / state.scale.astype(g.dtype)).astype(g.dtype), updates)
+        updates = jax.tree.map(lambda g: (g / state.factor.astype(g.dtype)).astype(g.dtype), updates)
         new_updates, new_inner = inner.update(updates, state.inner_state, params)
         skipped = field(new_inner, "SkipWindowsState", "skipped") > field(state.inner_state, "SkipWindowsState", "skipped")
         applied = updates_applied(new_inner) > updates_applied(state.inner_state)
@@ -196,7 +201,7 @@ def dynamic_loss_scale(inner: optax.GradientTransformation, init_scale: float = 
         grow = good >= growth_interval
         scale = jnp.where(skipped, state.scale * 0.5, jnp.where(grow, state.scale * 2.0, state.scale))
         good = jnp.where(skipped | grow, 0, good)
-        return new_updates, LossScaleState(scale, good, new_inner)
+        return new_updates, LossScaleState(scale, scale / accum_steps, good, new_inner)
 
     return optax.GradientTransformation(init_fn, update_fn)
 
@@ -214,12 +219,15 @@ def make_optimizer(optim: OptimConfig, steps: int, policy: Policy) -> optax.Grad
     parts = [record_grad_norm()]
     if o.clip_norm > 0:
         parts.append(optax.clip_by_global_norm(o.clip_norm))
-    parts.append(optax.inject_hyperparams(adamw, static_args=("b1", "b2", "eps", "weight_decay"))(
+    parts.append(optax.inject_hyperparams(adamw, static_args=("b1", "b2", "eps", "weight_decay"),
+                                          hyperparam_dtype=policy.param_dtype)(
         learning_rate=make_schedule(o, steps), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay))
     # The accumulator holds gradients in the params' dtype (MultiSteps' default is float32).
     multi = optax.MultiSteps(optax.chain(*parts), every_k_schedule=o.accum_steps, accumulator_dtype=policy.param_dtype)
     tx = skip_nonfinite_windows(multi)
-    return dynamic_loss_scale(tx) if policy.dynamic_scale else tx
+    if not policy.dynamic_scale:
+        return tx
+    return dynamic_loss_scale(tx, init_scale=precision.INIT_SCALE, accum_steps=o.accum_steps)
 
 
 def field(opt_state: Any, tuple_name: str, name: str, default: Any = None) -> Any:
@@ -239,7 +247,7 @@ def with_fields(opt_state: Any, tuple_name: str, **values: Any) -> Any:
         last = path[-1] if path else None
         return isinstance(last, NamedTupleKey) and last.tuple_name == tuple_name
 
-    return tree_set(opt_state, filtering=named, **values)
+    return tree_set(opt_state, named, **values)  # filtering is positional-only
 
 
 def updates_applied(opt_state: Any) -> jax.Array:
@@ -248,8 +256,8 @@ def updates_applied(opt_state: Any) -> jax.Array:
 
 
 def loss_scale(opt_state: Any) -> jax.Array:
-    """The factor the loss is multiplied by before differentiation (1 without dynamic scaling)."""
-    return field(opt_state, "LossScaleState", "scale", jnp.ones([], jnp.float32))
+    """The factor a micro-batch's loss is multiplied by before differentiation (1 without dynamic scaling)."""
+    return field(opt_state, "LossScaleState", "factor", jnp.ones([], jnp.float32))
 
 
 def optimizer_metrics(opt_state: Any) -> dict[str, jax.Array]:
@@ -259,7 +267,8 @@ def optimizer_metrics(opt_state: Any) -> dict[str, jax.Array]:
     hyper = field(opt_state, "InjectStatefulHyperparamsState", "hyperparams", {})
     metrics = {"lr": hyper.get("learning_rate"), "grad_norm": field(opt_state, "GradNormState", "grad_norm"),
                "skipped": field(opt_state, "SkipWindowsState", "skipped"),
-               "bad_streak": field(opt_state, "SkipWindowsState", "bad_streak"), "loss_scale": loss_scale(opt_state)}
+               "bad_streak": field(opt_state, "SkipWindowsState", "bad_streak"),
+               "loss_scale": field(opt_state, "LossScaleState", "scale", jnp.ones([], jnp.float32))}
     return {k: v for k, v in metrics.items() if v is not None}
 
 

@@ -118,6 +118,7 @@ def jax_state_from_torch(cfg: Config, splits: Splits, tstate: Any) -> Any:
     if tstate.scaler.is_enabled():
         sd = tstate.scaler.state_dict()
         opt = with_fields(opt, "LossScaleState", scale=jnp.asarray(sd["scale"], jnp.float32),
+                          factor=jnp.asarray(sd["scale"] / cfg.optim.accum_steps, jnp.float32),
                           good_steps=jnp.asarray(sd["_growth_tracker"], jnp.int32))
     ema = state.ema_params
     if tstate.ema is not None:

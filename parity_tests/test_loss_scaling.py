@@ -76,20 +76,21 @@ BIG_SCALE = 2.0**30
 gradients overflow float16 (65504) until the scale has been halved enough times."""
 
 
-@pytest.fixture(scope="module")
-def natural():
-    """The digits MLP (64-32-10, batch 32, K=1) in fp16 from an initial scale of 2**30, no injected
+@pytest.fixture(scope="module", params=[1, 2], ids=["K1", "K2"])
+def natural(request):
+    """The digits MLP (64-32-10, batch 32, K=1 and K=2) in fp16 from an initial scale of 2**30, no injected
     overflow: both loops skip updates and halve the scale until the scaled gradients fit in float16;
     and the same in fp32 (the own gaps). Both autocast-like: float16 matmuls, the rest float32.
 
-    K=1: with K=2 the decisions differ (30 of 40 updates' flags and scales, measured): torch_ref scales
-    loss / K (`scaler.scale(loss / K).backward()`, the usual PyTorch accumulation) and jaxloop's step
-    scales each micro-batch's loss before MultiSteps averages the gradients, so jaxloop's scaled gradients
-    are K times larger and overflow one halving earlier (a finding: jaxloop/step.py is another's file)."""
+    K=2 holds because both scale each micro-batch's loss by scale / K (torch_ref:
+    `scaler.scale(loss / K).backward()`; jaxloop: dynamic_loss_scale's factor). Mutant caught (run, seen
+    to fail, reverted): jaxloop scaling each micro-batch's loss by the whole scale (30 of 40 updates'
+    flags and scales differ at K=2)."""
     import jaxloop.precision as jp
     import torch_ref.precision as tp
 
     cfg = model(mlp_cfg(precision="fp16", batch_size=32, steps=NATURAL_UPDATES), hidden=(32,))
+    cfg = optim(cfg, accum_steps=request.param)
     splits = load_splits(cfg)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(jp, "INIT_SCALE", BIG_SCALE)

@@ -43,5 +43,5 @@ def test_quick_smallest_row_prints_one_table_row(tmp_path):
 def test_every_row_is_listed_once():
     names = [name for name, _ in registry()]
     assert len(names) == len(set(names))
-    for prefix in ("peak", "step.", "scan.", "eval.", "loop.", "e2e.", "startup.", "memory.", "data", "checkpoint", "accel"):
+    for prefix in ("peak", "step.", "eval.", "loop.", "e2e.", "startup.", "memory.", "data", "checkpoint", "accel"):
         assert any(n.startswith(prefix) for n in names), prefix

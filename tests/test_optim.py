@@ -95,6 +95,14 @@ def test_loss_scale_counts_updates_not_micro_batches():
     assert float(state.scale) == 8.0
 
 
+def test_each_micro_batch_loss_is_scaled_by_scale_over_k_as_torch_scales_loss_over_k():
+    # scale 8, K=2: factor 4. Gradients of 4 x loss: 8, 16 -> true 2, 4 -> mean 3 -> p = 1 - 3 = -2.
+    tx = dynamic_loss_scale(_skip(2), init_scale=8.0, accum_steps=2)
+    trail, state = _run(tx, [8.0, 16.0])
+    assert trail == [1.0, -2.0]
+    assert float(state.scale) == 8.0 and float(state.factor) == 4.0
+
+
 def test_record_grad_norm_keeps_the_norm_and_passes_updates_through():
     tx = record_grad_norm()
     state = tx.init({"a": jnp.zeros(2)})

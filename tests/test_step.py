@@ -16,7 +16,7 @@ from jaxloop.models import make_model
 from jaxloop.schedule import make_schedule
 from parity_tests.oracle import lr_oracle as closed_form
 from jaxloop.task import create_train_state
-from jaxloop.optim import field, loss_scale
+from jaxloop.optim import field, loss_scale, with_fields
 from jaxloop.step import cross_entropy_loss, make_train_step, train_step
 
 F32_EPS = 2.0**-23
@@ -219,7 +219,8 @@ def test_fp16_overflow_from_a_huge_scale_is_skipped_not_applied():
     # exactly as GradScaler would; params stay finite.
     cfg = Config(steps=12, batch_size=8, precision="fp16", model=ModelConfig(hidden=(32,)))
     state = _state(cfg)
-    state = state.replace(opt_state=tree_set(state.opt_state, scale=jnp.asarray(2.0**40, jnp.float32)))
+    big = jnp.asarray(2.0**40, jnp.float32)
+    state = state.replace(opt_state=with_fields(state.opt_state, "LossScaleState", scale=big, factor=big))
     state, m = train_step(state, _batch(0))
     assert int(m["skipped"]) == 1 and float(loss_scale(state.opt_state)) == 2.0**39
     assert all(np.isfinite(a).all() for a in jax.tree.leaves(_host(state.params)))
