@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from optax.tree_utils import NamedTupleKey, tree_get, tree_set
+from optax.tree_utils import NamedTupleKey, tree_get
 
 from jaxloop import precision
 from jaxloop.precision import GROWTH_INTERVAL, Policy
@@ -219,9 +219,10 @@ def make_optimizer(optim: OptimConfig, steps: int, policy: Policy) -> optax.Grad
     parts = [record_grad_norm()]
     if o.clip_norm > 0:
         parts.append(optax.clip_by_global_norm(o.clip_norm))
-    parts.append(optax.inject_hyperparams(adamw, static_args=("b1", "b2", "eps", "weight_decay"),
-                                          hyperparam_dtype=policy.param_dtype)(
-        learning_rate=make_schedule(o, steps), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay))
+    schedule = make_schedule(o, steps)
+    parts.append(optax.inject_hyperparams(adamw, static_args=("b1", "b2", "eps", "weight_decay"))(
+        learning_rate=lambda count: schedule(count).astype(policy.param_dtype),  # kept in the params' dtype
+        b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay))
     # The accumulator holds gradients in the params' dtype (MultiSteps' default is float32).
     multi = optax.MultiSteps(optax.chain(*parts), every_k_schedule=o.accum_steps, accumulator_dtype=policy.param_dtype)
     tx = skip_nonfinite_windows(multi)
@@ -241,13 +242,12 @@ def field(opt_state: Any, tuple_name: str, name: str, default: Any = None) -> An
 
 
 def with_fields(opt_state: Any, tuple_name: str, **values: Any) -> Any:
-    """opt_state with the named fields of the NamedTuple state `tuple_name` replaced (e.g. to build a
+    """opt_state with the named fields of every NamedTuple state `tuple_name` replaced (e.g. to build a
     state converted from another framework's)."""
-    def named(path: Any, _: Any) -> bool:
-        last = path[-1] if path else None
-        return isinstance(last, NamedTupleKey) and last.tuple_name == tuple_name
+    def is_it(node: Any) -> bool:
+        return isinstance(node, tuple) and hasattr(node, "_fields") and type(node).__name__ == tuple_name
 
-    return tree_set(opt_state, named, **values)  # filtering is positional-only
+    return jax.tree.map(lambda node: node._replace(**values) if is_it(node) else node, opt_state, is_leaf=is_it)
 
 
 def updates_applied(opt_state: Any) -> jax.Array:
