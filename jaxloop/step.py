@@ -52,8 +52,9 @@ def make_train_step(loss_fn: LossFn) -> StepFn:
     """A pure train_step(state, batch) -> (state, metrics) for your own loss (jit it with donate_argnums=0).
 
     Metrics (device arrays; fetch them only when you log): loss (this micro-batch, unscaled), updated
-    (this micro-batch closed an applied update), the optimizer's lr, grad_norm, skipped, bad_streak and
-    loss_scale (jaxloop.optim.optimizer_metrics), and the loss's aux metrics.
+    (this micro-batch closed an applied update), the optimizer's lr, grad_norm, skipped and bad_streak
+    after it (jaxloop.optim.optimizer_metrics), loss_scale (the scale this micro-batch's loss used), and
+    the loss's aux metrics.
     """
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
@@ -70,7 +71,8 @@ def make_train_step(loss_fn: LossFn) -> StepFn:
         # A non-finite loss marks its window as a non-finite gradient would (the optimizer skips it).
         grads = jax.tree.map(lambda g: jnp.where(jnp.isfinite(loss), g, jnp.nan), grads)
         new_state = state.apply_gradients(grads, model_state)
-        metrics = {"loss": loss, "updated": new_state.step > state.step, **optimizer_metrics(new_state.opt_state)}
+        metrics = {"loss": loss, "updated": new_state.step > state.step, **optimizer_metrics(new_state.opt_state),
+                   "loss_scale": optimizer_metrics(state.opt_state)["loss_scale"]}  # the scale this loss used
         return new_state, {**metrics, **{k: v for k, v in aux.items() if k != "weight"}}
 
     return train_step
