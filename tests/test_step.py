@@ -219,8 +219,8 @@ def test_fp16_overflow_from_a_huge_scale_is_skipped_not_applied():
     # exactly as GradScaler would; params stay finite.
     cfg = Config(steps=12, batch_size=8, precision="fp16", model=ModelConfig(hidden=(32,)))
     state = _state(cfg)
-    big = jnp.asarray(2.0**40, jnp.float32)
-    state = state.replace(opt_state=with_fields(state.opt_state, "LossScaleState", scale=big, factor=big))
+    big = lambda: jnp.asarray(2.0**40, jnp.float32)  # noqa: E731  (two buffers: the state is donated)
+    state = state.replace(opt_state=with_fields(state.opt_state, "LossScaleState", scale=big(), factor=big()))
     state, m = train_step(state, _batch(0))
     assert int(m["skipped"]) == 1 and float(loss_scale(state.opt_state)) == 2.0**39
     assert all(np.isfinite(a).all() for a in jax.tree.leaves(_host(state.params)))
