@@ -30,7 +30,7 @@ import optax
 from optax.tree_utils import NamedTupleKey, tree_get
 
 from jaxloop import precision
-from jaxloop.precision import GROWTH_INTERVAL, Policy
+from jaxloop.precision import BACKOFF_FACTOR, GROWTH_FACTOR, GROWTH_INTERVAL, Policy
 from jaxloop.schedule import make_schedule
 from loopcore.config import OptimConfig
 
@@ -199,7 +199,7 @@ def dynamic_loss_scale(inner: optax.GradientTransformation, init_scale: float = 
         applied = updates_applied(new_inner) > updates_applied(state.inner_state)
         good = state.good_steps + applied.astype(jnp.int32)
         grow = good >= growth_interval
-        scale = jnp.where(skipped, state.scale * 0.5, jnp.where(grow, state.scale * 2.0, state.scale))
+        scale = jnp.where(skipped, state.scale * BACKOFF_FACTOR, jnp.where(grow, state.scale * GROWTH_FACTOR, state.scale))
         good = jnp.where(skipped | grow, 0, good)
         return new_updates, LossScaleState(scale, scale / accum_steps, good, new_inner)
 

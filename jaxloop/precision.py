@@ -11,7 +11,7 @@ bf16_full: the whole model in bfloat16: params and floating inputs cast to bfloa
       backward pass (LayerNorm, softmax inputs and the residual stream included); logits and loss float32.
       Cheaper in memory traffic, further from torch.autocast (the parity suite measures both).
 fp16: as bf16 (autocast-like, op by op) with float16 matmuls, plus dynamic loss scaling with
-      torch.amp.GradScaler's rule, its state kept in the TrainState.
+      torch.amp.GradScaler's rule (jaxloop.optim.dynamic_loss_scale; its state in the optimizer's).
 fp64: everything float64 (needs jax x64), used by the parity suite.
 
 float32 matmuls run at full float32 precision: importing this module sets jax's default matmul
@@ -22,12 +22,10 @@ lax.Precision.HIGHEST to each of their matmuls. torch_ref pins torch the same wa
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -59,16 +57,6 @@ class Policy:
     def cast_to_param(self, tree: Any) -> Any:
         return _cast_floating(tree, self.param_dtype)
 
-    def wrap_apply(self, apply_fn: Callable[..., Any]) -> Callable[..., Any]:
-        """apply_fn running in the compute dtype, returning outputs in the output dtype."""
-
-        def apply(variables: Any, *args: Any, **kwargs: Any) -> Any:
-            out = apply_fn(self.cast_to_compute(variables), *self.cast_to_compute(args), **kwargs)
-            return self.cast_to_output(out)
-
-        return apply
-
-
 def get_policy(name: str) -> Policy:
     """The policy for config.precision."""
     f32 = jnp.float32
@@ -94,26 +82,3 @@ def _cast_floating(tree: Any, dtype: Any) -> Any:
         return x
 
     return jax.tree.map(cast, tree)
-
-
-class LossScale(struct.PyTreeNode):
-    """Dynamic loss scale (GradScaler's rule); a constant 1 for policies without scaling."""
-
-    scale: jax.Array
-    good_steps: jax.Array
-
-    @classmethod
-    def create(cls, dynamic: bool) -> "LossScale":
-        scale = INIT_SCALE if dynamic else 1.0
-        return cls(scale=jnp.asarray(scale, jnp.float32), good_steps=jnp.zeros([], jnp.int32))
-
-    def after_update(self, emitted: jax.Array, skipped: jax.Array, dynamic: bool) -> "LossScale":
-        """Advance at an update boundary: halve on a skipped update, double after GROWTH_INTERVAL good ones."""
-        if not dynamic:
-            return self
-        good = jnp.where(emitted, self.good_steps + 1, self.good_steps)
-        grow = emitted & (good >= GROWTH_INTERVAL)
-        scale = jnp.where(grow, self.scale * GROWTH_FACTOR, self.scale)
-        scale = jnp.where(skipped, self.scale * BACKOFF_FACTOR, scale)
-        good = jnp.where(grow | skipped, 0, good)
-        return LossScale(scale=scale, good_steps=good.astype(jnp.int32))

@@ -1,6 +1,6 @@
 """fp16 dynamic loss scaling: the same scale sequence and the same skipped updates in both.
 
-jaxloop's LossScale (GradScaler's rule: 2^16, halve on a non-finite update, double after 2000 good
+jaxloop's dynamic_loss_scale (GradScaler's rule: 2^16, halve on a non-finite update, double after 2000 good
 ones) against torch.amp.GradScaler under torch_ref, on the digits MLP with 2 micro-batches per update,
 fed the same micro-batches with overflows injected: a NaN input at the first (non-emitting) micro-step
 of update 3, a huge input (1e5 > fp16's 65504: inf) at the second (emitting) micro-step of update 5,
