@@ -53,7 +53,7 @@ def main() -> None:
 def measure(d_model: int, n_layers: int, rounds: int) -> None:
     model_cfg = ModelConfig(kind="gpt", context=128, d_model=d_model, n_layers=n_layers, n_heads=8)
     base = Config(preset="shakespeare", model=model_cfg, data=DataConfig(source="text", path="unused"))
-    state = create_train_state(base, make_model(base, 65), np.zeros((1, 128), np.int32))
+    state = create_train_state(base, make_model(base.model, 65, base.precision), np.zeros((1, 128), np.int32))
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
     n_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
     print(f"state: {n_params / 1e6:.1f}M params, {n_bytes / 2**20:.0f} MiB to save; device {jax.devices()[0]}")

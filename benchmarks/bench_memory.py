@@ -49,7 +49,7 @@ def step_memory(cfg, splits, state, mesh) -> dict:
 def measure(argv: list[str], fsdp: int, step: bool = False) -> dict:
     cfg = parse_config([*argv, "--distributed.fsdp", str(fsdp)], "bench_memory", check_paths=False)
     splits = load_splits(cfg)
-    model = make_model(cfg, splits.num_classes)
+    model = make_model(cfg.model, splits.num_classes, cfg.precision)
     state = create_sharded(lambda: create_train_state(cfg, model, splits.example_x), make_mesh(cfg.distributed))
     per_device = state_bytes_per_device(state)
     leaves = jax.tree.leaves(state)

@@ -79,7 +79,7 @@ def compile_(args: argparse.Namespace) -> dict:
     t_imported = time.perf_counter()
     cfg = make_cfg(args.shape)
     splits = load_splits(cfg)
-    state = create_train_state(cfg, make_model(cfg, splits.num_classes), splits.example_x)
+    state = create_train_state(cfg, make_model(cfg.model, splits.num_classes, cfg.precision), splits.example_x)
     batch = jax.device_put(host_batches(cfg, splits, 1)[0])
     jax.block_until_ready(state)
     t_state = time.perf_counter()

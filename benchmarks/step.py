@@ -76,7 +76,7 @@ class JaxUpdate:
         from jaxloop.step import train_step
 
         self.K = cfg.optim.accum_steps
-        model = make_model(cfg, splits.num_classes)
+        model = make_model(cfg.model, splits.num_classes, cfg.precision)
         self.state = create_train_state(cfg, model, splits.example_x)
         self.init_params = jax.device_get(self.state.params)
         self.batches = [jax.device_put(b) for b in batches]
@@ -277,7 +277,7 @@ def eval_row(opts: Options, shape: str = "gpt128") -> Row:
             train_rate = cfg.batch_size * cfg.model.context / median([jx(3) for _ in range(3)])
             state = jx.state
         else:
-            state = create_train_state(cfg, make_model(cfg, splits.num_classes), splits.example_x)
+            state = create_train_state(cfg, make_model(cfg.model, splits.num_classes, cfg.precision), splits.example_x)
         val = list(val_batches(cfg, splits))
         if opts.quick:
             val = val[:2]

@@ -23,7 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from loopcore.config import Config
+from loopcore.config import ModelConfig
 
 ACTIVATIONS = {
     "gelu": lambda x: nn.gelu(x, approximate=True),
@@ -174,13 +174,13 @@ class GPT(nn.Module):
         return Dense(self.vocab_size, use_bias=False, kernel_init=init, mm_dtype=self.mm_dtype, name="head")(x)
 
 
-def make_model(cfg: Config, num_classes: int) -> nn.Module:
-    """The model the config names; num_classes is the label count or vocabulary size from the data."""
+def make_model(m: ModelConfig, num_classes: int, precision: str = "fp32") -> nn.Module:
+    """The model `m` names; num_classes is the label count or vocabulary size from the data; the
+    precision policy decides the matmul dtype of autocast-like policies."""
     from jaxloop.precision import get_policy
 
-    m = cfg.model
     classes = m.vocab_size or num_classes
-    mm_dtype = get_policy(cfg.precision).matmul_dtype
+    mm_dtype = get_policy(precision).matmul_dtype
     if m.kind == "mlp":
         return MLP(hidden=tuple(m.hidden), classes=classes, activation=m.activation, mm_dtype=mm_dtype)
     return GPT(

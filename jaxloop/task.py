@@ -69,7 +69,7 @@ class Task:
 def builtin_task(cfg: Config, splits: Splits | None = None) -> Task:
     """The task of a preset / CLI run: the config's model (MLP or GPT) and source, cross-entropy."""
     splits = splits if splits is not None else load_splits(cfg)
-    return Task(model=make_model(cfg, splits.num_classes), loss=cross_entropy_loss, train=splits, val=splits)
+    return Task(model=make_model(cfg.model, splits.num_classes, cfg.precision), loss=cross_entropy_loss, train=splits, val=splits)
 
 
 def init_state(cfg: Config, task: Task, splits: Splits | None = None) -> TrainState:

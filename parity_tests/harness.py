@@ -169,7 +169,7 @@ def jax_state(cfg: Config, splits: Any, init_params: Any = None):
     from jaxloop.models import make_model
     from jaxloop.task import create_train_state
 
-    state = create_train_state(cfg, make_model(cfg, splits.num_classes), splits.example_x)
+    state = create_train_state(cfg, make_model(cfg.model, splits.num_classes, cfg.precision), splits.example_x)
     if init_params is not None:
         params = jax.tree.map(lambda p, v: jnp.asarray(np.asarray(v), p.dtype), state.params, init_params)
         state = state.replace(params=params)

@@ -46,7 +46,7 @@ def _tiny_state(cfg: Config):
     from jaxloop.models import make_model
     from jaxloop.task import create_train_state
 
-    return create_train_state(cfg, make_model(cfg, 3), np.zeros((1, 4), np.float32))
+    return create_train_state(cfg, make_model(cfg.model, 3, cfg.precision), np.zeros((1, 4), np.float32))
 
 
 @pytest.fixture(scope="module")

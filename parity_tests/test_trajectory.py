@@ -204,7 +204,7 @@ def test_attention_key_bias_is_a_null_direction_that_adam_turns_into_noise(gpt, 
     c = cfg.model.d_model
     with jax_mode("fp64"):
         state = jax_state(replace(cfg, precision="fp64"), splits, j.params)
-        m = make_model(cfg, splits.num_classes)
+        m = make_model(cfg.model, splits.num_classes, cfg.precision)
         apply = jax.jit(lambda p, x: m.apply({"params": p}, x))
         logits = apply(state.params, batch["x"])
         shifted = jax.tree_util.tree_map_with_path(
@@ -240,7 +240,7 @@ def _relu_lockstep(cfg, splits, updates):
     """Both frameworks side by side; per update, every hidden pre-activation of that update's batch in
     each, and the (update, layer, record, unit) where one is active and the other not."""
     gather = MicroBatchGather(splits.train, cfg.seed, cfg.batch_size)
-    m = make_model(cfg, splits.num_classes)
+    m = make_model(cfg.model, splits.num_classes, cfg.precision)
     flips, diffs = [], []
     with jax_mode(cfg.precision):
         state = jax_state(cfg, splits)

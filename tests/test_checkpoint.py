@@ -34,7 +34,7 @@ def _debug(run_dir: Path, **fields) -> Config:
 
 
 def _small_state(cfg: Config):
-    return create_train_state(cfg, make_model(cfg, 3), np.zeros((1, 4), np.float32))
+    return create_train_state(cfg, make_model(cfg.model, 3, cfg.precision), np.zeros((1, 4), np.float32))
 
 
 def _train_losses(run_dir: Path) -> list[tuple[int, float]]:

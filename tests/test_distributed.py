@@ -27,7 +27,7 @@ from jaxloop.step import train_step
 cfg = preset("debug")
 splits = load_splits(cfg)
 mesh = make_mesh()
-state = replicate(create_train_state(cfg, make_model(cfg, splits.num_classes), splits.example_x), mesh)
+state = replicate(create_train_state(cfg, make_model(cfg.model, splits.num_classes, cfg.precision), splits.example_x), mesh)
 batch = shard_batch(splits.train.get(record_order(cfg, splits.num_train, 0, 1)[0]), mesh)
 state, metrics = train_step(state, batch)
 print(json.dumps({

@@ -108,7 +108,7 @@ from jaxloop.step import train_step
 cfg = parse_config(json.loads(__import__("sys").argv[1]), check_paths=False)
 splits = load_splits(cfg)
 mesh = make_mesh(cfg.distributed)
-model = make_model(cfg, splits.num_classes)
+model = make_model(cfg.model, splits.num_classes, cfg.precision)
 state = create_sharded(lambda: create_train_state(cfg, model, splits.example_x), mesh)
 plain = create_train_state(cfg, model, splits.example_x)
 wanted = jax.tree.leaves(state_shardings(state, mesh))

@@ -33,7 +33,7 @@ import jax
 for argv in json.loads(sys.argv[1]):
     cfg = parse_config(argv, check_paths=False)
     splits = load_splits(cfg)
-    model = make_model(cfg, splits.num_classes)
+    model = make_model(cfg.model, splits.num_classes, cfg.precision)
     target = create_sharded(lambda: create_train_state(cfg, model, splits.example_x), make_mesh(cfg.distributed))
     ckpt = Checkpointer(cfg, cfg.run_dir)
     restored = ckpt.restore_latest(target)

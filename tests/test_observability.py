@@ -437,7 +437,7 @@ def test_sample_matches_a_step_by_step_greedy_loop(text_run):
     vocab = read_vocab(str(run_dir))
     prompt = "To be or not that is the"  # longer than the context (16): the window slides from the start
     got = sample_mod.sample(run_dir, prompt, length=12, temperature=0.0, loaded=loaded)
-    model = make_model(cfg, len(vocab))
+    model = make_model(cfg.model, len(vocab), cfg.precision)
     apply = jax.jit(lambda params, x: model.apply({"params": params}, x, train=False))
     ids = list(encode(prompt, vocab))
     for _ in range(12):

@@ -36,7 +36,7 @@ def _batch(seed: int, n: int = 8) -> dict:
 
 
 def _state(cfg: Config):
-    return create_train_state(cfg, make_model(cfg, CLASSES), np.zeros((1, FEATURES), np.float32))
+    return create_train_state(cfg, make_model(cfg.model, CLASSES, cfg.precision), np.zeros((1, FEATURES), np.float32))
 
 
 def _host(tree):
@@ -266,7 +266,7 @@ def test_per_step_randomness_differs_between_micro_steps_and_updates():
     cfg = Config(preset="shakespeare", steps=10, batch_size=4, optim=OptimConfig(accum_steps=2, warmup_steps=1),
                  model=ModelConfig(kind="gpt", context=8, d_model=16, n_layers=1, n_heads=2, dropout=0.5),
                  data=DataConfig(source="text", path="unused.txt"))
-    model = make_model(cfg, 11)
+    model = make_model(cfg.model, 11, cfg.precision)
     state = create_train_state(cfg, model, np.zeros((1, 8), np.int32))
     tokens = np.random.default_rng(0).integers(0, 11, size=(4, 9)).astype(np.int32)
     batch = {"x": tokens[:, :-1], "y": tokens[:, 1:]}
@@ -308,7 +308,7 @@ def test_gpt_with_rematerialised_blocks_computes_the_same_update():
     results = []
     for remat in (False, True):
         cfg, batch = _gpt(remat=remat)
-        state = create_train_state(cfg, make_model(cfg, 11), batch["x"][:1])
+        state = create_train_state(cfg, make_model(cfg.model, 11, cfg.precision), batch["x"][:1])
         state, m = train_step(state, batch)
         results.append((float(m["loss"]), _host(state.params)))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-6)
@@ -318,14 +318,14 @@ def test_gpt_with_rematerialised_blocks_computes_the_same_update():
 def test_gpt_head_is_tied_to_the_token_embedding_or_separate():
     for tie, expect_head in ((True, False), (False, True)):
         cfg, batch = _gpt(tie_embeddings=tie)
-        params = create_train_state(cfg, make_model(cfg, 11), batch["x"][:1]).params
+        params = create_train_state(cfg, make_model(cfg.model, 11, cfg.precision), batch["x"][:1]).params
         assert ("head" in params) == expect_head
         assert params["tok_embed"]["embedding"].shape == (11, 16)
 
 
 def test_gpt_is_causal_a_later_token_never_changes_earlier_logits():
     cfg, batch = _gpt()
-    state = create_train_state(cfg, make_model(cfg, 11), batch["x"][:1])
+    state = create_train_state(cfg, make_model(cfg.model, 11, cfg.precision), batch["x"][:1])
     x = batch["x"].copy()
     a = state.model.module.apply({"params": state.params}, x)
     x[:, -1] = (x[:, -1] + 1) % 11

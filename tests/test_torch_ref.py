@@ -181,7 +181,7 @@ def test_weights_round_trip_jax_to_torch_to_jax_exactly(name):
     classes = 11
     example = (np.zeros((1, 64), np.float32) if cfg.model.kind == "mlp"
                else np.zeros((1, cfg.model.context), np.int32))
-    flax_params = jax.device_get(init_params(make_flax_model(cfg, classes), jax.random.PRNGKey(3), example))
+    flax_params = jax.device_get(init_params(make_flax_model(cfg.model, classes, cfg.precision), jax.random.PRNGKey(3), example))
     model = make_model(cfg, classes, example)
     load_jax_params(model, flax_params)
     back = export_jax_params(model)
