@@ -18,6 +18,7 @@ issue in the same order), so only Orbax's own async write is in the background.
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import shutil
 import time
@@ -168,6 +169,7 @@ class Checkpointer:
                                 metadata=dict(out["metadata"] or {}))
             except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
                 cause = _root_cause(e)
+                settle_failed_read()
                 warnings.warn(f"checkpoint at update {step} is damaged ({cause}); "
                               f"moving it to {DAMAGED_DIR}/ and trying the previous one", stacklevel=2)
                 self._quarantine(step)
@@ -220,6 +222,30 @@ def quiet_orbax() -> None:
 class _NoMetricsWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "did not provide metrics" not in record.getMessage()
+
+
+def settle_failed_read() -> None:
+    """Finalize, here and quietly, the asyncio tasks a failed Orbax read leaves behind.
+
+    Orbax reads the arrays of a step with asyncio.gather, which stops at the first error; the other
+    reads stay in reference cycles, finished with errors nobody retrieved or pending on a closed loop.
+    Left to the cyclic collector they are finalized at an arbitrary later allocation, and asyncio
+    logs them there; inside ast.parse (tyro parses docstrings) CPython 3.11.7 then raises SystemError
+    ("AST constructor recursion depth mismatch", cpython#106905). The caller's warning names the cause.
+    """
+    asyncio_log = logging.getLogger("asyncio")
+    abandoned = _AbandonedTaskReport()
+    asyncio_log.addFilter(abandoned)
+    try:
+        gc.collect()
+    finally:
+        asyncio_log.removeFilter(abandoned)
+
+
+class _AbandonedTaskReport(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("exception was never retrieved" in message or "destroyed but it is pending" in message)
 
 
 def restore(manager: ocp.CheckpointManager, step: int, target: Any, data: bool = False) -> dict[str, Any]:
@@ -278,6 +304,7 @@ def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None
                 abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), meta)
                 return int(step), chosen, restore(manager, step, abstract)["state"]
             except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
+                settle_failed_read()
                 warnings.warn(f"checkpoint at update {step} could not be read ({type(e).__name__}); "
                               "trying the next newest", stacklevel=2)
                 chosen = "latest"
