@@ -1,7 +1,8 @@
 """The training run: `run(cfg, task)` trains a Task (default: the preset's built-in one).
 
-The host loop only dispatches compiled calls of several updates each (jaxloop.cadence) and waits for
-the device where it must: to log, evaluate, save, or end.
+The host loop dispatches compiled calls of several updates each (jaxloop.cadence) and waits for the
+device once per call: it then writes the log records due in the call from its per-micro-batch metrics,
+and evaluates, saves or ends where the call's last update is due to.
 """
 
 from __future__ import annotations
@@ -182,17 +183,13 @@ class Loop:
         cfg, cadence, profiler = self.cfg, self.cadence, Profiler(self.cfg, self.rd.path, self.timings)
         self.rate, self.saved_step, self.last_eval = Throughput(step, time.perf_counter()), step or None, {}
         while step < cfg.steps:
-            profiler.before_update(step)
             n = cadence.updates_next(step)
+            profiler.before_call(step, n)
             chunk = batches.take(cfg.optim.accum_steps * n)
             state, metrics = self._step_fn(n, state, chunk)(state, chunk)  # dispatched; returns at once
-            step += n
-            # one process alone stops early at a signal; several agree on it at a sync point (_at_sync)
-            if not cadence.sync(step) and (self.signal is None or jax.process_count() > 1):
-                continue
-            # host waits here for the dispatched updates: their step count and last metrics come back
-            step, last = int(state.step), jax.device_get(metrics)
-            if self._at_sync(state, step, last, batches):
+            # host waits here for the call: the applied update count and every micro-batch's metrics
+            start, step, metrics = step, int(state.step), jax.device_get(metrics)
+            if self._after_call(state, start, step, metrics, batches):
                 break
         profiler.close()
         self.timings.add("data_wait", batches.total_wait_s)
@@ -207,16 +204,23 @@ class Loop:
             self.rate = Throughput(self.rate.step, time.perf_counter(), self.rate.data_wait)
         return self.compiled[n]
 
-    def _at_sync(self, state: TrainState, step: int, last: dict, batches: DevicePrefetcher) -> bool:
-        """Log, evaluate, save as due at `step`; True when the run ends here."""
+    def _after_call(self, state: TrainState, start: int, step: int, metrics: dict, batches: DevicePrefetcher) -> bool:
+        """Check the skip streak, log the updates due, then evaluate and save as due at `step`; True
+        when the run ends here. `start`: the applied update count before the call."""
         cfg, cadence = self.cfg, self.cadence
-        if int(last["bad_streak"][-1]) >= cfg.max_bad_steps:
+        applied = start + np.cumsum(metrics["updated"])  # the state's update count after each micro-batch
+        streak = np.flatnonzero(metrics["bad_streak"] >= cfg.max_bad_steps)
+        if streak.size:
+            i = streak[0]
             raise NonFiniteError(
-                f"{int(last['bad_streak'][-1])} consecutive updates were skipped for a non-finite loss or gradient "
-                f"(update {step + 1}; max_bad_steps={cfg.max_bad_steps}); the last saved checkpoint is finite")
-        if cadence.log(step):
+                f"{int(metrics['bad_streak'][i])} consecutive updates were skipped for a non-finite loss or gradient "
+                f"(update {int(applied[i]) + 1}; max_bad_steps={cfg.max_bad_steps}); the last saved checkpoint is finite")
+        logged = [i for i in np.flatnonzero(metrics["updated"]) if cadence.log(int(applied[i]))]
+        if logged:
             with self.timings("log"):
-                self.logger.train(self._record(step, last, batches.total_wait_s))
+                now, wait = time.perf_counter(), batches.total_wait_s
+                for i in logged:
+                    self.logger.train(self._record(int(applied[i]), metrics, i, step, now, wait))
         t_pause, evaluated = time.perf_counter(), None
         if cadence.eval(step):
             with self.timings("eval"):
@@ -240,12 +244,16 @@ class Loop:
         self.rate.pause(time.perf_counter() - t_pause)  # evaluation and saving are not training time
         return end
 
-    def _record(self, step: int, last: dict, data_wait: float) -> dict[str, Any]:
+    def _record(self, step: int, metrics: dict, i: int, call_end: int, now: float, data_wait: float) -> dict[str, Any]:
+        """The log record of the update that micro-batch i of the call applied (reaching `step`). Rates are
+        over the interval since the previous record; the call's time is shared evenly by its updates."""
         K = self.cfg.optim.accum_steps
-        record = {"step": step, "loss": float(np.mean(last["loss"][-K:]))}
-        record.update(lr=float(last["lr"][-1]), grad_norm=float(last["grad_norm"][-1]),
-                      skipped=int(last["skipped"][-1]), loss_scale=float(last["loss_scale"][-1]))
-        record.update(self.rate.interval(step, time.perf_counter(), data_wait))
+        record = {"step": step, "loss": float(np.mean(metrics["loss"][max(i + 1 - K, 0):i + 1]))}
+        record.update(lr=float(metrics["lr"][i]), grad_norm=float(metrics["grad_norm"][i]),
+                      skipped=int(metrics["skipped"][i]), loss_scale=float(metrics["loss_scale"][i]))
+        share = (step - self.rate.step) / max(call_end - self.rate.step, 1)
+        record.update(self.rate.interval(step, self.rate.time + share * (now - self.rate.time),
+                                         self.rate.data_wait + share * (data_wait - self.rate.data_wait)))
         record["samples_per_s"] = record["updates_per_s"] * K * self.cfg.batch_size
         if self.splits.source == "text":
             record["tokens_per_s"] = record["samples_per_s"] * self.cfg.model.context

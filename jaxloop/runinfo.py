@@ -177,11 +177,12 @@ class Profiler:
         self.active = False
         self.timings = timings
 
-    def before_update(self, step: int) -> None:
-        """Call with the number of updates completed before the next one runs."""
+    def before_call(self, step: int, updates: int) -> None:
+        """Call with the number of updates completed before a call that runs `updates` more: the trace
+        covers the calls that run any update of the window."""
         import jax
 
-        if self.enabled and not self.active and self.start <= step < self.stop:
+        if self.enabled and not self.active and step < self.stop and step + updates > self.start:
             t0 = time.perf_counter()
             jax.profiler.start_trace(str(self.dir), create_perfetto_trace=True)
             self.active = True

@@ -172,6 +172,10 @@ class Config:
     """Validate over the whole validation split every this many updates (0 = only at the end)."""
     log_every: int = 10
     """Record metrics every this many updates."""
+    updates_per_call: int = 0
+    """Most updates the loop dispatches in one device call (one lax.scan); 0 = auto (up to 50). Every call
+    ends on the evaluation, checkpoint and end cadences; logs come from the call's per-update metrics. The
+    host waits for the device once per call: larger calls cost less, smaller ones answer a signal sooner."""
     precision: Literal["fp32", "bf16", "bf16_full", "fp16", "fp64"] = "fp32"
     """fp32; bf16: matmuls in bf16, the rest fp32 (torch.autocast's way); bf16_full: the whole model in bf16;
     fp16: as bf16 with fp16 matmuls and a dynamic loss scale; fp64 (needs JAX_ENABLE_X64, for parity)."""
@@ -302,6 +306,7 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
     _nonneg_int("seed", cfg.seed)
     _nonneg_int("eval_every", cfg.eval_every)
     _positive_int("log_every", cfg.log_every)
+    _nonneg_int("updates_per_call", cfg.updates_per_call)
     _positive_int("max_bad_steps", cfg.max_bad_steps)
     _nonneg_int("patience", cfg.patience)
     if not cfg.run_dir:
@@ -446,7 +451,8 @@ def _writable_dir(name: str, path: str) -> None:
 
 # Fields a resumed run may change: they do not alter the computed trajectory.
 RESUME_SAFE = (
-    "run_dir", "resume", "allow_steps_change", "compile_cache", "eval_every", "log_every", "max_bad_steps",
+    "run_dir", "resume", "allow_steps_change", "compile_cache", "eval_every", "log_every", "updates_per_call",
+    "max_bad_steps",
     "patience", "init_from",
     "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed.",
 )

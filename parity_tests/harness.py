@@ -349,14 +349,17 @@ epoch): 13 mid-epoch and between checkpoints; 22 at the epoch boundary; 30 on a 
 
 
 def resume_cfg(run_dir: str | Path) -> Config:
-    """The digits MLP in float64, 40 updates of 2 micro-batches, evaluation and checkpoint every 10."""
-    cfg = optim(mlp_cfg(run_dir, precision="fp64", steps=40, eval_every=10, log_every=1), warmup_steps=10, accum_steps=2)
+    """The digits MLP in float64, 40 updates of 2 micro-batches, evaluation and checkpoint every 10, one
+    update per device call (so that a SIGTERM stops jaxloop at the update torch_ref is stopped at)."""
+    cfg = optim(mlp_cfg(run_dir, precision="fp64", steps=40, eval_every=10, log_every=1, updates_per_call=1),
+                warmup_steps=10, accum_steps=2)
     return replace(cfg, checkpoint=CheckpointConfig(every=10, keep_last=2, keep_best=1))
 
 
 def interrupt_jax_run(cfg: Config, k: int) -> None:
-    """jaxloop.train.run(cfg) stopped by a real SIGTERM delivered while update k is logged (log_every 1):
-    the loop finishes that update, saves it and raises Interrupted, as on a cluster's preemption."""
+    """jaxloop.train.run(cfg) stopped by a real SIGTERM delivered while update k is logged (log_every 1,
+    updates_per_call 1): the loop finishes that call, saves it and raises Interrupted, as on a cluster's
+    preemption."""
     import signal
 
     from jaxloop.logger import RunLogger

@@ -1,5 +1,5 @@
-"""The loop's cadence: several updates per dispatched call, every event on a call boundary, and back on
-the grid after a skipped update."""
+"""The loop's cadence: several updates per dispatched call, evaluations and saves on call boundaries, logs
+from inside calls, and back on the grid after a skipped update."""
 
 from __future__ import annotations
 
@@ -16,23 +16,68 @@ from loopcore.config import CheckpointConfig, Config, LogConfig, OptimConfig
 from loopcore.records import read_records
 
 
-def test_updates_per_call_divide_every_cadence():
-    c = Cadence(steps=2000, log_every=25, eval_every=250, save_every=250, check_every=20)
-    assert c.per_call == 5
-    assert Cadence(500, 10, 100, 100, 20).per_call == 10
-    assert Cadence(500, 10, 0, 0, 20).per_call == 10, "0 (only at the end) constrains nothing"
-    assert Cadence(7, 1, 0, 0, 20).per_call == 1
+def test_updates_per_call_divide_the_evaluation_checkpoint_and_end_cadences():
+    assert Cadence(steps=2000, log_every=25, eval_every=250, save_every=250).per_call == 50
+    assert Cadence(500, 10, 100, 100).per_call == 50
+    assert Cadence(500, 10, 0, 0).per_call == 50, "0 (only at the end) constrains nothing"
+    assert Cadence(300, 1, 0, 45).per_call == 15
+    assert Cadence(7, 1, 0, 0).per_call == 7
+    assert Cadence(7, 1, 2, 0).per_call == 1
+
+
+def test_log_cadence_does_not_bound_a_call_and_a_set_maximum_does():
+    assert Cadence(500, 1, 100, 100).per_call == 50, "logs are read from the call's per-update metrics"
+    assert Cadence(500, 1, 100, 100, max_per_call=1).per_call == 1
+    assert Cadence(500, 1, 100, 100, max_per_call=30).per_call == 25, "the largest divisor within the maximum"
+    assert Cadence.of(replace(Config(), updates_per_call=4)).max_per_call == 4
 
 
 def test_off_the_grid_the_loop_dispatches_single_updates_until_back_on_it():
-    c = Cadence(steps=40, log_every=10, eval_every=0, save_every=0, check_every=20)
-    assert [c.updates_next(s) for s in (0, 10, 13, 19, 20, 30)] == [10, 10, 1, 1, 10, 10]
-    assert c.updates_next(35) == 1, "never past steps"
+    c = Cadence(steps=40, log_every=10, eval_every=20, save_every=0)
+    assert c.per_call == 20
+    assert [c.updates_next(s) for s in (0, 20, 13, 19)] == [20, 20, 1, 1]
+    assert Cadence(steps=45, log_every=10, eval_every=0, save_every=0).updates_next(30) == 1, "never past steps"
 
 
-def test_sync_points_are_the_due_events():
-    c = Cadence(steps=30, log_every=10, eval_every=15, save_every=0, check_every=6)
-    assert [s for s in range(1, 31) if c.sync(s)] == [6, 10, 12, 15, 18, 20, 24, 30]
+@pytest.fixture(scope="module")
+def call_sizes(tmp_path_factory):
+    """The debug preset, every update logged, with 2-micro-batch updates, run one update per call and
+    in calls of 10 (the default's choice for it): (summary, train records) of each."""
+    from jaxloop.loop import run
+    from loopcore.config import preset
+
+    out = {}
+    for per_call in (1, 0):
+        base = preset("debug")
+        cfg = replace(base, run_dir=str(tmp_path_factory.mktemp(f"calls{per_call}")), steps=30, log_every=1,
+                      updates_per_call=per_call, optim=replace(base.optim, accum_steps=2),
+                      log=replace(base.log, progress="off", tensorboard=False))
+        summary = run(cfg)
+        out[per_call] = summary, [r for r in read_records(cfg.run_dir) if r["kind"] == "train"]
+    return out
+
+
+def test_every_due_log_record_is_written_from_inside_a_call(call_sizes):
+    summary, records = call_sizes[0]
+    assert summary["final_step"] == 30
+    assert [r["step"] for r in records] == list(range(1, 31)), "a record per update, 10 per call"
+
+
+def test_the_call_size_changes_no_state_bit_and_no_logged_value(call_sizes):
+    """Scanned calls of 10 updates compute what 30 single-update calls do, bit for bit; the logged loss,
+    lr, grad_norm and skip count of every update agree exactly (their rates of course differ)."""
+    (one, one_records), (auto, auto_records) = call_sizes[1], call_sizes[0]
+    assert auto["state_digest"] == one["state_digest"]
+    fields = ("step", "loss", "lr", "grad_norm", "skipped", "loss_scale")
+    assert [[r[f] for f in fields] for r in auto_records] == [[r[f] for f in fields] for r in one_records]
+
+
+def test_a_calls_time_is_shared_by_its_updates_records(call_sizes):
+    _, records = call_sizes[0]
+    for call in (records[10:20], records[20:30]):  # after the first call (its compile resets the clock)
+        # one rate for the updates of one call (to rounding: each is its share of the call's time)
+        assert [r["step_ms"] for r in call] == pytest.approx([call[0]["step_ms"]] * 10, rel=1e-6)
+        assert all(r["step_ms"] > 0 for r in call)
 
 
 class Lin(nn.Module):
@@ -70,7 +115,7 @@ def skipping_run(tmp_path_factory):
 def test_skipped_updates_do_not_move_saves_or_logs_off_their_updates(skipping_run):
     # 64 records in micro-batches of 16: 4 windows an epoch, one of them holding the NaN record. 12
     # applied updates take 16 windows (4 skipped); the loop dispatches 4 updates a call, finds fewer
-    # applied at its syncs, and steps singly back onto the grid: saves and logs stay at 4, 8, 12.
+    # applied after it, and steps singly back onto the grid: saves and logs stay at 4, 8, 12.
     run_dir, summary = skipping_run
     assert summary["final_step"] == 12 and summary["skipped_updates"] == 4
     steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())

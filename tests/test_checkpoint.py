@@ -166,16 +166,18 @@ def test_state_without_numpy_views_is_handed_over_as_a_device_copy(tmp_path):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """The reference: a debug run of 30 updates with 2-step accumulation, every update logged."""
+    """The reference: a debug run of 30 updates with 2-step accumulation, every update logged, one
+    update per call (so that a signal stops it at the update chosen, see _interrupt_at)."""
     run_dir = tmp_path_factory.mktemp("uninterrupted")
-    cfg = _debug(run_dir, steps=30, optim=replace(preset("debug").optim, accum_steps=2),
+    cfg = _debug(run_dir, steps=30, updates_per_call=1, optim=replace(preset("debug").optim, accum_steps=2),
                  checkpoint=CheckpointConfig(every=10), log=replace(preset("debug").log, progress="off"))
     summary = run(cfg)
     return cfg, summary, _train_losses(run_dir)
 
 
 def _interrupt_at(cfg: Config, k: int, monkeypatch) -> None:
-    """Run cfg and deliver a real SIGTERM to this process while update k is being logged."""
+    """Run cfg and deliver a real SIGTERM to this process while update k is being logged (the loop then
+    stops after its call: at update k with cfg.updates_per_call 1)."""
     original = RunLogger.train
 
     def train(self, record):
