@@ -24,13 +24,14 @@ if not Path(TEXT).is_file():  # the repository's own small text, wherever the su
     TEXT = str(ROOT / "README.md")
 
 # A GPT small enough to compile in seconds whose matrices are still sharded (>= MIN_SHARD_SIZE elements).
-GPT = ("--preset", "shakespeare", "--data.path", TEXT, "--steps", "4", "--batch_size", "8",
+# One update per call: a scanned call of several compiles slower here and the layouts' sums are the same.
+GPT = ("--preset", "shakespeare", "--data.path", TEXT, "--steps", "4", "--batch_size", "8", "--updates_per_call", "1",
        "--model.context", "8", "--model.d_model", "64", "--model.n_layers", "1", "--model.n_heads", "2",
        "--log_every", "1", "--eval_every", "0", "--data.val_fraction", "0.01", "--data.eval_batch_size", "64",
        "--optim.warmup_steps", "1", "--optim.ema_decay", "0.9",
        "--log.progress", "off", "--log.no-report", "--log.no-tensorboard")
 # The digits MLP, with matrices big enough to shard; compiles in a second or two.
-MLP = ("--preset", "debug", "--model.hidden", "128", "128", "--optim.ema_decay", "0.9", "--log.progress", "off")
+MLP = ("--preset", "debug", "--updates_per_call", "1", "--model.hidden", "128", "128", "--optim.ema_decay", "0.9", "--log.progress", "off")
 LAYOUTS = {"fsdp4": ("--distributed.fsdp", "4"), "fsdp2xdata2": ("--distributed.fsdp", "2"),
            "fsdp1": ("--distributed.fsdp", "1")}
 
