@@ -23,6 +23,9 @@ torch_ref runs as it does in its own loop, i.e. with torch.use_deterministic_alg
 - **eval.gpt128** (goal >= 3x): tokens/s of a full validation pass (`eval_step` over `val_batches`,
   eval_batch_size 256, dispatch all then fetch, as the loop's evaluate) / tokens/s of the compiled
   training update alone (batch 32).
+- Host allocator: the harness process (step, eval and peak rows, both frameworks) keeps freed memory
+  for reuse as `jaxloop.run` does (`jaxloop.host_memory`, glibc mallopt); child processes running a
+  CLI have their own policy (jaxloop's sets it, `retain_host_memory`; torch_ref's keeps glibc's default).
 - **loop.{mlp,gpt64}.k{1,4}** (goal <= 1.10): `jaxloop.train.run` in a child process (log_every 10,
   prefetch 2, async checkpoints every 100, eval only at the end), its own `step_ms` from
   metrics.jsonl (median over the log intervals after the first), divided by the compiled update alone

@@ -237,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         result = merge([json.loads(Path(f).read_text()) for f in args.from_json])
     else:
+        from jaxloop.host_memory import retain_freed_memory
+
+        # The step rows run jaxloop and torch in this process: both get the allocator policy jaxloop.run
+        # sets for a run (children running either CLI have their own: jaxloop's sets it, torch_ref's not).
+        retain_freed_memory()
         opts = Options(quick=args.quick)
         if args.threads:
             opts.threads = args.threads

@@ -20,6 +20,7 @@ from jax.sharding import Mesh
 from jaxloop.cadence import Cadence
 from jaxloop.checkpoint import Checkpointer, quiet_orbax
 from jaxloop.compilation import enable_compilation_cache
+from jaxloop.host_memory import retain_freed_memory
 from jaxloop.init_from import init_params_from
 from jaxloop.data import DevicePrefetcher, TrainLoader, val_batches
 from jaxloop.distributed import (abstract_sharded, barrier, check_divisible, create_sharded, initialize, is_primary,
@@ -93,6 +94,8 @@ def run(cfg: Config, task: Task | None = None) -> dict[str, Any]:
     validate(cfg, check_paths=task is None)
     if cfg.compile_cache:
         enable_compilation_cache(cfg.compile_cache)  # before the first compile of the run
+    if cfg.retain_host_memory:
+        retain_freed_memory()  # before the first call's buffers are allocated
     task = task if task is not None else builtin_task(cfg)  # bad data is a ConfigError before anything is written
     splits = task.splits()
     initialize(cfg)  # join the other processes, if any, before any device is used

@@ -187,6 +187,9 @@ class Config:
     """Stop the run after this many consecutive skipped (non-finite) updates."""
     patience: int = 0
     """Early stopping: stop after this many evaluations without a better best_metric (0 = off)."""
+    retain_host_memory: bool = True
+    """Keep memory the process frees for reuse (glibc malloc; jaxloop.host_memory): XLA:CPU's per-call
+    buffers then do not page-fault afresh each update (the small GPT's update: 84 -> 49-59 ms here)."""
     compile_cache: str = "~/.cache/jaxloop/xla"
     """JAX's persistent compilation cache: a second run or a resume loads its compiled steps ("" = off)."""
     init_from: str = ""
@@ -451,9 +454,8 @@ def _writable_dir(name: str, path: str) -> None:
 
 # Fields a resumed run may change: they do not alter the computed trajectory.
 RESUME_SAFE = (
-    "run_dir", "resume", "allow_steps_change", "compile_cache", "eval_every", "log_every", "updates_per_call",
-    "max_bad_steps",
-    "patience", "init_from",
+    "run_dir", "resume", "allow_steps_change", "compile_cache", "retain_host_memory", "eval_every", "log_every",
+    "updates_per_call", "max_bad_steps", "patience", "init_from",
     "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed.",
 )
 
