@@ -197,15 +197,21 @@ def step_memory_row(opts: Options, shape: str) -> Row:
 # ----------------------------------------------------------------------------- 8. the existing benchmarks
 
 
+def _script(args: list[str]) -> Any:
+    """A benchmark script run in a child process; raises with its stderr's tail if it fails."""
+    c = run_child(args)
+    if c.rc != 0:
+        raise RuntimeError(f"exit {c.rc}: {c.stderr[-300:]}")
+    return c
+
+
 def data_row(opts: Options) -> Row:
     row = Row("data", "input pipeline: grain TrainLoader / best torch DataLoader (benchmarks/bench_data.py)",
               unit="records/s", goal="info")
     try:
         args = ["benchmarks/bench_data.py"] + (["--seconds", "0.5", "--rounds", "1", "--workers", "0"]
                                                if opts.quick else [])
-        c = run_child(args)
-        if c.rc != 0:
-            raise RuntimeError(f"exit {c.rc}: {c.stderr[-300:]}")
+        c = _script(args)
         m = re.search(r"worst over worker counts: ([0-9.]+)x", c.stdout)
         table = [line for line in c.stdout.splitlines() if re.match(r"\s*\d+ \|", line)]
         if table:
@@ -225,9 +231,7 @@ def checkpoint_row(opts: Options) -> Row:
     row = Row("checkpoint", "async save: loop blocked / sync save blocked (benchmarks/bench_checkpoint.py)", unit="ms")
     try:
         args = ["benchmarks/bench_checkpoint.py"] + (["--rounds", "2", "--sizes", "256x2"] if opts.quick else [])
-        c = run_child(args)
-        if c.rc != 0:
-            raise RuntimeError(f"exit {c.rc}: {c.stderr[-300:]}")
+        c = _script(args)
         ratios = [float(x) for x in re.findall(r"ratio async/sync blocked time: ([0-9.]+)", c.stdout)]
         blocked = {m: [float(x) for x in re.findall(rf"(?m)^{m}\s*: blocked median\s+([0-9.]+) ms", c.stdout)]
                    for m in ("sync", "async")}

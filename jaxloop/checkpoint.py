@@ -169,7 +169,6 @@ class Checkpointer:
                                 metadata=dict(out["metadata"] or {}))
             except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
                 cause = _root_cause(e)
-                settle_failed_read()
                 warnings.warn(f"checkpoint at update {step} is damaged ({cause}); "
                               f"moving it to {DAMAGED_DIR}/ and trying the previous one", stacklevel=2)
                 self._quarantine(step)
@@ -231,7 +230,8 @@ def settle_failed_read() -> None:
     reads stay in reference cycles, finished with errors nobody retrieved or pending on a closed loop.
     Left to the cyclic collector they are finalized at an arbitrary later allocation, and asyncio
     logs them there; inside ast.parse (tyro parses docstrings) CPython 3.11.7 then raises SystemError
-    ("AST constructor recursion depth mismatch", cpython#106905). The caller's warning names the cause.
+    ("AST constructor recursion depth mismatch", cpython#106905). The caller names the cause (restore()
+    re-raises the read's error).
     """
     asyncio_log = logging.getLogger("asyncio")
     abandoned = _AbandonedTaskReport()
@@ -254,7 +254,11 @@ def restore(manager: ocp.CheckpointManager, step: int, target: Any, data: bool =
     items = {"state": ocp.args.StandardRestore(target)}
     if data:
         items.update(data=ocp.args.JsonRestore(), metadata=ocp.args.JsonRestore())
-    return manager.restore(step, args=ocp.args.Composite(**items))
+    try:
+        return manager.restore(step, args=ocp.args.Composite(**items))
+    except Exception:
+        settle_failed_read()
+        raise
 
 
 def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None = None) -> tuple[int, str, dict]:
@@ -304,7 +308,6 @@ def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None
                 abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), meta)
                 return int(step), chosen, restore(manager, step, abstract)["state"]
             except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
-                settle_failed_read()
                 warnings.warn(f"checkpoint at update {step} could not be read ({type(e).__name__}); "
                               "trying the next newest", stacklevel=2)
                 chosen = "latest"

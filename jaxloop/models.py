@@ -17,6 +17,7 @@ full precision (lax.Precision.HIGHEST: no TF32 or bf16 passes on accelerators).
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import flax.linen as nn
@@ -76,8 +77,15 @@ class Dense(nn.Module):
         kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32)
         bias = self.param("bias", self.bias_init, (self.features,), jnp.float32) if self.use_bias else None
         return _matmul(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), self.mm_dtype, bias)
+
+
 LN_EPS = 1e-5  # torch.nn.LayerNorm's default; flax's is 1e-6
 INIT_STD = 0.02  # GPT-2 initialisation of GPT matrices and embeddings
+
+
+def _gpt_dense(features: int, name: str, mm_dtype: Any) -> Dense:
+    """A GPT matrix: Dense with GPT-2's normal(0.02) kernel initialisation."""
+    return Dense(features, kernel_init=nn.initializers.normal(INIT_STD), mm_dtype=mm_dtype, name=name)
 
 
 class MLP(nn.Module):
@@ -104,8 +112,7 @@ class CausalSelfAttention(nn.Module):
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
         b, t, c = x.shape
         h, d = self.n_heads, c // self.n_heads
-        dense = lambda n, name: Dense(n, kernel_init=nn.initializers.normal(INIT_STD), mm_dtype=self.mm_dtype,  # noqa: E731
-                                      name=name)
+        dense = partial(_gpt_dense, mm_dtype=self.mm_dtype)
         q, k, v = jnp.split(dense(3 * c, "qkv")(x), 3, axis=-1)
         q, k, v = (a.reshape(b, t, h, d) for a in (q, k, v))
         scores = _einsum("bqhd,bkhd->bhqk", q, k, self.mm_dtype)
@@ -134,8 +141,7 @@ class Block(nn.Module):
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
         c = x.shape[-1]
         drop = nn.Dropout(self.dropout, deterministic=not train)
-        dense = lambda n, name: Dense(n, kernel_init=nn.initializers.normal(INIT_STD), mm_dtype=self.mm_dtype,  # noqa: E731
-                                      name=name)
+        dense = partial(_gpt_dense, mm_dtype=self.mm_dtype)
         # the residual stream keeps x's dtype (float32 under mm_dtype: a bf16 branch is promoted by the add)
         x = x + drop(CausalSelfAttention(self.n_heads, self.dropout, self.mm_dtype, name="attn")(
             nn.LayerNorm(epsilon=LN_EPS, name="ln1")(x), train))

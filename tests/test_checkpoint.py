@@ -230,6 +230,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(uninterrupted,
         with pytest.warns(UserWarning, match=r"checkpoint at update 24 is damaged") as caught:
             summary = run(cfg)
         monkeypatch.undo()
+        # mutant seen failing: settle_failed_read() removed from checkpoint.restore()
         assert settled == [damage], "the fallback finalizes the reads the failed restore abandoned"
         # The cause is tensorstore's own error (the array it failed to read), not orbax's wrapper.
         message = next(str(w.message) for w in caught if "is damaged" in str(w.message))

@@ -43,3 +43,18 @@ def test_without_it_the_same_blocks_fault_afresh():
     the policies apart would pass without retain_freed_memory)."""
     first, second = _faults("default")
     assert second > first / 2, (first, second)
+
+
+def test_a_run_sets_the_policy_unless_told_not_to(tmp_path, monkeypatch):
+    """jaxloop.run applies it (retain_host_memory, default on) and leaves it with the flag off."""
+    from dataclasses import replace
+
+    import jaxloop.loop
+    from loopcore.config import preset
+
+    calls = []
+    monkeypatch.setattr(jaxloop.loop, "retain_freed_memory", lambda: calls.append(True) or True)
+    base = replace(preset("debug"), steps=10, log=replace(preset("debug").log, progress="off", tensorboard=False))
+    jaxloop.loop.run(replace(base, run_dir=str(tmp_path / "default")))
+    jaxloop.loop.run(replace(base, run_dir=str(tmp_path / "off"), retain_host_memory=False))
+    assert calls == [True], "once, for the run with the default"
