@@ -68,6 +68,32 @@ def test_an_update_whose_result_is_not_finite_is_skipped():
     assert int(state.skipped) == 1 and int(updates_applied(state)) == 1
 
 
+@pytest.mark.parametrize("k", [1, 2])
+def test_make_optimizer_skips_a_window_whose_mean_gradient_overflows_when_squared(k):
+    # make_optimizer's windows are checked before Adam runs (check_result=False): 2^70 is finite in
+    # float32, its square 2^140 is not, so Adam's nu would overflow. The window is skipped, and the
+    # moments, counts and params stay. Mutant: no check there; clipping then scales the gradient by
+    # 1 / inf = 0 and a zero-gradient update (decay, count) is applied: skipped 0, counts 1.
+    o = OptimConfig(peak_lr=1e-2, init_lr=1e-2, end_lr=1e-2, warmup_steps=0, clip_norm=1.0, accum_steps=k)
+    tx = make_optimizer(o, 10, get_policy("fp32"))
+    params = {"w": jnp.ones(3)}
+    state = tx.init(params)
+    for _ in range(k):
+        updates, state = tx.update({"w": jnp.full(3, 2.0**70)}, state, params)
+    assert int(field(state, "SkipWindowsState", "skipped")) == 1 and int(updates_applied(state)) == 0
+    np.testing.assert_array_equal(updates["w"], 0.0)
+    adam = field(state, "ScaleByAdamState", "count")
+    assert int(adam) == 0 and float(jnp.abs(field(state, "ScaleByAdamState", "nu")["w"]).max()) == 0.0
+    for _ in range(k):  # the next finite window applies
+        _, state = tx.update({"w": jnp.ones(3)}, state, params)
+    assert int(field(state, "SkipWindowsState", "skipped")) == 1 and int(updates_applied(state)) == 1
+
+
+def test_a_multisteps_with_a_k_schedule_is_refused_with_its_value():
+    with pytest.raises(ValueError, match="every_k_schedule"):
+        skip_nonfinite_windows(optax.MultiSteps(optax.sgd(1.0), every_k_schedule=lambda step: 2 + step % 2))
+
+
 def test_skipped_windows_keep_the_inner_state_and_schedule():
     # Adam's count is the schedule's clock: a skipped window leaves it at 1.
     tx = _skip(1, optax.adam(optax.linear_schedule(1.0, 0.0, 10)))
