@@ -1,8 +1,10 @@
 """The training run: `run(cfg, task)` trains a Task (default: the preset's built-in one).
 
 The host loop dispatches compiled calls of several updates each (jaxloop.cadence) and waits for the
-device once per call: it then writes the log records due in the call from its per-micro-batch metrics,
-and evaluates, saves or ends where the call's last update is due to.
+device once per call. It keeps the device busy while it works: as soon as a call's metrics are in, it
+dispatches the next call (unless the state reached is to be evaluated, saved or returned), then writes
+the finished call's log records from its per-micro-batch metrics; where the state is due to be
+evaluated or saved, or the run ends, it does that before dispatching again.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import signal
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -60,6 +62,15 @@ class Throughput:
     def pause(self, seconds: float) -> None:
         """Exclude time spent outside training (evaluation, saving) from the current interval."""
         self.time += seconds
+
+
+class Call(NamedTuple):
+    """A dispatched call: its output state and stacked metrics (device arrays, maybe not computed yet)
+    and the applied update count it started from."""
+
+    state: TrainState
+    metrics: dict[str, jax.Array]
+    start: int
 
 
 class Evaluator:
@@ -180,23 +191,40 @@ class Loop:
         return summary
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        self.signal = signum  # finish the current call, save, then exit
+        self.signal = signum  # finish the calls dispatched, save, then exit
 
     def _train(self, state: TrainState, step: int, batches: DevicePrefetcher) -> dict[str, Any]:
-        cfg, cadence, profiler = self.cfg, self.cadence, Profiler(self.cfg, self.rd.path, self.timings)
+        cfg, profiler = self.cfg, Profiler(self.cfg, self.rd.path, self.timings)
         self.rate, self.saved_step, self.last_eval = Throughput(step, time.perf_counter()), step or None, {}
-        while step < cfg.steps:
-            n = cadence.updates_next(step)
-            profiler.before_call(step, n)
-            chunk = batches.take(cfg.optim.accum_steps * n)
-            state, metrics = self._step_fn(n, state, chunk)(state, chunk)  # dispatched; returns at once
-            # host waits here for the call: the applied update count and every micro-batch's metrics
-            start, step, metrics = step, int(state.step), jax.device_get(metrics)
-            if self._after_call(state, start, step, metrics, batches):
-                break
+        call = self._dispatch(state, step, batches, profiler)
+        while True:
+            # host waits here for the call: every micro-batch's metrics (the applied update count with them)
+            metrics = jax.device_get(call.metrics)
+            synced, waited = time.perf_counter(), batches.total_wait_s
+            start, step = call.start, call.start + int(np.sum(metrics["updated"]))
+            stopping = self._stop_requested()
+            # the device gets the next call before the host logs this one, unless the state reached is
+            # needed or the next call is still to be compiled (compiling is not training time)
+            ready = self.cadence.updates_next(step) in self.compiled
+            ahead = self._dispatch(call.state, step, batches, profiler) if ready and not (stopping or self._due(step)) else None
+            self._check_streak(start, metrics)
+            self._log(start, step, metrics, synced, waited)
+            if ahead is None:
+                if self._at_boundary(call.state, step, stopping, batches):
+                    break
+                ahead = self._dispatch(call.state, step, batches, profiler)
+            call = ahead
         profiler.close()
         self.timings.add("data_wait", batches.total_wait_s)
-        return self._summary(state)
+        return self._summary(call.state)
+
+    def _dispatch(self, state: TrainState, step: int, batches: DevicePrefetcher, profiler: Profiler) -> "Call":
+        """Dispatch the call after update `step` (state is donated to it); returns at once."""
+        n = self.cadence.updates_next(step)
+        profiler.before_call(step, n)
+        chunk = batches.take(self.cfg.optim.accum_steps * n)
+        new_state, metrics = self._step_fn(n, state, chunk)(state, chunk)
+        return Call(new_state, metrics, step)
 
     def _step_fn(self, n: int, state: TrainState, chunk: Any) -> Any:
         """The call running n updates, compiled on first use (its own compile time is timed)."""
@@ -207,23 +235,46 @@ class Loop:
             self.rate = Throughput(self.rate.step, time.perf_counter(), self.rate.data_wait)
         return self.compiled[n]
 
-    def _after_call(self, state: TrainState, start: int, step: int, metrics: dict, batches: DevicePrefetcher) -> bool:
-        """Check the skip streak, log the updates due, then evaluate and save as due at `step`; True
-        when the run ends here. `start`: the applied update count before the call."""
-        cfg, cadence = self.cfg, self.cadence
-        applied = start + np.cumsum(metrics["updated"])  # the state's update count after each micro-batch
-        streak = np.flatnonzero(metrics["bad_streak"] >= cfg.max_bad_steps)
+    def _due(self, step: int) -> bool:
+        """Whether the state at `step` is to be evaluated, saved or returned (the next call must wait)."""
+        return step >= self.cfg.steps or self.cadence.eval(step) or self.cadence.save(step)
+
+    def _stop_requested(self) -> bool:
+        """Whether a signal has reached this process (or, with several, any of them: they agree here,
+        once per call, so that they all dispatch and stop alike)."""
+        seen = self.signal  # read once: the handler may set it at any moment
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            received = np.ravel(multihost_utils.process_allgather(np.int32(seen or 0)))
+            seen = int(received[received > 0][0]) if received.any() else None
+            if self.signal is None:
+                self.signal = seen
+        return seen is not None
+
+    def _check_streak(self, start: int, metrics: dict) -> None:
+        """Stop on max_bad_steps consecutive skipped updates. `start`: the applied update count before the call."""
+        streak = np.flatnonzero(metrics["bad_streak"] >= self.cfg.max_bad_steps)
         if streak.size:
             i = streak[0]
+            update = start + int(np.sum(metrics["updated"][:i + 1])) + 1
             raise NonFiniteError(
                 f"{int(metrics['bad_streak'][i])} consecutive updates were skipped for a non-finite loss or gradient "
-                f"(update {int(applied[i]) + 1}; max_bad_steps={cfg.max_bad_steps}); the last saved checkpoint is finite")
-        logged = [i for i in np.flatnonzero(metrics["updated"]) if cadence.log(int(applied[i]))]
+                f"(update {update}; max_bad_steps={self.cfg.max_bad_steps}); the last saved checkpoint is finite")
+
+    def _log(self, start: int, step: int, metrics: dict, now: float, data_wait: float) -> None:
+        """Write the log records due in the call that took the state from update `start` to `step`
+        (finished at time `now`, with `data_wait` seconds of data waits so far)."""
+        applied = start + np.cumsum(metrics["updated"])  # the state's update count after each micro-batch
+        logged = [i for i in np.flatnonzero(metrics["updated"]) if self.cadence.log(int(applied[i]))]
         if logged:
             with self.timings("log"):
-                now, wait = time.perf_counter(), batches.total_wait_s
                 for i in logged:
-                    self.logger.train(self._record(int(applied[i]), metrics, i, step, now, wait))
+                    self.logger.train(self._record(int(applied[i]), metrics, i, step, now, data_wait))
+
+    def _at_boundary(self, state: TrainState, step: int, stopping: bool, batches: DevicePrefetcher) -> bool:
+        """Evaluate and save as due at `step`; True when the run ends here."""
+        cfg, cadence = self.cfg, self.cadence
         t_pause, evaluated = time.perf_counter(), None
         if cadence.eval(step):
             with self.timings("eval"):
@@ -233,16 +284,14 @@ class Loop:
                 self.stop_reason = "early_stopping"
                 self.logger.message(f"early stopping at update {step}: no better "
                                     f"{cfg.checkpoint.best_metric} in {cfg.patience} evaluations")
-        if jax.process_count() > 1:
-            self._agree_on_signal()
-        end = step >= cfg.steps or self.stop_reason != "completed" or self.signal is not None
+        end = step >= cfg.steps or self.stop_reason != "completed" or stopping
         if (cadence.save(step) or end) and self.saved_step != step:
             with self.timings("checkpoint"):
                 # batches.state(): the position after the micro-batches trained on, not those prefetched
                 self.ckpt.save(step, state, {"loader": batches.state(), "best": self.tracker.as_dict()},
                                metrics=evaluated, check_finite=False)  # the optimizer keeps the state finite
             self.saved_step = step
-        if self.signal is not None:
+        if stopping:
             self.stop_reason = f"signal {signal.Signals(self.signal).name}"
         self.rate.pause(time.perf_counter() - t_pause)  # evaluation and saving are not training time
         return end
@@ -267,14 +316,6 @@ class Loop:
         if name not in evaluated:
             raise ConfigError("checkpoint.best_metric", name, f"a metric the evaluation reports ({', '.join(evaluated)})")
         return evaluated[name]
-
-    def _agree_on_signal(self) -> None:
-        """A signal that reached any process stops them all, here, at the same update."""
-        from jax.experimental import multihost_utils
-
-        received = np.ravel(multihost_utils.process_allgather(np.int32(self.signal or 0)))
-        if self.signal is None and received.any():
-            self.signal = int(received[received > 0][0])
 
     def _summary(self, state: TrainState) -> dict[str, Any]:
         cfg = self.cfg

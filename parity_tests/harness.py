@@ -357,9 +357,10 @@ def resume_cfg(run_dir: str | Path) -> Config:
 
 
 def interrupt_jax_run(cfg: Config, k: int) -> None:
-    """jaxloop.train.run(cfg) stopped by a real SIGTERM delivered while update k is logged (log_every 1,
-    updates_per_call 1): the loop finishes that call, saves it and raises Interrupted, as on a cluster's
-    preemption."""
+    """jaxloop.train.run(cfg) stopped by a real SIGTERM delivered while update k - 1 is logged (log_every
+    1, updates_per_call 1): the loop has already dispatched update k's call; it finishes it, saves update k
+    and raises Interrupted, as on a cluster's preemption. (k - 1 must not be an evaluation or checkpoint
+    update: there the loop dispatches nothing before evaluating and saving.)"""
     import signal
 
     from jaxloop.logger import RunLogger
@@ -369,7 +370,7 @@ def interrupt_jax_run(cfg: Config, k: int) -> None:
 
     def train(self, record):
         original(self, record)
-        if record["step"] == k:
+        if record["step"] == k - 1:
             signal.raise_signal(signal.SIGTERM)
 
     RunLogger.train = train

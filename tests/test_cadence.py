@@ -80,6 +80,34 @@ def test_a_calls_time_is_shared_by_its_updates_records(call_sizes):
         assert all(r["step_ms"] > 0 for r in call)
 
 
+def test_the_next_call_is_dispatched_before_the_host_logs_the_finished_one(tmp_path, monkeypatch):
+    """The device is not left idle while the host writes a call's records: the loop dispatches the next
+    call first, unless the state reached is to be evaluated or saved (then it waits for both). Mutant:
+    logging before dispatching fails the first check."""
+    from jaxloop.logger import RunLogger
+    from jaxloop.loop import Loop, run
+    from loopcore.config import preset
+
+    events: list[tuple[str, int]] = []
+    dispatch, train = Loop._dispatch, RunLogger.train
+    monkeypatch.setattr(Loop, "_dispatch", lambda self, state, step, *a: (events.append(("dispatch", step)),
+                                                                           dispatch(self, state, step, *a))[1])
+    monkeypatch.setattr(RunLogger, "train", lambda self, record: (events.append(("log", record["step"])),
+                                                                   train(self, record))[1])
+    base = preset("debug")
+    cfg = replace(base, run_dir=str(tmp_path), steps=40, log_every=1, eval_every=20, updates_per_call=5,
+                  checkpoint=CheckpointConfig(every=20), log=replace(base.log, progress="off", tensorboard=False))
+    run(cfg)
+    calls = [step for kind, step in events if kind == "dispatch"]
+    assert calls == list(range(0, 40, 5))
+    for end in range(5, 40, 5):  # the call that reached `end`: its records, and the next call's dispatch
+        first_record, next_call = events.index(("log", end - 4)), events.index(("dispatch", end))
+        if end % 20:
+            assert next_call < first_record, f"update {end}: the next call goes out before the logs"
+        else:
+            assert next_call > events.index(("log", end)), f"update {end} is evaluated and saved first"
+
+
 class Lin(nn.Module):
     @nn.compact
     def __call__(self, x, train=False):

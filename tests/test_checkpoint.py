@@ -176,13 +176,15 @@ def uninterrupted(tmp_path_factory):
 
 
 def _interrupt_at(cfg: Config, k: int, monkeypatch) -> None:
-    """Run cfg and deliver a real SIGTERM to this process while update k is being logged (the loop then
-    stops after its call: at update k with cfg.updates_per_call 1)."""
+    """Run cfg and deliver a real SIGTERM to this process while update k - 1 is being logged: the loop
+    has already dispatched the next call (update k, with cfg.updates_per_call 1), finishes it, saves
+    and stops there. (k - 1 must not be an evaluation or checkpoint update: the loop dispatches
+    nothing before it has evaluated or saved.)"""
     original = RunLogger.train
 
     def train(self, record):
         original(self, record)
-        if record["step"] == k:
+        if record["step"] == k - 1:
             signal.raise_signal(signal.SIGTERM)
 
     monkeypatch.setattr(RunLogger, "train", train)
