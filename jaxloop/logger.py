@@ -163,8 +163,10 @@ class Progress:
 class RunLogger:
     """Writes training and evaluation records (metrics.jsonl, TensorBoard) and shows progress.
 
-    On resume keeps only records up to start_step. `train` adds `mem_bytes` (memory_bytes()) to each
-    record; `peak_mem_bytes` is the largest seen in this run, earlier sessions of a resumed run included.
+    On resume keeps only records up to start_step. `train` adds `mem_bytes` (memory_bytes()) to a
+    record that has none; `peak_mem_bytes` is the largest seen in this run, earlier sessions of a resumed
+    run included. metrics.jsonl is written through a buffer: `flush()` after a batch of records (the
+    loop: once per call), evaluation records and close() flush it.
     """
 
     def __init__(self, cfg: Config, run_dir: str | Path, *, start_step: int, total_steps: int,
@@ -180,7 +182,7 @@ class RunLogger:
             kept = [r for r in read_records(run_dir) if r.get("step", 0) <= start_step]
             with open(self.path, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
-            self._file = open(self.path, "a", buffering=1)
+            self._file = open(self.path, "a")  # noqa: SIM115 - closed in close()
             mems = [r["mem_bytes"] for r in kept if r.get("kind") == "train" and r.get("mem_bytes") is not None]
             self.peak_mem_bytes = max(mems) if mems else None
         if writes and cfg.log.tensorboard:
@@ -196,7 +198,7 @@ class RunLogger:
 
     def train(self, record: dict[str, Any]) -> None:
         record = dict(record)
-        mem = memory_bytes()
+        mem = record["mem_bytes"] if "mem_bytes" in record else memory_bytes()
         if mem is not None:
             record["mem_bytes"] = mem
             self.peak_mem_bytes = max(mem, self.peak_mem_bytes or 0)
@@ -206,8 +208,15 @@ class RunLogger:
 
     def eval(self, record: dict[str, Any]) -> None:
         self._write({"kind": "eval", **record})
+        self.flush()
         self._scalars("eval", record)
         self._progress.eval(record)
+
+    def flush(self) -> None:
+        """Write the buffered records to metrics.jsonl (one write: a write releases the GIL, and a
+        thread holding it then can keep the loop waiting for milliseconds)."""
+        if self._file is not None:
+            self._file.flush()
 
     def message(self, text: str) -> None:
         self._progress.message(text)

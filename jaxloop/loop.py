@@ -29,7 +29,7 @@ from jaxloop.distributed import (abstract_sharded, barrier, check_divisible, cre
                                  make_mesh, pin_shardings, shard_batch, to_host, whole_params)
 from jaxloop.logger import RunLogger
 from jaxloop.optim import optimizer_metrics
-from jaxloop.runinfo import Profiler, Timings, run_metadata
+from jaxloop.runinfo import Profiler, Timings, memory_bytes, run_metadata
 from jaxloop.state import TrainState, state_digest
 from jaxloop.step import make_eval_step, make_train_step, scan_steps
 from jaxloop.task import Task, builtin_task, init_state
@@ -269,8 +269,10 @@ class Loop:
         logged = [i for i in np.flatnonzero(metrics["updated"]) if self.cadence.log(int(applied[i]))]
         if logged:
             with self.timings("log"):
+                mem = memory_bytes()  # one reading for the call's records: they end at the same moment
                 for i in logged:
-                    self.logger.train(self._record(int(applied[i]), metrics, i, step, now, data_wait))
+                    self.logger.train({**self._record(int(applied[i]), metrics, i, step, now, data_wait), "mem_bytes": mem})
+                self.logger.flush()
 
     def _at_boundary(self, state: TrainState, step: int, stopping: bool, batches: DevicePrefetcher) -> bool:
         """Evaluate and save as due at `step`; True when the run ends here."""

@@ -205,6 +205,20 @@ def test_tensorboard_logs_tokens_per_s_for_text(text_run):
         assert t.value == pytest.approx(s.value * 16, rel=1e-5)
 
 
+def test_records_are_buffered_until_flush_and_a_records_own_mem_bytes_is_kept(tmp_path):
+    # The loop reads memory once per call and flushes once per call: one write, not one per record.
+    cfg = replace(preset("debug"), log=replace(preset("debug").log, progress="off", tensorboard=False))
+    logger = RunLogger(cfg, tmp_path, start_step=0, total_steps=6)
+    logger.train({"step": 1, "loss": 1.0, "mem_bytes": 123})
+    logger.train({"step": 2, "loss": 2.0})
+    assert read_records(tmp_path) == [], "buffered"
+    logger.flush()
+    first, second = read_records(tmp_path)
+    assert first["mem_bytes"] == 123, "the record's own reading"
+    assert second["mem_bytes"] > 0, "read by the logger when the record has none"
+    logger.close()
+
+
 def test_resume_truncates_metrics_and_purges_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
