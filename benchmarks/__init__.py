@@ -21,7 +21,7 @@ torch_ref runs as it does in its own loop, i.e. with torch.use_deterministic_alg
   HLO's cost analysis (the analytic 6·N·tokens + attention count is recorded beside it), as % of the
   measured peak.
 - **eval.gpt128** (goal >= 3x): tokens/s of a full validation pass (`eval_step` over `val_batches`,
-  eval_batch_size 256, dispatch all then fetch, as the loop's evaluate) / tokens/s of the compiled
+  the preset's eval_batch_size (32), dispatch all then fetch, as the loop's evaluate) / tokens/s of the compiled
   training update alone (batch 32).
 - Host allocator: the harness process (step, eval and peak rows, both frameworks) keeps freed memory
   for reuse as `jaxloop.run` does (`jaxloop.host_memory`, glibc mallopt); child processes running a
