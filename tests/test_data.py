@@ -221,7 +221,10 @@ def test_digits_split_is_fixed_and_independent_of_seed():
     d = load_digits()
     perm = np.random.Generator(np.random.PCG64(np.random.SeedSequence(SPLIT_SEED))).permutation(1797)
     val_idx = np.sort(perm[:1797 - a.num_train])
+    # read from sklearn's bundled file without importing sklearn: the same records as load_digits()
     assert np.array_equal(a.val.x, (d.data[val_idx] / 16).astype(np.float32))
+    assert np.array_equal(a.val.y, d.target[val_idx]) and np.array_equal(a.train.y, np.delete(d.target, val_idx))
+    assert np.array_equal(a.train.x, (np.delete(d.data, val_idx, axis=0) / 16).astype(np.float32))
     assert a.train.x.dtype == np.float32 and a.train.y.dtype == np.int32
     assert a.example_x.shape == (1, 64) and a.num_classes == 10 and a.vocab is None
 
