@@ -42,6 +42,9 @@ torch_ref runs as it does in its own loop, i.e. with torch.use_deterministic_alg
   split it into tracing + lowering (Python, which no cache skips) and XLA compile / cache load.
 - **startup.digits** (goal <= 3 s): `python -m jaxloop.train` (digits, log_every 1) from `Popen` to
   its first train record appearing in metrics.jsonl (polled every 10 ms); torch_ref's CLI beside it.
+  jaxloop runs as configured by default, its persistent compilation cache on (~/.cache/jaxloop/xla,
+  filled by any earlier run of the same programs, as on a user's second run); the notes give a run
+  with no cache (`--compile_cache ''`), a first run's start-up.
 - **memory.***: peak RSS (the child's VmHWM from /proc, polled every 10 ms; wait4's ru_maxrss would carry the
   harness's own high-water mark over fork + exec) of jaxloop vs torch_ref: the e2e and
   digits CLI runs, and state + compile + updates of one framework per child (mlp, gpt128).
