@@ -270,8 +270,9 @@ class Loop:
         if logged:
             with self.timings("log"):
                 mem = memory_bytes()  # one reading for the call's records: they end at the same moment
+                extra = {"mem_bytes": mem} if mem is not None else {}
                 for i in logged:
-                    self.logger.train({**self._record(int(applied[i]), metrics, i, step, now, data_wait), "mem_bytes": mem})
+                    self.logger.train({**self._record(int(applied[i]), metrics, i, step, now, data_wait), **extra})
                 self.logger.flush()
 
     def _at_boundary(self, state: TrainState, step: int, stopping: bool, batches: DevicePrefetcher) -> bool:

@@ -147,7 +147,8 @@ def skip_nonfinite_windows(inner: optax.MultiSteps | optax.GradientTransformatio
     `check_result`: True (any `inner`) inspects the updates and inner state it returns. False decides
     before running `inner`, from the mean gradient: a window is applied when the sum of its squares is
     finite. That suffices for make_optimizer's chain (clip scales by a factor <= 1; Adam's moments and
-    update are finite when every g^2 is) and costs one reduction instead of one over the whole state.
+    update are finite when every g^2 is, given eps > 0 in float32, which the config enforces) and costs
+    one reduction instead of one over the whole state.
 
     Unlike optax.MultiSteps, which runs the inner optimizer at every micro-batch and selects its result
     leaf by leaf, the inner transformation runs once per window (one lax.cond between accumulating and
@@ -222,12 +223,15 @@ def skip_nonfinite_windows(inner: optax.MultiSteps | optax.GradientTransformatio
 
 def _unwrap(multi: optax.MultiSteps) -> tuple[optax.GradientTransformation, int, Any]:
     """(inner transformation, K, accumulator dtype) of a MultiSteps built with a constant int K, the
-    running mean and no skip function (what skip_nonfinite_windows reproduces)."""
-    k = multi._every_k_schedule(jnp.zeros([], jnp.int32))  # noqa: SLF001 (optax keeps these private)
-    default_skip = multi._should_skip_update_fn(None, None, None)[1] == ()  # noqa: SLF001
-    if not isinstance(k, int) or not multi._use_grad_mean or not default_skip:  # noqa: SLF001
-        raise ValueError("optax.MultiSteps: every_k_schedule must be an int, use_grad_mean True and "
-                         f"should_skip_update_fn unset for jaxloop's accumulation (got every_k_schedule={k!r})")
+    running mean and no skip function (what skip_nonfinite_windows reproduces); anything else is
+    refused. A K schedule is recognised by its values at sampled steps."""
+    values = [multi._every_k_schedule(jnp.asarray(s, jnp.int32)) for s in (0, 1, 2, 3, 7, 100, 10**6)]  # noqa: SLF001
+    ks = {v if isinstance(v, int) else repr(v) for v in values}
+    k = values[0]
+    default_skip = multi._should_skip_update_fn.__qualname__ == "MultiSteps.__init__.<locals>.should_skip_update_fn"  # noqa: SLF001
+    if len(ks) != 1 or not isinstance(k, int) or not multi._use_grad_mean or not default_skip:  # noqa: SLF001
+        raise ValueError("optax.MultiSteps: every_k_schedule must be a constant int, use_grad_mean True and "
+                         f"should_skip_update_fn unset for jaxloop's accumulation (got every_k_schedule values {sorted(map(str, ks))})")
     return multi.inner_opt, k, multi._accumulator_dtype  # noqa: SLF001
 
 

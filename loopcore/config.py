@@ -333,6 +333,8 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
         if not 0.0 <= v < 1.0:
             raise ConfigError(name, v, "a number in [0, 1)")
     _positive_float("optim.eps", o.eps)
+    if o.eps < FLOAT32_TINY:  # it would round to 0 in float32: Adam's 0 / (sqrt(0) + 0) is NaN
+        raise ConfigError("optim.eps", o.eps, f"a number >= {FLOAT32_TINY:.4g} (the smallest normal float32)")
     _nonneg_float("optim.clip_norm", o.clip_norm)
     _positive_int("optim.accum_steps", o.accum_steps)
     _float("optim.ema_decay", o.ema_decay)
@@ -409,6 +411,10 @@ def _choice(name: str, v: Any, allowed: tuple) -> None:
 def _float(name: str, v: Any) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise ConfigError(name, v, "a finite number")
+
+
+FLOAT32_TINY = 1.1754943508222875e-38
+"""The smallest normal float32 (numpy.finfo(numpy.float32).tiny)."""
 
 
 def _positive_float(name: str, v: Any) -> None:

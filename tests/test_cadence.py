@@ -151,6 +151,19 @@ def test_skipped_updates_do_not_move_saves_or_logs_off_their_updates(skipping_ru
     assert [r["step"] for r in read_records(run_dir) if r["kind"] == "train"] == [4, 8, 12]
 
 
+def test_every_record_has_its_time_when_skips_move_the_loop_off_the_grid(tmp_path):
+    # After a skip the loop compiles single-update calls; a compile is not training time, so it waits
+    # for the logs of the call before it (else the clock restarts after them: step_ms 0). Mutant
+    # dispatching ahead regardless of compiling: records with step_ms ~1e-7, seen failing.
+    records = _records_with_one_nan()
+    jaxloop.run(_cfg(tmp_path, log_every=1, eval_every=0, checkpoint=CheckpointConfig(every=0)),
+                jaxloop.Task(Lin(), _mse, records, records[:16]))
+    train = [r for r in read_records(tmp_path) if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, 13))
+    # no update of this model takes under a microsecond; a clock restarted after `now` gives ~1e-7 ms
+    assert all(r["step_ms"] > 1e-3 for r in train), [r["step_ms"] for r in train]
+
+
 def test_a_run_resumed_after_skips_ends_bit_identical(skipping_run, tmp_path):
     # Resume from update 8's checkpoint: its data position counts the skipped windows too.
     run_dir, summary = skipping_run

@@ -27,6 +27,7 @@ BAD_FLAGS = [
     (["--no_such_flag", "1"], "--no_such_flag"),
     (["--steps", "ten"], "--steps"),
     (["--optim.b1", "1.5"], "optim.b1=1.5"),
+    (["--optim.eps", "1e-50"], "optim.eps=1e-50"),  # 0 in float32: Adam's 0 / (0 + 0) would be NaN
     (["--model.n_heads", "3", "--preset", "shakespeare", "--data.path", __file__], "model.n_heads=3"),
     (["--data.val_fraction", "0"], "data.val_fraction=0.0"),
     (["--preset", "shakespeare"], "data.path=''"),

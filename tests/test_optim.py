@@ -89,9 +89,23 @@ def test_make_optimizer_skips_a_window_whose_mean_gradient_overflows_when_square
     assert int(field(state, "SkipWindowsState", "skipped")) == 1 and int(updates_applied(state)) == 1
 
 
-def test_a_multisteps_with_a_k_schedule_is_refused_with_its_value():
+@pytest.mark.parametrize("multi", [
+    optax.MultiSteps(optax.sgd(1.0), every_k_schedule=lambda step: 2 + step % 2),  # a K schedule (arrays)
+    optax.MultiSteps(optax.sgd(1.0), every_k_schedule=lambda step: 2 if step < 1 else 4),  # (Python ints)
+    optax.MultiSteps(optax.sgd(1.0), every_k_schedule=2, should_skip_update_fn=lambda *a: (jnp.asarray(False), ())),
+    optax.MultiSteps(optax.sgd(1.0), every_k_schedule=2, use_grad_mean=False),
+], ids=["k-schedule", "k-schedule-ints", "skip-fn", "sum"])
+def test_a_multisteps_it_cannot_reproduce_is_refused(multi):
+    # A K schedule, a skip function or summed gradients would be silently replaced by a constant K,
+    # no skip function and the running mean.
     with pytest.raises(ValueError, match="every_k_schedule"):
-        skip_nonfinite_windows(optax.MultiSteps(optax.sgd(1.0), every_k_schedule=lambda step: 2 + step % 2))
+        skip_nonfinite_windows(multi)
+
+
+def test_a_plain_multisteps_keeps_its_k_and_dtype():
+    tx = skip_nonfinite_windows(optax.MultiSteps(optax.sgd(1.0), every_k_schedule=3, accumulator_dtype=jnp.float32))
+    trail, _ = _run(tx, [3.0, 6.0, 9.0])
+    assert trail == [1.0, 1.0, -5.0], "one update of the mean 6 after 3 micro-batches"
 
 
 def test_skipped_windows_keep_the_inner_state_and_schedule():
