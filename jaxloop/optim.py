@@ -343,7 +343,7 @@ def optimizer_metrics(opt_state: Any) -> dict[str, jax.Array]:
 
 def for_the_loop(tx: Any, params: Any) -> optax.GradientTransformation:
     """tx as the step needs it: an optimizer from make_optimizer as it is; any other optax
-    transformation inside skip_nonfinite_windows(MultiSteps(tx, 1)) (a MultiSteps keeps its K)."""
+    transformation inside skip_nonfinite_windows(tx) (K = 1; a MultiSteps gives its own K)."""
     if field(jax.eval_shape(tx.init, params), "SkipWindowsState", "skipped") is not None:
         return tx
     return skip_nonfinite_windows(tx)  # a MultiSteps keeps its K (and dtype); any other tx gets K = 1
