@@ -28,9 +28,10 @@ torch_ref runs as it does in its own loop, i.e. with torch.use_deterministic_alg
   CLI have their own policy (jaxloop's sets it, `retain_host_memory`; torch_ref's keeps glibc's default).
 - **loop.{mlp,gpt64}.k{1,4}** (goal <= 1.10): `jaxloop.train.run` in a child process (log_every 10,
   prefetch 2, async checkpoints every 100, eval only at the end), its own `step_ms` from
-  metrics.jsonl (median over the log intervals after the first), divided by the compiled update alone
-  measured in the same process on the same batches, runs and alone-blocks interleaved. Cross-check
-  in the notes: (wall - setup - compile - eval - checkpoint) / updates.
+  metrics.jsonl (every log interval after the first, weighted by its updates: the loop's wall time
+  per update, the time saves block it included, evaluation not), divided by the compiled update alone
+  measured in the same process on the same batches, runs and alone-blocks interleaved. In the notes:
+  the median interval, and (wall - setup - compile - eval - checkpoint) / updates (no save's time).
 - **e2e.shakespeare64** (goal: jaxloop wall <= 0.6x torch_ref's, val_loss within 0.02): `python -m
   jaxloop.train` and `python -m torch_ref.train` with `--preset shakespeare --model.context 64
   --batch_size 12 --data.path ... --steps 2000` (100 under --quick), wall time of the whole process

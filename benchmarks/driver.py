@@ -45,9 +45,14 @@ def loop(args: argparse.Namespace) -> dict:
         cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, warmup_steps=min(cfg.optim.warmup_steps, args.steps)))
         summary = jaxloop.train.run(cfg)
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        step_ms = [r["step_ms"] for r in records if r.get("kind") == "train" and "step_ms" in r][1:]
-        waits = [r.get("data_wait_ms", 0.0) for r in records if r.get("kind") == "train" and "step_ms" in r][1:]
-        out["loop_step_ms"].append(median(step_ms))
+        train = [r for r in records if r.get("kind") == "train" and "step_ms" in r]
+        # every interval after the first, weighted by its updates: the loop's wall time per update, the
+        # time its checkpoint saves block it included (step_ms counts it; evaluation is left out)
+        spans = [(b["step"] - a["step"], b["step_ms"]) for a, b in zip(train, train[1:])]
+        step_ms = [ms for _, ms in spans]
+        waits = [r.get("data_wait_ms", 0.0) for r in train][1:]
+        out["loop_step_ms"].append(sum(n * ms for n, ms in spans) / sum(n for n, _ in spans))
+        out.setdefault("loop_median_step_ms", []).append(median(step_ms))
         out.setdefault("data_wait_ms", []).append(median(waits) if waits else None)
         t = summary.get("timings_s", {})
         outside = sum(t.get(k, 0.0) for k in ("setup", "compile", "eval", "checkpoint", "report"))

@@ -6,8 +6,8 @@
         ...
         checkpoint["data"] = it.state()              # micro-batches consumed, not merely prefetched
 
-Worker invariance: every grain element is one whole (sharded) micro-batch, gathered from the
-deterministic `record_order`; workers only decide *who* computes a batch, never *what* is in it, so
+Worker invariance: every grain element is one whole (sharded) micro-batch (with `chunks()`, one
+call's micro-batches stacked), gathered from the deterministic `record_order`; workers only decide *who* computes a batch, never *what* is in it, so
 data.workers = 0, 1, 2, ... give the same batches in the same order. The checkpointable state is the
 micro-batch position alone, so a run saved with one worker count resumes with any other.
 """
@@ -30,6 +30,7 @@ from absl import flags as absl_flags
 from loopcore.config import Config, ConfigError
 from loopcore.sources import (
     Batch,
+    ChunkGather,
     MicroBatchGather,
     Splits,
     _batches_per_epoch,
@@ -179,8 +180,32 @@ class TrainLoader(Iterator[Batch]):
 
     # -- iteration
 
-    def _make_iterator(self) -> Any:
-        ds = grain.MapDataset.range(self._position, _END).map(self._gather)
+    def chunks(self, size: int, first: int = 0) -> Iterator[Batch]:
+        """The micro-batches from `position` on, stacked `size` at a time along a new leading axis (the
+        first chunk `first`, if > 0): one grain element and one gather per chunk. `position` advances
+        by a chunk's size as it is yielded. Use either this or next(), not both."""
+        if self._closed:
+            raise ValueError("TrainLoader is closed")
+        if self._it is not None:
+            raise ValueError("TrainLoader.chunks() after next() or chunks(): a loader is iterated once")
+        element = ChunkGather(self._gather, self._position, size, first or size)  # ValueError on sizes < 1
+        self._it = self._make_iterator(element, -(-_END // size))
+        return self._yield_chunks(element)
+
+    def _yield_chunks(self, element: ChunkGather) -> Iterator[Batch]:
+        it, n = self._it, element.first
+        while not self._closed:
+            chunk = next(it)
+            self._position += n
+            yield _plain(chunk) if self.workers > 0 else chunk
+            n = element.size
+
+    def _make_iterator(self, element: Callable[[int], Batch] | None = None, end: int | None = None) -> Any:
+        """grain's iterator over element(i) for i = 0, 1, ... (default: micro-batch `position` + i)."""
+        if element is None:
+            ds = grain.MapDataset.range(self._position, _END).map(self._gather)
+        else:
+            ds = grain.MapDataset.range(0, end).map(element)
         ids = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
         if self.workers > 0:
             _ensure_absl_flags_parsed()
@@ -290,7 +315,10 @@ class DevicePrefetcher(Iterator[Any]):
         if size < 0:
             raise ConfigError("data.prefetch", size, "an integer >= 0")
         self.chunk, self._first_chunk = int(chunk), int(first_chunk)
-        self._source = _stacked(iterator, self.chunk, self._first_chunk) if chunk else iterator
+        self._source = iterator
+        if chunk:  # a TrainLoader gathers whole chunks itself; any other source is stacked here
+            chunks = getattr(iterator, "chunks", None)
+            self._source = chunks(self.chunk, self._first_chunk) if chunks else _stacked(iterator, self.chunk, self._first_chunk)
         self._position_source = iterator
         self._head: Any = None  # what is left of the chunk take() last cut
         self._put = put if put is not None else jax.device_put

@@ -42,7 +42,8 @@ from loopcore.sources import Splits, write_vocab
 
 @dataclass
 class Throughput:
-    """Rates over the interval since the previous log line."""
+    """Rates over the interval since the previous log line: the loop's wall time, the time checkpoint
+    saves block it included, evaluation excluded (it is reported apart)."""
 
     step: int
     time: float
@@ -60,7 +61,7 @@ class Throughput:
         return rates
 
     def pause(self, seconds: float) -> None:
-        """Exclude time spent outside training (evaluation, saving) from the current interval."""
+        """Exclude time spent outside training (evaluation) from the current interval."""
         self.time += seconds
 
 
@@ -278,11 +279,13 @@ class Loop:
     def _at_boundary(self, state: TrainState, step: int, stopping: bool, batches: DevicePrefetcher) -> bool:
         """Evaluate and save as due at `step`; True when the run ends here."""
         cfg, cadence = self.cfg, self.cadence
-        t_pause, evaluated = time.perf_counter(), None
+        evaluated = None
         if cadence.eval(step):
+            t_eval = time.perf_counter()
             with self.timings("eval"):
                 evaluated = self.last_eval = self.evaluate(state)
             self.logger.eval({"step": step, **evaluated})
+            self.rate.pause(time.perf_counter() - t_eval)  # evaluation is reported apart, not as training time
             if self.tracker.update(step, self._metric(evaluated)):
                 self.stop_reason = "early_stopping"
                 self.logger.message(f"early stopping at update {step}: no better "
@@ -296,7 +299,6 @@ class Loop:
             self.saved_step = step
         if stopping:
             self.stop_reason = f"signal {signal.Signals(self.signal).name}"
-        self.rate.pause(time.perf_counter() - t_pause)  # evaluation and saving are not training time
         return end
 
     def _record(self, step: int, metrics: dict, i: int, call_end: int, now: float, data_wait: float) -> dict[str, Any]:

@@ -516,6 +516,31 @@ class MicroBatchGather:
         batch = self.records.get(self.indices(b))
         return self.transform(batch) if self.transform is not None else batch
 
+    def chunk(self, start: int, count: int) -> Batch:
+        """Micro-batches start .. start + count - 1 stacked along a new leading axis, read in one gather
+        (one fancy index over count x batch records instead of count gathers and a stack)."""
+        if self.transform is not None:  # the transform sees one micro-batch at a time, as in __call__
+            group = [self(b) for b in range(start, start + count)]
+            return {k: np.stack([g[k] for g in group]) for k in group[0]}
+        idx = _record_order(self.seed, self.batch_size, self.num_train, start, count)[:, self.rows]
+        batch = self.records.get(idx.reshape(-1))
+        return {k: v.reshape(idx.shape + v.shape[1:]) for k, v in batch.items()}
+
+
+class ChunkGather:
+    """chunk index i -> micro-batches stacked: chunk 0 holds `first` of them from `start`, every later
+    chunk `size`. Picklable (grain's worker processes run it), like MicroBatchGather."""
+
+    def __init__(self, gather: MicroBatchGather, start: int, size: int, first: int):
+        if size < 1 or first < 1:
+            raise ValueError(f"chunk sizes must be >= 1, got size {size}, first {first}")
+        self.gather, self.start, self.size, self.first = gather, int(start), int(size), int(first)
+
+    def __call__(self, i: int) -> Batch:
+        if i == 0:
+            return self.gather.chunk(self.start, self.first)
+        return self.gather.chunk(self.start + self.first + (i - 1) * self.size, self.size)
+
 
 def loader_worker_init(*_: Any) -> None:
     """Run first in every loader worker process: keep it off accelerators and absl-flag safe.

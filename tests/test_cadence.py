@@ -176,3 +176,24 @@ def test_a_run_resumed_after_skips_ends_bit_identical(skipping_run, tmp_path):
     resumed = jaxloop.run(_cfg(tmp_path / "run"), jaxloop.Task(Lin(), _mse, records, records[:16]))
     assert json.loads((tmp_path / "run" / "resumes.jsonl").read_text().splitlines()[0])["step"] == 8
     assert resumed["state_digest"] == summary["state_digest"]
+
+
+def test_step_ms_counts_the_time_a_save_blocks_and_not_the_evaluation(tmp_path, monkeypatch):
+    # A save's blocking is the loop's time (the loop efficiency counts async checkpoints);
+    # evaluation is reported apart. Save and evaluation after update 4 are made slow on purpose:
+    # +0.2 s and +0.6 s, i.e. 50 and 150 ms over the 4 updates the record at 8 covers. Its step_ms must
+    # hold the first (>= 50) and not the second (< 150; the 4 updates of this model take ~1 ms).
+    # Mutants seen failing: the save paused out of the interval (~1 ms); the evaluation kept in (~200 ms).
+    import time
+
+    from jaxloop.checkpoint import Checkpointer
+    from jaxloop.loop import Evaluator
+
+    save, evaluate = Checkpointer.save, Evaluator.__call__
+    monkeypatch.setattr(Checkpointer, "save", lambda self, *a, **k: (time.sleep(0.2), save(self, *a, **k))[1])
+    monkeypatch.setattr(Evaluator, "__call__", lambda self, state: (time.sleep(0.6), evaluate(self, state))[1])
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    records = [{"x": xi, "y": np.float32(xi.sum())} for xi in x]
+    jaxloop.run(_cfg(tmp_path, steps=8), jaxloop.Task(Lin(), _mse, records, records[:16]))
+    step_ms = {r["step"]: r["step_ms"] for r in read_records(tmp_path) if r["kind"] == "train"}
+    assert 50 <= step_ms[8] < 150, step_ms

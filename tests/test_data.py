@@ -8,6 +8,7 @@ records, it never computes on them.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -43,6 +44,7 @@ SPLITS = load_splits(DIGITS)
 BPE = batches_per_epoch(DIGITS, SPLITS.num_train)
 SAVE_AT = 2 * BPE + 8  # saved after batch 7 (0-based) of epoch 2: the next is batch 8 of epoch 2
 STOP = 3 * BPE + 4  # runs cross two epoch boundaries
+CHUNKS_FROM = BPE - 12  # chunked reads from here cross the epoch boundaries at BPE and 2 BPE
 
 
 def take(loader, n: int) -> list[dict[str, np.ndarray]]:
@@ -86,6 +88,9 @@ def runs():
         out["restored_w0"] = take(loader, STOP - SAVE_AT)
     with TrainLoader(DIGITS, SPLITS, 0, 0, 1, workers=1, transform=worker_probe) as loader:
         out["probe"] = next(loader)["probe"]
+    with TrainLoader(DIGITS, SPLITS, CHUNKS_FROM, 0, 1, workers=1) as loader:
+        out["chunks_w1"] = list(itertools.islice(loader.chunks(7, 3), 6))  # 3 + 5 x 7 micro-batches
+        out["chunks_w1_position"] = loader.position
     return out
 
 
@@ -407,6 +412,41 @@ def test_micro_batch_gather_is_the_loader_element():
         assert same_batches([next(loader)], [gather(40)])
 
 
+def stacked(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+
+
+def test_loader_chunks_are_its_micro_batches_stacked_first_chunk_apart(runs):
+    # chunk 0 holds 3 micro-batches, every later one 7; one grain element (read by a worker) each
+    ends = [CHUNKS_FROM + 3 + 7 * i for i in range(6)]
+    expected = [stacked(runs["w0"][a:b]) for a, b in zip([CHUNKS_FROM] + ends, ends)]
+    assert same_batches(runs["chunks_w1"], expected)
+    assert runs["chunks_w1_position"] == ends[-1]  # micro-batches handed out, chunk by chunk
+
+
+def test_a_chunk_of_a_process_shard_is_that_shards_micro_batches():
+    gather = MicroBatchGather(SPLITS.train, DIGITS.seed, DIGITS.batch_size, 1, 2)
+    assert same_batches([gather.chunk(40, 5)], [stacked([gather(b) for b in range(40, 45)])])
+
+
+def count_records(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {**batch, "n": np.array(len(batch["y"]))}
+
+
+def test_a_transform_sees_one_micro_batch_at_a_time_in_a_chunk():
+    gather = MicroBatchGather(SPLITS.train, DIGITS.seed, DIGITS.batch_size, transform=count_records)
+    chunk = gather.chunk(3, 4)
+    assert chunk["n"].tolist() == [DIGITS.batch_size] * 4  # not 4 x batch_size
+    assert same_batches([chunk], [stacked([gather(b) for b in range(3, 7)])])
+
+
+def test_loader_chunks_refuses_a_second_iteration():
+    with TrainLoader(DIGITS, SPLITS, 0, 0, 1, workers=0) as loader:
+        next(loader)
+        with pytest.raises(ValueError, match="iterated once"):
+            loader.chunks(4)
+
+
 # ----------------------------------------------------------------------------- device prefetch
 
 
@@ -425,6 +465,16 @@ def test_device_prefetcher_yields_the_same_batches_and_reports_waits(runs, size)
         # checkpoint what was consumed, even though the thread has run ahead of it
         assert it.position == 30 and it.state()["position"] == 30 and loader.position >= 30
     assert it._thread is None
+
+
+def test_device_prefetcher_takes_whole_chunks_from_the_loader_and_cuts_them(runs):
+    loader = TrainLoader(DIGITS, SPLITS, 0, 0, 1, workers=0)
+    with DevicePrefetcher(loader, size=2, chunk=4, first_chunk=2) as it:
+        got = [it.take(n) for n in (2, 4, 1, 3, 4)]  # 1 + 3 cut one chunk; 4 is whole again
+        ends = list(itertools.accumulate((2, 4, 1, 3, 4)))
+        expected = [stacked(runs["w0"][a:b]) for a, b in zip([0] + ends, ends)]
+        assert same_batches([{k: np.asarray(v) for k, v in g.items()} for g in got], expected)
+        assert it.position == 14 and it.state()["position"] == 14
 
 
 def test_device_prefetcher_passes_on_errors_and_end():
