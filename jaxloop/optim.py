@@ -166,9 +166,21 @@ def skip_nonfinite_windows(inner: optax.MultiSteps | optax.GradientTransformatio
         return SkipWindowsState(window.init(params), jnp.zeros([], bool), jnp.zeros([], jnp.int32), jnp.zeros([], jnp.int32))
 
     def update_fn(updates: Any, state: SkipWindowsState, params: Any = None) -> tuple[Any, SkipWindowsState]:
+        # The zero updates of a skipped or accumulating micro-batch take the inner transformation's output
+        # types. Nearly every optax transformation returns its input's: assume so, and inner.update is
+        # traced once (in its branch); only where the branches then disagree is it traced a second time,
+        # by jax.eval_shape, for its types (the 4-block GPT step's trace: 0.65 -> 0.55 s, best of 6 runs each).
+        try:
+            return windowed(updates, state, params, updates)
+        except TypeError as e:  # lax.cond's message when its branches' outputs differ in types or structure
+            if not str(e).startswith(("cond branches must have equal output types",
+                                      "cond branch outputs must have the same pytree structure")):
+                raise
+        return windowed(updates, state, params, jax.eval_shape(inner.update, updates, state.inner_state.inner_opt_state, params)[0])
+
+    def windowed(updates: Any, state: SkipWindowsState, params: Any, out_shape: Any) -> tuple[Any, SkipWindowsState]:
         ms = state.inner_state
         zeros = lambda tree: jax.tree.map(jnp.zeros_like, tree)  # noqa: E731
-        out_shape = jax.eval_shape(inner.update, updates, ms.inner_opt_state, params)[0]
         no_updates = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)  # noqa: E731
         if k == 1 and not check_result:  # the sum-of-squares check below covers the micro-batch's finiteness
             finite = jnp.asarray(True)

@@ -6,6 +6,7 @@ below is exact in float32.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -66,6 +67,35 @@ def test_an_update_whose_result_is_not_finite_is_skipped():
     trail, state = _run(_skip(1, optax.scale(-(2.0**33))), [2.0**100, 2.0**-33])
     assert trail == [1.0, 0.0]
     assert int(state.skipped) == 1 and int(updates_applied(state)) == 1
+
+
+def _counting(inner: optax.GradientTransformation, calls: list) -> optax.GradientTransformation:
+    def update(u, s, p=None):
+        calls.append(1)
+        return inner.update(u, s, p)
+
+    return optax.GradientTransformation(inner.init, update)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_the_inner_transformation_is_traced_once_per_step(k):
+    # Trace time of a big step grows with every trace of Adam's chain: the zero updates of a skipped or
+    # accumulating micro-batch take the gradient's types, no jax.eval_shape of the inner update.
+    # Mutant seen failing: out_shape from jax.eval_shape again (2 traces).
+    calls: list = []
+    tx = skip_nonfinite_windows(_counting(optax.adam(1e-3), calls), k, check_result=False)
+    params = jnp.ones(3, jnp.float32)
+    jax.jit(tx.update).trace(jnp.ones(3, jnp.float32), tx.init(params), params)
+    assert len(calls) == 1
+
+
+def test_an_inner_transformation_changing_the_update_dtype_still_accumulates_and_skips():
+    # An inner update returning float16 (not the gradient's float32): the zero updates must be float16
+    # too; the types then come from a second trace. K = 2, inner optax.sgd(1) then cast: gradients 2, 4
+    # -> p = 1 - 3 = -2; a NaN window is skipped with float16 zeros.
+    to_f16 = optax.stateless(lambda u, p=None: jnp.asarray(u, jnp.float16))
+    trail, _ = _run(skip_nonfinite_windows(optax.chain(optax.sgd(1.0), to_f16), 2), [2.0, 4.0, NAN, 1.0])
+    assert trail == [1.0, -2.0, -2.0, -2.0]
 
 
 @pytest.mark.parametrize("k", [1, 2])
