@@ -113,6 +113,32 @@ against 4.7 s unrolled, and its update ran 698 against 469 ms.
 """
 
 FINDINGS += """
+## Where the MLP loop's time goes: Orbax's checkpoint saves
+
+Measured 2026-11-23 17:40-17:55Z on the 2-core AMD EPYC (scripts around `jaxloop.train.run`, digits MLP
+b64, K = 1, 1000 updates, log_every 10; `time.thread_time` / `process_time` per thread and process):
+
+| loop | median step_ms | process CPU | prefetch thread CPU |
+|---|---|---|---|
+| no periodic save (`checkpoint.every 0`) | 0.29-0.37 ms (the update alone: 0.40 ms) | 1.0 s | 0.04-0.05 s |
+| async saves every 100 updates (the loop rows' setting) | 0.52-0.67 ms | 2.2-2.5 s | 0.04-0.05 s |
+
+- Every save costs Orbax 110-150 ms of CPU (the MLP state: 36 small leaves), in the background but on
+  the same two cores as the steps. 100 updates of this MLP compute in 30-40 ms, so a save every 100
+  updates costs 2-3x the training it follows: the next save waits for the previous one, and the loop
+  is blocked. That blocking is loop time (the issue's loop efficiency counts async checkpoints every
+  100); the loop rows measured it only from this run on (`step_ms` used to leave saves out, and the
+  rows took the median interval, which leaves out the one interval in ten that holds a save).
+- Orbax's CPU per save, `CheckpointManager.save` + `wait_until_finished` in one script (10 saves):
+  the state item alone 89-104 ms as jax.Arrays (per-array device-to-host bookkeeping, thread
+  start-ups, the deletion of the step that rotates out), 51-70 ms as NumPy arrays; the three JSON items
+  9 ms. The loop now hands Orbax zero-copy NumPy views on one CPU process (`jaxloop.checkpoint._host_view`):
+  A/B in one script, 157-163 -> 71-89 ms (async) and 137-171 -> 74-95 ms (sync) of CPU per save on a
+  loaded machine. To keep saves every 100 updates within the <= 1.10 goal, a save would have to cost
+  under ~4 ms of CPU; no Orbax configuration tried comes near (use_ocdbt=False 142 ms, zarr3 123 ms).
+- The prefetch thread gathers a whole call's micro-batches in one grain element
+  (`TrainLoader.chunks`): 0.113 -> 0.048 s of its CPU per 1000 updates (2.1 -> 0.28 ms a chunk alone).
+
 ## Reading a run taken on a loaded machine
 
 On a machine that other jobs load (load average 7-10 on 2 cores while this file's run was taken),

@@ -11,9 +11,14 @@ and 1.3 GiB) with jaxloop's Checkpointer, as the loop saves, in one run:
    memory bandwidth, and the step after a save allocating fresh buffers instead of donating. Rounds
    are long enough for a background save to finish within the next round.
 
+3. cpu (`--cpu`): the process CPU seconds a committed (sync) save costs, the state handed to Orbax as
+   jax.Arrays or as the zero-copy NumPy views the loop hands it on one CPU process, rounds alternating.
+   Size `mlp` is the digits MLP's state (36 small leaves), where Orbax's fixed costs dominate.
+
 Goal: blocked async / sync <= 0.1.
 
     python benchmarks/bench_checkpoint.py [--rounds 5] [--sizes 512x6 768x12]
+    python benchmarks/bench_checkpoint.py --cpu --sizes mlp 512x6
 """
 
 from __future__ import annotations
@@ -39,21 +44,61 @@ from jaxloop.task import create_train_state
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--sizes", nargs="+", default=["512x6", "768x12"], help="GPT d_model x n_layers")
+    p.add_argument("--sizes", nargs="+", default=["512x6", "768x12"], help="GPT d_model x n_layers, or mlp")
+    p.add_argument("--cpu", action="store_true", help="measure Orbax's CPU per save, jax.Arrays vs NumPy views")
     args = p.parse_args()
     quiet_orbax()
     # The benchmark awaits each async save from this thread; Orbax then counts that wait against the next
     # save (on the hand-over thread) and warns "Waiting for previous save". Not a delay of any save here.
     logging.getLogger("absl").setLevel(logging.ERROR)
     for size in args.sizes:
-        d_model, n_layers = (int(v) for v in size.split("x"))
-        measure(d_model, n_layers, args.rounds)
+        if args.cpu:
+            measure_cpu(size, args.rounds)
+        else:
+            d_model, n_layers = (int(v) for v in size.split("x"))
+            measure(d_model, n_layers, args.rounds)
+
+
+def _state(size: str) -> tuple[ModelConfig, TrainState]:
+    """The model config and fresh TrainState of a size: "mlp" (digits) or "DxL" (GPT d_model x n_layers)."""
+    if size == "mlp":
+        base = Config()
+        return base.model, create_train_state(base, make_model(base.model, 10, base.precision), np.zeros((1, 64), np.float32))
+    d_model, n_layers = (int(v) for v in size.split("x"))
+    model_cfg = ModelConfig(kind="gpt", context=128, d_model=d_model, n_layers=n_layers, n_heads=8)
+    base = Config(preset="shakespeare", model=model_cfg, data=DataConfig(source="text", path="unused"))
+    return model_cfg, create_train_state(base, make_model(base.model, 65, base.precision), np.zeros((1, 128), np.int32))
+
+
+def measure_cpu(size: str, rounds: int) -> None:
+    """Process CPU seconds per committed sync save: Orbax given jax.Arrays vs the loop's NumPy views."""
+    from jaxloop.checkpoint import _host_view
+
+    model_cfg, state = _state(size)
+    views = _host_view(state)
+    print(f"state {size}: {len(jax.tree.leaves(state))} leaves, {sum(x.nbytes for x in jax.tree.leaves(state)) / 2**20:.1f} MiB; "
+          f"views are NumPy: {all(isinstance(v, np.ndarray) for v in jax.tree.leaves(views))}")
+    cpu: dict[str, list[float]] = {"jax.Array": [], "NumPy views": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Checkpointer(Config(run_dir=tmp, model=model_cfg, checkpoint=CheckpointConfig(keep_last=1, keep_best=0,
+                                                                                            async_save=False)), tmp)
+        try:
+            for step in range(1, 2 * rounds + 3):
+                for name, tree in (("jax.Array", state), ("NumPy views", views)):
+                    c0 = time.process_time()
+                    ckpt._save(2 * step + (name != "jax.Array"), tree, {"position": step}, None)  # noqa: SLF001
+                    ckpt.wait()
+                    if step > 2:  # the first rounds warm up Orbax's and the file system's paths
+                        cpu[name].append(time.process_time() - c0)
+        finally:
+            ckpt.close()
+    med = {k: statistics.median(v) for k, v in cpu.items()}
+    print(f"process CPU per save (median of {len(cpu['jax.Array'])}): jax.Array {1e3 * med['jax.Array']:.1f} ms, "
+          f"NumPy views {1e3 * med['NumPy views']:.1f} ms; ratio {med['NumPy views'] / med['jax.Array']:.2f}")
 
 
 def measure(d_model: int, n_layers: int, rounds: int) -> None:
-    model_cfg = ModelConfig(kind="gpt", context=128, d_model=d_model, n_layers=n_layers, n_heads=8)
-    base = Config(preset="shakespeare", model=model_cfg, data=DataConfig(source="text", path="unused"))
-    state = create_train_state(base, make_model(base.model, 65, base.precision), np.zeros((1, 128), np.int32))
+    model_cfg, state = _state(f"{d_model}x{n_layers}")
     n_params = sum(x.size for x in jax.tree.leaves(state.params))
     n_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
     print(f"state: {n_params / 1e6:.1f}M params, {n_bytes / 2**20:.0f} MiB to save; device {jax.devices()[0]}")
