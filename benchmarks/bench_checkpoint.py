@@ -72,10 +72,10 @@ def _state(size: str) -> tuple[ModelConfig, TrainState]:
 
 def measure_cpu(size: str, rounds: int) -> None:
     """Process CPU seconds per committed sync save: Orbax given jax.Arrays vs the loop's NumPy views."""
-    from jaxloop.checkpoint import _host_view
+    from jaxloop.checkpoint import _for_orbax, _host_views
 
     model_cfg, state = _state(size)
-    views = _host_view(state)
+    views = _for_orbax(state, _host_views(state))
     print(f"state {size}: {len(jax.tree.leaves(state))} leaves, {sum(x.nbytes for x in jax.tree.leaves(state)) / 2**20:.1f} MiB; "
           f"views are NumPy: {all(isinstance(v, np.ndarray) for v in jax.tree.leaves(views))}")
     cpu: dict[str, list[float]] = {"jax.Array": [], "NumPy views": []}

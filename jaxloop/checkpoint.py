@@ -91,31 +91,34 @@ def _root_cause(error: BaseException) -> str:
 _device_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # new buffers, same shardings
 
 
-def _pinnable(leaves: list[Any]) -> bool:
-    """Whether NumPy views can hold these buffers: on the CPU, and no extended dtype (PRNG keys)."""
-    return (all(d.platform == "cpu" for leaf in leaves for d in leaf.devices())
-            and not any(jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended) for leaf in leaves))
-
-
-def _host_view(state: TrainState) -> TrainState:
-    """The state with every leaf a zero-copy NumPy view, where one view holds a whole leaf (one process,
-    on the CPU, each leaf on one device or replicated); else the state itself.
-
-    Orbax writes NumPy arrays without its per-array device-to-host bookkeeping for jax.Arrays (the
-    same zarr arrays on disk; a restore against jax.Array targets gives jax.Arrays): for the digits
-    MLP's 36 leaves, 51-70 instead of 89-104 ms of CPU per save (measured, /tmp probe, 2026-11-23).
-    """
+def _host_views(state: TrainState) -> list[np.ndarray] | None:
+    """Zero-copy NumPy views of every addressable shard of the state's buffers, which keep them from
+    being donated; None where views cannot hold them (accelerators, extended dtypes such as PRNG keys)."""
     leaves = jax.tree.leaves(state)
-    if jax.process_count() > 1 or not _pinnable(leaves) or not all(leaf.is_fully_replicated for leaf in leaves):
-        return state
-    return jax.tree.map(lambda leaf: np.asarray(leaf.addressable_shards[0].data), state)
+    if any(d.platform != "cpu" for leaf in leaves for d in leaf.devices()) or any(
+            jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended) for leaf in leaves):
+        return None
+    return [np.asarray(shard.data) for leaf in leaves for shard in leaf.addressable_shards]
+
+
+def _for_orbax(state: TrainState, views: list[np.ndarray] | None) -> TrainState:
+    """What Orbax is given: the views themselves where each is a whole leaf (one process, one shard a
+    leaf), else the state.
+
+    Orbax writes NumPy arrays without its per-array device-to-host bookkeeping for jax.Arrays (the same
+    zarr arrays on disk; a restore against jax.Array targets gives jax.Arrays): about half its CPU per
+    save (`python benchmarks/bench_checkpoint.py --cpu`).
+    """
+    if views is not None and jax.process_count() == 1 and len(views) == len(jax.tree.leaves(state)):
+        return jax.tree.unflatten(jax.tree.structure(state), views)
+    return state
 
 
 def _protect(state: TrainState) -> tuple[TrainState, list[Any]]:
     """The state to hand over and what keeps its buffers from being donated until Orbax holds them."""
-    leaves = jax.tree.leaves(state)
-    if _pinnable(leaves):
-        return _host_view(state), [np.asarray(shard.data) for leaf in leaves for shard in leaf.addressable_shards]
+    views = _host_views(state)
+    if views is not None:
+        return _for_orbax(state, views), views
     return jax.block_until_ready(_device_copy(state)), []
 
 
@@ -157,7 +160,7 @@ class Checkpointer:
         if check_finite and not bool(_finite((state.params, state.opt_state))):
             raise NonFiniteStateError(f"refusing to save update {step}: the state holds NaN or Inf")
         if self._stager is None:
-            self._save(step, _host_view(state), data, metrics)
+            self._save(step, _for_orbax(state, _host_views(state)), data, metrics)
         else:
             self._finish_handover()  # at most one snapshot waits; raises a failed hand-over's error
             snapshot, pins = _protect(state)
