@@ -130,12 +130,16 @@ b64, K = 1, 1000 updates, log_every 10; `time.thread_time` / `process_time` per 
   100); the loop rows measured it only from this run on (`step_ms` used to leave saves out, and the
   rows took the median interval, which leaves out the one interval in ten that holds a save).
 - Orbax's CPU per save, `CheckpointManager.save` + `wait_until_finished` in one script (10 saves):
-  the state item alone 89-104 ms as jax.Arrays (per-array device-to-host bookkeeping, thread
-  start-ups, the deletion of the step that rotates out), 51-70 ms as NumPy arrays; the three JSON items
+  the state item alone 89-104 ms as jax.Arrays (the jax.Array handler's per-array bookkeeping, thread
+  start-ups, the deletion of the step that rotates out), 51-70 ms as NumPy arrays (copied and written
+  all the same); the three JSON items
   9 ms. The loop now hands Orbax zero-copy NumPy views on one CPU process (`jaxloop.checkpoint._for_orbax`):
   `python benchmarks/bench_checkpoint.py --cpu --sizes mlp 512x6` (18:18Z, medians of 10 alternating
   sync saves): digits MLP 97.8 -> 55.4 ms of CPU per save (0.57), GPT 19M params 889 -> 588 ms (0.66). To keep saves every 100 updates within the <= 1.10 goal, a save would have to cost
   under ~4 ms of CPU; no Orbax configuration tried comes near (use_ocdbt=False 142 ms, zarr3 123 ms).
+- loop.gpt64.k4 runs 75 updates: it holds no periodic save (only the final one, outside its intervals).
+  Its notes' figure "without any save" leaves out the time saves block, not the CPU their background
+  writes take from the steps.
 - The prefetch thread gathers a whole call's micro-batches in one grain element
   (`TrainLoader.chunks`): 0.113 -> 0.048 s of its CPU per 1000 updates (2.1 -> 0.28 ms a chunk alone).
 

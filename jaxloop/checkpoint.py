@@ -11,7 +11,8 @@ external references, so that step allocates fresh ones); on accelerators, a devi
 background thread then hands the state to Orbax, whose own async save copies it to the host and
 writes it, so Orbax's per-leaf bookkeeping (tens of ms for a few hundred leaves) stays off the loop.
 One process on the CPU hands Orbax the NumPy views themselves (the same zarr arrays on disk, restored
-as jax.Arrays), which spares it the per-array device-to-host work: about half its CPU per save.
+as jax.Arrays against the loop's targets): Orbax's NumPy handler copies and writes them without the
+jax.Array handler's per-array bookkeeping, about half its CPU per save.
 At most one hand-over is pending: a save first waits for the previous one. With several processes
 Orbax's save is called on the loop's thread (its barriers are collectives that every process must
 issue in the same order), so only Orbax's own async write is in the background.
@@ -105,9 +106,9 @@ def _for_orbax(state: TrainState, views: list[np.ndarray] | None) -> TrainState:
     """What Orbax is given: the views themselves where each is a whole leaf (one process, one shard a
     leaf), else the state.
 
-    Orbax writes NumPy arrays without its per-array device-to-host bookkeeping for jax.Arrays (the same
-    zarr arrays on disk; a restore against jax.Array targets gives jax.Arrays): about half its CPU per
-    save (`python benchmarks/bench_checkpoint.py --cpu`).
+    Orbax copies and writes NumPy arrays without its jax.Array handler's per-array bookkeeping (the same
+    zarr arrays on disk; a restore against jax.Array targets gives jax.Arrays, one without a target
+    NumPy arrays): about half its CPU per save (`python benchmarks/bench_checkpoint.py --cpu`).
     """
     if views is not None and jax.process_count() == 1 and len(views) == len(jax.tree.leaves(state)):
         return jax.tree.unflatten(jax.tree.structure(state), views)
@@ -160,7 +161,7 @@ class Checkpointer:
         if check_finite and not bool(_finite((state.params, state.opt_state))):
             raise NonFiniteStateError(f"refusing to save update {step}: the state holds NaN or Inf")
         if self._stager is None:
-            self._save(step, _for_orbax(state, _host_views(state)), data, metrics)
+            self._save(step, _for_orbax(state, _host_views(state)) if jax.process_count() == 1 else state, data, metrics)
         else:
             self._finish_handover()  # at most one snapshot waits; raises a failed hand-over's error
             snapshot, pins = _protect(state)

@@ -40,7 +40,8 @@ from loopcore.sources import (
 
 STATE_VERSION = 1
 WORKER_BUFFER = 2
-"""Micro-batches each worker process keeps ready (as torch's DataLoader prefetch_factor=2)."""
+"""Elements each worker process keeps ready (as torch's DataLoader prefetch_factor=2): micro-batches,
+or with TrainLoader.chunks() whole chunks."""
 _END = 2**62
 """Exclusive upper bound of micro-batch indices: the loader is, in practice, endless."""
 
@@ -116,6 +117,7 @@ class TrainLoader(Iterator[Batch]):
         self._start = position
         self._position = position
         self._it: Any = None
+        self._chunked = False
         self._closed = False
         # Close before interpreter teardown (atexit runs last-registered first, so a DevicePrefetcher
         # made afterwards stops its thread before this runs, and this runs before grain's own
@@ -189,7 +191,7 @@ class TrainLoader(Iterator[Batch]):
         if self._it is not None:
             raise ValueError("TrainLoader.chunks() after next() or chunks(): a loader is iterated once")
         element = ChunkGather(self._gather, self._position, size, first or size)  # ValueError on sizes < 1
-        self._it = self._make_iterator(element, -(-_END // size))
+        self._it, self._chunked = self._make_iterator(element, -(-_END // size)), True
         return self._yield_chunks(element)
 
     def _yield_chunks(self, element: ChunkGather) -> Iterator[Batch]:
@@ -221,6 +223,8 @@ class TrainLoader(Iterator[Batch]):
     def __next__(self) -> Batch:
         if self._closed:
             raise ValueError("TrainLoader is closed")
+        if self._chunked:
+            raise ValueError("TrainLoader.__next__ after chunks(): a loader is iterated once")
         if self._it is None:
             self._it = self._make_iterator()
         batch = next(self._it)
@@ -316,9 +320,10 @@ class DevicePrefetcher(Iterator[Any]):
             raise ConfigError("data.prefetch", size, "an integer >= 0")
         self.chunk, self._first_chunk = int(chunk), int(first_chunk)
         self._source = iterator
-        if chunk:  # a TrainLoader gathers whole chunks itself; any other source is stacked here
-            chunks = getattr(iterator, "chunks", None)
-            self._source = chunks(self.chunk, self._first_chunk) if chunks else _stacked(iterator, self.chunk, self._first_chunk)
+        if chunk:  # a fresh TrainLoader gathers whole chunks itself; any other source is stacked here
+            fresh = isinstance(iterator, TrainLoader) and iterator._it is None  # noqa: SLF001
+            self._source = (iterator.chunks(self.chunk, self._first_chunk) if fresh
+                            else _stacked(iterator, self.chunk, self._first_chunk))
         self._position_source = iterator
         self._head: Any = None  # what is left of the chunk take() last cut
         self._put = put if put is not None else jax.device_put

@@ -168,8 +168,9 @@ def skip_nonfinite_windows(inner: optax.MultiSteps | optax.GradientTransformatio
     def update_fn(updates: Any, state: SkipWindowsState, params: Any = None) -> tuple[Any, SkipWindowsState]:
         # The zero updates of a skipped or accumulating micro-batch take the inner transformation's output
         # types. Nearly every optax transformation returns its input's: assume so, and inner.update is
-        # traced once (in its branch); only where the branches then disagree is it traced a second time,
-        # by jax.eval_shape, for its types (the 4-block GPT step's trace: 0.65 -> 0.55 s, best of 6 runs each).
+        # traced once (in its branch); only where lax.cond then finds the branches disagree is it traced
+        # again, by jax.eval_shape for its types and in the retry (three traces where eval_shape always
+        # made two; the 4-block GPT step's trace: 0.65 -> 0.55 s, best of 6 runs each).
         try:
             return windowed(updates, state, params, updates)
         except TypeError as e:  # lax.cond's message when its branches' outputs differ in types or structure

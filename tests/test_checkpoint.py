@@ -161,17 +161,18 @@ def test_state_without_numpy_views_is_handed_over_as_a_device_copy(tmp_path):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # a copy: bit for bit
 
 
-def test_a_cpu_state_is_handed_to_orbax_as_numpy_views_of_its_own_buffers(tmp_path):
-    # One process on the CPU: Orbax gets zero-copy NumPy views (no per-array device-to-host work), the
-    # same buffers the state holds, and the checkpoint still restores as jax.Arrays, bit for bit.
-    # Mutant seen failing: handing over the jax.Arrays themselves (no views).
-    from jaxloop.checkpoint import _protect
-
-    cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)))
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_cpu_state_is_handed_to_orbax_as_numpy_views_of_its_own_buffers(tmp_path, monkeypatch, async_save):
+    # One process on the CPU: Orbax gets zero-copy NumPy views (its NumPy handler skips the jax.Array
+    # handler's per-array work), the very buffers the state holds, in async and sync saves alike; the
+    # checkpoint still restores as jax.Arrays, bit for bit.
+    # Mutants seen failing: the async hand-over, or the sync save, given the jax.Arrays themselves.
+    handed = []
+    save = Checkpointer._save
+    monkeypatch.setattr(Checkpointer, "_save", lambda self, step, state, *a: (handed.append(state), save(self, step, state, *a))[1])
+    cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)),
+                 checkpoint=CheckpointConfig(async_save=async_save))
     state = _small_state(cfg)
-    handed, pins = _protect(state)
-    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(handed)):
-        assert isinstance(b, np.ndarray) and b.ctypes.data == a.unsafe_buffer_pointer()
     ckpt = Checkpointer(cfg, tmp_path)
     try:
         ckpt.save(1, state, {"position": 1})
@@ -179,6 +180,8 @@ def test_a_cpu_state_is_handed_to_orbax_as_numpy_views_of_its_own_buffers(tmp_pa
         restored = ckpt.restore_latest(_small_state(cfg))
     finally:
         ckpt.close()
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(handed[0])):
+        assert isinstance(b, np.ndarray) and b.ctypes.data == a.unsafe_buffer_pointer()
     assert all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(restored.state))
     assert state_digest(restored.state) == state_digest(state)
 

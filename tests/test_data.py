@@ -445,6 +445,17 @@ def test_loader_chunks_refuses_a_second_iteration():
         next(loader)
         with pytest.raises(ValueError, match="iterated once"):
             loader.chunks(4)
+    with TrainLoader(DIGITS, SPLITS, 0, 0, 1, workers=0) as loader:
+        loader.chunks(4)
+        with pytest.raises(ValueError, match="iterated once"):
+            next(loader)
+
+
+def test_a_prefetcher_over_a_loader_already_read_stacks_its_micro_batches(runs):
+    loader = TrainLoader(DIGITS, SPLITS, 0, 0, 1, workers=0)
+    next(loader)
+    with DevicePrefetcher(loader, size=0, chunk=3) as it:
+        assert same_batches([{k: np.asarray(v) for k, v in it.take(3).items()}], [stacked(runs["w0"][1:4])])
 
 
 # ----------------------------------------------------------------------------- device prefetch
@@ -470,6 +481,7 @@ def test_device_prefetcher_yields_the_same_batches_and_reports_waits(runs, size)
 def test_device_prefetcher_takes_whole_chunks_from_the_loader_and_cuts_them(runs):
     loader = TrainLoader(DIGITS, SPLITS, 0, 0, 1, workers=0)
     with DevicePrefetcher(loader, size=2, chunk=4, first_chunk=2) as it:
+        assert it._source.gi_code.co_name == "_yield_chunks"  # the loader's own chunks, not stacked here
         got = [it.take(n) for n in (2, 4, 1, 3, 4)]  # 1 + 3 cut one chunk; 4 is whole again
         ends = list(itertools.accumulate((2, 4, 1, 3, 4)))
         expected = [stacked(runs["w0"][a:b]) for a, b in zip([0] + ends, ends)]

@@ -99,3 +99,14 @@ def test_resumed_in_any_layout_training_continues(saved_at_fsdp4, tmp_path):
             assert losses(run) == losses(full)
         else:  # another layout: another order of the gradient's partial sums, fp32 rounding
             assert worst_rel(losses(run), losses(full)) <= FP32_REL_TOL, name
+
+
+def test_a_checkpoint_saved_on_one_device_restores_the_same_bits_on_two(tmp_path):
+    # A one-device run hands Orbax NumPy views (jaxloop.checkpoint._for_orbax): its checkpoints must
+    # restore into sharded targets too, bit for bit (fsdp 2, and replicated over data 2).
+    run = tmp_path / "one_device"
+    main_runs(1, [*RUN, "--run_dir", str(run)])
+    argv = lambda fsdp: [*RUN, "--distributed.fsdp", str(fsdp), "--run_dir", str(run)]
+    restored = _restore(2, [argv(2), argv(1)]) + _restore(1, [argv(1)])
+    assert all(r["step"] == 8 and r["in_target_layout"] for r in restored)
+    assert {r["digest"] for r in restored} == {summary(run)["state_digest"]}

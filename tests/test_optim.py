@@ -98,6 +98,17 @@ def test_an_inner_transformation_changing_the_update_dtype_still_accumulates_and
     assert trail == [1.0, -2.0, -2.0, -2.0]
 
 
+def test_an_inner_transformation_changing_the_update_structure_still_accumulates():
+    # Updates of another pytree structure than the gradient (here wrapped in a dict): the zero updates
+    # of an accumulating micro-batch take that structure (lax.cond's structure mismatch, then eval_shape).
+    wrap = optax.stateless(lambda u, p=None: {"w": u})
+    tx = skip_nonfinite_windows(wrap, 2)
+    state = tx.init(jnp.ones([], jnp.float32))
+    first, state = tx.update(jnp.asarray(2.0, jnp.float32), state)
+    second, _ = tx.update(jnp.asarray(4.0, jnp.float32), state)
+    assert float(first["w"]) == 0.0 and float(second["w"]) == 3.0  # mean of 2 and 4, emitted at the second
+
+
 @pytest.mark.parametrize("k", [1, 2])
 def test_make_optimizer_skips_a_window_whose_mean_gradient_overflows_when_squared(k):
     # make_optimizer's windows are checked before Adam runs (check_result=False): 2^70 is finite in
