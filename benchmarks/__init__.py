@@ -141,7 +141,8 @@ b64, K = 1, 1000 updates, log_every 10; `time.thread_time` / `process_time` per 
   Its notes' figure "without any save" leaves out the time saves block, not the CPU their background
   writes take from the steps.
 - The prefetch thread gathers a whole call's micro-batches in one grain element
-  (`TrainLoader.chunks`): 0.113 -> 0.048 s of its CPU per 1000 updates (2.1 -> 0.28 ms a chunk alone).
+  (`TrainLoader.chunks`): 0.113 -> 0.048 s of its CPU per 1000 updates in the loop (thread_time, the
+  script above); alone, `python benchmarks/bench_data.py --chunks 50` (19:27Z): 2.507 -> 0.366 ms a call.
 
 ## Reading a run taken on a loaded machine
 

@@ -14,6 +14,11 @@ the same work per batch. The headline ratio is against the faster of the two.
 
     python benchmarks/bench_data.py            # ~80 s on 2 cores
     python benchmarks/bench_data.py --seconds 5 --rounds 3 --workers 0 1 2
+    python benchmarks/bench_data.py --chunks 50   # the loop's read of one call: stacked vs one element
+
+`--chunks N` times, in this process (0 workers, no transform, the digits MLP's batch of 64), the host
+time of one call's N micro-batches as the loop's prefetcher reads them: N grain elements stacked
+(`_stacked` over `next()`) against one grain element per call (`TrainLoader.chunks`).
 """
 
 from __future__ import annotations
@@ -130,13 +135,43 @@ def measure(make, warmup: int, seconds: float, batch_size: int) -> tuple[float, 
     return rate, first
 
 
+def measure_chunks(n: int, rounds: int) -> None:
+    """Host ms per call of n micro-batches: n grain elements stacked vs one element per call (medians)."""
+    import statistics
+
+    from jaxloop.data import TrainLoader, _stacked
+    from loopcore.config import preset
+    from loopcore.sources import load_splits
+
+    cfg = preset("digits")
+    splits = load_splits(cfg)
+    ways = {"stacked": lambda loader: _stacked(loader, n), "chunks": lambda loader: loader.chunks(n)}
+    times: dict[str, list[float]] = {k: [] for k in ways}
+    for _ in range(rounds):
+        for name, read in ways.items():  # alternating: load drifts hit both
+            with TrainLoader(cfg, splits, 0, 0, 1, workers=0) as loader:
+                it = read(loader)
+                next(it)  # warm-up: grain's iterator, the epoch permutation
+                t = time.perf_counter()
+                for _ in range(20):
+                    next(it)
+                times[name].append((time.perf_counter() - t) / 20 * 1e3)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"one call of {n} micro-batches (digits, batch {cfg.batch_size}), host ms, median of {rounds}: "
+          f"stacked {med['stacked']:.3f}, chunks {med['chunks']:.3f}; ratio {med['chunks'] / med['stacked']:.2f}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--seconds", type=float, default=3.0, help="timed window per measurement")
     ap.add_argument("--rounds", type=int, default=3, help="measurements per pipeline (best is kept)")
+    ap.add_argument("--chunks", type=int, default=0, help="time one call's read of N micro-batches instead")
     args = ap.parse_args(argv)
+    if args.chunks:
+        measure_chunks(args.chunks, max(args.rounds, 5))
+        return
 
     from loopcore.config import preset
     from loopcore.sources import load_splits
