@@ -94,23 +94,24 @@ _device_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # new buffers
 
 def _host_views(state: TrainState) -> list[np.ndarray] | None:
     """Zero-copy NumPy views of every addressable shard of the state's buffers, which keep them from
-    being donated; None where views cannot hold them (accelerators, extended dtypes such as PRNG keys)."""
+    being donated; None where views cannot hold them (accelerators, extended dtypes such as PRNG keys)
+    or must not stand for them (several processes: Orbax must see global arrays)."""
     leaves = jax.tree.leaves(state)
-    if any(d.platform != "cpu" for leaf in leaves for d in leaf.devices()) or any(
+    if jax.process_count() > 1 or any(d.platform != "cpu" for leaf in leaves for d in leaf.devices()) or any(
             jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended) for leaf in leaves):
         return None
     return [np.asarray(shard.data) for leaf in leaves for shard in leaf.addressable_shards]
 
 
 def _for_orbax(state: TrainState, views: list[np.ndarray] | None) -> TrainState:
-    """What Orbax is given: the views themselves where each is a whole leaf (one process, one shard a
-    leaf), else the state.
+    """What Orbax is given: the views themselves where each is a whole leaf (one shard a leaf), else
+    the state.
 
     Orbax copies and writes NumPy arrays without its jax.Array handler's per-array bookkeeping (the same
     zarr arrays on disk; a restore against jax.Array targets gives jax.Arrays, one without a target
     NumPy arrays): about half its CPU per save (`python benchmarks/bench_checkpoint.py --cpu`).
     """
-    if views is not None and jax.process_count() == 1 and len(views) == len(jax.tree.leaves(state)):
+    if views is not None and len(views) == len(jax.tree.leaves(state)):
         return jax.tree.unflatten(jax.tree.structure(state), views)
     return state
 
@@ -161,7 +162,7 @@ class Checkpointer:
         if check_finite and not bool(_finite((state.params, state.opt_state))):
             raise NonFiniteStateError(f"refusing to save update {step}: the state holds NaN or Inf")
         if self._stager is None:
-            self._save(step, _for_orbax(state, _host_views(state)) if jax.process_count() == 1 else state, data, metrics)
+            self._save(step, _for_orbax(state, _host_views(state)), data, metrics)
         else:
             self._finish_handover()  # at most one snapshot waits; raises a failed hand-over's error
             snapshot, pins = _protect(state)

@@ -36,6 +36,7 @@ from loopcore.sources import (
     _batches_per_epoch,
     loader_worker_init,
     shard_slice,
+    stack_batches,
 )
 
 STATE_VERSION = 1
@@ -293,8 +294,7 @@ def _stacked(source: Iterator[Batch], size: int, first: int = 0) -> Iterator[Bat
     """Micro-batches of `source` stacked `size` at a time (the first group `first`, if > 0)."""
     n = first or size
     while True:
-        group = [next(source) for _ in range(n)]
-        yield {k: np.stack([b[k] for b in group]) for k in group[0]}
+        yield stack_batches([next(source) for _ in range(n)])
         n = size
 
 

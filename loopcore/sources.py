@@ -67,6 +67,11 @@ class Records(Protocol):
         ...
 
 
+def stack_batches(batches: Sequence[Batch]) -> Batch:
+    """Dicts of arrays (records or micro-batches) stacked key by key along a new leading axis."""
+    return {k: np.stack([b[k] for b in batches]) for k in batches[0]}
+
+
 def _readonly(a: np.ndarray) -> np.ndarray:
     a = np.ascontiguousarray(a)
     a.setflags(write=False)
@@ -137,8 +142,7 @@ class SequenceRecords:
 
     def get(self, indices: Sequence[int] | np.ndarray) -> Batch:
         idx = _as_indices(indices, len(self))
-        rows = [self.seq[int(i)] for i in idx]
-        return {k: np.stack([np.asarray(r[k]) for r in rows]) for k in rows[0]}
+        return stack_batches([self.seq[int(i)] for i in idx])
 
 
 def as_records(source: Any) -> Records:
@@ -520,8 +524,7 @@ class MicroBatchGather:
         """Micro-batches start .. start + count - 1 stacked along a new leading axis, read in one gather
         (one fancy index over count x batch records instead of count gathers and a stack)."""
         if self.transform is not None:  # the transform sees one micro-batch at a time, as in __call__
-            group = [self(b) for b in range(start, start + count)]
-            return {k: np.stack([g[k] for g in group]) for k in group[0]}
+            return stack_batches([self(b) for b in range(start, start + count)])
         idx = _record_order(self.seed, self.batch_size, self.num_train, start, count)[:, self.rows]
         batch = self.records.get(idx.reshape(-1))
         return {k: v.reshape(idx.shape + v.shape[1:]) for k, v in batch.items()}
