@@ -1,7 +1,7 @@
 """Child-process entry points of the harness; each prints one JSON line (the parent adds wall time and peak RSS).
 
     python -m benchmarks.driver loop --shape gpt64 --accum 1 --steps 300 --reps 2 --dir D
-    python -m benchmarks.driver compile [--cache DIR]
+    python -m benchmarks.driver compile [--cache DIR [--executables]]
     python -m benchmarks.driver stepmem --framework jax|torch --shape mlp --updates 20
 """
 
@@ -81,6 +81,8 @@ def compile_(args: argparse.Namespace) -> dict:
     from loopcore.sources import load_splits
     from jaxloop.models import make_model
     from jaxloop.task import create_train_state
+    from jaxloop.executables import compile_cached
+    from jaxloop.loop import compiled_context
     from jaxloop.step import eval_step, train_step
     from benchmarks.step import host_batches, make_cfg
 
@@ -91,24 +93,39 @@ def compile_(args: argparse.Namespace) -> dict:
     batch = jax.device_put(host_batches(cfg, splits, 1)[0])
     jax.block_until_ready(state)
     t_state = time.perf_counter()
+    executables = f"{args.cache}/jaxloop-executables" if args.cache and args.executables else None
+    stored = _entries(executables)
     c0, t0 = time.process_time(), time.perf_counter()
-    lowered = train_step.lower(state, batch)  # trace + lower to StableHLO (Python; the cache cannot skip it)
-    c1, t1 = time.process_time(), time.perf_counter()
-    step = lowered.compile()  # XLA compile, or a persistent-cache hit
+    if executables:  # the loop's way for a built-in task: an executable stored by config and source, no tracing
+        step = compile_cached(train_step, (state, batch), executables, compiled_context(cfg, "train_step"))
+        c1, t1 = c0, t0  # no separate lowering to time (a miss lowers and compiles inside)
+    else:
+        lowered = train_step.lower(state, batch)  # trace + lower to StableHLO (Python; JAX's cache cannot skip it)
+        c1, t1 = time.process_time(), time.perf_counter()
+        step = lowered.compile()  # XLA compile, or a persistent-cache hit
     compile_s, compile_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     lower_s, lower_cpu_s = t1 - t0, c1 - c0
+    loaded = executables is not None and _entries(executables) == stored
     t1 = time.perf_counter()
     state, m = step(state, batch)
     jax.block_until_ready((state, m))
     first_update_s = time.perf_counter() - t1
     c0, t0 = time.process_time(), time.perf_counter()
-    eval_step.lower(state, batch).compile()
+    if executables:
+        compile_cached(eval_step, (state, batch), executables, compiled_context(cfg, "eval_step"))
+    else:
+        eval_step.lower(state, batch).compile()
     eval_s, eval_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     return {"imports_s": t_imported - T_IMPORT, "state_s": t_state - t_imported, "compile_s": compile_s,
+            "executable_loaded": loaded,
             "lower_s": lower_s, "lower_cpu_s": lower_cpu_s, "xla_s": compile_s - lower_s,
             "compile_cpu_s": compile_cpu_s, "first_update_s": first_update_s, "eval_compile_s": eval_s,
             "eval_compile_cpu_s": eval_cpu_s, "to_first_update_s": time.perf_counter() - T_IMPORT - eval_s,
             "setup_before_compile_s": t_state - t_start}
+
+
+def _entries(directory: str | None) -> list[str]:
+    return sorted(os.listdir(directory)) if directory and os.path.isdir(directory) else []
 
 
 def stepmem(args: argparse.Namespace) -> dict:
@@ -142,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compile")
     c.add_argument("--shape", default="gpt128")
     c.add_argument("--cache", default="")
+    c.add_argument("--executables", action="store_true", help="with --cache: jaxloop.executables, as the loop")
     m = sub.add_parser("stepmem")
     m.add_argument("--framework", choices=("jax", "torch"), required=True)
     m.add_argument("--shape", default="mlp")

@@ -104,21 +104,27 @@ def compile_row(opts: Options) -> Row:
 
 
 def cache_row(opts: Options) -> Row:
-    row = Row("startup.cache", "second-run compile with jaxloop.compilation.enable_compilation_cache (4-block GPT)",
+    row = Row("startup.cache", "second-run compile of a built-in task, with --compile_cache's caches (4-block GPT)",
               unit="s")
     try:
         cache = opts.workdir / "xla-cache"
         args = ["-m", "benchmarks.driver", "compile", "--cache", str(cache)]
-        first = run_child(args, threads=opts.threads).json()
-        second = run_child(args, threads=opts.threads).json()
+        run_child(args, threads=opts.threads)  # fills JAX's persistent cache: alone, it is what a user's task gets
+        jax_only = run_child(args, threads=opts.threads).json()  # ... a second run with JAX's cache alone
+        first = run_child([*args, "--executables"], threads=opts.threads).json()
+        second = run_child([*args, "--executables"], threads=opts.threads).json()
+        if not second["executable_loaded"]:
+            raise RuntimeError("the second run compiled its train_step again instead of loading it")
         row.jax, row.ref = second["compile_s"], first["compile_s"]
         row.ratio = second["compile_s"] / first["compile_s"]
         row.goal, row.met = "<= 0.5 s", second["compile_s"] <= 0.5
-        row.notes = (f"ref column = first (cache-filling) run's compile; second run: trace+lower {second['lower_s']:.2f} s "
-                     f"+ XLA/cache load {second['xla_s']:.2f} s (first: {first['lower_s']:.2f} + {first['xla_s']:.2f}); state {second['state_s']:.2f} s "
-                     f"(vs {first['state_s']:.2f}), eval compile {second['eval_compile_s']:.2f} s "
-                     f"(vs {first['eval_compile_s']:.2f}); cache {sum(f.stat().st_size for f in cache.rglob('*') if f.is_file()) / 2**20:.1f} MiB")
-        row.extra = {"first": first, "second": second}
+        row.notes = (f"ref column = first (cache-filling) run's compile; second run loads the executable "
+                     f"jaxloop.executables stored (no tracing), eval step {second['eval_compile_s']:.2f} s "
+                     f"(first {first['eval_compile_s']:.2f}); JAX's persistent cache alone (a user's task): "
+                     f"{jax_only['compile_s']:.2f} s = trace+lower {jax_only['lower_s']:.2f} s + cache load "
+                     f"{jax_only['xla_s']:.2f} s; state {second['state_s']:.2f} s (first {first['state_s']:.2f}); "
+                     f"caches {sum(f.stat().st_size for f in cache.rglob('*') if f.is_file()) / 2**20:.1f} MiB")
+        row.extra = {"first": first, "second": second, "jax_cache_only": jax_only}
         return row
     except Exception as e:  # noqa: BLE001
         return failed(row, e)

@@ -13,6 +13,7 @@ import signal
 import time
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -25,6 +26,7 @@ from jaxloop.compilation import enable_compilation_cache
 from jaxloop.host_memory import retain_freed_memory
 from jaxloop.init_from import init_params_from
 from jaxloop.data import DevicePrefetcher, TrainLoader, val_batches
+from jaxloop.executables import compile_cached
 from jaxloop.distributed import (abstract_sharded, barrier, check_divisible, create_sharded, initialize, is_primary,
                                  make_mesh, pin_shardings, shard_batch, to_host, whole_params)
 from jaxloop.logger import RunLogger
@@ -34,7 +36,7 @@ from jaxloop.state import TrainState, state_digest
 from jaxloop.step import make_eval_step, make_train_step, scan_steps
 from jaxloop.task import Task, builtin_task, init_state
 from loopcore.cli import EXIT_SIGNAL, Interrupted, NonFiniteError
-from loopcore.config import Config, ConfigError, validate
+from loopcore.config import Config, ConfigError, to_dict, validate
 from loopcore.records import BestTracker
 from loopcore.run_dir import RunDir
 from loopcore.sources import Splits, write_vocab
@@ -74,13 +76,41 @@ class Call(NamedTuple):
     start: int
 
 
+# Fields that differ between two runs (or a run and its resume) of the same computation.
+NOT_COMPILED = ("run_dir", "resume", "allow_steps_change", "init_from", "compile_cache")
+
+
+def executables_dir(cfg: Config, builtin_task: bool) -> str | None:
+    """Where the loop keeps compiled calls by config and source (jaxloop.executables): beside JAX's cache,
+    for a built-in task in one process; None otherwise (a user's task is code jaxloop cannot key)."""
+    if not (builtin_task and cfg.compile_cache and jax.process_count() == 1):
+        return None
+    return str(Path(cfg.compile_cache).expanduser() / "jaxloop-executables")
+
+
+def compiled_context(cfg: Config, name: str) -> dict[str, Any]:
+    """What, beside jaxloop's sources and the arguments, a compiled call depends on: the config's fields
+    that are the same for a run and its resume, and which call it is."""
+    return {"call": name, "config": {k: v for k, v in to_dict(cfg).items() if k not in NOT_COMPILED}}
+
+
 class Evaluator:
     """The validation split through one compiled eval step: loss and aux metrics, weighted by records."""
 
-    def __init__(self, cfg: Config, task: Task, splits: Splits, mesh: Mesh):
-        self.cfg, self.splits, self.mesh = cfg, splits, mesh
+    def __init__(self, cfg: Config, task: Task, splits: Splits, mesh: Mesh, executables: str | None = None):
+        self.cfg, self.splits, self.mesh, self.executables = cfg, splits, mesh, executables
         eval_step = make_eval_step(task.eval_loss())
-        self.step = jax.jit(lambda state, batch: eval_step(whole_params(state, mesh), batch))
+        self.jitted = jax.jit(lambda state, batch: eval_step(whole_params(state, mesh), batch))
+        self.compiled: dict[Any, Any] = {}
+
+    def step(self, state: TrainState, batch: Any) -> dict[str, jax.Array]:
+        """eval_step on one batch, compiled (or loaded: jaxloop.executables) once per type and sharding of
+        its arguments, as jax.jit would."""
+        types = tuple((jax.typeof(x), getattr(x, "sharding", None)) for x in jax.tree.leaves((state, batch)))
+        if types not in self.compiled:
+            self.compiled[types] = compile_cached(self.jitted, (state, batch), self.executables,
+                                                  compiled_context(self.cfg, "eval"))
+        return self.compiled[types](state, batch)
 
     def __call__(self, state: TrainState) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -108,6 +138,7 @@ def run(cfg: Config, task: Task | None = None) -> dict[str, Any]:
         enable_compilation_cache(cfg.compile_cache)  # before the first compile of the run
     if cfg.retain_host_memory:
         retain_freed_memory()  # before the first call's buffers are allocated
+    user_task = task
     task = task if task is not None else builtin_task(cfg)  # bad data is a ConfigError before anything is written
     splits = task.splits()
     initialize(cfg)  # join the other processes, if any, before any device is used
@@ -136,7 +167,7 @@ def run(cfg: Config, task: Task | None = None) -> dict[str, Any]:
         if restored is not None:
             rd.record_resume(restored.step)
         timings.add("setup", time.perf_counter() - t_start)
-        loop = Loop(cfg, task, splits, ckpt, timings, mesh, rd)
+        loop = Loop(cfg, task, splits, ckpt, timings, mesh, rd, executables_dir(cfg, builtin_task=user_task is None))
         summary = loop.run(state, restored)
     finally:
         with timings("checkpoint"):
@@ -155,10 +186,11 @@ class Loop:
     """One training run from a fresh or restored state to `steps` updates (or an early stop)."""
 
     def __init__(self, cfg: Config, task: Task, splits: Splits, ckpt: Checkpointer, timings: Timings, mesh: Mesh,
-                 rd: RunDir):
+                 rd: RunDir, executables: str | None = None):
         self.cfg, self.splits, self.ckpt, self.timings, self.mesh, self.rd = cfg, splits, ckpt, timings, mesh, rd
+        self.executables = executables
         self.cadence = Cadence.of(cfg)
-        self.evaluate = Evaluator(cfg, task, splits, mesh)
+        self.evaluate = Evaluator(cfg, task, splits, mesh, executables)
         self.steps = scan_steps(make_train_step(task.loss))  # K x n micro-batches (n updates) per call
         self.compiled: dict[int, Any] = {}
         self.signal: int | None = None
@@ -232,7 +264,8 @@ class Loop:
         if n not in self.compiled:
             with self.timings("compile"):
                 # jit with the state donated and returned in its own shardings (jaxloop.distributed)
-                self.compiled[n] = pin_shardings(self.steps, state, donate=True).lower(state, chunk).compile()
+                self.compiled[n] = compile_cached(pin_shardings(self.steps, state, donate=True), (state, chunk),
+                                                  self.executables, compiled_context(self.cfg, f"train x{n}"))
             self.rate = Throughput(self.rate.step, time.perf_counter(), self.rate.data_wait)
         return self.compiled[n]
 

@@ -191,7 +191,8 @@ class Config:
     """Keep memory the process frees for reuse (glibc malloc; jaxloop.host_memory): XLA:CPU's per-call
     buffers then do not page-fault afresh each update (the small GPT's update: 84 -> 49-59 ms here)."""
     compile_cache: str = "~/.cache/jaxloop/xla"
-    """JAX's persistent compilation cache: a second run or a resume loads its compiled steps ("" = off)."""
+    """The compilation caches ("" = off): JAX's persistent cache, and for the built-in tasks the compiled calls
+    stored by config and source (jaxloop.executables); a second run or a resume loads its compiled steps."""
     init_from: str = ""
     """A run_dir (or its checkpoints/ directory) whose newest checkpoint's params initialise this fresh run
     (optimizer, step and data position start afresh); empty = the model's own seeded init. Not allowed
