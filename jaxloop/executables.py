@@ -9,11 +9,12 @@ with an ahead-of-time compiled train step):
 
     compiled = compile_cached(jax.jit(step, donate_argnums=0), (state, batch), directory, context)
 
-The key covers everything the compiled code depends on: jaxloop's and loopcore's source files, the
-context (the config's fields that enter the computation), each argument's path, type (shape, dtype,
-weak type) and sharding with its devices, the jax, jaxlib, flax, optax and numpy versions, the
-backend and devices, XLA_FLAGS and jax's configuration. A user's own model or loss is code outside
-those sources, so the loop only uses this for the built-in tasks (a user task goes through JAX's cache).
+The key covers what a built-in task's compiled code depends on: jaxloop's and loopcore's source files
+as the process loaded them, the function's module and name, the context (the config's fields that
+enter the computation, and which call it is), each argument's path, type (shape, dtype, weak type)
+and sharding with its devices, the jax, jaxlib, flax, optax and numpy versions, the backend, devices
+and host CPU, XLA flags and jax's configuration. A user's own model or loss is code outside those
+sources, so the loop only uses this for the built-in tasks (a user task goes through JAX's cache).
 An entry that cannot be read is compiled afresh and replaced; one that cannot be written (outputs
 whose structure does not pickle, say) is simply not stored. A miss compiles with JAX's persistent
 cache off (see _persistent_cache_off): the executables stored here are always fresh compiles.
@@ -22,15 +23,17 @@ cache off (see _persistent_cache_off): the executables stored here are always fr
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import logging
 import os
 import pickle
+import platform
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -39,21 +42,40 @@ from jax.experimental import serialize_executable
 
 log = logging.getLogger(__name__)
 
-FORMAT = "jaxloop-executable-1"
+FORMAT = "jaxloop-executable-2"
 SOURCE_PACKAGES = ("jaxloop", "loopcore")
-VERSIONED = ("jax", "jaxlib", "flax", "optax", "numpy")
 STATE = "<args[0]>"  # stands for the first argument's tree in a stored output structure
+COMPILING = threading.Lock()  # one miss at a time: the switch of JAX's cache is process-wide
 
 
-def _source_digest() -> str:
-    """sha256 over the source files of jaxloop and loopcore (the code every built-in step is traced from)."""
+def _source_digest(packages: tuple[str, ...]) -> str | None:
+    """sha256 over the .py files of `packages` (the code every built-in step is traced from); None where a
+    package has none to read (a zip or .pyc-only install), which the key could not then see."""
     h = hashlib.sha256()
-    for package in SOURCE_PACKAGES:
-        root = Path(sys.modules[package].__file__).parent
-        for path in sorted(root.rglob("*.py")):
+    for package in packages:
+        root = Path(importlib.import_module(package).__file__).parent
+        files = sorted(root.rglob("*.py"))
+        if not files:
+            return None
+        for path in files:
             h.update(str(path.relative_to(root)).encode())
             h.update(path.read_bytes())
     return h.hexdigest()
+
+
+def _cpu() -> str:
+    """The host CPU's model and instruction-set flags: XLA:CPU compiles for the CPU it runs on."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags", "Features"))]
+        return "".join(dict.fromkeys(lines))
+    except OSError:
+        return platform.processor()
+
+
+# The sources as this process loaded them (read when jaxloop is imported): a file edited while a run
+# goes on must not key the code traced from its former text.
+LOADED_SOURCES = _source_digest(SOURCE_PACKAGES)
 
 
 def _leaf_key(path: Any, leaf: Any) -> list[str]:
@@ -63,19 +85,31 @@ def _leaf_key(path: Any, leaf: Any) -> list[str]:
             repr([d.id for d in devices] if devices is not None else None)]
 
 
-def fingerprint(context: Any, args: tuple) -> str:
-    """The key of a call compiled for `args` (arrays or ShapeDtypeStructs) under `context` (JSON-able)."""
+def fingerprint(context: Any, args: tuple, function: Any = None) -> str:
+    """The key of `function` (a jitted callable; its module and name) compiled for `args` (arrays or
+    ShapeDtypeStructs) under `context` (JSON-able: what else the traced code depends on, its jit options
+    included). Raises where the sources could not be read (LOADED_SOURCES is None)."""
+    if LOADED_SOURCES is None:
+        raise RuntimeError("jaxloop's sources could not be read, so no key can cover them")
+    import flax
+    import jaxlib
+    import numpy
+    import optax
+
     devices = jax.devices()
+    wrapped = getattr(function, "__wrapped__", function)
     parts = {
         "format": FORMAT,
-        "versions": {name: metadata.version(name) for name in VERSIONED},
+        "versions": [m.__version__ for m in (jax, jaxlib, flax, optax, numpy)],
         "python": sys.version,
         "backend": [jax.default_backend(), devices[0].client.platform_version, devices[0].device_kind,
-                    len(devices), jax.process_count(), jax.process_index()],
-        "env": [os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", "")],
+                    len(devices), jax.process_count(), jax.process_index(), platform.machine(), _cpu()],
+        "env": [os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""),
+                [a for a in sys.argv if a.startswith("--xla")]],
         "jax_config": sorted((k, repr(v)) for k, v in jax.config.values.items()
                              if not any(word in k for word in ("cache", "log_compiles", "explain"))),
-        "sources": _source_digest(),
+        "sources": LOADED_SOURCES,
+        "function": [getattr(wrapped, "__module__", None), getattr(wrapped, "__qualname__", None)],
         "context": context,
         "args": [_leaf_key(p, x) for p, x in jax.tree_util.tree_flatten_with_path(args)[0]],
     }
@@ -112,23 +146,20 @@ def _load(path: Path, args: tuple) -> jax.stages.Compiled:
 
 
 def _store(path: Path, compiled: jax.stages.Compiled, args: tuple) -> bool:
-    """Write compiled under path (atomically); False where it cannot be serialized."""
+    """Write compiled under path (atomically); False where it cannot be serialized or written. Never raises:
+    a call that is not stored costs the next run a compile, not this run."""
     try:
         blob, in_tree, out_tree = serialize_executable.serialize(compiled)
-    except (ValueError, NotImplementedError, TypeError) as e:
-        log.info("jaxloop: %s not cached: %s", path.name, e)
-        return False
-    stored = _stored_outputs(out_tree, args)
-    if stored is None or in_tree != jax.tree.structure((args, {})):
-        log.info("jaxloop: %s not cached: its argument or output structure cannot be stored", path.name)
-        return False
-    try:
+        stored = _stored_outputs(out_tree, args)
+        if stored is None or in_tree != jax.tree.structure((args, {})):
+            log.info("jaxloop: %s not stored: its argument or output structure cannot be", path.name)
+            return False
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as f:
             f.write(pickle.dumps((blob, stored)))
         os.replace(f.name, path)  # readers see the whole entry or none
-    except OSError as e:  # a cache that cannot be written costs the next run a compile, not this run
-        log.warning("jaxloop: compiled call not stored in %s: %s", path.parent, e)
+    except Exception as e:  # noqa: BLE001
+        log.warning("jaxloop: compiled call not stored in %s: %s: %s", path.parent, type(e).__name__, e)
         return False
     return True
 
@@ -136,30 +167,62 @@ def _store(path: Path, compiled: jax.stages.Compiled, args: tuple) -> bool:
 def compile_cached(jitted: Any, args: tuple, directory: str | os.PathLike[str] | None, context: Any
                    ) -> jax.stages.Compiled:
     """jitted.lower(*args).compile(), or the executable a former run stored under the same key in
-    `directory` (None: always compile). The compiled call is stored for the next run."""
+    `directory` (None: always compile). A call freshly compiled here is stored for the next run.
+
+    The caller vouches that `context` names everything the traced code depends on beyond jaxloop's
+    sources, the function's module and name, and the arguments' types and shardings."""
     if directory is None:
         return jitted.lower(*args).compile()
-    path = Path(directory).expanduser() / f"{fingerprint(context, args)}.exe"
+    try:
+        path = Path(directory).expanduser() / f"{fingerprint(context, args, jitted)}.exe"
+    except Exception as e:  # noqa: BLE001  (no key, no cache: the run compiles as without one)
+        log.warning("jaxloop: no key for a compiled call (%s: %s); compiling it", type(e).__name__, e)
+        return jitted.lower(*args).compile()
     if path.exists():
         try:
             return _load(path, args)
         except Exception as e:  # noqa: BLE001  (a stale or damaged entry is compiled again and replaced)
             log.warning("jaxloop: compiled call %s unreadable (%s: %s); compiling it again", path, type(e).__name__, e)
-    with _persistent_cache_off() as fresh:
+    with COMPILING, _persistent_cache_off() as off, _compile_events() as events:
         compiled = jitted.lower(*args).compile()
-    if fresh:
+    # Stored only if XLA compiled it just now: not one JAX loaded from its persistent cache (see
+    # _persistent_cache_off), nor one jit had compiled earlier in this process (which may have been).
+    if off and events.get("backend_compile") and not events.get("cache_hit"):
         _store(path, compiled, args)
     return compiled
 
 
 @contextmanager
+def _compile_events() -> Iterator[dict[str, bool]]:
+    """Which of JAX's compile events fired inside (jax.monitoring): an XLA compile, a persistent-cache hit."""
+    seen: dict[str, bool] = {}
+
+    def on_event(event: str, **kwargs: Any) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            seen["cache_hit"] = True
+
+    def on_duration(event: str, duration: float, **kwargs: Any) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            seen["backend_compile"] = True
+
+    jax.monitoring.register_event_listener(on_event)
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    try:
+        yield seen
+    finally:
+        jax.monitoring.unregister_event_listener(on_event)
+        jax.monitoring.unregister_event_duration_listener(on_duration)
+
+
+@contextmanager
 def _persistent_cache_off() -> Iterator[bool]:
-    """JAX's persistent cache switched off for the compiles inside; yields whether it could be.
+    """JAX's persistent cache switched off for the compiles inside (hold COMPILING); yields whether it could be.
 
     An executable JAX loaded from its persistent cache serializes without its code (XLA:CPU, jax 0.10: the
     call loaded back from those bytes fails with "Function ... not found"), so only a fresh compile is
     stored. jax has no public switch for one compile: its cache latches whether it is in use, and
-    reset_cache (private, as in jaxloop.compilation) makes it read the configuration again.
+    reset_cache (private, as in jaxloop.compilation) makes it read the configuration again. The price:
+    a miss here does not fill JAX's cache either.
     """
     try:
         from jax._src.compilation_cache import reset_cache

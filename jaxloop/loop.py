@@ -36,7 +36,7 @@ from jaxloop.state import TrainState, state_digest
 from jaxloop.step import make_eval_step, make_train_step, scan_steps
 from jaxloop.task import Task, builtin_task, init_state
 from loopcore.cli import EXIT_SIGNAL, Interrupted, NonFiniteError
-from loopcore.config import Config, ConfigError, to_dict, validate
+from loopcore.config import RESUME_SAFE, Config, ConfigError, compiled_fields, validate
 from loopcore.records import BestTracker
 from loopcore.run_dir import RunDir
 from loopcore.sources import Splits, write_vocab
@@ -76,8 +76,10 @@ class Call(NamedTuple):
     start: int
 
 
-# Fields that differ between two runs (or a run and its resume) of the same computation.
-NOT_COMPILED = ("run_dir", "resume", "allow_steps_change", "init_from", "compile_cache")
+# Config fields the compiled calls do not depend on: those a resume may change (RESUME_SAFE: host-side,
+# or seen in the arguments' shapes and shardings: eval batch size, mesh) and the seed (initial values
+# and data order, not code). Any other field changed is a miss.
+NOT_COMPILED = (*RESUME_SAFE, "seed")
 
 
 def executables_dir(cfg: Config, builtin_task: bool) -> str | None:
@@ -89,9 +91,14 @@ def executables_dir(cfg: Config, builtin_task: bool) -> str | None:
 
 
 def compiled_context(cfg: Config, name: str) -> dict[str, Any]:
-    """What, beside jaxloop's sources and the arguments, a compiled call depends on: the config's fields
-    that are the same for a run and its resume, and which call it is."""
-    return {"call": name, "config": {k: v for k, v in to_dict(cfg).items() if k not in NOT_COMPILED}}
+    """What, beside jaxloop's sources and the arguments, a compiled call depends on: which call it is, and
+    the config's fields but NOT_COMPILED (dotted names)."""
+    return {"call": name, "config": compiled_fields(cfg, NOT_COMPILED)}
+
+
+def _types(tree: Any) -> tuple:
+    """The type (shape, dtype, weak type) and sharding of each leaf: what a compiled call is specific to."""
+    return tuple((jax.typeof(x), getattr(x, "sharding", None)) for x in jax.tree.leaves(tree))
 
 
 class Evaluator:
@@ -103,10 +110,10 @@ class Evaluator:
         self.jitted = jax.jit(lambda state, batch: eval_step(whole_params(state, mesh), batch))
         self.compiled: dict[Any, Any] = {}
 
-    def step(self, state: TrainState, batch: Any) -> dict[str, jax.Array]:
+    def step(self, state: TrainState, batch: Any, state_types: tuple | None = None) -> dict[str, jax.Array]:
         """eval_step on one batch, compiled (or loaded: jaxloop.executables) once per type and sharding of
-        its arguments, as jax.jit would."""
-        types = tuple((jax.typeof(x), getattr(x, "sharding", None)) for x in jax.tree.leaves((state, batch)))
+        its arguments, as jax.jit would; state_types: _types(state), when the caller has it."""
+        types = (_types(state) if state_types is None else state_types, _types(batch))
         if types not in self.compiled:
             self.compiled[types] = compile_cached(self.jitted, (state, batch), self.executables,
                                                   compiled_context(self.cfg, "eval"))
@@ -118,7 +125,8 @@ class Evaluator:
                                        if state.ema_params is not None else [])
         for prefix, s in variants:
             batches = list(val_batches(self.cfg, self.splits))
-            sums = [self.step(s, shard_batch(b, self.mesh)) for b in batches]
+            state_types = _types(s)  # once per pass, not per batch
+            sums = [self.step(s, shard_batch(b, self.mesh), state_types) for b in batches]
             # host waits for every validation batch's metrics
             sums = jax.device_get(sums)
             weights = [float(m.get("weight", b["weight"].sum())) for m, b in zip(sums, batches)]

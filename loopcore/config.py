@@ -469,6 +469,16 @@ RESUME_SAFE = (
 )
 
 
+def is_among(key: str, fields: tuple[str, ...]) -> bool:
+    """Whether the dotted field `key` is one of `fields`, where an entry ending in "." names a whole section."""
+    return any(key == f or (f.endswith(".") and key.startswith(f)) for f in fields)
+
+
+def compiled_fields(cfg: Config, excluded: tuple[str, ...]) -> dict[str, Any]:
+    """cfg as {dotted field: value}, without the `excluded` fields (is_among)."""
+    return {k: v for k, v in _flatten(to_dict(cfg)).items() if not is_among(k, excluded)}
+
+
 def resume_conflicts(saved: dict[str, Any], cfg: Config) -> list[str]:
     """The dotted fields in which cfg differs from the saved config of the run it would resume.
 
@@ -478,7 +488,7 @@ def resume_conflicts(saved: dict[str, Any], cfg: Config) -> list[str]:
     before = _flatten(saved)
     conflicts = []
     for key in sorted(set(current) | set(before)):
-        if any(key == safe or (safe.endswith(".") and key.startswith(safe)) for safe in RESUME_SAFE):
+        if is_among(key, RESUME_SAFE):
             continue
         if key == "steps" and cfg.allow_steps_change:
             continue

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -14,8 +16,10 @@ import numpy as np
 import pytest
 from flax import struct
 
-from jaxloop import executables
+from jaxloop import executables, run
 from jaxloop.executables import compile_cached, fingerprint
+from jaxloop.loop import compiled_context
+from loopcore.config import Config
 
 
 @struct.dataclass
@@ -40,8 +44,17 @@ def step(state: State, batch: jax.Array) -> tuple[State, dict[str, jax.Array]]:
     return state.replace(w=state.rule(state.w, g), count=state.count + 1), {"loss": (g ** 2).sum(), "n": state.count}
 
 
+def fresh(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """fn as a new function object, with its module and name (so its key): jit compiles it afresh instead of
+    answering from its in-process caches (a call is stored only from an XLA compile seen happening)."""
+    return functools.wraps(fn)(lambda *args: fn(*args))
+
+
 class NoTracing:
-    """A jitted function's stand-in that fails if anything lowers (traces) it."""
+    """A stand-in for jax.jit(fn) (the same function, hence the same key) that fails if lowered (traced)."""
+
+    def __init__(self, fn: Callable[..., Any] = step) -> None:
+        self.__wrapped__ = fn
 
     def lower(self, *args: Any) -> Any:
         raise AssertionError("traced and lowered again instead of loading the stored call")
@@ -51,7 +64,8 @@ BATCH = jnp.ones((4, 3))
 
 
 def test_a_stored_call_is_loaded_without_tracing_and_computes_the_same_bits(tmp_path: Path) -> None:
-    compiled = compile_cached(jax.jit(step, donate_argnums=0), (fresh_state(), BATCH), tmp_path, {"call": "train"})
+    compiled = compile_cached(jax.jit(fresh(step), donate_argnums=0), (fresh_state(), BATCH), tmp_path,
+                              {"call": "train"})
     assert len(list(tmp_path.glob("*.exe"))) == 1
     loaded = compile_cached(NoTracing(), (fresh_state(), BATCH), tmp_path, {"call": "train"})
     (a, ma), (b, mb) = compiled(fresh_state(), BATCH), loaded(fresh_state(), BATCH)
@@ -61,7 +75,7 @@ def test_a_stored_call_is_loaded_without_tracing_and_computes_the_same_bits(tmp_
 
 
 def test_a_loaded_call_still_donates_its_state(tmp_path: Path) -> None:
-    compile_cached(jax.jit(step, donate_argnums=0), (fresh_state(), BATCH), tmp_path, {})
+    compile_cached(jax.jit(fresh(step), donate_argnums=0), (fresh_state(), BATCH), tmp_path, {})
     loaded = compile_cached(NoTracing(), (fresh_state(), BATCH), tmp_path, {})
     state = fresh_state()
     loaded(state, BATCH)
@@ -96,24 +110,77 @@ def test_the_key_changes_with_jax_configuration() -> None:
         assert _key() != before
 
 
-def test_the_key_changes_when_a_source_file_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_source_digest_changes_when_a_source_file_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     package = tmp_path / "fake_steps"
     package.mkdir()
     (package / "__init__.py").write_text("def loss(x):\n    return x * 2\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.import_module("fake_steps")
-    monkeypatch.setattr(executables, "SOURCE_PACKAGES", ("fake_steps",))
-    before = _key()
+    monkeypatch.delitem(sys.modules, "fake_steps", raising=False)
+    before = executables._source_digest(("fake_steps",))
     (package / "__init__.py").write_text("def loss(x):\n    return x * 3\n")
+    assert executables._source_digest(("fake_steps",)) != before
+    sys.modules.pop("fake_steps", None)
+
+
+def test_the_key_holds_the_sources_as_loaded_not_as_they_are_on_disk_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A file edited while a run goes on must not key code traced from its former text: the key uses the
+    # digest taken when jaxloop was imported.
+    before = _key()
+    monkeypatch.setattr(executables, "_source_digest", lambda packages: "edited on disk")
+    assert _key() == before
+    monkeypatch.setattr(executables, "LOADED_SOURCES", "other sources")
     assert _key() != before
-    sys.modules.pop("fake_steps")
+
+
+def test_sources_that_cannot_be_read_mean_compiling_without_storing(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "compiled_only"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("compiled_only")
+    (package / "__init__.py").unlink()  # no .py left to read, as in a zip or .pyc-only install
+    assert executables._source_digest(("compiled_only",)) is None
+    sys.modules.pop("compiled_only", None)
+    monkeypatch.setattr(executables, "LOADED_SOURCES", None)
+    compiled = compile_cached(jax.jit(step), (fresh_state(), BATCH), tmp_path / "exe", {})
+    assert float(compiled(fresh_state(), BATCH)[1]["loss"]) > 0
+    assert not (tmp_path / "exe").exists()
+
+
+def test_the_key_changes_with_the_function() -> None:
+    other = jax.jit(lambda state, batch: step(state, 2 * batch))
+    assert fingerprint({}, (fresh_state(), BATCH), jax.jit(step)) != fingerprint({}, (fresh_state(), BATCH), other)
+
+
+def test_the_key_changes_with_the_sharding() -> None:
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    named = jax.device_put(BATCH, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
+    assert _key(args=(fresh_state(), named)) != _key()
+
+
+def test_a_miss_leaves_jax_s_persistent_cache_on_for_later_compiles(tmp_path: Path) -> None:
+    from jax._src.compilation_cache import reset_cache
+
+    from jaxloop.compilation import enable_compilation_cache
+
+    before, args = jax.config.jax_compilation_cache_dir, (fresh_state(), BATCH)
+    try:
+        enable_compilation_cache(tmp_path / "jax")
+        compile_cached(jax.jit(fresh(step)), args, tmp_path / "exe", {})  # a miss: compiled with JAX's cache off
+        assert not list((tmp_path / "jax").iterdir())
+        jax.jit(lambda x: 7 * x + 1).lower(BATCH).compile()
+        assert list((tmp_path / "jax").iterdir())  # and on again afterwards
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+        reset_cache()
 
 
 def test_a_damaged_entry_is_compiled_again_and_replaced(tmp_path: Path) -> None:
-    compile_cached(jax.jit(step), (fresh_state(), BATCH), tmp_path, {})
+    compile_cached(jax.jit(fresh(step)), (fresh_state(), BATCH), tmp_path, {})
     (entry,) = tmp_path.glob("*.exe")
     entry.write_bytes(b"not an executable")
-    compiled = compile_cached(jax.jit(step), (fresh_state(), BATCH), tmp_path, {})
+    compiled = compile_cached(jax.jit(fresh(step)), (fresh_state(), BATCH), tmp_path, {})
     assert float(compiled(fresh_state(), BATCH)[1]["loss"]) > 0
     compile_cached(NoTracing(), (fresh_state(), BATCH), tmp_path, {})  # replaced by a readable entry
 
@@ -126,6 +193,16 @@ def test_outputs_whose_structure_cannot_be_stored_are_compiled_every_time(tmp_pa
 
     compiled = compile_cached(jax.jit(make), (BATCH,), tmp_path, {})
     np.testing.assert_array_equal(compiled(BATCH).w, BATCH)
+    assert not list(tmp_path.glob("*.exe"))
+
+
+def test_a_call_jit_had_compiled_already_in_this_process_is_not_stored(tmp_path: Path) -> None:
+    # jit answers from its in-process cache without compiling: that executable may have come from JAX's
+    # persistent cache (see the next test), so only a compile seen happening is stored.
+    jitted = jax.jit(fresh(step))
+    jitted.lower(fresh_state(), BATCH).compile()
+    compiled = compile_cached(jitted, (fresh_state(), BATCH), tmp_path, {})
+    assert float(compiled(fresh_state(), BATCH)[1]["loss"]) > 0
     assert not list(tmp_path.glob("*.exe"))
 
 
@@ -146,7 +223,9 @@ if sys.argv[2] == "jax":
     jax.jit(f).lower(x).compile()  # JAX's persistent cache now holds f
 else:
     compile_cached(jax.jit(f), (x,), sys.argv[3], {})  # a miss here: JAX's cache holds f
-    print(compile_cached(None, (x,), sys.argv[3], {})(x).sum())  # loaded back (None: cannot be traced)
+    class Loaded:  # f's identity (the key's), but no way to trace it: the call must be loaded
+        __wrapped__ = f
+    print(compile_cached(Loaded(), (x,), sys.argv[3], {})(x).sum())
 """
 
 
@@ -163,3 +242,51 @@ def test_a_call_jax_s_persistent_cache_holds_is_stored_from_a_fresh_compile(tmp_
     x = jnp.arange(3.0)
     expected = float(jnp.sum(jnp.tanh(x)[:, None] * jnp.ones((3, 5)) + x.sum()))  # f's value, compiled here
     assert float(out.stdout.split()[-1]) == pytest.approx(expected, rel=1e-6)  # float32 sums, order may differ
+
+
+def _cfg(**fields: Any) -> Config:
+    return replace(Config(preset="debug"), **fields)
+
+
+@pytest.mark.parametrize("field", [
+    dict(model=replace(Config(preset="debug").model, activation="relu")),
+    dict(optim=replace(Config(preset="debug").optim, peak_lr=0.5)),
+    dict(precision="bf16"),
+    dict(steps=21),  # the schedule's length is a constant of the compiled optimizer
+], ids=["model.activation", "optim.peak_lr", "precision", "steps"])
+def test_a_config_field_the_computation_uses_changes_the_context(field: dict) -> None:
+    assert compiled_context(_cfg(**field), "train x1") != compiled_context(_cfg(), "train x1")
+
+
+@pytest.mark.parametrize("field", [
+    dict(run_dir="elsewhere"), dict(seed=7), dict(resume="never"), dict(eval_every=3),
+    dict(log=replace(Config(preset="debug").log, progress="plain")),
+    dict(checkpoint=replace(Config(preset="debug").checkpoint, keep_last=9)),
+], ids=["run_dir", "seed", "resume", "eval_every", "log.progress", "checkpoint.keep_last"])
+def test_a_host_side_config_field_leaves_the_context_alone(field: dict) -> None:
+    # so a resume or a seed sweep loads the calls an earlier run stored
+    assert compiled_context(_cfg(**field), "train x1") == compiled_context(_cfg(), "train x1")
+
+
+def _no_compile() -> None:
+    raise AssertionError("a call of the second run was compiled instead of loaded")
+
+
+def test_a_second_run_in_a_process_loads_every_call_and_compiles_none(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from jaxloop.compilation import enable_compilation_cache
+
+    cfg = _cfg(compile_cache=str(tmp_path / "cache"), log=replace(Config(preset="debug").log, progress="off",
+                                                                    report=False, tensorboard=False))
+    try:
+        first = run(replace(cfg, run_dir=str(tmp_path / "a")))
+        stored = sorted(p.name for p in (tmp_path / "cache" / "jaxloop-executables").iterdir())
+        loads: list[Path] = []
+        load = executables._load
+        monkeypatch.setattr(executables, "_load", lambda path, args: (loads.append(path), load(path, args))[1])
+        monkeypatch.setattr(executables, "_persistent_cache_off", _no_compile)  # any miss here fails
+        second = run(replace(cfg, run_dir=str(tmp_path / "b")))
+    finally:
+        enable_compilation_cache(Config().compile_cache)  # JAX's cache back where the other tests have it
+    assert sorted(p.name for p in loads) == sorted(set(p.name for p in loads)) == stored  # each once, all of them
+    assert second["state_digest"] == first["state_digest"]
