@@ -16,8 +16,8 @@ and sharding with its devices, the jax, jaxlib, flax, optax and numpy versions, 
 and host CPU, XLA flags and jax's configuration. A user's own model or loss is code outside those
 sources, so the loop only uses this for the built-in tasks (a user task goes through JAX's cache).
 An entry that cannot be read is compiled afresh and replaced; one that cannot be written (outputs
-whose structure does not pickle, say) is simply not stored. A miss compiles with JAX's persistent
-cache off (see _persistent_cache_off): the executables stored here are always fresh compiles.
+whose structure does not pickle, say) is simply not stored. Only fresh compiles are stored: where JAX's
+persistent cache answers a miss, the call is compiled once more without it (see _persistent_cache_off).
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 FORMAT = "jaxloop-executable-2"
 SOURCE_PACKAGES = ("jaxloop", "loopcore")
 STATE = "<args[0]>"  # stands for the first argument's tree in a stored output structure
+# An option set to its default value: the same code, but another key for jit's in-process compile cache,
+# which would otherwise hand back the executable JAX loaded from its persistent cache.
+RECOMPILE = {"xla_embed_ir_in_executable": False}
 COMPILING = threading.Lock()  # one miss at a time: the switch of JAX's cache is process-wide
 
 
@@ -183,13 +186,24 @@ def compile_cached(jitted: Any, args: tuple, directory: str | os.PathLike[str] |
             return _load(path, args)
         except Exception as e:  # noqa: BLE001  (a stale or damaged entry is compiled again and replaced)
             log.warning("jaxloop: compiled call %s unreadable (%s: %s); compiling it again", path, type(e).__name__, e)
-    with COMPILING, _persistent_cache_off() as off, _compile_events() as events:
-        compiled = jitted.lower(*args).compile()
-    # Stored only if XLA compiled it just now: not one JAX loaded from its persistent cache (see
-    # _persistent_cache_off), nor one jit had compiled earlier in this process (which may have been).
-    if off and events.get("backend_compile") and not events.get("cache_hit"):
-        _store(path, compiled, args)
+    with COMPILING:
+        with _compile_events() as events:
+            compiled = jitted.lower(*args).compile()
+        # Stored only if XLA compiled it just now: not one jit had compiled earlier in this process (it
+        # may have come from JAX's persistent cache), nor one JAX loaded from that cache (see
+        # _persistent_cache_off), which is compiled once more without the cache to be stored whole.
+        if _fresh(events):
+            _store(path, compiled, args)
+        elif events.get("cache_hit"):
+            with _persistent_cache_off() as off, _compile_events() as again:
+                whole = jitted.lower(*args).compile(compiler_options=RECOMPILE)
+            if off and _fresh(again):
+                _store(path, whole, args)
     return compiled
+
+
+def _fresh(events: dict[str, bool]) -> bool:
+    return bool(events.get("backend_compile")) and not events.get("cache_hit")
 
 
 @contextmanager
@@ -221,8 +235,7 @@ def _persistent_cache_off() -> Iterator[bool]:
     An executable JAX loaded from its persistent cache serializes without its code (XLA:CPU, jax 0.10: the
     call loaded back from those bytes fails with "Function ... not found"), so only a fresh compile is
     stored. jax has no public switch for one compile: its cache latches whether it is in use, and
-    reset_cache (private, as in jaxloop.compilation) makes it read the configuration again. The price:
-    a miss here does not fill JAX's cache either.
+    reset_cache (private, as in jaxloop.compilation) makes it read the configuration again.
     """
     try:
         from jax._src.compilation_cache import reset_cache
