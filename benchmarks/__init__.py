@@ -35,7 +35,8 @@ torch_ref runs as it does in its own loop, i.e. with torch.use_deterministic_alg
 - **e2e.shakespeare64** (goal: jaxloop wall <= 0.6x torch_ref's, val_loss within 0.02): `python -m
   jaxloop.train` and `python -m torch_ref.train` with `--preset shakespeare --model.context 64
   --batch_size 12 --data.path ... --steps 2000` (100 under --quick), wall time of the whole process
-  (imports, compile, evaluations every 250, checkpoints included); final val_loss of both.
+  (imports, compile, evaluations every 250, checkpoints included); final val_loss of both. jaxloop's
+  `--compile_cache` is a new, empty directory: a first run, its compile in the wall.
 - **startup.compile** (goal <= 2 s): `train_step.lower(...).compile()` of the 4-block GPT
   (ctx 128, batch 32) in a fresh process with no cache; CPU seconds, init and eval-step compile in the notes.
 - **startup.cache** (goal <= 0.5 s): the same in fresh processes with `--compile_cache`'s two caches
@@ -46,9 +47,8 @@ torch_ref runs as it does in its own loop, i.e. with torch.use_deterministic_alg
   lowering (Python, which JAX's cache cannot skip) and the cache load.
 - **startup.digits** (goal <= 3 s): `python -m jaxloop.train` (digits, log_every 1) from `Popen` to
   its first train record appearing in metrics.jsonl (polled every 10 ms); torch_ref's CLI beside it.
-  jaxloop runs as configured by default, its persistent compilation cache on (~/.cache/jaxloop/xla,
-  filled by any earlier run of the same programs, as on a user's second run); the notes give a run
-  with no cache (`--compile_cache ''`), a first run's start-up.
+  jaxloop's figure is a second run of the command: its `--compile_cache` (a directory of the row's own)
+  filled by a first run, timed too, in the notes with a run with no cache at all (`--compile_cache ''`).
 - **memory.***: peak RSS (the child's VmHWM from /proc, polled every 10 ms; wait4's ru_maxrss would carry the
   harness's own high-water mark over fork + exec) of jaxloop vs torch_ref: the e2e and
   digits CLI runs, and state + compile + updates of one framework per child (mlp, gpt128).
@@ -147,9 +147,58 @@ b64, K = 1, 1000 updates, log_every 10; `time.thread_time` / `process_time` per 
   (`TrainLoader.chunks`): 0.113 -> 0.048 s of its CPU per 1000 updates in the loop (thread_time, the
   script above); alone, `python benchmarks/bench_data.py --chunks 50` (19:27Z): 2.507 -> 0.366 ms a call.
 
+## A second run's start-up: the executable cache (startup.cache, startup.digits)
+
+This file's run (22:15-22:39Z) was loaded by other jobs (load average 1.0 at its start, 3.0 at its end),
+and its start-up rows came near its end: startup.cache 0.63 s, against 1.92 s for JAX's cache alone.
+`python -m benchmarks --only startup`, run twice right after on a quieter machine (22:40-22:43Z, load
+average 0.7-1.4):
+
+| run | startup.cache (executable loaded) | JAX's cache alone: trace + lower + load | startup.digits (second run / first / no cache) | startup.compile |
+|---|---|---|---|---|
+| 22:40:47Z | 0.35 s | 1.35 s = 0.99 + 0.37 | 2.18 / 4.80 / 4.25 s | 4.94 s |
+| 22:41:54Z | 0.38 s | 1.34 s = 1.02 + 0.33 | 2.29 / 4.49 / 4.80 s | 4.65 s |
+
+- What remains of a loaded start-up is `deserialize_and_load` (XLA:CPU links the executable's code:
+  ~0.3 s for the GPT's train_step) and reading the key's inputs (jaxloop's sources are hashed once, at
+  import).
+- An executable that JAX loaded from its persistent cache serializes without its code (jax 0.10.2,
+  XLA:CPU: the call loaded back fails with `NOT_FOUND: Function wrapped_tanh not found`), so
+  jaxloop.executables stores only compiles it saw happen, and recompiles once without JAX's cache
+  where JAX's cache answered (tests/test_executables.py reproduces both).
+
+## Where the GPT's update time goes (profile, 2026-11-23 20:45-21:10Z, quiet machine)
+
+Throwaway scripts around jaxloop.models.GPT (ctx 128, batch 32), the forward and backward of the loss
+(480-570 ms), `jax.profiler` traces read with `jax.profiler.ProfileData`. Thunk time summed over the
+4 blocks, per iteration (434 ms of thunks, 506 ms wall):
+
+| part | forward | backward |
+|---|---|---|
+| attention q.k^T, batched over 128 (batch x heads) | 42 ms | 39 ms |
+| attention weights.v | 32 ms | 16 ms |
+| the reshapes / transposes around them | 20 ms | 10 ms |
+| softmax's division, its broadcast materialised | 16 ms | |
+| MLP matmuls (fc, proj) | 37 + 26 ms | 37 + 18 ms |
+
+- Alone, XLA:CPU's batched product of 128 matrices 128x128 @ 128x32 takes 2.6-3.9 ms; torch's `bmm`
+  takes 1.03 ms. In the full graph the YNNPACK fusions XLA:CPU makes here run these dots at ~13 GFLOP/s.
+  The attention core's forward and backward for one block: 37 ms in JAX against 22 ms in torch eager.
+  The MLP block's: 33 ms against 42 ms, in JAX's favour.
+- Tried, interleaved in one process over 6 rounds: heads-major layout, q scaled before the product, k
+  pre-transposed, and `jax.nn.dot_product_attention`. All were within noise of the current formulation
+  (504 ms median; the variants 514-559 ms).
+- XLA:CPU flags, applied per executable with `.compile(compiler_options=...)` and interleaved at ctx 64,
+  were all within 1 ms of the default: the concurrency-optimized scheduler, a vector width of 512,
+  XNN graph fusion GREEDY_SLINKY, and fast math. Fast math moved the gradients by 4e-8, so the options
+  took effect.
+- At ctx 64 batch 12 the update is latency-bound: its thunks run one after another (their summed time
+  equals the wall time, ~50 ms). The dots take 29 ms of that, and the transposes feeding the weight
+  gradients 4.3 ms.
+
 ## Reading a run taken on a loaded machine
 
-On a machine that other jobs load (load average 7-10 on 2 cores while this file's run was taken),
+On a machine that other jobs load (load average 7-10 on 2 cores during a run of an earlier session),
 torch_ref's figures inflate far more than jaxloop's: every small torch op is an OpenMP parallel region
 whose barrier waits for a thread the scheduler has taken away, and torch_ref's update is hundreds of
 small ops (per-parameter isfinite, .item() syncs), so the MLP's eager update went from 12 ms to 290 ms
