@@ -124,8 +124,11 @@ def compile_(args: argparse.Namespace) -> dict:
             "setup_before_compile_s": t_state - t_start}
 
 
-def _entries(directory: str | None) -> list[str]:
-    return sorted(os.listdir(directory)) if directory and os.path.isdir(directory) else []
+def _entries(directory: str | None) -> list[tuple[str, int]]:
+    """The entries of a directory with their modification times: a rewritten entry counts as changed."""
+    if not (directory and os.path.isdir(directory)):
+        return []
+    return sorted((e.name, e.stat().st_mtime_ns) for e in os.scandir(directory))
 
 
 def stepmem(args: argparse.Namespace) -> dict:

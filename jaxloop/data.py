@@ -183,6 +183,11 @@ class TrainLoader(Iterator[Batch]):
 
     # -- iteration
 
+    @property
+    def started(self) -> bool:
+        """Whether next() or chunks() has begun this loader's one pass."""
+        return self._it is not None
+
     def chunks(self, size: int, first: int = 0) -> Iterator[Batch]:
         """The micro-batches from `position` on, stacked `size` at a time along a new leading axis (the
         first chunk `first`, if > 0): one grain element and one gather per chunk. `position` advances
@@ -321,7 +326,7 @@ class DevicePrefetcher(Iterator[Any]):
         self.chunk, self._first_chunk = int(chunk), int(first_chunk)
         self._source = iterator
         if chunk:  # a fresh TrainLoader gathers whole chunks itself; any other source is stacked here
-            fresh = isinstance(iterator, TrainLoader) and iterator._it is None  # noqa: SLF001
+            fresh = isinstance(iterator, TrainLoader) and not iterator.started
             self._source = (iterator.chunks(self.chunk, self._first_chunk) if fresh
                             else _stacked(iterator, self.chunk, self._first_chunk))
         self._position_source = iterator

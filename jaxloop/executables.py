@@ -77,8 +77,9 @@ def _cpu() -> str:
 
 
 # The sources as this process loaded them (read when jaxloop is imported): a file edited while a run
-# goes on must not key the code traced from its former text.
+# goes on must not key the code traced from its former text. The host's CPU, read once too.
 LOADED_SOURCES = _source_digest(SOURCE_PACKAGES)
+HOST = [platform.machine(), _cpu()]
 
 
 def _leaf_key(path: Any, leaf: Any) -> list[str]:
@@ -106,7 +107,7 @@ def fingerprint(context: Any, args: tuple, function: Any = None) -> str:
         "versions": [m.__version__ for m in (jax, jaxlib, flax, optax, numpy)],
         "python": sys.version,
         "backend": [jax.default_backend(), devices[0].client.platform_version, devices[0].device_kind,
-                    len(devices), jax.process_count(), jax.process_index(), platform.machine(), _cpu()],
+                    len(devices), jax.process_count(), jax.process_index(), *HOST],
         "env": [os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", ""),
                 [a for a in sys.argv if a.startswith("--xla")]],
         "jax_config": sorted((k, repr(v)) for k, v in jax.config.values.items()

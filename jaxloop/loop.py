@@ -110,10 +110,10 @@ class Evaluator:
         self.jitted = jax.jit(lambda state, batch: eval_step(whole_params(state, mesh), batch))
         self.compiled: dict[Any, Any] = {}
 
-    def step(self, state: TrainState, batch: Any, state_types: tuple | None = None) -> dict[str, jax.Array]:
+    def step(self, state: TrainState, batch: Any, state_types: tuple) -> dict[str, jax.Array]:
         """eval_step on one batch, compiled (or loaded: jaxloop.executables) once per type and sharding of
-        its arguments, as jax.jit would; state_types: _types(state), when the caller has it."""
-        types = (_types(state) if state_types is None else state_types, _types(batch))
+        its arguments, as jax.jit would; state_types: _types(state), taken once per pass."""
+        types = (state_types, _types(batch))
         if types not in self.compiled:
             self.compiled[types] = compile_cached(self.jitted, (state, batch), self.executables,
                                                   compiled_context(self.cfg, "eval"))
@@ -125,7 +125,7 @@ class Evaluator:
                                        if state.ema_params is not None else [])
         for prefix, s in variants:
             batches = list(val_batches(self.cfg, self.splits))
-            state_types = _types(s)  # once per pass, not per batch
+            state_types = _types(s)
             sums = [self.step(s, shard_batch(b, self.mesh), state_types) for b in batches]
             # host waits for every validation batch's metrics
             sums = jax.device_get(sums)
