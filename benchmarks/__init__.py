@@ -149,15 +149,18 @@ b64, K = 1, 1000 updates, log_every 10; `time.thread_time` / `process_time` per 
 
 ## A second run's start-up: the executable cache (startup.cache, startup.digits)
 
-This file's run (22:15-22:39Z) was loaded by other jobs (load average 1.0 at its start, 3.0 at its end),
-and its start-up rows came near its end: startup.cache 0.63 s, against 1.92 s for JAX's cache alone.
-`python -m benchmarks --only startup`, run twice right after on a quieter machine (22:40-22:43Z, load
-average 0.7-1.4):
+The table above (00:07-00:26Z at 3ef9051) has startup.cache at 0.30 s, against 1.12 s for JAX's cache
+alone. The start-up rows of the other runs, all in fresh processes with caches of their own
+(`python -m benchmarks --only startup` for the 22:40Z rows, at 5822d7f, which compiles the same
+programs; the 23:20Z row, a full run at 3ef9051 on a machine loaded by other jobs, stopped at its
+checkpoint row):
 
 | run | startup.cache (executable loaded) | JAX's cache alone: trace + lower + load | startup.digits (second run / first / no cache) | startup.compile |
 |---|---|---|---|---|
 | 22:40:47Z | 0.35 s | 1.35 s = 0.99 + 0.37 | 2.18 / 4.80 / 4.25 s | 4.94 s |
 | 22:41:54Z | 0.38 s | 1.34 s = 1.02 + 0.33 | 2.29 / 4.49 / 4.80 s | 4.65 s |
+| 23:20:50Z (loaded) | 0.32 s | 1.65 s = 1.08 + 0.58 | 2.47 / 5.27 / 5.83 s | 3.44 s |
+| 00:07:15Z (this file) | 0.30 s | 1.12 s = 0.83 + 0.29 | 1.87 / 4.13 / 5.18 s | 3.68 s |
 
 - What remains of a loaded start-up is `deserialize_and_load` (XLA:CPU links the executable's code:
   ~0.3 s for the GPT's train_step) and reading the key's inputs (jaxloop's sources are hashed once, at
