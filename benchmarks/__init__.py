@@ -140,6 +140,16 @@ b64, K = 1, 1000 updates, log_every 10; `time.thread_time` / `process_time` per 
   `python benchmarks/bench_checkpoint.py --cpu --sizes mlp 512x6` (18:18Z, medians of 10 alternating
   sync saves): digits MLP 97.8 -> 55.4 ms of CPU per save (0.57), GPT 19M params 889 -> 588 ms (0.66). To keep saves every 100 updates within the <= 1.10 goal, a save would have to cost
   under ~4 ms of CPU; no Orbax configuration tried comes near (use_ocdbt=False 142 ms, zarr3 123 ms).
+- Re-measured 2026-11-24 00:45-00:55Z at 3ef9051 (quiet; `jaxloop.train.run`, 2000 updates, medians of
+  3 alternating runs): saves every 100 updates, 0.70 ms per update by step_ms; no periodic save, 0.26 ms
+  (the compiled update alone: 0.31 ms; a lax.scan of 50 updates, as the loop dispatches, 0.24 ms);
+  logging every 10 against every 1000, and TensorBoard on or off, within 0.03 ms. So all of the gap is
+  the saves, about 44 ms per save: 23 ms of blocking (the previous hand-over still running) and the rest
+  their CPU taken from the steps. Even overlapped perfectly on the two cores, the save's CPU bounds the
+  loop near 0.45 ms per update (1.45x). Orbax's `enable_background_delete` and
+  `AsyncOptions(create_directories_asynchronously=True)`, alone and together: 0.84-0.90 ms against 0.88
+  ms for the default in one interleaved script (noise). A lax.scan's `unroll` of 2, 5 or 10: within
+  0.01 ms of 1.
 - loop.gpt64.k4 runs 75 updates: it holds no periodic save (only the final one, outside its intervals).
   Its notes' figure "without any save" leaves out the time saves block, not the CPU their background
   writes take from the steps.
@@ -195,6 +205,12 @@ Throwaway scripts around jaxloop.models.GPT (ctx 128, batch 32), the forward and
   were all within 1 ms of the default: the concurrency-optimized scheduler, a vector width of 512,
   XNN graph fusion GREEDY_SLINKY, and fast math. Fast math moved the gradients by 4e-8, so the options
   took effect.
+  Tried 2026-11-24 00:35Z at ctx 128 batch 32 (the forward and backward; base 420-428 ms): per executable,
+  `xla_cpu_use_onednn`, `xla_cpu_experimental_onednn_custom_call` (both bit-identical to the base: not
+  in this jaxlib's CPU build, it seems), `xla_cpu_use_xnnpack=false` and
+  `xla_cpu_multi_thread_eigen=false`, 422-438 ms; through XLA_FLAGS in fresh processes,
+  `xla_cpu_experimental_ynn_fusion_type` empty or `individual_dot`, `..._xnn_fusion_type=dot,eltwise` and
+  `..._onednn_fusion_type=dot`, 432-525 ms. None faster.
 - At ctx 64 batch 12 the update is latency-bound: its thunks run one after another (their summed time
   equals the wall time, ~50 ms). The dots take 29 ms of that, and the transposes feeding the weight
   gradients 4.3 ms.

@@ -125,10 +125,11 @@ def compile_(args: argparse.Namespace) -> dict:
 
 
 def _entries(directory: str | None) -> list[tuple[str, int]]:
-    """The entries of a directory with their modification times: a rewritten entry counts as changed."""
+    """The entries of a directory with their inodes: a rewritten entry (written aside, then renamed over)
+    counts as changed; a loaded one, whose modification time a load updates (eviction order), does not."""
     if not (directory and os.path.isdir(directory)):
         return []
-    return sorted((e.name, e.stat().st_mtime_ns) for e in os.scandir(directory))
+    return sorted((e.name, e.inode()) for e in os.scandir(directory))
 
 
 def stepmem(args: argparse.Namespace) -> dict:

@@ -18,6 +18,8 @@ sources, so the loop only uses this for the built-in tasks (a user task goes thr
 An entry that cannot be read is compiled afresh and replaced; one that cannot be written (outputs
 whose structure does not pickle, say) is simply not stored. Only fresh compiles are stored: where JAX's
 persistent cache answers a miss, the call is compiled once more without it (see _persistent_cache_off).
+The directory is kept under MAX_BYTES: each store deletes the least recently used entries beyond it
+(a load marks its entry used), as JAX's cache does with jax_compilation_cache_max_size.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ STATE = "<args[0]>"  # stands for the first argument's tree in a stored output s
 # which would otherwise hand back the executable JAX loaded from its persistent cache.
 RECOMPILE = {"xla_embed_ir_in_executable": False}
 COMPILING = threading.Lock()  # one miss at a time: the switch of JAX's cache is process-wide
+MAX_BYTES = 1 << 30
+"""Default bound of a directory's entries: 0.2-2 MB a compiled call here, so hundreds of configs or
+source versions, before the least recently used are deleted."""
 
 
 def _source_digest(packages: tuple[str, ...]) -> str | None:
@@ -146,7 +151,36 @@ def _output_tree(stored: Any, args: tuple) -> Any:
 
 def _load(path: Path, args: tuple) -> jax.stages.Compiled:
     blob, stored = pickle.loads(path.read_bytes())
-    return serialize_executable.deserialize_and_load(blob, jax.tree.structure((args, {})), _output_tree(stored, args))
+    compiled = serialize_executable.deserialize_and_load(blob, jax.tree.structure((args, {})), _output_tree(stored, args))
+    try:
+        os.utime(path)  # used now: eviction goes by modification time, least recent first
+    except OSError:
+        pass
+    return compiled
+
+
+def _evict(directory: Path, max_bytes: int, keep: Path) -> None:
+    """Delete the least recently used entries (oldest modification time) until the directory's entries
+    total at most max_bytes; never `keep`, the entry just stored. Never raises: another process may be
+    evicting the same directory, and an entry it deletes under a reader is compiled again there."""
+    try:
+        entries = []
+        for path in directory.glob("*.exe"):
+            try:
+                st = path.stat()
+            except OSError:
+                continue  # deleted meanwhile
+            entries.append((st.st_mtime_ns, st.st_size, path))
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries, key=lambda e: (e[0], e[2].name)):
+            if total <= max_bytes:
+                break
+            if path == keep:
+                continue
+            path.unlink(missing_ok=True)
+            total -= size
+    except OSError as e:
+        log.warning("jaxloop: compiled calls in %s not evicted: %s", directory, e)
 
 
 def _store(path: Path, compiled: jax.stages.Compiled, args: tuple) -> bool:
@@ -168,10 +202,11 @@ def _store(path: Path, compiled: jax.stages.Compiled, args: tuple) -> bool:
     return True
 
 
-def compile_cached(jitted: Any, args: tuple, directory: str | os.PathLike[str] | None, context: Any
-                   ) -> jax.stages.Compiled:
+def compile_cached(jitted: Any, args: tuple, directory: str | os.PathLike[str] | None, context: Any,
+                   max_bytes: int = MAX_BYTES) -> jax.stages.Compiled:
     """jitted.lower(*args).compile(), or the executable a former run stored under the same key in
-    `directory` (None: always compile). A call freshly compiled here is stored for the next run.
+    `directory` (None: always compile). A call freshly compiled here is stored for the next run, and the
+    least recently used entries beyond max_bytes are deleted.
 
     The caller vouches that `context` names everything the traced code depends on beyond jaxloop's
     sources, the function's module and name, and the arguments' types and shardings."""
@@ -193,13 +228,15 @@ def compile_cached(jitted: Any, args: tuple, directory: str | os.PathLike[str] |
         # Stored only if XLA compiled it just now: not one jit had compiled earlier in this process (it
         # may have come from JAX's persistent cache), nor one JAX loaded from that cache (see
         # _persistent_cache_off), which is compiled once more without the cache to be stored whole.
+        stored = False
         if _fresh(events):
-            _store(path, compiled, args)
+            stored = _store(path, compiled, args)
         elif events.get("cache_hit"):
             with _persistent_cache_off() as off, _compile_events() as again:
                 whole = jitted.lower(*args).compile(compiler_options=RECOMPILE)
-            if off and _fresh(again):
-                _store(path, whole, args)
+            stored = bool(off and _fresh(again)) and _store(path, whole, args)
+        if stored:
+            _evict(path.parent, max_bytes, keep=path)
     return compiled
 
 

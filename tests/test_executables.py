@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -181,6 +182,42 @@ def test_a_damaged_entry_is_compiled_again_and_replaced(tmp_path: Path) -> None:
     compiled = compile_cached(jax.jit(fresh(step)), (fresh_state(), BATCH), tmp_path, {})
     assert float(compiled(fresh_state(), BATCH)[1]["loss"]) > 0
     compile_cached(NoTracing(), (fresh_state(), BATCH), tmp_path, {})  # replaced by a readable entry
+
+
+def _entries_aged(directory: Path, names: str, size: int = 100) -> None:
+    """Fake entries of `size` bytes, each used one second after the one before it (oldest first)."""
+    for i, name in enumerate(names):
+        path = directory / f"{name}.exe"
+        path.write_bytes(b"x" * size)
+        os.utime(path, ns=(1_000_000_000 * (i + 1),) * 2)
+
+
+def test_eviction_deletes_the_least_recently_used_entries_until_under_the_bound(tmp_path: Path) -> None:
+    _entries_aged(tmp_path, "abcd")
+    executables._evict(tmp_path, 250, keep=tmp_path / "d.exe")
+    assert sorted(p.name for p in tmp_path.glob("*.exe")) == ["c.exe", "d.exe"]  # 400 bytes -> 200
+
+
+def test_eviction_never_deletes_the_entry_just_stored(tmp_path: Path) -> None:
+    _entries_aged(tmp_path, "abc")
+    executables._evict(tmp_path, 250, keep=tmp_path / "a.exe")  # the oldest, but just stored
+    assert sorted(p.name for p in tmp_path.glob("*.exe")) == ["a.exe", "c.exe"]
+
+
+def test_a_store_evicts_beyond_the_bound(tmp_path: Path) -> None:
+    _entries_aged(tmp_path, "ab")
+    compile_cached(jax.jit(fresh(step)), (fresh_state(), BATCH), tmp_path, {}, max_bytes=0)
+    (kept,) = tmp_path.glob("*.exe")  # a bound of 0 leaves only the entry just stored
+    assert kept.name not in ("a.exe", "b.exe")
+    compile_cached(NoTracing(), (fresh_state(), BATCH), tmp_path, {})  # and it loads
+
+
+def test_a_load_marks_its_entry_used(tmp_path: Path) -> None:
+    compile_cached(jax.jit(fresh(step)), (fresh_state(), BATCH), tmp_path, {})
+    (entry,) = tmp_path.glob("*.exe")
+    os.utime(entry, ns=(1_000_000_000, 1_000_000_000))  # last used long ago
+    compile_cached(NoTracing(), (fresh_state(), BATCH), tmp_path, {})
+    assert entry.stat().st_mtime_ns > 1_000_000_000  # now the most recently used: evicted last
 
 
 def test_outputs_whose_structure_cannot_be_stored_are_compiled_every_time(tmp_path: Path) -> None:
