@@ -224,3 +224,44 @@ small ops (per-parameter isfinite, .item() syncs), so the MLP's eager update wen
 between two runs minutes apart while jaxloop's went from 0.8 to 1.5 ms. Ratios against torch from a
 loaded run are therefore far too flattering to jaxloop; only a quiet machine's run is a record.
 """
+
+FINDINGS += """
+## The first compile (startup.compile, goal <= 2 s): what else was tried
+
+Measured 2026-11-24 04:00-04:35Z on the 2-core AMD EPYC (quiet), throwaway scripts around jaxloop's
+train_step for the 4-block GPT at ctx 128 batch 32, wall seconds; two runs each unless said (noise
+about 0.3 s):
+
+- Where it goes: tracing and lowering the whole train_step 0.78-0.83 s, XLA 2.1-2.5 s. The forward and
+  backward alone (jax.grad of the loss) lower in 0.37-0.40 s and compile in 0.89-0.90 s, so the
+  optimizer and its glue take about 0.4 s of tracing and 1.3 s of XLA. `perf record` over four
+  compiles of the optimizer alone (514 kernels): XLA's compile 72% of the process's samples, of which
+  LLVM's code generation for the kernels 29 points, the MLIR fusion emitters 14 and the HLO passes 5.
+- None of these brought the whole step's compile under the noise:
+
+| tried | kernels | lower + XLA | update |
+|---|---|---|---|
+| as now | 862-909 | 0.78-0.83 + 2.07-2.50 s | 399-451 ms |
+| the gradient's squared norm computed once and handed to record_grad_norm and the clip through optax's extra_args (it was computed again inside the lax.cond, where XLA cannot share it) | 790 | 0.79-0.83 + 2.33-2.82 s | same, bit-identical |
+| the optimizer over one raveled vector inside the step (the state stays a tree: concatenated and split every step) | | 0.58-0.65 + 2.23-2.61 s | 409-426 ms |
+| params and optimizer state stacked over the 4 blocks (16 leaves instead of 52; the model unrolled over static slices of the stack) | 528 | 0.68-0.70 + 2.85-2.88 s | 434-438 ms |
+| params and optimizer state kept as one raveled vector (a different checkpoint layout, never built) | | 0.33 + 1.71-1.76 s | 425-432 ms |
+
+- Compile options, one process, one compile each after the same lowering: default 2.16 s (update 420
+  ms); `xla_cpu_opt_preset` CPU_OPT_PRESET_FAST_COMPILE 2.38 s (428-436 ms; results moved by 6e-8, so
+  it took effect), CPU_OPT_PRESET_FAST_RUNTIME 2.24 s; `xla_cpu_parallel_codegen_split_count` 8 or 64:
+  2.24 and 2.40 s; `xla_cpu_use_fusion_emitters=false` 4.29 s. In fresh processes:
+  `xla_backend_optimization_level` 1 2.06 s and `xla_llvm_disable_expensive_passes` 2.07 s (default
+  2.07-2.32 s, update the same); level 0 1.51 s, but the update took 719 ms instead of 399-405.
+- So even the flat layout, which the FSDP sharding and the checkpoint layout torch_ref's converter
+  reads argue against, would leave the first compile near 2.1 s.
+
+## Orbax options for the MLP's save (loop.mlp)
+
+`CheckpointManager.save` + `wait_until_finished`, the MLP state as the loop hands it (NumPy views) with
+the three JSON items, process CPU per save, medians of 10 alternating saves (2026-11-24 04:03Z): as now
+51.6 ms; `PyTreeCheckpointHandler(use_compression=False)` 51.7 ms (and 4x the bytes on disk);
+`save_root_metadata=False` 51.4 ms; `temporary_path_class=CommitFileTemporaryPath` 49.5 ms. A cProfile
+of one sync save: ten `asyncio` event loops started and about 16 threads (Orbax's own), 6 ms to
+delete the step that rotates out, 10 ms of finalising.
+"""
