@@ -15,8 +15,9 @@ enter the computation, and which call it is), each argument's path, type (shape,
 and sharding with its devices, the jax, jaxlib, flax, optax and numpy versions, the backend, devices
 and host CPU, XLA flags and jax's configuration. A user's own model or loss is code outside those
 sources, so the loop only uses this for the built-in tasks (a user task goes through JAX's cache).
-An entry that cannot be read is compiled afresh and replaced; one that cannot be written (outputs
-whose structure does not pickle, say) is simply not stored. Only fresh compiles are stored: where JAX's
+An entry that cannot be read is compiled afresh and replaced; one that loads but fails on its first run
+is deleted, with the error (LoadedCall); one that cannot be written (outputs whose structure does not
+pickle, say) is simply not stored. Only fresh compiles are stored: where JAX's
 persistent cache answers a miss, the call is compiled once more without it (see _persistent_cache_off).
 The directory is kept under MAX_BYTES: each store deletes the least recently used entries beyond it
 (a load marks its entry used), as JAX's cache does with jax_compilation_cache_max_size.
@@ -149,14 +150,41 @@ def _output_tree(stored: Any, args: tuple) -> Any:
     return jax.tree.structure(stored)
 
 
-def _load(path: Path, args: tuple) -> jax.stages.Compiled:
+class LoadedCall:
+    """A call loaded from the entry at `path`, called as the compiled call. If its first run fails in
+    XLA, the entry is deleted and the error raised, naming it: an entry that loads but cannot run (one
+    serialized without its code, see the module doc) would otherwise fail every run. This run cannot
+    retry: the failed call consumed its donated arguments."""
+
+    def __init__(self, compiled: jax.stages.Compiled, path: Path) -> None:
+        self.compiled, self.path, self.ran = compiled, path, False
+
+    def __call__(self, *args: Any) -> Any:
+        if self.ran:
+            return self.compiled(*args)
+        try:
+            out = self.compiled(*args)
+        except jax.errors.JaxRuntimeError as e:
+            self.path.unlink(missing_ok=True)
+            raise RuntimeError(f"jaxloop: the compiled call loaded from {self.path} failed on its first run "
+                               f"({e}); the entry is deleted, so the next run compiles the call afresh") from e
+        self.ran = True
+        return out
+
+    def __getattr__(self, name: str) -> Any:  # the compiled call's own attributes (cost_analysis, ...)
+        if name == "compiled":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.compiled, name)
+
+
+def _load(path: Path, args: tuple) -> LoadedCall:
     blob, stored = pickle.loads(path.read_bytes())
     compiled = serialize_executable.deserialize_and_load(blob, jax.tree.structure((args, {})), _output_tree(stored, args))
     try:
         os.utime(path)  # used now: eviction goes by modification time, least recent first
     except OSError:
         pass
-    return compiled
+    return LoadedCall(compiled, path)
 
 
 def _evict(directory: Path, max_bytes: int, keep: Path) -> None:
@@ -203,7 +231,7 @@ def _store(path: Path, compiled: jax.stages.Compiled, args: tuple) -> bool:
 
 
 def compile_cached(jitted: Any, args: tuple, directory: str | os.PathLike[str] | None, context: Any,
-                   max_bytes: int = MAX_BYTES) -> jax.stages.Compiled:
+                   max_bytes: int = MAX_BYTES) -> jax.stages.Compiled | LoadedCall:
     """jitted.lower(*args).compile(), or the executable a former run stored under the same key in
     `directory` (None: always compile). A call freshly compiled here is stored for the next run, and the
     least recently used entries beyond max_bytes are deleted.

@@ -284,6 +284,76 @@ def test_a_call_jax_s_persistent_cache_holds_is_stored_from_a_fresh_compile(tmp_
     assert int(new_entries) >= 1
 
 
+BROKEN_ENTRY = """
+import functools, sys, jax, jax.numpy as jnp
+from pathlib import Path
+from jaxloop import executables
+from jaxloop.compilation import enable_compilation_cache
+from jaxloop.executables import compile_cached, fingerprint
+enable_compilation_cache(sys.argv[1])
+def f(x):
+    return jnp.tanh(x)[:, None] * jnp.ones((3, 5)) + x.sum()
+x = jnp.arange(3.0)
+entry = Path(sys.argv[3]) / f"{fingerprint({}, (x,), jax.jit(f))}.exe"
+if sys.argv[2] == "store":
+    jax.jit(f).lower(x).compile()  # a fresh compile: JAX's cache now holds f
+    again = jax.jit(functools.wraps(f)(lambda x: f(x))).lower(x).compile()  # answered by JAX's cache
+    entry.parent.mkdir(exist_ok=True)
+    assert executables._store(entry, again, (x,))  # stored as compile_cached never would: without its code
+else:
+    class Loaded:  # f's identity (the key's), but no way to trace it: the call must be loaded
+        __wrapped__ = f
+    call = compile_cached(Loaded(), (x,), sys.argv[3], {})
+    try:
+        call(x)
+    except RuntimeError as e:
+        print(str(e).replace(chr(10), " "))
+    print(entry.exists())
+"""
+
+
+def test_an_entry_that_loads_but_fails_on_its_first_run_is_deleted(tmp_path: Path) -> None:
+    # Two processes, as two runs: the first stores an entry without its code (what the guard in
+    # compile_cached prevents), the second loads it and runs it.
+    def child(mode: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", BROKEN_ENTRY, str(tmp_path / "jax"), mode, str(tmp_path / "exe")],
+                              capture_output=True, text=True, timeout=120)
+
+    assert child("store").returncode == 0
+    out = child("load")
+    assert out.returncode == 0, out.stderr[-2000:]
+    message, left = out.stdout.strip().splitlines()[-2:]
+    assert "failed on its first run" in message and "not found" in message  # XLA's error, named
+    assert left == "False"  # deleted: the next run compiles the call afresh
+
+
+class FailingRun:
+    """A stand-in for a loaded executable whose runs raise what XLA raises for an executable missing its code."""
+
+    def __call__(self, *args: Any) -> Any:
+        raise jax.errors.JaxRuntimeError("NOT_FOUND: Function wrapped_tanh not found")
+
+
+def test_a_failure_after_a_first_good_run_leaves_the_entry(tmp_path: Path) -> None:
+    entry = tmp_path / "a.exe"
+    entry.write_bytes(b"entry")
+    call = executables.LoadedCall(lambda *args: args, entry)
+    call(1)
+    call.compiled = FailingRun()  # the same entry, now failing: not the entry's fault (it ran)
+    with pytest.raises(jax.errors.JaxRuntimeError):
+        call(1)
+    assert entry.exists()
+
+
+def test_arguments_of_the_wrong_type_leave_the_entry(tmp_path: Path) -> None:
+    compile_cached(jax.jit(fresh(step)), (fresh_state(), BATCH), tmp_path, {})
+    loaded = compile_cached(NoTracing(), (fresh_state(), BATCH), tmp_path, {})
+    with pytest.raises(TypeError):
+        loaded(fresh_state(), jnp.ones((5, 3)))  # refused before running: the caller's mistake, not the entry's
+    assert len(list(tmp_path.glob("*.exe"))) == 1
+    assert float(loaded(fresh_state(), BATCH)[1]["loss"]) > 0
+
+
 def _cfg(**fields: Any) -> Config:
     return replace(Config(preset="debug"), **fields)
 
