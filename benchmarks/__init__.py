@@ -265,3 +265,22 @@ the three JSON items, process CPU per save, medians of 10 alternating saves (202
 of one sync save: ten `asyncio` event loops started and about 16 threads (Orbax's own), 6 ms to
 delete the step that rotates out, 10 ms of finalising.
 """
+
+FINDINGS += """
+## The GPT's dots inside the step against alone (ctx 128 batch 32)
+
+`jax.profiler` trace of jaxloop's train_step, 2026-11-24 04:55-05:05Z (quiet), per call:
+
+- The dense dots inside the step take 3.2-7.5 ms each (72-168 GFLOP/s). The MLP's fc forward,
+  [4096,128] @ [128,512], takes 5.7-7.5 ms. Alone, jitted and timed without the profiler, the same
+  dot takes 3.24-3.42 ms (157-166 GFLOP/s). Alone, storing the weight as [out, in] (torch's layout)
+  and contracting its second axis gives the same time within 0.1 ms, so that layout would not help.
+  Little of the other thread's work overlaps these dots in the trace: 0-0.7 ms of 7, except 3.5 ms
+  for one qkv dot. Pinned to one core (`taskset -c 0`), the fc forward takes 11.6 ms inside the step
+  against 6.5 ms alone. So the dot runs about 1.8x slower inside the step on one core as on two: the
+  second core being taken is not the cause.
+- The batched attention scores, [32,4,128,32] @ [32,4,32,128], take 6.6-9.3 ms inside the step on
+  two cores and 6.7 ms on one. This dot does not use the second core. Alone it takes 2.45 ms. Split
+  into 2, 4 or 8 independent dots, for the executor to run side by side: 2.8-3.1 ms. Slower.
+- The whole step takes 415 ms on two cores and 739 ms on one.
+"""
