@@ -246,36 +246,53 @@ def test_no_directory_means_no_store(tmp_path: Path) -> None:
     assert float(compiled(fresh_state(), BATCH)[1]["loss"]) > 0
 
 
-WARM_JAX_CACHE = """
-import os, sys, jax, jax.numpy as jnp
+TWO_RUNS = """
+import functools, os, sys, jax, jax.numpy as jnp
+from pathlib import Path
+from jaxloop import executables
 from jaxloop.compilation import enable_compilation_cache
-from jaxloop.executables import compile_cached
-enable_compilation_cache(sys.argv[1])
+from jaxloop.executables import compile_cached, fingerprint
+jax_cache, mode, exe = sys.argv[1:4]
+enable_compilation_cache(jax_cache)
 def f(x):
     return jnp.tanh(x)[:, None] * jnp.ones((3, 5)) + x.sum()
 x = jnp.arange(3.0)
-if sys.argv[2] == "jax":
+class Loaded:  # f's identity (the key's), but no way to trace it: the call must be loaded
+    __wrapped__ = f
+if mode == "jax":
     jax.jit(f).lower(x).compile()  # JAX's persistent cache now holds f
-else:
-    compile_cached(jax.jit(f), (x,), sys.argv[3], {})  # a miss here: JAX's cache holds f
-    class Loaded:  # f's identity (the key's), but no way to trace it: the call must be loaded
-        __wrapped__ = f
-    print(compile_cached(Loaded(), (x,), sys.argv[3], {})(x).sum())
-    entries = len(os.listdir(sys.argv[1]))
+elif mode == "ours":
+    compile_cached(jax.jit(f), (x,), exe, {})  # a miss here: JAX's cache holds f
+    print(compile_cached(Loaded(), (x,), exe, {})(x).sum())
+    entries = len(os.listdir(jax_cache))
     jax.jit(lambda x: 7 * x + 1).lower(x).compile()  # JAX's cache, switched off for the recompile, is on again
-    print(len(os.listdir(sys.argv[1])) - entries)
+    print(len(os.listdir(jax_cache)) - entries)
+elif mode == "store code-less":
+    entry = Path(exe) / f"{fingerprint({}, (x,), jax.jit(f))}.exe"
+    jax.jit(f).lower(x).compile()  # a fresh compile: JAX's cache now holds f
+    again = jax.jit(functools.wraps(f)(lambda x: f(x))).lower(x).compile()  # answered by JAX's cache
+    entry.parent.mkdir(exist_ok=True)
+    assert executables._store(entry, again, (x,))  # stored as compile_cached never would: without its code
+else:  # run the stored call
+    try:
+        compile_cached(Loaded(), (x,), exe, {})(x)
+    except RuntimeError as e:
+        print(str(e).replace(chr(10), " "))
+    print(len(os.listdir(exe)))
 """
+
+
+def two_runs(tmp_path: Path, mode: str) -> subprocess.CompletedProcess:
+    """A fresh process, as one run: `mode` of TWO_RUNS over tmp_path's JAX cache and executables."""
+    return subprocess.run([sys.executable, "-c", TWO_RUNS, str(tmp_path / "jax"), mode, str(tmp_path / "exe")],
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_a_call_jax_s_persistent_cache_holds_is_stored_from_a_fresh_compile(tmp_path: Path) -> None:
     # Stored from the executable JAX loads from its cache, the call would come back without its code and
     # fail when run ("Function wrapped_tanh not found", jax 0.10 XLA:CPU); fresh processes, as in two runs.
-    def child(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", WARM_JAX_CACHE, str(tmp_path / "jax"), *argv],
-                              capture_output=True, text=True, timeout=120)
-
-    assert child("jax").returncode == 0
-    out = child("ours", str(tmp_path / "exe"))
+    assert two_runs(tmp_path, "jax").returncode == 0
+    out = two_runs(tmp_path, "ours")
     assert out.returncode == 0, out.stderr[-2000:]
     x = jnp.arange(3.0)
     expected = float(jnp.sum(jnp.tanh(x)[:, None] * jnp.ones((3, 5)) + x.sum()))  # f's value, compiled here
@@ -284,47 +301,15 @@ def test_a_call_jax_s_persistent_cache_holds_is_stored_from_a_fresh_compile(tmp_
     assert int(new_entries) >= 1
 
 
-BROKEN_ENTRY = """
-import functools, sys, jax, jax.numpy as jnp
-from pathlib import Path
-from jaxloop import executables
-from jaxloop.compilation import enable_compilation_cache
-from jaxloop.executables import compile_cached, fingerprint
-enable_compilation_cache(sys.argv[1])
-def f(x):
-    return jnp.tanh(x)[:, None] * jnp.ones((3, 5)) + x.sum()
-x = jnp.arange(3.0)
-entry = Path(sys.argv[3]) / f"{fingerprint({}, (x,), jax.jit(f))}.exe"
-if sys.argv[2] == "store":
-    jax.jit(f).lower(x).compile()  # a fresh compile: JAX's cache now holds f
-    again = jax.jit(functools.wraps(f)(lambda x: f(x))).lower(x).compile()  # answered by JAX's cache
-    entry.parent.mkdir(exist_ok=True)
-    assert executables._store(entry, again, (x,))  # stored as compile_cached never would: without its code
-else:
-    class Loaded:  # f's identity (the key's), but no way to trace it: the call must be loaded
-        __wrapped__ = f
-    call = compile_cached(Loaded(), (x,), sys.argv[3], {})
-    try:
-        call(x)
-    except RuntimeError as e:
-        print(str(e).replace(chr(10), " "))
-    print(entry.exists())
-"""
-
-
 def test_an_entry_that_loads_but_fails_on_its_first_run_is_deleted(tmp_path: Path) -> None:
-    # Two processes, as two runs: the first stores an entry without its code (what the guard in
-    # compile_cached prevents), the second loads it and runs it.
-    def child(mode: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", BROKEN_ENTRY, str(tmp_path / "jax"), mode, str(tmp_path / "exe")],
-                              capture_output=True, text=True, timeout=120)
-
-    assert child("store").returncode == 0
-    out = child("load")
+    # Fresh processes, as two runs: the first stores the executable JAX's cache answers with (without its
+    # code: what the guard in compile_cached prevents), the second loads it and runs it.
+    assert two_runs(tmp_path, "store code-less").returncode == 0
+    out = two_runs(tmp_path, "run")
     assert out.returncode == 0, out.stderr[-2000:]
     message, left = out.stdout.strip().splitlines()[-2:]
     assert "failed on its first run" in message and "not found" in message  # XLA's error, named
-    assert left == "False"  # deleted: the next run compiles the call afresh
+    assert left == "0"  # the entry is deleted: the next run compiles the call afresh
 
 
 class FailingRun:
