@@ -56,8 +56,13 @@ torch_ref runs as it does in its own loop, i.e. with torch.use_deterministic_alg
   transform), the worst grain / best-torch ratio over worker counts.
 - **checkpoint**: benchmarks/bench_checkpoint.py, the time an async save blocks the loop / a sync
   save's (goal <= 0.1), worst over state sizes.
-- **accel.{fp32,bf16}**: with a GPU, the GPT update and its model-FLOPs utilisation against the measured
-  matmul peak; without one, "unmeasured: no GPU".
+- **accel.{fp32,bf16}**: with a GPU, the GPT update (ctx 128, batch 32) of jaxloop against torch_ref eager
+  on the same GPU, interleaved (ratio = jaxloop / torch); the notes give jaxloop's model-FLOPs utilisation
+  against the GPU's measured 8192^3 matmul peak in that precision (fp32: full float32, no TF32, as
+  jaxloop's fp32 policy computes). Without a GPU, "unmeasured: no GPU". Run them where the GPU is and merge
+  the JSON: `python -m benchmarks --only accel --out gpu.json` there, then
+  `python -m benchmarks --from-json cpu.json gpu.json --markdown BENCHMARKS.md` (the header names the GPU
+  machine beside its rows).
 """
 
 FINDINGS = """

@@ -143,8 +143,9 @@ def table_cells(result: dict[str, Any]) -> list[list[str]]:
 def header_lines(result: dict[str, Any]) -> list[str]:
     m = result["machine"]
     v = ", ".join(f"{k} {val}" for k, val in m["versions"].items() if val)
-    return [
-        f"machine: {m['cpu']}, {m['cores']} cores, {m['platform']}; python {m['python']}",
+    lines = [
+        f"machine: {m['cpu']}, {m['cores']} cores{', ' + m['accelerator'] if m.get('accelerator') else ''}, "
+        f"{m['platform']}; python {m['python']}",
         f"versions: {v}",
         f"threads: XLA:CPU {m['threads']['xla_cpu']}; torch.set_num_threads({m['threads']['torch']}) "
         f"(children: OMP_NUM_THREADS={m['threads']['torch']})",
@@ -152,6 +153,10 @@ def header_lines(result: dict[str, Any]) -> list[str]:
         f"{' partly with --quick (rows marked [quick])' if m.get('quick') == 'mixed' else ''}; load average at start "
         f"{_load(m.get('load_avg_at_start'))}, at end {_load(m.get('load_avg_at_end'))}; harness {m.get('harness_s', 0):.0f} s",
     ]
+    for other in m.get("elsewhere", []):
+        lines.append(f"rows {', '.join(other['rows'])} measured on another machine: "
+                     + "; ".join(header_lines({"machine": other["machine"]})))
+    return lines
 
 
 def _load(v: Any) -> str:
@@ -192,21 +197,28 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _same_machine(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return all(a.get(k) == b.get(k) for k in ("cpu", "cores", "platform", "accelerator"))
+
+
 def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """One result from several runs: rows by name (later runs replace earlier ones), order of first sight."""
+    """One result from several runs: rows by name (later runs replace earlier ones), order of first sight.
+    The machine is the first run's; rows from a run on another machine (a GPU's) are listed with theirs."""
     rows: dict[str, dict[str, Any]] = {}
-    for res in results:
+    source: dict[str, int] = {}
+    for i, res in enumerate(results):
         quick = res["machine"].get("quick")
         for r in res["rows"]:
             r = dict(r)
             r.setdefault("mode", "quick" if quick else "full")
-            rows[r["name"]] = r
+            rows[r["name"]], source[r["name"]] = r, i
+    here = [res for res in results if _same_machine(res["machine"], results[0]["machine"])]
     machine = dict(results[0]["machine"])
-    if len({bool(res["machine"].get("quick")) for res in results}) > 1:
+    if len({bool(res["machine"].get("quick")) for res in here}) > 1:
         machine["quick"] = "mixed"
-    if len(results) > 1:
-        machine["time_utc"] = " + ".join(res["machine"]["time_utc"] for res in results)
-        machine["harness_s"] = sum(res["machine"].get("harness_s", 0) for res in results)
+    if len(here) > 1:
+        machine["time_utc"] = " + ".join(res["machine"]["time_utc"] for res in here)
+        machine["harness_s"] = sum(res["machine"].get("harness_s", 0) for res in here)
     order = {name: i for i, (name, _) in enumerate(registry())}
 
     def rank(r: dict[str, Any]) -> tuple[int, str]:
@@ -214,7 +226,12 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
         best = max((k for k in order if name == k or name.startswith(k + ".")), key=len, default=None)
         return (order[best] if best is not None else len(order), name)
 
-    return {"machine": machine, "rows": sorted(rows.values(), key=rank)}
+    ranked = sorted(rows.values(), key=rank)
+    elsewhere = [{"rows": [r["name"] for r in ranked if results[source[r["name"]]] is res], "machine": res["machine"]}
+                 for res in results if not any(res is h for h in here)]
+    if any(other["rows"] for other in elsewhere):
+        machine["elsewhere"] = [other for other in elsewhere if other["rows"]]
+    return {"machine": machine, "rows": ranked}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", metavar="FILE.md", help="write the results as the BENCHMARKS.md record")
     p.add_argument("--from-json", metavar="FILE.json", nargs="+",
                    help="take the results from saved --out files, run nothing (several: rows merged by name, later "
-                        "files win; machine from the first)")
+                        "files win; machine from the first, rows run on another machine named with theirs)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores, as XLA:CPU)")
     p.add_argument("--list", action="store_true", help="print the row names and exit")
     args = p.parse_args(argv)

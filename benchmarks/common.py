@@ -103,10 +103,22 @@ def machine() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
+        "accelerator": accelerator(),
         "versions": versions,
         "load_avg_at_start": load,
         "time_utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
     }
+
+
+def accelerator() -> str | None:
+    """The first JAX device's kind when it is no CPU (e.g. "NVIDIA H100 80GB HBM3"), else None."""
+    try:
+        import jax
+
+        device = jax.devices()[0]
+    except RuntimeError:
+        return None
+    return None if device.platform == "cpu" else device.device_kind
 
 
 def gpu_present() -> bool:

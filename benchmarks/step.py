@@ -101,20 +101,24 @@ class JaxUpdate:
 class TorchUpdate:
     """torch_ref.step.train_update over K micro-batches (eager, or the model under torch.compile)."""
 
-    def __init__(self, cfg, splits, batches, init_params, compiled: bool = False):
+    def __init__(self, cfg, splits, batches, init_params, compiled: bool = False, device: str = "cpu"):
         import torch
 
         from torch_ref.state import create_train_state
 
-        self.state = create_train_state(cfg, splits, init_params=init_params, device="cpu")
+        self.state = create_train_state(cfg, splits, init_params=init_params, device=device)
         if compiled:
             self.state.model = torch.compile(self.state.model)
         self.K = cfg.optim.accum_steps
-        self.batches = [(torch.from_numpy(np.ascontiguousarray(b["x"])), torch.from_numpy(np.ascontiguousarray(b["y"])))
-                        for b in batches]
+        self.device = torch.device(device)
+        # on the device already, as jaxloop's batches are (device_put): both time the update, not the copy
+        self.batches = [(torch.from_numpy(np.ascontiguousarray(b["x"])).to(self.device),
+                         torch.from_numpy(np.ascontiguousarray(b["y"])).to(self.device)) for b in batches]
         self.i = 0
 
     def __call__(self, updates: int) -> float:
+        import torch
+
         from torch_ref.step import train_update
 
         t0 = time.perf_counter()
@@ -122,6 +126,8 @@ class TorchUpdate:
             micro = [self.batches[(self.i + k) % len(self.batches)] for k in range(self.K)]
             self.i += self.K
             train_update(self.state, micro)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()  # host waits for the GPU's queue (train_update's .item() calls already did)
         return (time.perf_counter() - t0) / updates
 
 

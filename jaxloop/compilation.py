@@ -17,6 +17,9 @@ from pathlib import Path
 
 import jax
 
+XLA_CACHES = "xla_gpu_per_fusion_autotune_cache_dir"
+"""The XLA caches JAX's cache directory also holds (jax_persistent_cache_enable_xla_caches)."""
+
 
 def enable_compilation_cache(path: str | os.PathLike[str]) -> Path:
     """Turn on JAX's persistent compilation cache in directory `path` (created); returns it.
@@ -29,8 +32,11 @@ def enable_compilation_cache(path: str | os.PathLike[str]) -> Path:
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)  # 0: cache every entry (-1 would disable)
-    try:  # newer jax: also cache the autotuning / kernel caches XLA keeps beside the executable
-        jax.config.update("jax_persistent_cache_enable_xla_caches", "all")
+    try:
+        # GPU only: keep XLA's per-fusion autotuning results beside the executables (JAX's documented
+        # setting). Never "all": it adds XLA's GPU kernel cache, with which an fp32 eval step compiled
+        # after the train step in one process died with CUDA_ERROR_ILLEGAL_INSTRUCTION on an H100.
+        jax.config.update("jax_persistent_cache_enable_xla_caches", XLA_CACHES)
     except (AttributeError, KeyError, ValueError):
         pass
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 import json
 
-from benchmarks.__main__ import COLUMNS, main, markdown, print_table, registry, run
+from benchmarks.__main__ import COLUMNS, main, markdown, merge, print_table, registry, run
 from benchmarks.common import Options
 
 
@@ -45,3 +45,24 @@ def test_every_row_is_listed_once():
     assert len(names) == len(set(names))
     for prefix in ("peak", "step.", "eval.", "loop.", "e2e.", "startup.", "memory.", "data", "checkpoint", "accel"):
         assert any(n.startswith(prefix) for n in names), prefix
+
+
+def _result(cpu: str, time_utc: str, *names: str) -> dict:
+    machine = {"cpu": cpu, "cores": 2, "platform": "Linux", "python": "3.11", "versions": {"jax": "0.10"},
+               "threads": {"xla_cpu": "all", "torch": 2}, "time_utc": time_utc, "harness_s": 10.0}
+    row = {"status": "ok", "jax": 1.0, "ref": 2.0, "unit": "ms", "ratio": 0.5, "goal": "info", "met": None,
+           "what": "w", "notes": ""}
+    return {"machine": machine, "rows": [dict(row, name=n) for n in names]}
+
+
+def test_merged_rows_from_another_machine_are_named_with_that_machine():
+    # rows in the table's order; the later EPYC run replaces loop.mlp.k1 and is the only one whose times join
+    gpu = _result("Xeon", "T2", "accel.fp32", "step.mlp.k1")
+    gpu["machine"]["accelerator"] = "NVIDIA H100"
+    merged = merge([_result("EPYC", "T1", "step.mlp.k1", "loop.mlp.k1"), gpu, _result("EPYC", "T3", "loop.mlp.k1")])
+    assert merged["machine"]["cpu"] == "EPYC" and merged["machine"]["time_utc"] == "T1 + T3"  # this machine's runs
+    (other,) = merged["machine"]["elsewhere"]
+    assert other["rows"] == ["step.mlp.k1", "accel.fp32"] and other["machine"]["accelerator"] == "NVIDIA H100"
+    out = io.StringIO()
+    print_table(merged, file=out)
+    assert "rows step.mlp.k1, accel.fp32 measured on another machine: machine: Xeon, 2 cores, NVIDIA H100" in out.getvalue()

@@ -175,6 +175,25 @@ def test_a_fresh_miss_fills_jax_s_persistent_cache_too(tmp_path: Path) -> None:
         reset_cache()
 
 
+def test_the_cache_keeps_xla_s_autotuning_results_but_not_its_gpu_kernel_cache(tmp_path: Path) -> None:
+    # "all" adds XLA's GPU kernel cache: with it, on an H100 (jax 0.11.2), the fp32 eval step compiled
+    # after the train step in one process died with CUDA_ERROR_ILLEGAL_INSTRUCTION. CPU runs never show
+    # it, so the setting itself is what this checks.
+    from jax._src.compilation_cache import reset_cache
+
+    from jaxloop.compilation import enable_compilation_cache
+
+    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_enable_xla_caches)
+    try:
+        jax.config.update("jax_persistent_cache_enable_xla_caches", "all")
+        enable_compilation_cache(tmp_path / "jax")
+        assert jax.config.jax_persistent_cache_enable_xla_caches == "xla_gpu_per_fusion_autotune_cache_dir"
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_persistent_cache_enable_xla_caches", before[1])
+        reset_cache()
+
+
 def test_a_damaged_entry_is_compiled_again_and_replaced(tmp_path: Path) -> None:
     compile_cached(jax.jit(fresh(step)), (fresh_state(), BATCH), tmp_path, {})
     (entry,) = tmp_path.glob("*.exe")
