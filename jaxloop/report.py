@@ -125,6 +125,11 @@ def _fmt(v: Any, digits: int = 4) -> str:
     return str(v)
 
 
+def _rate(v: float | None, digits: int) -> str:
+    """A rate in fixed point whatever its size (_fmt turns 1e5 and more into 1e+05 at one digit)."""
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
 def best_of(run: Run) -> dict[str, Any]:
     """The best validation metric: summary.json's when present, else recomputed from the eval records
     with the run's checkpoint.best_metric / best_mode (the first of equal values wins, as in the loop)."""
@@ -421,11 +426,11 @@ def render(run: Run, plots: dict[str, str]) -> str:
     # throughput and memory
     lines += ["", "## Throughput and memory", ""]
     rate_src = "summary.json" if run.summary and run.summary.get("updates_per_s") else "metrics.jsonl step times"
-    lines.append(f"- updates/s: {_fmt(tp['updates_per_s'], 2)} (training time only: compilation, evaluation "
+    lines.append(f"- updates/s: {_rate(tp['updates_per_s'], 2)} (training time only: compilation, evaluation "
                  f"and saving excluded; from {rate_src})")
-    lines.append(f"- samples/s: {_fmt(tp['samples_per_s'], 1)}")
+    lines.append(f"- samples/s: {_rate(tp['samples_per_s'], 1)}")
     if tp["tokens_per_s"] is not None:
-        lines.append(f"- tokens/s: {_fmt(tp['tokens_per_s'], 1)}")
+        lines.append(f"- tokens/s: {_rate(tp['tokens_per_s'], 1)}")
     lines.append(f"- median step time: {_fmt(tp['step_ms'], 2)} ms/update; median data wait: "
                  f"{_fmt(tp['data_wait_ms'], 3)} ms/update")
     lines.append(f"- peak memory: {format_bytes(peak)}"

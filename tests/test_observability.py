@@ -493,6 +493,15 @@ def test_sample_rejects_bad_input_with_one_line_and_status_2(debug_run, text_run
         assert captured.out == ""
 
 
+def test_the_report_prints_rates_in_fixed_point_however_large(text_run):
+    # A fast machine's tokens/s passes 1e5, where the report's general number format turns to 1e+05.
+    from jaxloop.report import load_run, render
+
+    run = load_run(text_run[0])
+    md = render(replace(run, summary=dict(run.summary, updates_per_s=4000.0)), plots={})
+    assert "- tokens/s: 1024000.0" in md and "- samples/s: 64000.0" in md and "- updates/s: 4000.00 " in md
+
+
 def test_text_run_report_shows_tokens_per_s(text_run):
     run_dir, summary, _ = text_run
     md = (run_dir / "report.md").read_text()  # the shakespeare preset writes the report at the end
