@@ -148,7 +148,7 @@ def header_lines(result: dict[str, Any]) -> list[str]:
         f"{m['platform']}; python {m['python']}",
         f"versions: {v}",
         f"threads: XLA:CPU {m['threads']['xla_cpu']}; torch.set_num_threads({m['threads']['torch']}) "
-        f"(children: OMP_NUM_THREADS={m['threads']['torch']})",
+        f"(children: OMP_NUM_THREADS={m['threads']['torch']}){'; XLA_FLAGS ' + m['xla_flags'] if m.get('xla_flags') else ''}",
         f"taken {m['time_utc']}{' with --quick' if m.get('quick') is True else ''}"
         f"{' partly with --quick (rows marked [quick])' if m.get('quick') == 'mixed' else ''}; load average at start "
         f"{_load(m.get('load_avg_at_start'))}, at end {_load(m.get('load_avg_at_end'))}; harness {m.get('harness_s', 0):.0f} s",
@@ -254,11 +254,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         result = merge([json.loads(Path(f).read_text()) for f in args.from_json])
     else:
+        from jaxloop.determinism import request_deterministic_ops
+        from loopcore.config import Config
         from jaxloop.host_memory import retain_freed_memory
 
         # The step rows run jaxloop and torch in this process: both get the allocator policy jaxloop.run
-        # sets for a run (children running either CLI have their own: jaxloop's sets it, torch_ref's not).
+        # sets for a run (children running either CLI have their own: jaxloop's sets it, torch_ref's not),
+        # and jaxloop's steps the XLA flags jaxloop.run sets (deterministic GPU kernels; nothing on a CPU).
         retain_freed_memory()
+        if Config().deterministic:
+            request_deterministic_ops()
         opts = Options(quick=args.quick)
         if args.threads:
             opts.threads = args.threads

@@ -104,6 +104,7 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "accelerator": accelerator(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "versions": versions,
         "load_avg_at_start": load,
         "time_utc": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),

@@ -23,6 +23,7 @@ from jax.sharding import Mesh
 from jaxloop.cadence import Cadence
 from jaxloop.checkpoint import Checkpointer, quiet_orbax
 from jaxloop.compilation import enable_compilation_cache
+from jaxloop.determinism import request_deterministic_ops
 from jaxloop.host_memory import retain_freed_memory
 from jaxloop.init_from import init_params_from
 from jaxloop.data import DevicePrefetcher, TrainLoader, val_batches
@@ -139,6 +140,8 @@ def run(cfg: Config, task: Task | None = None) -> dict[str, Any]:
     """Train `task` (default: the preset's built-in task) according to cfg; returns the summary
     written to run_dir/summary.json."""
     t_start = time.perf_counter()
+    if cfg.deterministic:
+        request_deterministic_ops()  # before jax starts a backend: XLA reads XLA_FLAGS once
     if cfg.precision == "fp64":
         jax.config.update("jax_enable_x64", True)
     validate(cfg, check_paths=task is None)

@@ -156,6 +156,7 @@ def run_metadata(cfg: Config) -> dict[str, Any]:
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "argv": sys.argv,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "started_unix": time.time(),
     }

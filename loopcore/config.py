@@ -190,6 +190,11 @@ class Config:
     retain_host_memory: bool = True
     """Keep memory the process frees for reuse (glibc malloc; jaxloop.host_memory): XLA:CPU's per-call
     buffers then do not page-fault afresh each update (the small GPT's update: 84 -> 49-59 ms here)."""
+    deterministic: bool = True
+    """GPU: ask XLA for deterministic kernels (XLA_FLAGS --xla_gpu_deterministic_ops=true, set before jax starts;
+    jaxloop.determinism), so that every process computes the same bits; without it a fresh compile picks
+    kernels by timing them. No effect on the CPU, which is deterministic already. torch_ref always asks torch
+    for deterministic algorithms."""
     compile_cache: str = "~/.cache/jaxloop/xla"
     """The compilation caches ("" = off): JAX's persistent cache, and for the built-in tasks the compiled calls
     stored by config and source (jaxloop.executables); a second run or a resume loads its compiled steps."""

@@ -161,6 +161,7 @@ def test_state_without_numpy_views_is_handed_over_as_a_device_copy(tmp_path):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # a copy: bit for bit
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="a GPU state is copied to the host for Orbax, not viewed")
 @pytest.mark.parametrize("async_save", [True, False])
 def test_a_cpu_state_is_handed_to_orbax_as_numpy_views_of_its_own_buffers(tmp_path, monkeypatch, async_save):
     # One process on the CPU: Orbax gets zero-copy NumPy views (its NumPy handler skips the jax.Array

@@ -422,8 +422,8 @@ def test_metadata_holds_commit_config_packages_devices_cpu_and_host(debug_run):
     run_dir, _, _ = debug_run
     md = json.loads((run_dir / "metadata.json").read_text())
     for key in ("git_commit", "git_dirty", "config", "packages", "python", "devices", "device_kind", "backend",
-                "process_count", "memory_source", "cpu", "cpu_count", "host", "platform", "argv", "started",
-                "started_unix"):
+                "process_count", "memory_source", "cpu", "cpu_count", "host", "platform", "argv", "xla_flags",
+                "started", "started_unix"):
         assert key in md, key
     assert md["config"] == json.loads((run_dir / "config.json").read_text())
     assert md["packages"]["jax"] == jax.__version__ and md["packages"]["flax"]

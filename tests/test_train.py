@@ -29,6 +29,19 @@ def debug_run(tmp_path_factory):
     return run_dir
 
 
+def test_the_cli_asks_xla_for_deterministic_gpu_kernels_and_records_the_flags(debug_run):
+    # jaxloop.determinism: set before jax starts its backend, so the CLI's XLA reads it
+    flags = json.loads((debug_run / "metadata.json").read_text())["xla_flags"]
+    assert "--xla_gpu_deterministic_ops=true" in flags.split()
+
+
+def test_no_deterministic_leaves_xla_flags_alone(tmp_path):
+    out = _cli(tmp_path, "--preset", "debug", "--steps", "4", "--eval_every", "4", "--no_deterministic",
+               "--compile_cache", "")
+    assert out.returncode == 0, out.stderr
+    assert "xla_gpu_deterministic_ops" not in json.loads((tmp_path / "metadata.json").read_text())["xla_flags"]
+
+
 def test_debug_preset_runs_end_to_end_and_writes_its_outputs(debug_run):
     for name in ("config.json", "metadata.json", "metrics.jsonl", "summary.json"):
         assert (debug_run / name).is_file(), name

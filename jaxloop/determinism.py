@@ -1,0 +1,41 @@
+"""Deterministic GPU kernels: the same config and seed give the same bits in every process.
+
+XLA:GPU picks a kernel for each matmul and fusion by timing candidates (autotuning) when it compiles, so
+two processes that each compile afresh may run different kernels and round differently: on an H100, two
+`--preset debug` runs with `--compile_cache ""` ended with different state digests, while runs with
+`--xla_gpu_deterministic_ops=true` (or sharing one cache) matched. torch_ref makes the same request of
+torch (`torch.use_deterministic_algorithms`). The CPU backend is deterministic already; the flag does
+nothing there.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+FLAG = "--xla_gpu_deterministic_ops"
+
+
+def request_deterministic_ops() -> bool:
+    """Add `--xla_gpu_deterministic_ops=true` to XLA_FLAGS unless XLA_FLAGS already sets it (either way: the
+    user's choice stands). Returns whether the request reached XLA, which reads XLA_FLAGS once, when jax
+    first starts a backend: a process that already used jax keeps what it started with."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if FLAG in flags:
+        return False
+    try:
+        from jax._src.xla_bridge import backends_are_initialized
+
+        started = backends_are_initialized()
+    except (ImportError, AttributeError):
+        started = True  # cannot tell: do not claim a flag XLA may never read
+    if started:
+        import jax
+
+        if jax.default_backend() == "gpu":
+            warnings.warn(f"jax started its GPU backend before jaxloop could set XLA_FLAGS={FLAG}=true: this "
+                          "run's kernels are chosen by timing and may differ from another process's; set it "
+                          "in the environment before jax is first used", stacklevel=3)
+        return False
+    os.environ["XLA_FLAGS"] = f"{flags} {FLAG}=true".strip()
+    return True
