@@ -203,22 +203,24 @@ def _same_machine(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     """One result from several runs: rows by name (later runs replace earlier ones), order of first sight.
-    The machine is the first run's; rows from a run on another machine (a GPU's) are listed with theirs."""
+    The machine is the first run's; rows from a run on another machine (a GPU's) are listed with theirs,
+    also when a run given is itself a merged one."""
     rows: dict[str, dict[str, Any]] = {}
-    source: dict[str, int] = {}
-    for i, res in enumerate(results):
+    measured_on: dict[str, dict[str, Any]] = {}
+    for res in results:
         quick = res["machine"].get("quick")
+        by_name = {name: other["machine"] for other in res["machine"].get("elsewhere", []) for name in other["rows"]}
         for r in res["rows"]:
             r = dict(r)
             r.setdefault("mode", "quick" if quick else "full")
-            rows[r["name"]], source[r["name"]] = r, i
-    here = [res for res in results if _same_machine(res["machine"], results[0]["machine"])]
-    machine = dict(results[0]["machine"])
-    if len({bool(res["machine"].get("quick")) for res in here}) > 1:
+            rows[r["name"]], measured_on[r["name"]] = r, by_name.get(r["name"], res["machine"])
+    here = [res["machine"] for res in results if _same_machine(res["machine"], results[0]["machine"])]
+    machine = {k: v for k, v in results[0]["machine"].items() if k != "elsewhere"}
+    if len({bool(m.get("quick")) for m in here}) > 1:
         machine["quick"] = "mixed"
     if len(here) > 1:
-        machine["time_utc"] = " + ".join(res["machine"]["time_utc"] for res in here)
-        machine["harness_s"] = sum(res["machine"].get("harness_s", 0) for res in here)
+        machine["time_utc"] = " + ".join(m["time_utc"] for m in here)
+        machine["harness_s"] = sum(m.get("harness_s", 0) for m in here)
     order = {name: i for i, (name, _) in enumerate(registry())}
 
     def rank(r: dict[str, Any]) -> tuple[int, str]:
@@ -227,10 +229,17 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
         return (order[best] if best is not None else len(order), name)
 
     ranked = sorted(rows.values(), key=rank)
-    elsewhere = [{"rows": [r["name"] for r in ranked if results[source[r["name"]]] is res], "machine": res["machine"]}
-                 for res in results if not any(res is h for h in here)]
-    if any(other["rows"] for other in elsewhere):
-        machine["elsewhere"] = [other for other in elsewhere if other["rows"]]
+    elsewhere: list[dict[str, Any]] = []  # one entry per other machine's run, in the order its rows come
+    for r in ranked:
+        m = measured_on[r["name"]]
+        if _same_machine(m, machine):
+            continue
+        entry = next((e for e in elsewhere if e["machine"] == m), None)
+        if entry is None:
+            elsewhere.append(entry := {"rows": [], "machine": m})
+        entry["rows"].append(r["name"])
+    if elsewhere:
+        machine["elsewhere"] = elsewhere
     return {"machine": machine, "rows": ranked}
 
 

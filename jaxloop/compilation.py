@@ -18,7 +18,9 @@ from pathlib import Path
 import jax
 
 XLA_CACHES = "xla_gpu_per_fusion_autotune_cache_dir"
-"""The XLA caches JAX's cache directory also holds (jax_persistent_cache_enable_xla_caches)."""
+"""The XLA caches JAX's cache directory holds (jax_persistent_cache_enable_xla_caches) where the setting
+asked for XLA's GPU kernel cache; JAX's own default, and any other choice a user made, stand."""
+KERNEL_CACHE = "xla_gpu_kernel_cache_file"
 
 
 def enable_compilation_cache(path: str | os.PathLike[str]) -> Path:
@@ -33,10 +35,11 @@ def enable_compilation_cache(path: str | os.PathLike[str]) -> Path:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)  # 0: cache every entry (-1 would disable)
     try:
-        # GPU only: keep XLA's per-fusion autotuning results beside the executables (JAX's documented
-        # setting). Never "all": it adds XLA's GPU kernel cache, with which an fp32 eval step compiled
+        # GPU only. Never XLA's GPU kernel cache ("all" includes it): with it, an fp32 eval step compiled
         # after the train step in one process died with CUDA_ERROR_ILLEGAL_INSTRUCTION on an H100.
-        jax.config.update("jax_persistent_cache_enable_xla_caches", XLA_CACHES)
+        chosen = jax.config.jax_persistent_cache_enable_xla_caches
+        if chosen == "all" or KERNEL_CACHE in str(chosen).split(","):
+            jax.config.update("jax_persistent_cache_enable_xla_caches", XLA_CACHES)
     except (AttributeError, KeyError, ValueError):
         pass
     try:

@@ -3,7 +3,7 @@
 XLA:GPU picks a kernel for each matmul and fusion by timing candidates (autotuning) when it compiles, so
 two processes that each compile afresh may run different kernels and round differently: on an H100, two
 `--preset debug` runs with `--compile_cache ""` ended with different state digests, while runs with
-`--xla_gpu_deterministic_ops=true` (or sharing one cache) matched. torch_ref makes the same request of
+`--xla_gpu_deterministic_ops=true` matched. torch_ref makes the same request of
 torch (`torch.use_deterministic_algorithms`). The CPU backend is deterministic already; the flag does
 nothing there.
 """
@@ -16,20 +16,24 @@ import warnings
 FLAG = "--xla_gpu_deterministic_ops"
 
 
+def names_flag(flags: str, flag: str = FLAG) -> bool:
+    """Whether the XLA_FLAGS string sets `flag` itself (whole name: `--xla_gpu_exclude_nondeterministic_ops`
+    is another flag)."""
+    return any(token.split("=", 1)[0] == flag for token in flags.split())
+
+
 def request_deterministic_ops() -> bool:
     """Add `--xla_gpu_deterministic_ops=true` to XLA_FLAGS unless XLA_FLAGS already sets it (either way: the
     user's choice stands). Returns whether the request reached XLA, which reads XLA_FLAGS once, when jax
     first starts a backend: a process that already used jax keeps what it started with."""
     flags = os.environ.get("XLA_FLAGS", "")
-    if FLAG in flags:
+    if names_flag(flags):
         return False
     try:
         from jax._src.xla_bridge import backends_are_initialized
-
-        started = backends_are_initialized()
-    except (ImportError, AttributeError):
-        started = True  # cannot tell: do not claim a flag XLA may never read
-    if started:
+    except ImportError:
+        return False  # cannot tell whether XLA read XLA_FLAGS already: claim nothing, and start nothing
+    if backends_are_initialized():
         import jax
 
         if jax.default_backend() == "gpu":

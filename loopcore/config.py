@@ -466,9 +466,12 @@ def _writable_dir(name: str, path: str) -> None:
         raise ConfigError(name, path, f"a writable directory ({probe} is not writable)")
 
 
-# Fields a resumed run may change: they do not alter the computed trajectory.
+# Fields a resumed run may change: they do not alter the computed trajectory. `deterministic` chooses how
+# XLA:GPU picks kernels, not what they compute (and a run saved before the field existed lacks it); the
+# compiled calls' key holds XLA_FLAGS, so it still tells the two kinds of executable apart.
 RESUME_SAFE = (
     "run_dir", "resume", "allow_steps_change", "compile_cache", "retain_host_memory", "eval_every", "log_every",
+    "deterministic",
     "updates_per_call", "max_bad_steps", "patience", "init_from",
     "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed.",
 )

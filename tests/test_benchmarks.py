@@ -56,13 +56,26 @@ def _result(cpu: str, time_utc: str, *names: str) -> dict:
 
 
 def test_merged_rows_from_another_machine_are_named_with_that_machine():
-    # rows in the table's order; the later EPYC run replaces loop.mlp.k1 and is the only one whose times join
-    gpu = _result("Xeon", "T2", "accel.fp32", "step.mlp.k1")
-    gpu["machine"]["accelerator"] = "NVIDIA H100"
+    # later runs replace earlier rows by name: the GPU run's step.mlp.k1 replaces T1's, T3's loop.mlp.k1
+    # replaces T1's; only this machine's runs (T1, T3) make up its time and harness seconds
+    gpu = _result("EPYC", "T2", "accel.fp32", "step.mlp.k1")
+    gpu["machine"]["accelerator"] = "NVIDIA H100"  # the same CPU, but a GPU beside it: another machine
     merged = merge([_result("EPYC", "T1", "step.mlp.k1", "loop.mlp.k1"), gpu, _result("EPYC", "T3", "loop.mlp.k1")])
-    assert merged["machine"]["cpu"] == "EPYC" and merged["machine"]["time_utc"] == "T1 + T3"  # this machine's runs
+    assert merged["machine"]["cpu"] == "EPYC" and merged["machine"]["time_utc"] == "T1 + T3"
+    assert merged["machine"]["harness_s"] == 20.0
     (other,) = merged["machine"]["elsewhere"]
     assert other["rows"] == ["step.mlp.k1", "accel.fp32"] and other["machine"]["accelerator"] == "NVIDIA H100"
     out = io.StringIO()
     print_table(merged, file=out)
-    assert "rows step.mlp.k1, accel.fp32 measured on another machine: machine: Xeon, 2 cores, NVIDIA H100" in out.getvalue()
+    assert "rows step.mlp.k1, accel.fp32 measured on another machine: machine: EPYC, 2 cores, NVIDIA H100" in out.getvalue()
+
+
+def test_merged_rows_a_later_run_here_takes_back_from_another_machine_are_this_machine_s():
+    gpu = _result("Xeon", "T2", "accel.fp32", "step.mlp.k1")
+    gpu["machine"]["accelerator"] = "NVIDIA H100"
+    merged = merge([_result("EPYC", "T1", "loop.mlp.k1"), gpu, _result("EPYC", "T3", "step.mlp.k1")])
+    (other,) = merged["machine"]["elsewhere"]
+    assert other["rows"] == ["accel.fp32"]
+    # a merged result merged again (a record rewritten from its JSON) keeps which rows came from where
+    again = merge([merged])
+    assert again == merged

@@ -130,3 +130,16 @@ def _flatten(d, prefix=""):
         else:
             out[prefix + k] = v
     return out
+
+
+def test_a_run_saved_before_deterministic_existed_resumes_with_it_either_way():
+    # deterministic picks how XLA:GPU chooses kernels, not what the run computes: an older run's config.json
+    # (no such field) and a flipped value are no conflict, and the flip is still recorded as a change
+    from loopcore.config import changed_fields, resume_conflicts
+
+    older = {k: v for k, v in to_dict(Config()).items() if k != "deterministic"}
+    for deterministic in (True, False):
+        cfg = Config(deterministic=deterministic)
+        assert resume_conflicts(older, cfg) == []
+        assert changed_fields(older, cfg) == {"deterministic": [None, deterministic]}
+    assert resume_conflicts(older, Config(seed=1)) == ["seed: 0 -> 1"]

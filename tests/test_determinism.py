@@ -11,25 +11,41 @@ import warnings
 import jax
 import pytest
 
-from jaxloop.determinism import request_deterministic_ops
+from jaxloop.determinism import names_flag, request_deterministic_ops
 
 
 def test_before_jax_starts_the_flag_is_added_and_the_cpu_backend_accepts_it():
-    # a fresh process: XLA reads XLA_FLAGS when the first backend starts (an unknown flag would abort it)
+    # a fresh process: XLA reads XLA_FLAGS when the first backend starts (an unknown flag would abort it);
+    # a user's other flags are kept, ours is appended
     code = ("import os, jax; from jaxloop.determinism import request_deterministic_ops as r; "
             "print(r(), os.environ['XLA_FLAGS'], float(jax.numpy.ones(2).sum()))")
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}
+    other = "--xla_gpu_exclude_nondeterministic_ops=true"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"XLA_FLAGS": other}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "--xla_cpu_enable_fast_math=false", "--xla_gpu_deterministic_ops=true", "2.0"]
+    assert out.stdout.split() == ["True", other, "--xla_gpu_deterministic_ops=true", "2.0"]
 
 
-def test_a_users_own_setting_stands(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=false")
+@pytest.mark.parametrize("flags, named", [
+    ("--xla_gpu_deterministic_ops=false", True),
+    ("--xla_cpu_enable_fast_math=false   --xla_gpu_deterministic_ops", True),
+    ("--xla_gpu_exclude_nondeterministic_ops=true", False),  # another flag
+    ("--xla_dump_to=/tmp/--xla_gpu_deterministic_ops=true", False),  # a value that holds the name
+])
+def test_the_flag_is_recognised_by_its_whole_name(flags: str, named: bool):
+    assert names_flag(flags) is named
+
+
+@pytest.mark.parametrize("flags", ["--xla_gpu_deterministic_ops=false", "--xla_cpu_enable_fast_math=false --xla_gpu_deterministic_ops"])
+def test_a_users_own_setting_stands(monkeypatch: pytest.MonkeyPatch, flags: str):
+    # as if jax had not started: only the user's own flag can then stop the request
+    monkeypatch.setattr("jax._src.xla_bridge.backends_are_initialized", lambda: False)
+    monkeypatch.setenv("XLA_FLAGS", flags)
     assert request_deterministic_ops() is False
-    assert os.environ["XLA_FLAGS"] == "--xla_gpu_deterministic_ops=false"
+    assert os.environ["XLA_FLAGS"] == flags
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="on a GPU this warns, by design")
 def test_after_jax_started_nothing_is_claimed_and_a_cpu_run_is_not_warned(monkeypatch: pytest.MonkeyPatch):
     jax.devices()  # this process's backend is started
     monkeypatch.delenv("XLA_FLAGS", raising=False)

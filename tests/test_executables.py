@@ -185,9 +185,12 @@ def test_the_cache_keeps_xla_s_autotuning_results_but_not_its_gpu_kernel_cache(t
 
     before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_enable_xla_caches)
     try:
-        jax.config.update("jax_persistent_cache_enable_xla_caches", "all")
-        enable_compilation_cache(tmp_path / "jax")
-        assert jax.config.jax_persistent_cache_enable_xla_caches == "xla_gpu_per_fusion_autotune_cache_dir"
+        for asked, kept in [("all", "xla_gpu_per_fusion_autotune_cache_dir"),
+                            ("xla_gpu_kernel_cache_file", "xla_gpu_per_fusion_autotune_cache_dir"),
+                            ("none", "none")]:  # a user's choice without the kernel cache stands
+            jax.config.update("jax_persistent_cache_enable_xla_caches", asked)
+            enable_compilation_cache(tmp_path / "jax")
+            assert jax.config.jax_persistent_cache_enable_xla_caches == kept, asked
     finally:
         jax.config.update("jax_compilation_cache_dir", before[0])
         jax.config.update("jax_persistent_cache_enable_xla_caches", before[1])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -17,8 +18,10 @@ from parity_tests.oracle import lr_oracle as closed_form
 
 
 def _cli(run_dir: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """The CLI as a user starts it; without the test process's XLA_FLAGS, which the determinism tests read."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     return subprocess.run([sys.executable, "-m", "jaxloop.train", "--run_dir", str(run_dir), "--log.progress", "off",
-                           *args], capture_output=True, text=True, timeout=timeout)
+                           *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.fixture(scope="module")
