@@ -145,6 +145,13 @@ b64, K = 1, 1000 updates, log_every 10; `time.thread_time` / `process_time` per 
   `python benchmarks/bench_checkpoint.py --cpu --sizes mlp 512x6` (18:18Z, medians of 10 alternating
   sync saves): digits MLP 97.8 -> 55.4 ms of CPU per save (0.57), GPT 19M params 889 -> 588 ms (0.66). To keep saves every 100 updates within the <= 1.10 goal, a save would have to cost
   under ~4 ms of CPU; no Orbax configuration tried comes near (use_ocdbt=False 142 ms, zarr3 123 ms).
+  Nor can any state: Orbax's floor, the same Checkpointer saving one leaf of 4 floats with the same JSON
+  items, costs 21.0 ms of CPU per save (`python benchmarks/bench_checkpoint.py --cpu --sizes mlp`,
+  2026-11-25 00:35Z at b5a9374; the MLP state 38.2 ms as NumPy views, 60.5 ms as jax.Arrays), and a bare
+  `CheckpointManager` saving one `StandardSave` item of 4 floats 13.5 ms of CPU, 14.0 ms wall (one
+  item of the MLP's 36 leaves: 33.2 ms; the same bytes as one leaf: 15.0 ms). Packing the state into
+  one leaf would save the blocking but not the floor, and would cost the checkpoint its named arrays
+  and its sharded layout, so it was not done.
 - Re-measured 2026-11-24 00:45-00:55Z at 3ef9051 (quiet; `jaxloop.train.run`, 2000 updates, medians of
   3 alternating runs): saves every 100 updates, 0.70 ms per update by step_ms; no periodic save, 0.26 ms
   (the compiled update alone: 0.31 ms; a lax.scan of 50 updates, as the loop dispatches, 0.24 ms);
