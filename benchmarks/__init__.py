@@ -296,3 +296,29 @@ FINDINGS += """
   into 2, 4 or 8 independent dots, for the executor to run side by side: 2.8-3.1 ms. Slower.
 - The whole step takes 415 ms on two cores and 739 ms on one.
 """
+
+FINDINGS += """
+## The gpt128 step rows pay for jax's worker thread: 90,000 page faults per update
+
+`python benchmarks/bench_dispatch.py` (2026-11-25 03:26Z, the slower 2-core EPYC of that day, matmul peak
+196 GFLOP/s; fresh processes alternated, 3 rounds, the loop's host memory policy in both), ms per update,
+CPU calls on the dispatching thread (`jaxloop.host_memory.run_cpu_calls_inline`) / on jax's worker thread:
+
+| shape | one train_step per call (the step rows) | the loop's call (10 updates, lax.scan) |
+|---|---|---|
+| digits MLP b64 | 0.590 / 0.371 = 1.59 | 0.438 / 0.262 = 1.67 |
+| GPT ctx64 b12 | 41.1 / 39.8 = 1.03 | 38.1 / 39.8 = 0.96 |
+| GPT ctx128 b32 | 242.7 / 340.4 = 0.71 (faults 0 / 89,630) | 240.8 / 248.9 = 0.97 (faults 0 / 8,958) |
+
+- The 4-block GPT at ctx 128, batch 32 has 335 MB of temporaries per call. On jax's worker thread they
+  come from a glibc secondary arena, whose heaps hold at most 64 MiB, so every call mmaps them afresh
+  and faults every page in (strace: one 334,880,768-byte mmap and munmap per call). On the dispatching
+  thread they come from the main heap, which the policy keeps. The loop's call allocates them once per
+  10 updates, so inside the loop the update costs 249 ms, against 340 ms in row step.gpt128.k1.
+- Run inline, the small calls lose the overlap of Python with the call (the MLP 1.6x slower), so
+  neither the loop nor the step rows run inline; a research loop calling train_step one micro-batch at a
+  time on a model of this size should (README, Speed).
+- The policy now also takes blocks over 32 MiB from the heap (M_MMAP_MAX 0). Without it, once a small
+  long-lived allocation (a NumPy view of the state, in the probe) split the freed chunk, every later
+  call of the same update mmapped its 335 MB again, even on the dispatching thread.
+"""

@@ -22,6 +22,16 @@ def names_flag(flags: str, flag: str = FLAG) -> bool:
     return any(token.split("=", 1)[0] == flag for token in flags.split())
 
 
+def backend_started() -> bool | None:
+    """Whether jax has started a backend, which is when XLA reads XLA_FLAGS and jax its client settings
+    (None where this jax cannot tell). Asking starts nothing."""
+    try:
+        from jax._src.xla_bridge import backends_are_initialized
+    except ImportError:
+        return None
+    return bool(backends_are_initialized())
+
+
 def request_deterministic_ops() -> bool:
     """Add `--xla_gpu_deterministic_ops=true` to XLA_FLAGS unless XLA_FLAGS already sets it (either way: the
     user's choice stands). Returns whether the request reached XLA, which reads XLA_FLAGS once, when jax
@@ -29,11 +39,10 @@ def request_deterministic_ops() -> bool:
     flags = os.environ.get("XLA_FLAGS", "")
     if names_flag(flags):
         return False
-    try:
-        from jax._src.xla_bridge import backends_are_initialized
-    except ImportError:
+    started = backend_started()
+    if started is None:
         return False  # cannot tell whether XLA read XLA_FLAGS already: claim nothing, and start nothing
-    if backends_are_initialized():
+    if started:
         import jax
 
         if jax.default_backend() == "gpu":
