@@ -300,22 +300,23 @@ FINDINGS += """
 FINDINGS += """
 ## The gpt128 step rows pay for jax's worker thread: 90,000 page faults per update
 
-`python benchmarks/bench_dispatch.py` (2026-11-25 03:26Z, the slower 2-core EPYC of that day, matmul peak
+`python benchmarks/bench_dispatch.py` (2026-11-25 04:01Z, the slower 2-core EPYC of that day, matmul peak
 196 GFLOP/s; fresh processes alternated, 3 rounds, the loop's host memory policy in both), ms per update,
-CPU calls on the dispatching thread (`jaxloop.host_memory.run_cpu_calls_inline`) / on jax's worker thread:
+CPU calls on the dispatching thread (`jaxloop.host_memory.run_cpu_calls_inline`) / on jax's worker thread
+(a run at 03:26Z: the MLP 1.59 and 1.67, the GPT ctx 128 0.71 and 0.97):
 
 | shape | one train_step per call (the step rows) | the loop's call (10 updates, lax.scan) |
 |---|---|---|
-| digits MLP b64 | 0.590 / 0.371 = 1.59 | 0.438 / 0.262 = 1.67 |
-| GPT ctx64 b12 | 41.1 / 39.8 = 1.03 | 38.1 / 39.8 = 0.96 |
-| GPT ctx128 b32 | 242.7 / 340.4 = 0.71 (faults 0 / 89,630) | 240.8 / 248.9 = 0.97 (faults 0 / 8,958) |
+| digits MLP b64 | 0.362 / 0.330 = 1.10 | 0.304 / 0.219 = 1.39 |
+| GPT ctx64 b12 | 36.0 / 36.0 = 1.00 | 34.5 / 35.0 = 0.99 |
+| GPT ctx128 b32 | 261.1 / 367.7 = 0.71 (faults 0 / 89,592) | 266.0 / 280.2 = 0.95 (faults 0 / 8,952) |
 
 - The 4-block GPT at ctx 128, batch 32 has 335 MB of temporaries per call. On jax's worker thread they
   come from a glibc secondary arena, whose heaps hold at most 64 MiB, so every call mmaps them afresh
   and faults every page in (strace: one 334,880,768-byte mmap and munmap per call). On the dispatching
   thread they come from the main heap, which the policy keeps. The loop's call allocates them once per
-  10 updates, so inside the loop the update costs 249 ms, against 340 ms in row step.gpt128.k1.
-- Run inline, the small calls lose the overlap of Python with the call (the MLP 1.6x slower), so
+  10 updates, so inside the loop the update costs 280 ms, against 368 ms one call per update.
+- Run inline, the small calls lose the overlap of Python with the call (the MLP 1.1-1.7x slower), so
   neither the loop nor the step rows run inline; a research loop calling train_step one micro-batch at a
   time on a model of this size should (README, Speed).
 - The policy now also takes blocks over 32 MiB from the heap (M_MMAP_MAX 0). Without it, once a small

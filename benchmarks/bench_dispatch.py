@@ -20,7 +20,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,42 +34,24 @@ def child(shape: str, mode: str, blocks: int) -> dict[str, float]:
     retain_freed_memory()
     if mode == "inline" and not run_cpu_calls_inline():
         raise SystemExit("jax's backend started before run_cpu_calls_inline, or the environment chose")
-    import jax
-    import jax.numpy as jnp
-
-    from benchmarks.step import host_batches, make_cfg
-    from jaxloop.models import make_model
-    from jaxloop.step import cross_entropy_loss, make_train_step, scan_steps, train_step
-    from jaxloop.task import create_train_state
+    from benchmarks.step import JaxUpdate, host_batches, make_cfg
     from loopcore.sources import load_splits
 
     cfg = make_cfg(shape)
     splits = load_splits(cfg)
-    host = host_batches(cfg, splits, 2 * PER_CALL)
-    one = [jax.device_put(b) for b in host]
-    stacked = [jax.device_put({k: jnp.stack([b[k] for b in host[i:i + PER_CALL]]) for k in host[0]})
-               for i in (0, PER_CALL)]
-    fresh = lambda: create_train_state(cfg, make_model(cfg.model, splits.num_classes, cfg.precision),  # noqa: E731
-                                       splits.example_x)
-    calls = {"step": (train_step, one, 1),
-             "scan": (jax.jit(scan_steps(make_train_step(cross_entropy_loss)), donate_argnums=0), stacked, PER_CALL)}
+    batches = host_batches(cfg, splits, 2 * PER_CALL)
     updates = {"mlp": 200, "gpt64": 20, "gpt128": 4}[shape]
     out = {}
-    for name, (fn, batches, per_call) in calls.items():
-        state = fresh()
-        compiled = fn.lower(state, batches[0]).compile()
+    for name, per_call in (("step", 1), ("scan", PER_CALL)):
+        update = JaxUpdate(cfg, splits, batches, per_call)
+        update(updates)  # warm-up
         ms, faults = [], []
-        for block in range(blocks + 1):  # the first block warms up
-            n_calls = max(1, updates // per_call)
-            f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
-            for i in range(n_calls):
-                state, metrics = compiled(state, batches[i % len(batches)])
-            jax.block_until_ready((state, metrics))  # host waits for the block's last call
-            if block:
-                ms.append((time.perf_counter() - t0) * 1e3 / (n_calls * per_call))
-                faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / (n_calls * per_call))
+        for _ in range(blocks):
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            ms.append(1e3 * update(updates))
+            faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / (-(-updates // per_call) * per_call))
         out[f"{name}_ms"], out[f"{name}_faults"] = statistics.median(ms), statistics.median(faults)
-        del state, metrics
+        del update
     return out
 
 

@@ -66,36 +66,46 @@ def splits_for(opts: Options, shape: str):
 
 
 class JaxUpdate:
-    """K calls of the compiled (lowered + compiled ahead of time, as the loop does) train_step."""
+    """K calls of the compiled (lowered + compiled ahead of time, as the loop does) train_step; with
+    per_call > 1, the loop's call instead: one lax.scan (scan_steps) over K x per_call stacked micro-batches."""
 
-    def __init__(self, cfg, splits, batches):
+    def __init__(self, cfg, splits, batches, per_call: int = 1):
         import jax
+        import numpy as np
 
         from jaxloop.models import make_model
+        from jaxloop.step import cross_entropy_loss, make_train_step, scan_steps, train_step
         from jaxloop.task import create_train_state
-        from jaxloop.step import train_step
 
-        self.K = cfg.optim.accum_steps
+        self.K, self.per_call = cfg.optim.accum_steps, per_call
         model = make_model(cfg.model, splits.num_classes, cfg.precision)
         self.state = create_train_state(cfg, model, splits.example_x)
         self.init_params = jax.device_get(self.state.params)
+        step = train_step
+        if per_call > 1:
+            n = self.K * per_call
+            batches = [{k: np.stack([b[k] for b in batches[i:i + n]]) for k in batches[0]}
+                       for i in range(0, len(batches) - n + 1, n)]
+            step = jax.jit(scan_steps(make_train_step(cross_entropy_loss)), donate_argnums=0)
         self.batches = [jax.device_put(b) for b in batches]
         c0, t0 = time.process_time(), time.perf_counter()
-        self.step = train_step.lower(self.state, self.batches[0]).compile()
+        self.step = step.lower(self.state, self.batches[0]).compile()
         self.compile_s, self.compile_cpu_s = time.perf_counter() - t0, time.process_time() - c0
         self.flops = hlo_flops(self.step)
         self.i = 0
 
     def __call__(self, updates: int) -> float:
+        """Seconds per update over a block of `updates` (rounded up to whole calls)."""
         import jax
 
+        calls = -(-updates // self.per_call) if self.per_call > 1 else updates * self.K
         t0 = time.perf_counter()
         metrics = None
-        for _ in range(updates * self.K):
+        for _ in range(calls):
             self.state, metrics = self.step(self.state, self.batches[self.i % len(self.batches)])
             self.i += 1
-        jax.block_until_ready((self.state, metrics))
-        return (time.perf_counter() - t0) / updates
+        jax.block_until_ready((self.state, metrics))  # host waits for the block's last call
+        return (time.perf_counter() - t0) / (calls * self.per_call if self.per_call > 1 else updates)
 
 
 class TorchUpdate:
