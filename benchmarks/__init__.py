@@ -300,25 +300,39 @@ FINDINGS += """
 FINDINGS += """
 ## The gpt128 step rows pay for jax's worker thread: 90,000 page faults per update
 
-`python benchmarks/bench_dispatch.py` (2026-11-25 04:01Z, the slower 2-core EPYC of that day, matmul peak
-196 GFLOP/s; fresh processes alternated, 3 rounds, the loop's host memory policy in both), ms per update,
-CPU calls on the dispatching thread (`jaxloop.host_memory.run_cpu_calls_inline`) / on jax's worker thread
-(a run at 03:26Z: the MLP 1.59 and 1.67, the GPT ctx 128 0.71 and 0.97):
+`python benchmarks/bench_dispatch.py` (2026-11-25 06:20Z, the slower 2-core EPYC of that day, matmul peak
+196 GFLOP/s; glibc 2.36, transparent huge pages `madvise`; fresh processes alternated, 3 rounds, the
+loop's host memory policy in all), ms per update and its ratio to jax's worker thread (its default):
+CPU calls on the dispatching thread (`jaxloop.host_memory.run_cpu_calls_inline`), on the worker thread
+with glibc's huge pages for mmapped blocks (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`), and on the worker
+thread with one malloc arena for every thread (`MALLOC_ARENA_MAX=1`):
 
-| shape | one train_step per call (the step rows) | the loop's call (10 updates, lax.scan) |
-|---|---|---|
-| digits MLP b64 | 0.362 / 0.330 = 1.10 | 0.304 / 0.219 = 1.39 |
-| GPT ctx64 b12 | 36.0 / 36.0 = 1.00 | 34.5 / 35.0 = 0.99 |
-| GPT ctx128 b32 | 261.1 / 367.7 = 0.71 (faults 0 / 89,592) | 266.0 / 280.2 = 0.95 (faults 0 / 8,952) |
+| shape | worker thread | inline | huge pages | one arena |
+|---|---|---|---|---|
+| digits MLP b64, one train_step per call (the step rows) | 0.274 | 0.355 = 1.30 | 0.267 = 0.97 | 0.426 = 1.55 |
+| digits MLP b64, the loop's call (10 updates, lax.scan) | 0.210 | 0.234 = 1.11 | 0.205 = 0.97 | 0.266 = 1.26 |
+| GPT ctx64 b12, one train_step per call | 34.5 | 36.6 = 1.06 | 35.3 = 1.02 | 38.8 = 1.13 |
+| GPT ctx64 b12, the loop's call | 34.1 | 34.6 = 1.01 | 35.2 = 1.03 | 38.2 = 1.12 |
+| GPT ctx128 b32, one train_step per call | 316.0 (faults 89,082) | 240.5 = 0.76 (0) | 263.3 = 0.83 (641) | 286.3 = 0.91 (8,206) |
+| GPT ctx128 b32, the loop's call | 246.7 (faults 8,927) | 230.1 = 0.93 (0) | 250.9 = 1.02 (54) | 239.7 = 0.97 (0) |
 
 - The 4-block GPT at ctx 128, batch 32 has 335 MB of temporaries per call. On jax's worker thread they
   come from a glibc secondary arena, whose heaps hold at most 64 MiB, so every call mmaps them afresh
   and faults every page in (strace: one 334,880,768-byte mmap and munmap per call). On the dispatching
   thread they come from the main heap, which the policy keeps. The loop's call allocates them once per
-  10 updates, so inside the loop the update costs 280 ms, against 368 ms one call per update.
-- Run inline, the small calls lose the overlap of Python with the call (the MLP 1.1-1.7x slower), so
-  neither the loop nor the step rows run inline; a research loop calling train_step one micro-batch at a
-  time on a model of this size should (README, Speed).
+  10 updates, so inside the loop the update costs 247 ms, against 316 ms one call per update.
+- Run inline, the small calls lose the overlap of Python with the call (the MLP 1.1-1.3x slower; a run
+  at 03:26Z had 1.59 and 1.67), so neither the loop nor the step rows run inline.
+- Huge pages leave the mmaps but fault 2 MiB at a time (641 faults instead of 89,082), and cost the
+  small calls nothing. glibc reads the tunable only at process start, so a run cannot set it for
+  itself; a research loop calling train_step one micro-batch at a time on a model of this size can
+  start with it, or run inline (README, "Your own loop" and Speed).
+- One arena for every thread (tried as the loop's policy, mallopt M_ARENA_MAX 1 before jax starts its
+  threads) puts jax's workers on the main heap's lock beside Python's thread: the MLP's calls 1.3-1.6x
+  slower. Its heap still faults now and then, when a small allocation has split the freed 335 MB and the
+  next call's temporaries land above it. `python -m benchmarks --only step --only loop` at HEAD and then
+  with (M_ARENA_MAX, 1) added to `jaxloop.host_memory.SETTINGS` (05:50-06:10Z, uncommitted) took
+  step.gpt128.k1 from 1.74 to 1.18 but step.mlp.k4 from 0.457 to 0.731, so it was not kept.
 - The policy now also takes blocks over 32 MiB from the heap (M_MMAP_MAX 0). Without it, once a small
   long-lived allocation (a NumPy view of the state, in the probe) split the freed chunk, every later
   call of the same update mmapped its 335 MB again, even on the dispatching thread.

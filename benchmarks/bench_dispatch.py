@@ -1,14 +1,17 @@
-"""jax's CPU calls on a worker thread (its default) against on the dispatching thread (run_cpu_calls_inline).
+"""Where a CPU call's temporaries come from: jax's worker thread (its default) against the dispatching
+thread (run_cpu_calls_inline), glibc's transparent huge pages, and one malloc arena for every thread.
 
-Each contender is a fresh process (jax reads the setting when it starts its backend), both with the
-loop's host memory policy (jaxloop.host_memory.retain_freed_memory), alternated over rounds on the same
-batches: the update as your own loop would call it (K = 1: one compiled train_step per micro-batch, as
-row step.* of `python -m benchmarks`) and as jaxloop's loop calls it (one call of 10 updates, a lax.scan).
-Printed per shape: ms per update (median over rounds) and the page faults per update, which is where
-the worker thread's time goes for calls whose temporaries outgrow glibc's secondary-arena heaps (64 MiB).
+Each contender is a fresh process (jax reads the dispatch setting when it starts its backend, glibc its
+tunables when the process starts), all with the loop's host memory policy
+(jaxloop.host_memory.retain_freed_memory), alternated over rounds on the same batches: the update as your
+own loop would call it (K = 1: one compiled train_step per micro-batch, as row step.* of `python -m
+benchmarks`) and as jaxloop's loop calls it (one call of 10 updates, a lax.scan). Printed per shape:
+ms per update (median over rounds), the page faults per update, which is where the worker thread's time
+goes for calls whose temporaries outgrow glibc's secondary-arena heaps (64 MiB), and each contender's
+time over the worker thread's.
 
-    python benchmarks/bench_dispatch.py                       # about 3 minutes on 2 cores
-    python benchmarks/bench_dispatch.py --shapes gpt128 --rounds 5
+    python benchmarks/bench_dispatch.py                       # about 12 minutes on 2 cores
+    python benchmarks/bench_dispatch.py --shapes gpt128 --modes worker hugepages --rounds 5
 """
 
 from __future__ import annotations
@@ -20,10 +23,17 @@ import resource
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-MODES = ("worker", "inline")
+# name: (environment added at process start, run_cpu_calls_inline)
+MODES = {
+    "worker": ({}, False),  # jax's default: calls on its worker thread, allocating from a secondary arena
+    "inline": ({}, True),
+    "hugepages": ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}, False),  # mmapped blocks madvised huge (glibc >= 2.35)
+    "one-arena": ({"MALLOC_ARENA_MAX": "1"}, False),  # every thread allocates from the main heap, under one lock
+}
 PER_CALL = 10  # updates in one of the loop's calls (its lax.scan over stacked micro-batches)
 
 
@@ -32,7 +42,7 @@ def child(shape: str, mode: str, blocks: int) -> dict[str, float]:
     from jaxloop.host_memory import retain_freed_memory, run_cpu_calls_inline
 
     retain_freed_memory()
-    if mode == "inline" and not run_cpu_calls_inline():
+    if MODES[mode][1] and not run_cpu_calls_inline():
         raise SystemExit("jax's backend started before run_cpu_calls_inline, or the environment chose")
     from benchmarks.step import JaxUpdate, host_batches, make_cfg
     from loopcore.sources import load_splits
@@ -55,9 +65,18 @@ def child(shape: str, mode: str, blocks: int) -> dict[str, float]:
     return out
 
 
+def child_env(mode: str) -> dict[str, str]:
+    """The caller's environment without a dispatch choice, with the mode's glibc settings added."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_CPU_ENABLE_ASYNC_DISPATCH"}
+    for key, value in MODES[mode][0].items():
+        env[key] = f"{env[key]}:{value}" if key == "GLIBC_TUNABLES" and env.get(key) else value
+    return env
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", nargs="+", default=["mlp", "gpt64", "gpt128"])
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--blocks", type=int, default=3, help="timed blocks per child")
     p.add_argument("--child", nargs=2, metavar=("SHAPE", "MODE"), help=argparse.SUPPRESS)
@@ -65,21 +84,25 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(*args.child, args.blocks)))
         return
-    env = {k: v for k, v in os.environ.items() if k != "JAX_CPU_ENABLE_ASYNC_DISPATCH"}
-    print(f"{'shape':8} {'mode':7} {'step ms':>9} {'faults':>8} {'scan ms':>9} {'faults':>8}   (per update)")
+    modes = ["worker", *(m for m in args.modes if m != "worker")]  # the baseline of every ratio
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    print(f"glibc {os.confstr('CS_GNU_LIBC_VERSION') if hasattr(os, 'confstr') else '?'}; transparent huge pages: "
+          f"{thp.read_text().strip() if thp.exists() else 'absent'}")
+    print(f"{'shape':8} {'mode':9} {'step ms':>9} {'faults':>8} {'/worker':>7} {'scan ms':>9} {'faults':>8} {'/worker':>7}"
+          "   (per update)")
     for shape in args.shapes:
-        runs = {m: [] for m in MODES}
+        runs = {m: [] for m in modes}
         for _ in range(args.rounds):
-            for mode in MODES:
+            for mode in modes:
                 out = subprocess.run([sys.executable, __file__, "--child", shape, mode, "--blocks", str(args.blocks)],
-                                     capture_output=True, text=True, env=env, check=True)
+                                     capture_output=True, text=True, env=child_env(mode), check=True)
                 runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
-        med = {m: {k: statistics.median(r[k] for r in runs[m]) for k in runs[m][0]} for m in MODES}
-        for mode in MODES:
+        med = {m: {k: statistics.median(r[k] for r in runs[m]) for k in runs[m][0]} for m in modes}
+        base = med["worker"]
+        for mode in modes:
             m = med[mode]
-            print(f"{shape:8} {mode:7} {m['step_ms']:9.3f} {m['step_faults']:8.0f} {m['scan_ms']:9.3f} {m['scan_faults']:8.0f}")
-        print(f"{shape:8} inline/worker: step {med['inline']['step_ms'] / med['worker']['step_ms']:.2f}, "
-              f"scan {med['inline']['scan_ms'] / med['worker']['scan_ms']:.2f}")
+            print(f"{shape:8} {mode:9} {m['step_ms']:9.3f} {m['step_faults']:8.0f} {m['step_ms'] / base['step_ms']:7.2f} "
+                  f"{m['scan_ms']:9.3f} {m['scan_faults']:8.0f} {m['scan_ms'] / base['scan_ms']:7.2f}")
 
 
 if __name__ == "__main__":

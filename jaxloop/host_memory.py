@@ -17,7 +17,9 @@ more temporaries than that (335 MB for the 4-block GPT at context 128, batch 32)
 faults it all in on every call (90,000 page faults per update). `run_cpu_calls_inline` runs calls on the
 dispatching thread instead, which allocates from the main heap; it costs the overlap of Python with the
 call, so it pays for large calls made one update at a time (your own loop over train_step), not for the
-loop's, which run many updates per call (`python benchmarks/bench_dispatch.py`).
+loop's, which run many updates per call (`python benchmarks/bench_dispatch.py`). Starting the process
+with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 instead leaves the mmaps but faults them 2 MiB at a time, at
+no cost to small calls; glibc reads it only at process start, so nothing here can set it.
 """
 
 from __future__ import annotations
