@@ -295,6 +295,15 @@ FINDINGS += """
   two cores and 6.7 ms on one. This dot does not use the second core. Alone it takes 2.45 ms. Split
   into 2, 4 or 8 independent dots, for the executor to run side by side: 2.8-3.1 ms. Slower.
 - The whole step takes 415 ms on two cores and 739 ms on one.
+- Why (2026-11-25 06:32Z, `python benchmarks/profile_step.py --modes worker inline hugepages`, the
+  slower EPYC): on jax's worker thread the step's temporaries are mmapped afresh each call (next
+  finding), so the dots fault in the pages they write. Summed over XLA's threads, ms per update, worker
+  thread / inline / huge pages: wall 392.8 / 225.6 / 241.2, all thunks 334.1 / 179.1 / 191.0, the
+  YNNPACK fusions that hold the dots 204.0 / 132.4 / 135.8, the rest 130.2 / 46.7 / 55.2. The thunk
+  slowest on the worker thread, ynn_fusion.169, takes 7.44 ms there and 1.96 ms inline; a few others
+  (ynn_fusion.82, .93, .104: about 5.0 ms in every mode) do not move. Inline, thunks fill 179 of the
+  226 ms, and the step runs at about torch eager's speed (bench_dispatch: 240.5 ms; torch_ref eager
+  219.1 ms in the step rows of a `python -m benchmarks --only step` run at 05:50Z).
 """
 
 FINDINGS += """
