@@ -56,6 +56,9 @@ def child(shape: str, mode: str, calls: int) -> dict:
                 for event in line.events:
                     if EXECUTOR not in event.name:
                         thunks[event.name] += event.duration_ns / 1e6 / calls
+    if not thunks:
+        raise SystemExit(f"no thunk events on the trace's tf_XLAEigen threads (lines: "
+                         f"{sorted({line.name for plane in data.planes for line in plane.lines})}): has jax renamed them?")
     return {"ms": ms, "thunks": dict(thunks)}
 
 

@@ -79,3 +79,19 @@ def test_merged_rows_a_later_run_here_takes_back_from_another_machine_are_this_m
     # a merged result merged again (a record rewritten from its JSON) keeps which rows came from where
     again = merge([merged])
     assert again == merged
+
+
+def test_bench_dispatch_children_get_their_mode_s_glibc_settings_and_no_dispatch_choice(monkeypatch):
+    """Each contender's process starts with its own glibc setting, added to a GLIBC_TUNABLES the caller set
+    (glibc reads one variable, colon-separated), and without the caller's JAX_CPU_ENABLE_ASYNC_DISPATCH, which
+    would otherwise decide the dispatch for every contender alike."""
+    from benchmarks.bench_dispatch import child_env
+
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0")
+    monkeypatch.setenv("JAX_CPU_ENABLE_ASYNC_DISPATCH", "0")
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    huge, arena, worker = child_env("hugepages"), child_env("one-arena"), child_env("worker")
+    assert huge["GLIBC_TUNABLES"] == "glibc.malloc.tcache_count=0:glibc.malloc.hugetlb=1"
+    assert arena["MALLOC_ARENA_MAX"] == "1" and arena["GLIBC_TUNABLES"] == "glibc.malloc.tcache_count=0"
+    assert "MALLOC_ARENA_MAX" not in worker and worker["GLIBC_TUNABLES"] == "glibc.malloc.tcache_count=0"
+    assert not any("JAX_CPU_ENABLE_ASYNC_DISPATCH" in env for env in (huge, arena, worker))
