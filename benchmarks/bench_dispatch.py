@@ -10,7 +10,7 @@ ms per update (median over rounds), the page faults per update, which is where t
 goes for calls whose temporaries outgrow glibc's secondary-arena heaps (64 MiB), and each contender's
 time over the worker thread's.
 
-    python benchmarks/bench_dispatch.py                       # about 12 minutes on 2 cores
+    python benchmarks/bench_dispatch.py                       # about 10 minutes on 2 cores
     python benchmarks/bench_dispatch.py --shapes gpt128 --modes worker hugepages --rounds 5
 """
 
@@ -37,13 +37,19 @@ MODES = {
 PER_CALL = 10  # updates in one of the loop's calls (its lax.scan over stacked micro-batches)
 
 
-def child(shape: str, mode: str, blocks: int) -> dict[str, float]:
-    """In a fresh process: ms and page faults per update, separate calls and the loop's scanned call."""
+def start(mode: str) -> None:
+    """First thing in a contender's fresh process, before jax starts: the loop's host memory policy and
+    the mode's dispatch (its glibc settings came with the process's environment, child_env)."""
     from jaxloop.host_memory import retain_freed_memory, run_cpu_calls_inline
 
     retain_freed_memory()
     if MODES[mode][1] and not run_cpu_calls_inline():
         raise SystemExit("jax's backend started before run_cpu_calls_inline, or the environment chose")
+
+
+def child(shape: str, mode: str, blocks: int) -> dict[str, float]:
+    """In a fresh process: ms and page faults per update, separate calls and the loop's scanned call."""
+    start(mode)
     from benchmarks.step import JaxUpdate, host_batches, make_cfg
     from loopcore.sources import load_splits
 
@@ -67,7 +73,9 @@ def child(shape: str, mode: str, blocks: int) -> dict[str, float]:
 
 def child_env(mode: str) -> dict[str, str]:
     """The caller's environment without a dispatch choice, with the mode's glibc settings added."""
-    env = {k: v for k, v in os.environ.items() if k != "JAX_CPU_ENABLE_ASYNC_DISPATCH"}
+    from jaxloop.host_memory import ASYNC_DISPATCH
+
+    env = {k: v for k, v in os.environ.items() if k != ASYNC_DISPATCH.upper()}
     for key, value in MODES[mode][0].items():
         env[key] = f"{env[key]}:{value}" if key == "GLIBC_TUNABLES" and env.get(key) else value
     return env

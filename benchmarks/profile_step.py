@@ -23,18 +23,14 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.bench_dispatch import MODES, child_env  # noqa: E402
+from benchmarks.bench_dispatch import MODES, child_env, start  # noqa: E402
 
 EXECUTOR = "ThunkExecutor"  # the executor's own spans, which hold the thunks' (not counted twice)
 
 
 def child(shape: str, mode: str, calls: int) -> dict:
     """In a fresh process: ms per update, and ms per update of every thunk name summed over XLA's threads."""
-    from jaxloop.host_memory import retain_freed_memory, run_cpu_calls_inline
-
-    retain_freed_memory()
-    if MODES[mode][1] and not run_cpu_calls_inline():
-        raise SystemExit("jax's backend started before run_cpu_calls_inline, or the environment chose")
+    start(mode)
     import jax
     from jax.profiler import ProfileData
 
