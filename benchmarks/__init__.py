@@ -346,3 +346,43 @@ thread with one malloc arena for every thread (`MALLOC_ARENA_MAX=1`):
   long-lived allocation (a NumPy view of the state, in the probe) split the freed chunk, every later
   call of the same update mmapped its 335 MB again, even on the dispatching thread.
 """
+
+FINDINGS += """
+## What is left of the GPT update's time: its dots alone against the step goal
+
+`python benchmarks/dot_floor.py` (2026-11-25 07:30Z at baf775e, the slower 2-core EPYC, 1m26s): every
+dot of jaxloop's compiled train_step (75: XLA:CPU's optimized HLO, fused or not) timed alone, as the HLO
+states it and as the same B x [M, K] @ [K, N] product in the canonical layout (XLA:CPU and torch.matmul,
+the same 2 threads), summed, beside the update itself (jaxloop's compiled train_step and torch_ref's
+eager update, interleaved, 5 rounds). ms per update, and the ratio to torch eager's update:
+
+| | gpt64 (ctx 64, b12; 3.96 GFLOP) | gpt128 (ctx 128, b32; 22.75 GFLOP) |
+|---|---|---|
+| update, jaxloop | 35.22 = 0.79 | 323.71 = 1.47 |
+| update, torch_ref eager | 44.67 | 220.25 |
+| goal, 0.7x torch eager | 31.27 | 154.18 |
+| dots alone, as the HLO states them (XLA:CPU) | 31.44 = 0.70 | 209.21 = 0.95 |
+| dots alone, best of that and canonical (XLA:CPU) | 24.68 = 0.55 | 139.74 = 0.63 |
+| dots alone, canonical (torch.matmul) | 21.93 = 0.49 | 142.29 = 0.65 |
+| jaxloop's update outside its dots (vs the best) | 10.54 = 0.24 | 183.98 = 0.84 |
+| torch's update outside its dots | 22.74 = 0.51 | 77.97 = 0.35 |
+
+- Even with every dot in its fastest layout, the dots alone take 0.55x (gpt64) and 0.63x (gpt128) of
+  torch eager's whole update, so the 0.7x goal leaves 0.15x and 0.07x for everything else: the layer
+  norms, softmax, GELU, the loss, the optimizer over 52 leaves and the thunks' own overhead (about 850
+  thunks per call at gpt64). Torch spends 0.51x and 0.35x on those; jaxloop 0.24x at gpt64. At gpt128
+  jaxloop's remainder includes the worker thread's page faults (the finding above, "The gpt128 step rows pay for jax's
+  worker thread").
+- The gap between the HLO's layout and the canonical one (31.4 against 24.7 ms at gpt64) is in the
+  weight gradients: XLA:CPU contracts the activation's first axis against a transposed copy of the
+  output gradient. Tried (07:27Z, one process, interleaved over 7 rounds): a custom_vjp for the GPT's
+  Dense layers whose weight gradient materialises the activation's transpose behind
+  lax.optimization_barrier, which alone runs that product in 0.72 ms instead of 1.00 (gpt64's
+  [768,512]^T @ [768,128]) and 3.74 instead of 5.15 ms (gpt128's). Inside the step: gpt64 35.92 against
+  35.19 ms, gpt128 384.7 against 385.7 ms, so XLA:CPU already runs them its own way there; not kept.
+- Also tried at 07:15-07:25Z, fresh processes: `XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=` with
+  `dot,eltwise,reduce` 61.7-64.4 ms, `dot,eltwise` 65.2-65.6 ms, `dot,reduce` 35.0-40.3 ms against
+  33.7-34.9 ms for the default; and the ctx-64 loop (300 updates, 2 runs) over two host devices
+  (`--xla_force_host_platform_device_count=2`, the batch split between them): 35.3-37.6 ms per update
+  against 35.4-36.0 on one device, so XLA:CPU's second device does not run beside the first on 2 cores.
+"""

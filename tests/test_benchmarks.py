@@ -95,3 +95,30 @@ def test_bench_dispatch_children_get_their_mode_s_glibc_settings_and_no_dispatch
     assert arena["MALLOC_ARENA_MAX"] == "1" and arena["GLIBC_TUNABLES"] == "glibc.malloc.tcache_count=0"
     assert "MALLOC_ARENA_MAX" not in worker and worker["GLIBC_TUNABLES"] == "glibc.malloc.tcache_count=0"
     assert not any("JAX_CPU_ENABLE_ASYNC_DISPATCH" in env for env in (huge, arena, worker))
+
+
+def test_dot_floor_canonical_form_of_hand_worked_dimension_numbers():
+    from benchmarks.dot_floor import Dot
+
+    # attention scores as XLA:CPU states them: batch (b, h), contract d of both -> 48 products [64,32]@[32,64]
+    scores = Dot((12, 4, 64, 32), (12, 4, 32, 64), (((3,), (2,)), ((0, 1), (0, 1))))
+    assert scores.canonical() == (48, 64, 32, 64) and scores.flops == 2.0 * 48 * 64 * 32 * 64
+    # a weight gradient with both operands transposed: contract the lhs's first axis and the rhs's last
+    grad = Dot((768, 512), (128, 768), (((0,), (1,)), ((), ())))
+    assert grad.canonical() == (1, 512, 768, 128)
+
+
+def test_dot_floor_reads_every_dot_of_a_compiled_module_with_its_operand_shapes():
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks.dot_floor import hlo_dots
+
+    def f(a, b, x, y):
+        return a @ b, jnp.einsum("bij,bjk->bik", x, y)
+
+    args = (jnp.ones((32, 48)), jnp.ones((48, 16)), jnp.ones((4, 8, 24)), jnp.ones((4, 24, 40)))
+    dots = hlo_dots(jax.jit(f).lower(*args).compile().as_text())
+    # however XLA:CPU lays the products out, each keeps its batch and its M x K x N
+    assert sorted(d.flops for d in dots) == sorted([2.0 * 32 * 48 * 16, 2.0 * 4 * 8 * 24 * 40])
+    assert sorted(d.canonical()[0] for d in dots) == [1, 4]
