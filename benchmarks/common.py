@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import platform
 import statistics
@@ -69,6 +70,19 @@ def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, gap_s: 
             out[name].append(fn())
             time.sleep(gap_s)  # let the other runtime's spinning worker threads settle
     return out
+
+
+def sized_interleaved(contenders: dict[str, Callable[[int], float]], rounds: int, block_s: float,
+                      warm: tuple[int, int] = (1, 2), min_units: int = 1) -> dict[str, list[float]]:
+    """Warm each contender up (warm[0] units, then warm[1] to size it), give it blocks of about block_s,
+    and run those interleaved: seconds per unit, per round. A contender is called with a unit count."""
+    per = {}
+    for name, fn in contenders.items():
+        fn(warm[0])
+        per[name] = fn(warm[1])
+    sized = {name: (lambda fn=fn, n=max(min_units, math.ceil(block_s / max(per[name], 1e-6))): fn(n))
+             for name, fn in contenders.items()}
+    return interleaved(sized, rounds)
 
 
 # ----------------------------------------------------------------------------- machine

@@ -110,23 +110,17 @@ def measure(shape: str, rounds: int) -> dict:
     """The update (jaxloop, torch eager, interleaved) and its dots' times alone, in ms."""
     import torch
 
-    from benchmarks.common import Options, interleaved, median
-    from benchmarks.step import JaxUpdate, TorchUpdate, host_batches, make_cfg, splits_for
+    from benchmarks.common import median, sized_interleaved
+    from benchmarks.step import JaxUpdate, TorchUpdate, host_batches, make_cfg
+    from loopcore.sources import load_splits
 
     torch.set_num_threads(os.cpu_count() or 1)  # the same threads as XLA:CPU, as in the step rows
-    opts = Options()
     cfg = make_cfg(shape)
-    splits = splits_for(opts, shape)
+    splits = load_splits(cfg)
     batches = host_batches(cfg, splits, 4)
     jx = JaxUpdate(cfg, splits, batches)
-    ref = TorchUpdate(cfg, splits, batches, jx.init_params)
-    per = {}
-    for name, fn in (("jaxloop", jx), ("torch eager", ref)):
-        fn(1)
-        per[name] = fn(2)
-    sized = {name: (lambda fn=fn, u=max(1, math.ceil(1.0 / per[name])): fn(u))
-             for name, fn in (("jaxloop", jx), ("torch eager", ref))}
-    updates = {k: 1e3 * median(v) for k, v in interleaved(sized, rounds).items()}
+    contenders = {"jaxloop": jx, "torch eager": TorchUpdate(cfg, splits, batches, jx.init_params)}
+    updates = {k: 1e3 * median(v) for k, v in sized_interleaved(contenders, rounds, block_s=1.0).items()}
     dots = hlo_dots(jx.step.as_text())
     sums = {"xla as given": 0.0, "xla canonical": 0.0, "torch canonical": 0.0, "xla best": 0.0}
     for dot in dots:
@@ -142,9 +136,9 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", default=["gpt64", "gpt128"], choices=["gpt64", "gpt128"])
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
-    from jaxloop.host_memory import retain_freed_memory
+    from benchmarks.bench_dispatch import start
 
-    retain_freed_memory()  # the loop's host memory policy, as every step row has it
+    start("worker")  # the loop's host memory policy and jax's default dispatch, as the step rows have
     for shape in args.shapes:
         r = measure(shape, args.rounds)
         u, d = r["update_ms"], r["dots_ms"]

@@ -4,7 +4,6 @@ data and checkpoint benchmarks, and the accelerator rows."""
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from pathlib import Path
@@ -309,7 +308,7 @@ def accel_rows(opts: Options) -> list[Row]:
         try:
             import dataclasses
 
-            from benchmarks.common import interleaved
+            from benchmarks.common import sized_interleaved
             from benchmarks.step import JaxUpdate, TorchUpdate, analytic_flops, host_batches, make_cfg, splits_for
 
             cfg = dataclasses.replace(make_cfg("gpt128"), precision=precision)
@@ -322,13 +321,7 @@ def accel_rows(opts: Options) -> list[Row]:
                 contenders["torch eager"] = TorchUpdate(cfg, splits, batches, jx.init_params, device="cuda")
             except Exception as e:  # noqa: BLE001 - torch without CUDA: jaxloop's figures still stand
                 notes.append(f"torch_ref on CUDA failed: {type(e).__name__}: {' '.join(str(e).split())[:160]}")
-            per = {}
-            for name, fn in contenders.items():
-                fn(3)
-                per[name] = fn(10)
-            sized = {name: (lambda fn=fn, n=max(10, math.ceil(0.5 / max(per[name], 1e-6))): fn(n))
-                     for name, fn in contenders.items()}
-            times = interleaved(sized, rounds=5)
+            times = sized_interleaved(contenders, rounds=5, block_s=0.5, warm=(3, 10), min_units=10)
             med = {name: median(v) for name, v in times.items()}
             peak = _gpu_matmul_peak(precision)
             mfu = analytic_flops(cfg, splits.num_classes) / med["jaxloop"] / peak

@@ -11,13 +11,12 @@ per round, rounds interleaved (A B C A B C ...), median over rounds.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Any
 
 import numpy as np
 
-from benchmarks.common import TEXT, Options, Row, failed, interleaved, median
+from benchmarks.common import TEXT, Options, Row, failed, interleaved, median, sized_interleaved
 
 SHAPES = {
     "gpt128": {"kind": "gpt", "context": 128, "batch": 32, "label": "GPT ctx128 b32 (4x128)"},
@@ -230,15 +229,9 @@ def step_row(opts: Options, shape: str, accum: int) -> Row:
                 contenders["torch.compile"] = tc
             except Exception as e:  # noqa: BLE001 - reported in the table, not fatal
                 compile_note = f"torch.compile failed: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
-        # warm-up, then size the blocks so one block takes about block_s
-        per = {}
-        for name, fn in contenders.items():
-            fn(1)
-            per[name] = fn(1 if opts.smoke else 2)
-        block_s = 0.01 if opts.smoke else 0.3 if opts.quick else 1.0
-        sized = {name: (lambda fn=fn, n=max(1, math.ceil(block_s / max(per[name], 1e-6))): fn(n))
-                 for name, fn in contenders.items()}
-        times = interleaved(sized, rounds=1 if opts.smoke else 3 if opts.quick else 7)
+        times = sized_interleaved(contenders, rounds=1 if opts.smoke else 3 if opts.quick else 7,
+                                  block_s=0.01 if opts.smoke else 0.3 if opts.quick else 1.0,
+                                  warm=(1, 1 if opts.smoke else 2))
         med = {name: median(v) for name, v in times.items()}
         row.jax, row.ref = 1e3 * med["jaxloop"], 1e3 * med["torch eager"]
         row.ratio = med["jaxloop"] / med["torch eager"]
