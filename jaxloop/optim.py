@@ -9,8 +9,8 @@ per update; it drops a whole accumulation window that saw a non-finite gradient 
 gradient's sum of squares overflows): params, moments, update count and schedule stay, the
 accumulator restarts. `dynamic_loss_scale` (fp16) unscales the
 gradients and follows torch.amp.GradScaler's rule. The step reads what it logs from the state by
-name (`optax.tree_utils.tree_get`): the applied rate `learning_rate`, `grad_norm`, `skipped`,
-`bad_streak`, `scale`.
+type (`find_state`, by isinstance): the applied rate (inject_hyperparams' `learning_rate`), GradNormState,
+SkipWindowsState, LossScaleState.
 
 adamw is optax's chain scale_by_adam -> add_decayed_weights(mask) -> scale_by_learning_rate, with one
 change inside scale_by_adam: the bias corrections 1 - b^t. optax computes them from b rounded to the
@@ -28,7 +28,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from optax.tree_utils import NamedTupleKey, tree_get
 
 from jaxloop import precision
 from jaxloop.precision import BACKOFF_FACTOR, GROWTH_FACTOR, GROWTH_INTERVAL, Policy
@@ -131,11 +130,12 @@ def sum_of_squares_finite(tree: Any) -> jax.Array:
     return jnp.isfinite(optax.tree.norm(tree, squared=True))
 
 
-def skip_nonfinite_windows(inner: optax.MultiSteps | optax.GradientTransformation, every_k: int = 1, *,
+def skip_nonfinite_windows(inner: optax.GradientTransformation, every_k: int = 1, *,
                            accumulator_dtype: Any = None, check_result: bool = True) -> optax.GradientTransformation:
     """Average `every_k` micro-batch gradients and apply `inner` to their mean once per window, as
-    optax.MultiSteps does and with its state, skipping every window that saw a non-finite gradient or
-    whose result is not finite. A MultiSteps passed as `inner` gives its transformation, K and dtype.
+    optax.MultiSteps does and with its state (optax.MultiStepsState, built by MultiSteps' public init),
+    skipping every window that saw a non-finite gradient or whose result is not finite. An optax.MultiSteps
+    as `inner` is refused: its K and accumulator are private; pass its inner transformation and K here.
 
     A non-finite micro-batch gradient enters the accumulator as zeros (so it never poisons the running
     mean) and marks the window; the update that closes a marked window, or one whose result would not be
@@ -155,12 +155,13 @@ def skip_nonfinite_windows(inner: optax.MultiSteps | optax.GradientTransformatio
     closing; none at K = 1): K = 4 runs Adam a quarter as often, and XLA:CPU compiles the step faster.
     """
     if isinstance(inner, optax.MultiSteps):
-        inner, every_k, accumulator_dtype = _unwrap(inner)
+        raise TypeError("skip_nonfinite_windows: an optax.MultiSteps is not accepted (its K and accumulator are "
+                        "private); pass its inner transformation and every_k instead (in a run: optim.accum_steps)")
     if not isinstance(every_k, int) or every_k < 1:
         raise ValueError(f"skip_nonfinite_windows: every_k={every_k!r}; allowed: an int >= 1")
     k = every_k
-    window = optax.MultiSteps(inner, every_k_schedule=k, accumulator_dtype=accumulator_dtype or jnp.float32)
-    acc_dtype = window._accumulator_dtype  # noqa: SLF001 (the dtype MultiSteps canonicalised)
+    acc_dtype = jax.dtypes.canonicalize_dtype(accumulator_dtype or jnp.float32)
+    window = optax.MultiSteps(inner, every_k_schedule=k, accumulator_dtype=acc_dtype)  # its public init only
 
     def init_fn(params: Any) -> SkipWindowsState:
         return SkipWindowsState(window.init(params), jnp.zeros([], bool), jnp.zeros([], jnp.int32), jnp.zeros([], jnp.int32))
@@ -234,20 +235,6 @@ def skip_nonfinite_windows(inner: optax.MultiSteps | optax.GradientTransformatio
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def _unwrap(multi: optax.MultiSteps) -> tuple[optax.GradientTransformation, int, Any]:
-    """(inner transformation, K, accumulator dtype) of a MultiSteps built with a constant int K, the
-    running mean and no skip function (what skip_nonfinite_windows reproduces); anything else is
-    refused. A K schedule is recognised by its values at sampled steps."""
-    values = [multi._every_k_schedule(jnp.asarray(s, jnp.int32)) for s in (0, 1, 2, 3, 7, 100, 10**6)]  # noqa: SLF001
-    ks = {v if isinstance(v, int) else repr(v) for v in values}
-    k = values[0]
-    default_skip = multi._should_skip_update_fn.__qualname__ == "MultiSteps.__init__.<locals>.should_skip_update_fn"  # noqa: SLF001
-    if len(ks) != 1 or not isinstance(k, int) or not multi._use_grad_mean or not default_skip:  # noqa: SLF001
-        raise ValueError("optax.MultiSteps: every_k_schedule must be a constant int, use_grad_mean True and "
-                         f"should_skip_update_fn unset for jaxloop's accumulation (got every_k_schedule values {sorted(map(str, ks))})")
-    return multi.inner_opt, k, multi._accumulator_dtype  # noqa: SLF001
-
-
 # ----------------------------------------------------------------------------- dynamic loss scale
 
 
@@ -276,7 +263,7 @@ def dynamic_loss_scale(inner: optax.GradientTransformation, init_scale: float = 
     def update_fn(updates: Any, state: LossScaleState, params: Any = None) -> tuple[Any, LossScaleState]:
         updates = jax.tree.map(lambda g: (g / state.factor.astype(g.dtype)).astype(g.dtype), updates)
         new_updates, new_inner = inner.update(updates, state.inner_state, params)
-        skipped = field(new_inner, "SkipWindowsState", "skipped") > field(state.inner_state, "SkipWindowsState", "skipped")
+        skipped = find_state(new_inner, SkipWindowsState).skipped > find_state(state.inner_state, SkipWindowsState).skipped
         applied = updates_applied(new_inner) > updates_applied(state.inner_state)
         good = state.good_steps + applied.astype(jnp.int32)
         grow = good >= growth_interval
@@ -313,50 +300,67 @@ def make_optimizer(optim: OptimConfig, steps: int, policy: Policy) -> optax.Grad
     return dynamic_loss_scale(tx, init_scale=precision.INIT_SCALE, accum_steps=o.accum_steps)
 
 
-def field(opt_state: Any, tuple_name: str, name: str, default: Any = None) -> Any:
-    """The field `name` of the NamedTuple state `tuple_name` inside the optimizer state (by name, so a
-    param called like a field, e.g. LayerNorm's `scale`, is never taken for it)."""
-    def named(path: Any, _: Any) -> bool:
-        last = path[-1] if path else None
-        return isinstance(last, NamedTupleKey) and (last.tuple_name, last.name) == (tuple_name, name)
-
-    return tree_get(opt_state, name, default, filtering=named)
+def _of_type(opt_state: Any, cls: type) -> list[Any]:
+    """Every node of opt_state that is a `cls` (by isinstance; the search stops at each one found)."""
+    is_it = lambda node: isinstance(node, cls)  # noqa: E731
+    return [node for node in jax.tree.leaves(opt_state, is_leaf=is_it) if is_it(node)]
 
 
-def with_fields(opt_state: Any, tuple_name: str, **values: Any) -> Any:
-    """opt_state with the named fields of every NamedTuple state `tuple_name` replaced (e.g. to build a
-    state converted from another framework's)."""
-    def is_it(node: Any) -> bool:
-        return isinstance(node, tuple) and hasattr(node, "_fields") and type(node).__name__ == tuple_name
+def find_state(opt_state: Any, cls: type | tuple[type, ...], *, required: bool = True) -> Any:
+    """The one `cls` state inside opt_state (e.g. optax.MultiStepsState): found by type, never by name, so a
+    param named like a field (LayerNorm's `scale`) or a renamed class cannot be taken for it. Several are
+    an error; none is an error when `required`, else None."""
+    found = _of_type(opt_state, cls)
+    name = cls.__name__ if isinstance(cls, type) else " or ".join(c.__name__ for c in cls)
+    if len(found) > 1 or (required and not found):
+        raise LookupError(f"expected {'exactly' if required else 'at most'} one {name} in the optimizer state, "
+                          f"found {len(found)}")
+    return found[0] if found else None
 
+
+def replace_state(opt_state: Any, cls: type, **values: Any) -> Any:
+    """opt_state with the named fields of every `cls` state replaced (e.g. to build a state converted from
+    another framework's)."""
+    is_it = lambda node: isinstance(node, cls)  # noqa: E731
     return jax.tree.map(lambda node: node._replace(**values) if is_it(node) else node, opt_state, is_leaf=is_it)
 
 
 def updates_applied(opt_state: Any) -> jax.Array:
     """Optimizer updates applied so far (skipped ones not counted)."""
-    return field(opt_state, "MultiStepsState", "gradient_step")
+    return find_state(opt_state, optax.MultiStepsState).gradient_step
 
 
 def loss_scale(opt_state: Any) -> jax.Array:
     """The factor a micro-batch's loss is multiplied by before differentiation (1 without dynamic scaling)."""
-    return field(opt_state, "LossScaleState", "factor", jnp.ones([], jnp.float32))
+    scaling = find_state(opt_state, LossScaleState, required=False)
+    return jnp.ones([], jnp.float32) if scaling is None else scaling.factor
 
 
 def optimizer_metrics(opt_state: Any) -> dict[str, jax.Array]:
     """What the loop logs from the optimizer state: the rate of the last applied update, its pre-clip
     gradient norm (both where the optimizer keeps them, as make_optimizer's does), skipped updates so
     far, the current streak of them, and the loss scale."""
-    hyper = field(opt_state, "InjectStatefulHyperparamsState", "hyperparams", {})
-    metrics = {"lr": hyper.get("learning_rate"), "grad_norm": field(opt_state, "GradNormState", "grad_norm"),
-               "skipped": field(opt_state, "SkipWindowsState", "skipped"),
-               "bad_streak": field(opt_state, "SkipWindowsState", "bad_streak"),
-               "loss_scale": field(opt_state, "LossScaleState", "scale", jnp.ones([], jnp.float32))}
+    injected = _of_type(opt_state, INJECTED)
+    rates = [s.hyperparams["learning_rate"] for s in injected if "learning_rate" in s.hyperparams]
+    norm = find_state(opt_state, GradNormState, required=False)
+    skips = find_state(opt_state, SkipWindowsState, required=False)
+    scaling = find_state(opt_state, LossScaleState, required=False)
+    metrics = {"lr": rates[0] if len(rates) == 1 else None,  # several injected rates: none is "the" rate
+               "grad_norm": None if norm is None else norm.grad_norm,
+               "skipped": None if skips is None else skips.skipped,
+               "bad_streak": None if skips is None else skips.bad_streak,
+               "loss_scale": jnp.ones([], jnp.float32) if scaling is None else scaling.scale}
     return {k: v for k, v in metrics.items() if v is not None}
+
+
+INJECTED = (optax.InjectStatefulHyperparamsState, optax.InjectHyperparamsState)
+"""The states of optax.inject_hyperparams, where an optimizer keeps the rate it applied."""
 
 
 def for_the_loop(tx: Any, params: Any) -> optax.GradientTransformation:
     """tx as the step needs it: an optimizer from make_optimizer as it is; any other optax
-    transformation inside skip_nonfinite_windows(tx) (K = 1; a MultiSteps gives its own K)."""
-    if field(jax.eval_shape(tx.init, params), "SkipWindowsState", "skipped") is not None:
+    transformation inside skip_nonfinite_windows(tx) (K = 1). An optax.MultiSteps is refused (see
+    skip_nonfinite_windows)."""
+    if find_state(jax.eval_shape(tx.init, params), SkipWindowsState, required=False) is not None:
         return tx
-    return skip_nonfinite_windows(tx)  # a MultiSteps keeps its K (and dtype); any other tx gets K = 1
+    return skip_nonfinite_windows(tx)  # K = 1: the loop's accumulation is optim.accum_steps

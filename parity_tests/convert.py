@@ -54,13 +54,10 @@ def _adam_and_schedule(opt_state: Any) -> tuple[Any, Any]:
     import jax
     import optax
 
-    from jaxloop.optim import field
+    from jaxloop.optim import INJECTED, find_state
 
-    adam = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
-            if isinstance(s, optax.ScaleByAdamState)]
-    if len(adam) != 1:
-        raise ValueError(f"expected one ScaleByAdamState, found {len(adam)}")
-    return adam[0], field(opt_state, "WrappedScheduleState", "count")
+    # the schedule's own clock: inject_hyperparams keeps the wrapped schedule's state by hyperparameter name
+    return find_state(opt_state, optax.ScaleByAdamState), find_state(opt_state, INJECTED).hyperparams_states["learning_rate"].count
 
 
 def _get(tree: Any, path: tuple[str, ...]) -> Any:
@@ -81,7 +78,7 @@ def jax_state_from_torch(cfg: Config, splits: Splits, tstate: Any) -> Any:
     import jax.numpy as jnp
     import optax
 
-    from jaxloop.optim import field, with_fields
+    from jaxloop.optim import INJECTED, LossScaleState, SkipWindowsState, find_state, replace_state
     from parity_tests.harness import jax_state
     from torch_ref.models import export_jax_params, param_map
 
@@ -109,15 +106,16 @@ def jax_state_from_torch(cfg: Config, splits: Splits, tstate: Any) -> Any:
         return node
 
     opt = jax.tree.map(fill, state.opt_state, is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
-    opt = with_fields(opt, "MultiStepsState", mini_step=jnp.zeros([], jnp.int32), gradient_step=count,
-                      acc_grads=jax.tree.map(jnp.zeros_like, field(opt, "MultiStepsState", "acc_grads")))
-    opt = with_fields(opt, "InjectStatefulHyperparamsState", count=count)  # the schedule's clocks: update u
-    opt = with_fields(opt, "WrappedScheduleState", count=count)
-    opt = with_fields(opt, "SkipWindowsState", poisoned=jnp.zeros([], bool),
+    opt = replace_state(opt, optax.MultiStepsState, mini_step=jnp.zeros([], jnp.int32), gradient_step=count,
+                        acc_grads=jax.tree.map(jnp.zeros_like, find_state(opt, optax.MultiStepsState).acc_grads))
+    injected = find_state(opt, INJECTED)  # the schedule's clocks: update u
+    opt = replace_state(opt, type(injected), count=count, hyperparams_states={
+        k: v._replace(count=count) for k, v in injected.hyperparams_states.items()})
+    opt = replace_state(opt, SkipWindowsState, poisoned=jnp.zeros([], bool),
                       bad_streak=jnp.asarray(tstate.bad_streak, jnp.int32), skipped=jnp.asarray(tstate.skipped, jnp.int32))
     if tstate.scaler.is_enabled():
         sd = tstate.scaler.state_dict()
-        opt = with_fields(opt, "LossScaleState", scale=jnp.asarray(sd["scale"], jnp.float32),
+        opt = replace_state(opt, LossScaleState, scale=jnp.asarray(sd["scale"], jnp.float32),
                           factor=jnp.asarray(sd["scale"] / cfg.optim.accum_steps, jnp.float32),
                           good_steps=jnp.asarray(sd["_growth_tracker"], jnp.int32))
     ema = state.ema_params
@@ -134,19 +132,20 @@ def jax_state_from_torch(cfg: Config, splits: Splits, tstate: Any) -> Any:
 def torch_state_from_jax(cfg: Config, splits: Splits, jstate: Any, position: int,
                          best: dict[str, Any] | None = None) -> Any:
     """torch_ref's TrainState at jaxloop state `jstate`'s update, its loader at micro-batch `position`."""
+    import optax
     import torch
 
-    from jaxloop.optim import field
+    from jaxloop.optim import LossScaleState, SkipWindowsState, find_state
     from parity_tests.harness import host
     from torch_ref.models import param_map
     from torch_ref.state import create_train_state
 
     opt = jstate.opt_state
-    mini_step = int(field(opt, "MultiStepsState", "mini_step"))
+    mini_step = int(find_state(opt, optax.MultiStepsState).mini_step)
     if mini_step != 0:
         raise ValueError(f"the jax state is inside an accumulation window (mini_step {mini_step}); "
                          "convert at an update boundary")
-    step = int(field(opt, "MultiStepsState", "gradient_step"))
+    step = int(find_state(opt, optax.MultiStepsState).gradient_step)
     adam, sched_count = _adam_and_schedule(opt)
     if int(adam.count) != step or int(sched_count) != step:
         raise ValueError(f"adam count {int(adam.count)} / schedule count {int(sched_count)} != update {step}")
@@ -174,12 +173,12 @@ def torch_state_from_jax(cfg: Config, splits: Splits, jstate: Any, position: int
         group["lr"] = lr
     if tstate.scaler.is_enabled():
         sd = tstate.scaler.state_dict()
-        sd.update(scale=float(field(opt, "LossScaleState", "scale")),
-                  _growth_tracker=int(field(opt, "LossScaleState", "good_steps")))
+        sd.update(scale=float(find_state(opt, LossScaleState).scale),
+                  _growth_tracker=int(find_state(opt, LossScaleState).good_steps))
         tstate.scaler.load_state_dict(sd)
     tstate.step, tstate.position = step, int(position)
-    tstate.skipped = int(field(opt, "SkipWindowsState", "skipped"))
-    tstate.bad_streak = int(field(opt, "SkipWindowsState", "bad_streak"))
+    tstate.skipped = int(find_state(opt, SkipWindowsState).skipped)
+    tstate.bad_streak = int(find_state(opt, SkipWindowsState).bad_streak)
     if best is not None:
         tstate.extra["best"] = dict(best)
     return tstate

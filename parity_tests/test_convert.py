@@ -28,7 +28,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxloop.optim import field
+from jaxloop.optim import SkipWindowsState, find_state
 
 from loopcore.sources import load_splits
 from jaxloop.loop import run as jax_train
@@ -82,9 +82,9 @@ def test_converted_jax_checkpoint_holds_the_update_schedule_and_data_position(co
     for k in AT:
         (step, state, data), _, _, _ = converted[("torch->jax", k)]
         adam, sched_count = _adam_and_schedule(state.opt_state)
-        counts = (step, int(field(state.opt_state, "MultiStepsState", "gradient_step")), int(adam.count), int(sched_count))
+        counts = (step, int(find_state(state.opt_state, optax.MultiStepsState).gradient_step), int(adam.count), int(sched_count))
         wrong += counts != (k,) * 4
-        wrong += (int(field(state.opt_state, "MultiStepsState", "mini_step")), data_position(data)) != (0, K * k)
+        wrong += (int(find_state(state.opt_state, optax.MultiStepsState).mini_step), data_position(data)) != (0, K * k)
     parity.check("convert torch->jax: update count, MultiSteps/Adam/schedule counts, mini_step, data position wrong",
                  wrong, 0, "AdamW's step and LambdaLR's last_epoch become optax's counts; position carried")
 
@@ -149,7 +149,7 @@ def _round_trip_change(cfg, splits, original) -> float:
     with jax_mode(cfg.precision):
         jstate = jax_state_from_torch(cfg, splits, original)
         back = torch_state_from_jax(cfg, splits, jstate, original.position, original.extra.get("best"))
-    assert isinstance(field(jstate.opt_state, "SkipWindowsState", "inner_state"), optax.MultiStepsState)
+    assert isinstance(find_state(jstate.opt_state, SkipWindowsState).inner_state, optax.MultiStepsState)
     assert (back.step, back.position, back.skipped, back.bad_streak) == (
         original.step, original.position, original.skipped, original.bad_streak)
     assert back.scaler.state_dict() == original.scaler.state_dict(), "the fp16 loss scale and its growth count"

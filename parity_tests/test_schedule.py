@@ -23,7 +23,9 @@ import numpy as np
 import pytest
 
 from loopcore.config import Config, OptimConfig, validate
-from jaxloop.optim import field, make_optimizer
+import optax
+
+from jaxloop.optim import find_state, make_optimizer
 from jaxloop.precision import get_policy
 from loopcore.sources import load_splits
 from parity_tests.convert import _adam_and_schedule
@@ -76,7 +78,7 @@ def jax_applied_rates(cfg: Config, precision: str) -> tuple[np.ndarray, np.ndarr
 
         def body(state, _):
             updates, state = tx.update(grads, state, params)
-            return state, (-updates["w"][0], field(state, "MultiStepsState", "gradient_step"), _adam_and_schedule(state)[1])
+            return state, (-updates["w"][0], find_state(state, optax.MultiStepsState).gradient_step, _adam_and_schedule(state)[1])
 
         _, (rates, updates, counts) = jax.jit(lambda s: jax.lax.scan(body, s, None, length=micro_steps))(tx.init(params))
         return np.asarray(rates, np.float64), np.asarray(updates), np.asarray(counts)

@@ -33,6 +33,7 @@ from loopcore.records import BestTracker, read_records
 from jaxloop.models import MLP, init_params, make_model
 from jaxloop.report import main as report_main
 from loopcore.sources import encode, read_vocab
+from jaxloop.optim import skip_nonfinite_windows
 from jaxloop.state import TrainState
 from jaxloop.step import train_step
 from jaxloop.loop import run
@@ -359,7 +360,7 @@ def _tiny_state(ema_decay: float, accum: int = 1):
     model = MLP(hidden=(4,), classes=3)
     x = np.zeros((1, 5), np.float32)
     params = init_params(model, jax.random.PRNGKey(0), x)
-    tx = optax.MultiSteps(optax.sgd(0.5), every_k_schedule=accum)
+    tx = skip_nonfinite_windows(optax.sgd(0.5), accum)  # K micro-batches per update
     return TrainState.create(apply_fn=model.apply, params=params, tx=tx, rng=jax.random.PRNGKey(1),
                              ema_decay=ema_decay)
 

@@ -16,7 +16,9 @@ from jaxloop.models import make_model
 from jaxloop.schedule import make_schedule
 from parity_tests.oracle import lr_oracle as closed_form
 from jaxloop.task import create_train_state
-from jaxloop.optim import field, loss_scale, with_fields
+import optax
+
+from jaxloop.optim import LossScaleState, find_state, loss_scale, replace_state
 from jaxloop.step import cross_entropy_loss, make_train_step, train_step
 
 F32_EPS = 2.0**-23
@@ -195,8 +197,8 @@ def test_nan_at_a_non_emitting_micro_step_skips_the_whole_update():
     after = _host((state.params, _inner_adam(state.opt_state)))
     jax.tree.map(np.testing.assert_array_equal, before, after)
     assert int(m1["skipped"]) == 1 and int(state.step) == 0
-    assert int(field(state.opt_state, "MultiStepsState", "mini_step")) == 0
-    assert all(float(np.abs(a).max()) == 0 for a in jax.tree.leaves(_host(field(state.opt_state, "MultiStepsState", "acc_grads"))))
+    assert int(find_state(state.opt_state, optax.MultiStepsState).mini_step) == 0
+    assert all(float(np.abs(a).max()) == 0 for a in jax.tree.leaves(_host(find_state(state.opt_state, optax.MultiStepsState).acc_grads)))
     for k in range(2):
         state, m = train_step(state, _batch(10 + k))
     assert bool(m["updated"]) and int(state.step) == 1
@@ -211,7 +213,7 @@ def test_fp16_loss_scale_halves_on_overflow_and_doubles_after_2000_good_updates(
     assert float(loss_scale(state.opt_state)) == 2.0**15 and int(m["skipped"]) == 1
     state = state.replace(opt_state=tree_set(state.opt_state, good_steps=jnp.asarray(1999, jnp.int32)))
     state, m = train_step(state, _batch(1))
-    assert float(loss_scale(state.opt_state)) == 2.0**16 and int(field(state.opt_state, "LossScaleState", "good_steps")) == 0
+    assert float(loss_scale(state.opt_state)) == 2.0**16 and int(find_state(state.opt_state, LossScaleState).good_steps) == 0
 
 
 def test_fp16_overflow_from_a_huge_scale_is_skipped_not_applied():
@@ -220,7 +222,7 @@ def test_fp16_overflow_from_a_huge_scale_is_skipped_not_applied():
     cfg = Config(steps=12, batch_size=8, precision="fp16", model=ModelConfig(hidden=(32,)))
     state = _state(cfg)
     big = lambda: jnp.asarray(2.0**40, jnp.float32)  # noqa: E731  (two buffers: the state is donated)
-    state = state.replace(opt_state=with_fields(state.opt_state, "LossScaleState", scale=big(), factor=big()))
+    state = state.replace(opt_state=replace_state(state.opt_state, LossScaleState, scale=big(), factor=big()))
     state, m = train_step(state, _batch(0))
     assert int(m["skipped"]) == 1 and float(loss_scale(state.opt_state)) == 2.0**39
     assert all(np.isfinite(a).all() for a in jax.tree.leaves(_host(state.params)))
