@@ -8,10 +8,13 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
+
 from benchmarks.__main__ import COLUMNS, main, markdown, merge, print_table, registry, run
 from benchmarks.common import Options
 
 
+@pytest.mark.torch  # the row runs torch_ref's eager update beside jaxloop's step
 def test_quick_smallest_row_prints_one_table_row(tmp_path):
     result = run(Options(quick=True, smoke=True, workdir=tmp_path, log=lambda s: None), only=["step.mlp.k1"])
     assert [r["name"] for r in result["rows"]] == ["step.mlp.k1"]
