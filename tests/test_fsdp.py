@@ -19,9 +19,7 @@ import pytest
 from loopcore.records import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
-TEXT = "/work/shared/data/tinyshakespeare.txt"
-if not Path(TEXT).is_file():  # the repository's own small text, wherever the suite runs
-    TEXT = str(ROOT / "README.md")
+TEXT = str(ROOT / "tests" / "data" / "tinyshakespeare_60k.txt")  # Tiny Shakespeare's first 60k characters
 
 # A GPT small enough to compile in seconds whose matrices are still sharded (>= MIN_SHARD_SIZE elements).
 # One update per call: a scanned call of several compiles slower here and the layouts' sums are the same.
