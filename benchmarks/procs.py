@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import TEXT, Options, Row, failed, gpu_present, median, run_child
+from benchmarks.common import Options, Row, failed, gpu_present, median, run_child, text_path
 
 # ----------------------------------------------------------------------------- 2. loop efficiency
 
@@ -57,7 +57,7 @@ def e2e_row(opts: Options) -> Row:
     steps = 100 if opts.quick else 2000
     row = Row("e2e.shakespeare64", f"CLI wall time, shakespeare ctx64 b12, {steps} updates (jaxloop / torch_ref)", unit="s")
     try:
-        flags = ["--preset", "shakespeare", "--model.context", "64", "--batch_size", "12", "--data.path", str(TEXT),
+        flags = ["--preset", "shakespeare", "--model.context", "64", "--batch_size", "12", "--data.path", str(text_path()),
                  "--steps", str(steps), "--log.progress", "off", "--log.no-report", "--resume", "never"]
         results = {}
         # jaxloop's caches start empty (a first run, its compile in the wall), not whatever an earlier run left
