@@ -48,6 +48,7 @@ def registry() -> list[tuple[str, Callable[[Options], Row | list[Row]]]]:
             rows.append((f"loop.{shape}.k{k}", lambda o, s=shape, k=k: procs.loop_row(o, s, k)))
     rows += [
         ("e2e.shakespeare64", procs.e2e_row),
+        ("e2e.script64", procs.script64_row),
         ("startup.compile", procs.compile_row),
         ("startup.cache", procs.cache_row),
         ("startup.digits", procs.digits_row),
