@@ -344,7 +344,7 @@ thread with one malloc arena for every thread (`MALLOC_ARENA_MAX=1`):
 - Huge pages leave the mmaps but fault 2 MiB at a time (641 faults instead of 89,082), and cost the
   small calls nothing. glibc reads the tunable only at process start, so a run cannot set it for
   itself; a research loop calling train_step one micro-batch at a time on a model of this size can
-  start with it, or run inline (README, "Your own loop" and Speed).
+  start with it, or run inline (docs/your-model.md, "Your own loop", and docs/speed.md).
 - One arena for every thread (tried as the loop's policy, mallopt M_ARENA_MAX 1 before jax starts its
   threads) puts jax's workers on the main heap's lock beside Python's thread: the MLP's calls 1.3-1.6x
   slower. Its heap still faults now and then, when a small allocation has split the freed 335 MB and the
