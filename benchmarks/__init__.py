@@ -37,6 +37,15 @@ torch_ref runs as it does in its own loop, i.e. with torch.use_deterministic_alg
   --batch_size 12 --data.path ... --steps 2000` (100 under --quick), wall time of the whole process
   (imports, compile, evaluations every 250, checkpoints included); final val_loss of both. jaxloop's
   `--compile_cache` is a new, empty directory: a first run, its compile in the wall.
+- **e2e.script64** (goal: jaxloop wall <= 1.0x the script's, val_loss within 0.02): issue 30's race.
+  `python -m jaxloop.train --preset shakespeare --model.context 64 --batch_size 12 --steps 2000` (100
+  under --quick) as a user runs it (progress lines, report and TensorBoard; a fresh run_dir and an empty
+  `--compile_cache`), against `benchmarks/plain_torch_gpt.py`, a single-file eager PyTorch loop of the
+  kind users copy (nanoGPT's CPU "baby GPT" settings, 20-batch validation estimates every 250
+  iterations, jaxloop's model, split and schedule so the losses compare), each in its own process with
+  the same threads: whole-process wall times, the final val_loss over the whole validation split of
+  both, and in the notes the time per update alone (jaxloop: summary.json's updates_per_s; the script:
+  its loop less its estimates) and jaxloop's evaluation, compile and setup seconds.
 - **startup.compile** (goal <= 2 s): `train_step.lower(...).compile()` of the 4-block GPT
   (ctx 128, batch 32) in a fresh process with no cache; CPU seconds, init and eval-step compile in the notes.
 - **startup.cache** (goal <= 0.5 s): the same in fresh processes with `--compile_cache`'s two caches
@@ -335,7 +344,7 @@ thread with one malloc arena for every thread (`MALLOC_ARENA_MAX=1`):
 - Huge pages leave the mmaps but fault 2 MiB at a time (641 faults instead of 89,082), and cost the
   small calls nothing. glibc reads the tunable only at process start, so a run cannot set it for
   itself; a research loop calling train_step one micro-batch at a time on a model of this size can
-  start with it, or run inline (README, "Your own loop" and Speed).
+  start with it, or run inline (docs/your-model.md, "Your own loop", and docs/speed.md).
 - One arena for every thread (tried as the loop's policy, mallopt M_ARENA_MAX 1 before jax starts its
   threads) puts jax's workers on the main heap's lock beside Python's thread: the MLP's calls 1.3-1.6x
   slower. Its heap still faults now and then, when a small allocation has split the freed 335 MB and the

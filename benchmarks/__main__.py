@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Options, Row, as_dict, machine
+from benchmarks.common import Options, Row, add_text_option, as_dict, machine, use_text
 
 # rows left out under --quick unless named with --only (their cost is mostly another compile)
 # (--quick keeps one row per kind of measurement, on the smallest shapes: a smoke check, not a record)
@@ -48,6 +48,7 @@ def registry() -> list[tuple[str, Callable[[Options], Row | list[Row]]]]:
             rows.append((f"loop.{shape}.k{k}", lambda o, s=shape, k=k: procs.loop_row(o, s, k)))
     rows += [
         ("e2e.shakespeare64", procs.e2e_row),
+        ("e2e.script64", procs.script64_row),
         ("startup.compile", procs.compile_row),
         ("startup.cache", procs.cache_row),
         ("startup.digits", procs.digits_row),
@@ -254,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
                         "files win; machine from the first, rows run on another machine named with theirs)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores, as XLA:CPU)")
     p.add_argument("--list", action="store_true", help="print the row names and exit")
+    add_text_option(p)
     args = p.parse_args(argv)
+    use_text(args)
     if args.list:
         for name, _ in registry():
             print(name + ("  (skipped under --quick)" if name in QUICK_SKIP else

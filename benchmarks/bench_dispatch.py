@@ -27,6 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.common import add_text_option, use_text  # noqa: E402
+
 # name: (environment added at process start, run_cpu_calls_inline)
 MODES = {
     "worker": ({}, False),  # jax's default: calls on its worker thread, allocating from a secondary arena
@@ -88,7 +90,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--blocks", type=int, default=3, help="timed blocks per child")
     p.add_argument("--child", nargs=2, metavar=("SHAPE", "MODE"), help=argparse.SUPPRESS)
+    add_text_option(p)
     args = p.parse_args()
+    use_text(args)
     if args.child:
         print(json.dumps(child(*args.child, args.blocks)))
         return

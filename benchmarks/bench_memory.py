@@ -30,7 +30,7 @@ from jaxloop.task import create_train_state  # noqa: E402
 from loopcore.cli import parse_config  # noqa: E402
 from loopcore.sources import load_splits  # noqa: E402
 
-TEXT = "/work/shared/data/tinyshakespeare.txt"
+from benchmarks.common import add_text_option, text_path, use_text  # noqa: E402
 
 
 def step_memory(cfg, splits, state, mesh) -> dict:
@@ -68,14 +68,15 @@ def measure(argv: list[str], fsdp: int, step: bool = False) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--text", default=TEXT, help="text file the GPT's vocabulary comes from")
+    add_text_option(p)  # the text the GPT's vocabulary comes from
     p.add_argument("--d_model", type=int, default=128)
     p.add_argument("--n_layers", type=int, default=4)
     p.add_argument("--step", action="store_true",
                    help="also compile the train step and print XLA's per-device memory analysis of it (slow)")
     p.add_argument("--json", action="store_true", help="also print the rows as one JSON line")
     a = p.parse_args()
-    argv = ["--preset", "shakespeare", "--data.path", a.text, "--model.d_model", str(a.d_model),
+    use_text(a)
+    argv = ["--preset", "shakespeare", "--data.path", str(text_path()), "--model.d_model", str(a.d_model),
             "--model.n_layers", str(a.n_layers), "--precision", "fp16", "--optim.ema_decay", "0.999",
             "--optim.accum_steps", "4"]
     rows = [measure(argv, n, a.step) for n in (1, 2, 4)]

@@ -18,7 +18,33 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-TEXT = Path(os.environ.get("JAXLOOP_BENCH_TEXT", "/work/shared/data/tinyshakespeare.txt"))
+TEXT_ENV = "JAXLOOP_BENCH_TEXT"
+DEFAULT_TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+"""Where the development machines keep the whole Tiny Shakespeare, beside the repository (a clone has none:
+the tests use the 60k-character slice in tests/data, the benchmarks want the whole text by path)."""
+
+
+def text_path() -> Path:
+    """The text the GPT rows train on: $JAXLOOP_BENCH_TEXT (which `--data.path FILE` sets, so that child
+    processes inherit it), else DEFAULT_TEXT; a clear error naming both when the file is not there."""
+    path = Path(os.environ.get(TEXT_ENV) or DEFAULT_TEXT)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"the GPT benchmarks train on Tiny Shakespeare's whole text, and {path} is not a file: pass "
+            f"--data.path FILE (or set {TEXT_ENV}=FILE); the default is {DEFAULT_TEXT}")
+    return path
+
+
+def add_text_option(parser: Any) -> None:
+    """`--data.path FILE` on a benchmark's argparse parser; call use_text(args) after parsing."""
+    parser.add_argument("--data.path", dest="text", default=None, metavar="FILE",
+                        help=f"the text the GPT rows train on (default: ${TEXT_ENV}, else {DEFAULT_TEXT})")
+
+
+def use_text(args: Any) -> None:
+    """Make --data.path the text of this process and of its children (through the environment)."""
+    if getattr(args, "text", None):
+        os.environ[TEXT_ENV] = str(Path(args.text).resolve())
 
 
 @dataclass

@@ -26,6 +26,8 @@ from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.common import add_text_option, use_text  # noqa: E402
+
 GOAL = 0.7  # step.gpt*: jaxloop's update <= 0.7x torch eager's
 _ARRAY = re.compile(r"%([\w.\-]+) = \w+\[([\d,]*)\]")
 _DOT = re.compile(r"= \w+\[[\d,]*\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)")
@@ -135,7 +137,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", nargs="+", default=["gpt64", "gpt128"], choices=["gpt64", "gpt128"])
     p.add_argument("--rounds", type=int, default=5)
+    add_text_option(p)
     args = p.parse_args()
+    use_text(args)
     from benchmarks.bench_dispatch import start
 
     start("worker")  # the loop's host memory policy and jax's default dispatch, as the step rows have

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import TEXT, Options, Row, failed, gpu_present, median, run_child
+from benchmarks.common import Options, Row, failed, gpu_present, median, run_child, text_path
 
 # ----------------------------------------------------------------------------- 2. loop efficiency
 
@@ -57,7 +57,7 @@ def e2e_row(opts: Options) -> Row:
     steps = 100 if opts.quick else 2000
     row = Row("e2e.shakespeare64", f"CLI wall time, shakespeare ctx64 b12, {steps} updates (jaxloop / torch_ref)", unit="s")
     try:
-        flags = ["--preset", "shakespeare", "--model.context", "64", "--batch_size", "12", "--data.path", str(TEXT),
+        flags = ["--preset", "shakespeare", "--model.context", "64", "--batch_size", "12", "--data.path", str(text_path()),
                  "--steps", str(steps), "--log.progress", "off", "--log.no-report", "--resume", "never"]
         results = {}
         # jaxloop's caches start empty (a first run, its compile in the wall), not whatever an earlier run left
@@ -83,6 +83,53 @@ def e2e_row(opts: Options) -> Row:
                      "summary_wall_s": {"jaxloop": js.get("wall_time_s"), "torch_ref": ts.get("wall_time_s")},
                      "jax_timings_s": js.get("timings_s")}
         opts.cache["mem.e2e"] = (jc.maxrss_bytes, tc.maxrss_bytes)
+        return row
+    except Exception as e:  # noqa: BLE001
+        return failed(row, e)
+
+
+def script64_row(opts: Options) -> Row:
+    """The shakespeare preset at nanoGPT's CPU "baby GPT" settings against a plain PyTorch script
+    (benchmarks/plain_torch_gpt.py): each the whole command a user runs, in its own process."""
+    steps = 20 if opts.smoke else 100 if opts.quick else 2000
+    warmup = 10 if opts.smoke else 100  # the preset's 100 warmup updates, but within a smoke run's 20
+    row = Row("e2e.script64", f"whole-process wall time, shakespeare ctx64 b12, {steps} updates "
+              "(jaxloop CLI / a plain PyTorch script)", unit="s")
+    try:
+        text = str(text_path())
+        # the command of issue 30, as a user runs it (progress lines, report, TensorBoard), in a fresh
+        # run_dir with its own compile cache, empty: a first run
+        jax_args = ["-m", "jaxloop.train", "--preset", "shakespeare", "--model.context", "64", "--batch_size", "12",
+                    "--steps", str(steps), "--data.path", text, "--run_dir", str(opts.workdir / "script64-jaxloop"),
+                    "--resume", "never", "--compile_cache", str(opts.workdir / "script64-cache"),
+                    *(["--optim.warmup_steps", str(warmup)] if warmup != 100 else [])]
+        jc = run_child(jax_args, threads=opts.threads, timeout=3600)
+        if jc.rc != 0:
+            raise RuntimeError(f"jaxloop.train exited {jc.rc}: {jc.stderr[-400:]}")
+        js = _final(opts.workdir / "script64-jaxloop")
+        tc = run_child(["benchmarks/plain_torch_gpt.py", "--data.path", text, "--iters", str(steps),
+                        "--warmup", str(warmup)],
+                       threads=opts.threads, timeout=3600)
+        if tc.rc != 0:
+            raise RuntimeError(f"plain_torch_gpt.py exited {tc.rc}: {tc.stderr[-400:]}")
+        ts = tc.json()
+        row.jax, row.ref, row.ratio = jc.wall_s, tc.wall_s, jc.wall_s / tc.wall_s
+        row.check("<=", 1.0)
+        jv, tv = js["final"]["val_loss"], ts["val_loss"]
+        close = abs(jv - tv) <= 0.02
+        row.met = bool(row.met) and close
+        jax_update_ms = 1e3 / js["updates_per_s"]
+        t = js.get("timings_s", {})
+        row.notes = (f"val_loss over the whole validation split: jaxloop {jv:.4f} vs script {tv:.4f} (|diff| "
+                     f"{abs(jv - tv):.4f}, goal <= 0.02: {'met' if close else 'NOT met'}); per update alone: jaxloop "
+                     f"{jax_update_ms:.1f} ms vs script {ts['update_ms']:.1f} ms ({jax_update_ms / ts['update_ms']:.2f}x); "
+                     f"jaxloop eval {t.get('eval', float('nan')):.1f} s, compile {t.get('compile', float('nan')):.1f} s, "
+                     f"setup {t.get('setup', float('nan')):.1f} s (empty caches); script: 20-batch estimates every 250 "
+                     f"{ts['estimate_s']:.1f} s, final whole-split eval {ts['final_eval_s']:.1f} s, "
+                     f"{ts['iter_ms']:.1f} ms per iteration with its estimates; threads {opts.threads}")
+        row.extra = {"val_loss": {"jaxloop": jv, "script": tv},
+                     "update_ms": {"jaxloop": jax_update_ms, "script": ts["update_ms"]},
+                     "jax_timings_s": t, "jax_summary_wall_s": js.get("wall_time_s"), "script": ts}
         return row
     except Exception as e:  # noqa: BLE001
         return failed(row, e)

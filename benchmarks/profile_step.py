@@ -23,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.common import add_text_option, use_text  # noqa: E402
+
 from benchmarks.bench_dispatch import MODES, child_env, start  # noqa: E402
 
 EXECUTOR = "ThunkExecutor"  # the executor's own spans, which hold the thunks' (not counted twice)
@@ -65,7 +67,9 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=4, help="traced calls (one update each)")
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--child", nargs=2, metavar=("SHAPE", "MODE"), help=argparse.SUPPRESS)
+    add_text_option(p)
     args = p.parse_args()
+    use_text(args)
     if args.child:
         print(json.dumps(child(*args.child, args.calls)))
         return

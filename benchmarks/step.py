@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import TEXT, Options, Row, failed, interleaved, median, sized_interleaved
+from benchmarks.common import Options, Row, failed, interleaved, median, sized_interleaved, text_path
 
 SHAPES = {
     "gpt128": {"kind": "gpt", "context": 128, "batch": 32, "label": "GPT ctx128 b32 (4x128)"},
@@ -35,7 +35,7 @@ def make_cfg(shape: str, accum: int = 1, **overrides: Any):
     else:
         base = preset("shakespeare")
         cfg = dataclasses.replace(base, batch_size=s["batch"], model=dataclasses.replace(base.model, context=s["context"]),
-                                  data=dataclasses.replace(base.data, path=str(TEXT)))
+                                  data=dataclasses.replace(base.data, path=str(text_path())))
     return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, accum_steps=accum), **overrides)
 
 

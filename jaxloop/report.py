@@ -142,9 +142,14 @@ def best_of(run: Run) -> dict[str, Any]:
             "step": best[1] if best else None, "checkpoint_step": None, "source": "metrics.jsonl"}
 
 
+RATE_BASIS = "compiling and evaluation excluded, the time checkpoint saves block the loop included"
+"""What the loop's rates and step_ms count (jaxloop.loop.Throughput): its wall time over each logged interval,
+less evaluation (paused) and compiling (the interval restarts after it); an async save's blocking part stays in."""
+
+
 def throughput(run: Run) -> dict[str, float | None]:
-    """Training-time rates (evaluation and saving excluded): updates/s, samples/s, tokens/s, and the
-    median step time and data wait of the logged intervals."""
+    """Training-time rates (RATE_BASIS): updates/s, samples/s, tokens/s, and the median step time and data
+    wait of the logged intervals."""
     updates_per_s = None
     if run.summary and run.summary.get("updates_per_s"):
         updates_per_s = float(run.summary["updates_per_s"])
@@ -284,14 +289,15 @@ def plot_lr(run: Run, path: Path) -> None:
     fig.savefig(path)
 
 
-def plot_throughput(run: Run, path: Path) -> None:
+def plot_throughput(run: Run, path: Path) -> Any:
+    """throughput.png: the rate and the step time and data wait of each logged interval; returns the figure."""
     fig, axes = _figure(2)
     key, label = ("tokens_per_s", "tokens/s") if any("tokens_per_s" in r for r in run.train) else (
         "samples_per_s", "samples/s")
     x, y = _series(run.train, key)
     axes[0].plot(x, y, color="tab:green", linewidth=1, marker="." if len(x) <= 60 else None)
     axes[0].set_ylabel(label)
-    axes[0].set_title(f"Throughput ({label} over each logged interval, evaluation and saving excluded)")
+    axes[0].set_title(f"Throughput ({label} over each logged interval)\n({RATE_BASIS})", fontsize=10)
     axes[0].grid(alpha=0.3)
     for k, color, lab in (("step_ms", "tab:blue", "step time (ms/update)"),
                           ("data_wait_ms", "tab:orange", "data wait (ms/update)")):
@@ -304,6 +310,7 @@ def plot_throughput(run: Run, path: Path) -> None:
     axes[1].grid(alpha=0.3)
     axes[1].legend(fontsize=8)
     fig.savefig(path)
+    return fig
 
 
 # ----------------------------------------------------------------------------- the report
@@ -418,8 +425,7 @@ def render(run: Run, plots: dict[str, str]) -> str:
     # throughput and memory
     lines += ["", "## Throughput and memory", ""]
     rate_src = "summary.json" if run.summary and run.summary.get("updates_per_s") else "metrics.jsonl step times"
-    lines.append(f"- updates/s: {_rate(tp['updates_per_s'], 2)} (training time only: compilation, evaluation "
-                 f"and saving excluded; from {rate_src})")
+    lines.append(f"- updates/s: {_rate(tp['updates_per_s'], 2)} (training time: {RATE_BASIS}; from {rate_src})")
     lines.append(f"- samples/s: {_rate(tp['samples_per_s'], 1)}")
     if tp["tokens_per_s"] is not None:
         lines.append(f"- tokens/s: {_rate(tp['tokens_per_s'], 1)}")

@@ -16,6 +16,14 @@ from loopcore.config import Config, ConfigError, changed_fields, from_dict, resu
 from loopcore.layout import CHECKPOINT_DIR, RunLayout  # noqa: F401  (CHECKPOINT_DIR: re-exported)
 
 
+def ways_forward(run_dir: Path) -> str:
+    """The two ways past a resume refused for a changed config: train the new settings in a new run_dir
+    (from scratch, or from this run's weights), or continue this run with the settings it was saved with."""
+    return (f"To train with the new settings, start a new run: --run_dir NEW_DIR (add --init_from {run_dir} to "
+            f"start from this run's weights); to continue this run, resume it with its own settings: drop the "
+            f"changed flags, or pass --config {run_dir / CONFIG_FILE}")
+
+
 class RunDir:
     """One run's directory. `writes=False` (every process but the primary) checks and writes nothing."""
 
@@ -44,7 +52,8 @@ class RunDir:
             conflicts = resume_conflicts(saved, cfg)
             if conflicts:
                 raise ConfigError("resume", cfg.resume, "a config that matches the checkpointed run; these "
-                                  f"fields differ: {'; '.join(conflicts)} (steps may change with --allow_steps_change)")
+                                  f"fields differ: {'; '.join(conflicts)} (steps may change with --allow_steps_change). "
+                                  + ways_forward(run_dir))
         self.saved = saved if has_checkpoint else None
         return self.saved
 

@@ -1,4 +1,4 @@
-"""Setup of the parity suite: 64-bit jax, the shared data, and the table of measured differences.
+"""Setup of the parity suite: 64-bit jax, the shipped text, and the table of measured differences.
 
 jax's x64 mode is switched on once for the whole package, before any of its tests creates a jax array
 (fp64 needs it), and switched back off after the package's last test, so that jaxloop's own tests in
@@ -21,7 +21,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from parity_tests.harness import SHAKESPEARE, SHAKESPEARE_SLICE, TABLE, write_results
+from parity_tests.harness import SHAKESPEARE, TABLE, write_results
 
 _NOT_RUN: list[str] = []
 
@@ -34,6 +34,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     here = Path(__file__).resolve().parent
     for item in items:
         if here in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.torch)  # every parity test runs torch_ref beside jaxloop
             # prepended: filters a test or its module names itself are applied after these and win.
             # DeprecationWarnings stay ignored as in pyproject.toml (an API's future, not a run's result:
             # e.g. optax.global_norm, which jaxloop.step still calls).
@@ -92,13 +93,10 @@ def _current_test(request):
 
 
 @pytest.fixture(scope="session")
-def shakespeare_slice(tmp_path_factory) -> Path:
-    """The first SHAKESPEARE_SLICE characters of Tiny Shakespeare, in a temporary file (read by path)."""
-    assert SHAKESPEARE.is_file(), f"Tiny Shakespeare is expected at {SHAKESPEARE}"
-    text = SHAKESPEARE.read_text(encoding="utf-8")[:SHAKESPEARE_SLICE]
-    path = tmp_path_factory.mktemp("text") / "tinyshakespeare_slice.txt"
-    path.write_text(text, encoding="utf-8")
-    return path
+def shakespeare_slice() -> Path:
+    """The first 60k characters of Tiny Shakespeare, as shipped in tests/data (read by path)."""
+    assert SHAKESPEARE.is_file(), f"Tiny Shakespeare's first 60k characters are expected at {SHAKESPEARE}"
+    return SHAKESPEARE
 
 
 @pytest.fixture(scope="package")

@@ -36,10 +36,9 @@ import numpy as np
 from loopcore.config import CheckpointConfig, Config, LogConfig, preset, to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
-"""Tiny Shakespeare, read by path from ../shared/data (never copied into the repository)."""
-SHAKESPEARE_SLICE = 60_000
-"""Characters of Tiny Shakespeare the GPT trains on (its first 60k: 54k train, 6k validation)."""
+SHAKESPEARE = ROOT / "tests" / "data" / "tinyshakespeare_60k.txt"
+"""The first 60k characters of Tiny Shakespeare, shipped with the tests (tests/data/README.md names its
+source); the GPT trains on it: 54k characters train, 6k validate."""
 QUIET = LogConfig(progress="off", report=False, tensorboard=False)
 F32_EPS = 2.0**-23
 F64_EPS = 2.0**-52

@@ -47,7 +47,7 @@ def warm64():
 
 @pytest.fixture
 def fp64(warm64):
-    """The shared warm state, with a fresh copy of torch_ref's state for each test (tests step it)."""
+    """The one warm state, with a fresh copy of torch_ref's state for each test (tests step it)."""
     cfg, splits, state, batch, tstate = warm64
     fresh = torch_state_from_jax(cfg, splits, state, position=WARM)
     return cfg, splits, state, batch, fresh

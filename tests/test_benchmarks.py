@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
+
+import pytest
 
 from benchmarks.__main__ import COLUMNS, main, markdown, merge, print_table, registry, run
 from benchmarks.common import Options
 
 
+@pytest.mark.torch  # the row runs torch_ref's eager update beside jaxloop's step
 def test_quick_smallest_row_prints_one_table_row(tmp_path):
     result = run(Options(quick=True, smoke=True, workdir=tmp_path, log=lambda s: None), only=["step.mlp.k1"])
     assert [r["name"] for r in result["rows"]] == ["step.mlp.k1"]
@@ -122,3 +126,32 @@ def test_dot_floor_reads_every_dot_of_a_compiled_module_with_its_operand_shapes(
     # however XLA:CPU lays the products out, each keeps its batch and its M x K x N
     assert sorted(d.flops for d in dots) == sorted([2.0 * 32 * 48 * 16, 2.0 * 4 * 8 * 24 * 40])
     assert sorted(d.canonical()[0] for d in dots) == [1, 4]
+
+
+@pytest.mark.torch  # the row's reference is a PyTorch script
+def test_script64_row_smoke_runs_both_sides_and_reports_their_losses(tmp_path, monkeypatch):
+    # 20 updates on the shipped 60k-character slice: checks the row's plumbing, measures nothing
+    from benchmarks.common import TEXT_ENV
+
+    monkeypatch.setenv(TEXT_ENV, str(Path(__file__).parent / "data" / "tinyshakespeare_60k.txt"))
+    result = run(Options(smoke=True, workdir=tmp_path, log=lambda s: None), only=["e2e.script64"])
+    (row,) = result["rows"]
+    assert row["name"] == "e2e.script64" and row["status"] == "ok", row["notes"]
+    assert row["jax"] > 0 and row["ref"] > 0 and row["goal"] == "<= 1" and row["met"] in (True, False)
+    losses, update_ms = row["extra"]["val_loss"], row["extra"]["update_ms"]
+    # after 20 updates both models are near the unigram entropy, far below uniform (log 59 = 4.08)
+    assert 2.0 < losses["jaxloop"] < 3.9 and 2.0 < losses["script"] < 3.9, losses
+    assert update_ms["jaxloop"] > 0 and update_ms["script"] > 0
+    assert row["extra"]["script"]["iters"] == 20
+    assert (tmp_path / "script64-jaxloop" / "summary.json").is_file()
+
+
+def test_benchmark_text_is_taken_by_path_with_a_clear_message_when_absent(tmp_path, monkeypatch):
+    from benchmarks.common import TEXT_ENV, text_path
+
+    monkeypatch.setenv(TEXT_ENV, str(tmp_path / "missing.txt"))
+    with pytest.raises(FileNotFoundError, match="--data.path FILE"):
+        text_path()
+    (tmp_path / "t.txt").write_text("some text")
+    monkeypatch.setenv(TEXT_ENV, str(tmp_path / "t.txt"))
+    assert text_path() == tmp_path / "t.txt"

@@ -37,7 +37,7 @@ from loopcore.sources import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+SHAKESPEARE = REPO / "tests" / "data" / "tinyshakespeare_60k.txt"  # its first 60k characters (tests/data/README.md)
 
 DIGITS = preset("digits")  # batch_size 64; 1437 training records -> 22 batches/epoch, 29 dropped
 SPLITS = load_splits(DIGITS)
@@ -264,12 +264,15 @@ def test_text_source_vocab_windows_and_split(tmp_path):
 
 def test_text_source_tiny_shakespeare():
     s = load_splits(text_cfg(SHAKESPEARE, context=128, val_fraction=0.1, batch_size=32))
-    n = 1_115_394
+    n = 60_000
     n_train = math.floor(n * 0.9)
-    assert s.num_train == n_train - 128 and s.num_val == (n - n_train - 129) // 128 + 1
-    assert len(s.vocab) == s.num_classes == 65 and UNK not in s.vocab
+    assert s.num_train == n_train - 128 and s.num_val == (n - n_train - 129) // 128 + 1 == 46
     text = SHAKESPEARE.read_text(encoding="utf-8")
+    # the slice's training part has 59 of the whole text's 65 characters, and its validation part no other
+    assert s.vocab == tuple(sorted(set(text[:n_train]))) and len(s.vocab) == s.num_classes == 59
+    assert UNK not in s.vocab
     assert decode(s.val.get([3])["x"][0], s.vocab) == text[n_train + 3 * 128:n_train + 4 * 128]
+    assert decode(s.train.get([n_train - 129])["y"][0], s.vocab) == text[n_train - 128:n_train]
 
 
 def test_npz_without_x_val_splits_by_fixed_permutation(tmp_path):

@@ -1,7 +1,7 @@
 """Observability: progress, metrics.jsonl / TensorBoard writers, memory, time breakdown, validation with
 EMA and early stopping, the run report, profiling, run metadata and sampling.
 
-Three short runs are shared between tests (module-scoped, in-process through jaxloop.train.run with
+Three short runs serve several tests (module-scoped, in-process through jaxloop.train.run with
 configs parsed from CLI flags): a debug run with EMA, profiling, report and a price; a debug run that
 stops early; and a tiny character-level (shakespeare preset) run on a small text file.
 """

@@ -1,7 +1,7 @@
 """A researcher's own model through the whole loop: jaxloop.run(cfg, Task(...)) with a Flax Linen or NNX
 model, checkpoints, a SIGKILL of a real process and a bit-identical resume, and the model loaded back.
 
-The two README snippets ("Your own Linen model", "Your own NNX model") are the programs under test.
+The two snippets of docs/your-model.md ("Your own Linen model", "Your own NNX model") are the programs under test.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from loopcore.config import CheckpointConfig, Config, LogConfig, OptimConfig
 from loopcore.records import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
-SNIPPETS = {"linen": "### Your own Linen model", "nnx": "### Your own NNX model"}
+PAGE = ROOT / "docs" / "your-model.md"
+SNIPPETS = {"linen": "## Your own Linen model", "nnx": "## Your own NNX model"}
 
 
 def snippet(kind: str) -> str:
-    text = README.read_text()
+    text = PAGE.read_text()
     section = text[text.index(SNIPPETS[kind]):]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 

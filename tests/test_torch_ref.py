@@ -33,7 +33,7 @@ from torch_ref.train import main, run
 
 # torch's DataLoader forks its workers, and this test process also holds jax's threads (from other test
 # modules); the workers never touch jax (torch_ref alone never imports it), so the warning is moot here.
-pytestmark = pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
+pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")]
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = LogConfig(progress="off", report=False, tensorboard=False)

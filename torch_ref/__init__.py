@@ -2,5 +2,5 @@
 
 One module per jaxloop layer (schedule, optim, precision, models, state, step, data, checkpoint, train),
 so torch_ref/x.py reads beside jaxloop/x.py. It imports no jax: only loopcore.config, loopcore.cli and
-loopcore.sources (numpy) from jaxloop. See README.md, section torch_ref.
+loopcore.sources (numpy) from jaxloop. See docs/torch-ref-and-parity.md.
 """
