@@ -39,6 +39,8 @@ def train(state: TrainState, step: int, dispatcher: Dispatcher, actions: Sequenc
     for action in actions:
         action.start(run, step)
     try:
+        if run.ends(step):  # a finished run started again (resumed at its end): no update to run
+            return state
         call = dispatch(state, step)
         while True:
             done = run.done = dispatcher.wait(call)  # the host waits for the device here, once per call

@@ -93,6 +93,14 @@ def test_a_stop_decided_at_a_boundary_ends_the_run_there_and_every_action_is_clo
     assert events[-2:] == [("b", "close"), ("a", "close")], "closed in reverse order"
 
 
+def test_a_run_started_at_its_end_dispatches_nothing():
+    # A finished run started again resumes at `steps`: not one update more (seen: 21 of 20 before).
+    events: list = []
+    run = RunContext(20, 1, logger=None, timings=Timings(), clock=Throughput(20, 0.0))
+    assert train(20, 20, FakeDispatcher(events), [Recorder("a", events)], run, 5) == 20
+    assert [e for e in events if e[0] in ("dispatch", "wait")] == []
+
+
 def test_actions_are_closed_when_an_action_raises():
     class Failing(Recorder):
         def after_call(self, run, done):
