@@ -18,6 +18,17 @@ from jaxloop.task import Task, builtin_task, create_train_state, init_state
 from jaxloop.loop import run
 from loopcore.config import Config, ConfigError, preset, validate
 
+
+
+def __getattr__(name: str):
+    """`jaxloop.parity` (the port check against PyTorch) is imported on first use, so `import jaxloop` stays light."""
+    if name == "parity":
+        import importlib
+
+        return importlib.import_module("jaxloop.parity")
+    raise AttributeError(f"module 'jaxloop' has no attribute {name!r}")
+
+
 __all__ = [
     "Config", "ConfigError", "Task", "TrainState", "builtin_task", "create_train_state", "cross_entropy_loss",
     "eval_step", "get_policy", "init_state", "load_model", "make_eval_step", "make_optimizer", "make_schedule",
