@@ -8,7 +8,7 @@ this package needs jax and Flax alone.
 """
 
 from jaxloop.parity.compare import check, compare, map_weights
-from jaxloop.parity.layers import ModelError
+from jaxloop.parity.errors import ModelError
 from jaxloop.parity.port import Port, flax_output_loss, torch_output_loss
 from jaxloop.parity.report import Report, Row
 from jaxloop.parity.torchside import TorchMissing

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,8 @@ def load_factory(spec: str) -> Any:
         raise BadInput(f"importing {path} failed: {type(e).__name__}: {e}") from e
     factory = getattr(module, name, None)
     if not callable(factory):
-        found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_")
-                       and getattr(v, "__module__", None) == module_name)
+        found = sorted(k for k, v in vars(module).items() if inspect.isfunction(v) and not k.startswith("_")
+                       and v.__module__ == module_name)
         raise BadInput(f"{path} has no function {name!r}; functions it defines: {found}")
     return factory
 
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             raise BadInput(f"{args.factory} raised {type(e).__name__}: {e}") from e
         port = port_of(made, args.factory)
         from jaxloop.parity.compare import check
-        from jaxloop.parity.layers import ModelError
+        from jaxloop.parity.errors import ModelError
         from jaxloop.parity.weights import MappingError
 
         try:

@@ -42,7 +42,7 @@ def compare(torch_module: Any, flax_module: Any, batch: Batch, torch_loss: Calla
     """Check a Flax translation (Linen or NNX) of a PyTorch module; returns the Report (report.assert_ok()
     in a test). Losses default to 0.5 mean(model(batch["x"])^2). `checks`: "forward" (with the train-mode
     buffers; always), "gradients", "update". `trajectory`: updates of the optional trajectory check (0 = none). Raises TorchMissing without torch, weights.MappingError when the weights
-    do not map, layers.ModelError when a model rejects the batch."""
+    do not map, ModelError when a model rejects the batch."""
     require_torch()
     precisions = check_precisions(list(precisions))
     if "forward" not in checks or set(checks) - set(CHECKS):

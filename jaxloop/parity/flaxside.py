@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloop.module import LinenModel, LossFn, NnxModel, is_nnx
+from jaxloop.parity.errors import ModelError
 from jaxloop.parity.precision import np_dtype
 from jaxloop.precision import Policy, get_policy
 
@@ -74,9 +75,25 @@ def flax_model(module: Any, loss: LossFn, batch: dict[str, Any]) -> FlaxModel:
     if is_nnx(module):
         adapter, params, model_state = NnxModel.split(module)
         return FlaxModel("nnx", adapter, params, model_state)
+    from flax import linen as nn
+
     adapter = LinenModel(module=module)
+    stack: list[Any] = []
+
+    def track(next_fun: Callable, args: tuple, kwargs: dict, context: Any) -> Any:
+        stack.append(context.module)
+        out = next_fun(*args, **kwargs)
+        stack.pop()
+        return out
+
     # Shapes only (jax.eval_shape: nothing compiled): every leaf gets the torch module's values anyway.
-    shapes = jax.eval_shape(lambda key: adapter.init(key, no_dropout(loss), batch), jax.random.PRNGKey(0))
+    try:
+        with nn.intercept_methods(track):
+            shapes = jax.eval_shape(lambda key: adapter.init(key, no_dropout(loss), batch), jax.random.PRNGKey(0))
+    except Exception as e:
+        top = stack[-1] if stack else None
+        raise ModelError("Flax", "/".join(map(str, top.path)) if top is not None and top.scope else "",
+                         type(top).__name__ if top is not None else "", e) from e
     params, model_state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     return FlaxModel("linen", adapter, params, model_state)
 

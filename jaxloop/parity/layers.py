@@ -24,19 +24,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxloop.parity.errors import ModelError
 from jaxloop.parity.flaxside import FlaxModel, batch_to_jax
 from jaxloop.parity.measures import rel_diff
 from jaxloop.parity.torchside import batch_to_torch, require_torch, tensors_in, to_numpy
 from jaxloop.parity.weights import Mapping
-
-
-class ModelError(RuntimeError):
-    """A model rejected the batch: names the side, the innermost module running when it raised, the error."""
-
-    def __init__(self, side: str, module: str, type_name: str, error: BaseException):
-        self.side, self.module, self.type_name, self.error = side, module, type_name, error
-        where = f"module {module!r} ({type_name})" if module else ("the root module" if type_name else "the loss, outside the model")
-        super().__init__(f"the {side} model rejects the batch: {where} raised {type(error).__name__}: {error}")
 
 
 @dataclass

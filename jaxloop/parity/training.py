@@ -4,7 +4,9 @@ Gradients: one train-mode backward pass on each side (dropout off), torch's move
 layout through the weight mapping, compared tensor by tensor. Updates: jaxloop's optimizer
 (`jaxloop.make_optimizer`) and torch's (torch_ref's AdamW + LambdaLR schedule + clipping, which are
 torch's own classes) applied `n` times to the same gradients (the Flax ones, mapped back into torch's
-layout), for each OptimConfig of `update_configs`. Trajectory: `n` updates of `jaxloop.make_train_step`
+layout), varied elementwise from update to update (`varied`: a constant gradient would leave Adam's
+bias-corrected moments equal to it, blind to b1 and b2, and clipping removes a mere scale), for each
+OptimConfig of `update_configs`. Trajectory: `n` updates of `jaxloop.make_train_step`
 on a `jaxloop.TrainState` against a plain torch loop (zero_grad, backward, clip, step, scheduler step)
 on the same batches in the same order, losses and params compared after every update.
 
@@ -111,6 +113,15 @@ def flax_param_grads(fm: FlaxModel, loss: Callable, batch: dict[str, Any], preci
 # ----------------------------------------------------------------------------- updates
 
 
+def varied(grads: dict[str, np.ndarray], u: int) -> dict[str, np.ndarray]:
+    """The gradients of update u: update 0's as given; later ones multiplied elementwise by factors drawn
+    from [-0.5, 1.5) (seeded by u), so that direction and size change from update to update."""
+    if u == 0:
+        return grads
+    rng = np.random.default_rng(u)
+    return {k: (g * rng.uniform(-0.5, 1.5, np.shape(g))).astype(np.asarray(g).dtype) for k, g in sorted(grads.items())}
+
+
 @dataclass
 class UpdateResult:
     label: str
@@ -121,26 +132,29 @@ class UpdateResult:
 
 def updates(torch_module: Any, fm: FlaxModel, mapping: Mapping, grads: dict[str, np.ndarray], precision: str,
             configs: list[tuple[str, OptimConfig, int]], n: int = 3) -> list[UpdateResult]:
-    """`n` updates of each config's optimizer on both sides, from the same params with the same gradients."""
+    """`n` updates of each config's optimizer on both sides, from the same params with the same gradients
+    (`varied` from update to update)."""
     torch = require_torch()
     kinds = fm.kinds()
-    torch_grads = mapping.to_torch({**fm.leaves(), **grads})
+    leaves = fm.leaves()
+    per_update = [varied(grads, u) for u in range(n)]
+    jax_grads = [replace(fm, params=fm.params).with_leaves(g, precision).params for g in per_update]
+    torch_grads = [mapping.to_torch({**leaves, **g}) for g in per_update]
     results = []
     for label, o, steps in configs:
         tx = jax_optimizer(o, steps, precision)
         params = fm.params
-        jgrads = replace(fm, params=fm.params).with_leaves(grads, precision).params
         state = tx.init(params)
         update = jax.jit(tx.update)
         module = _copy(torch_module)
         optimizer, scheduler, clip = torch_optimizer(o, steps, module)
         named = dict(module.named_parameters())
         worst_diff, where, acting = 0.0, "", False
-        for _ in range(n):
-            u, state = update(jgrads, state, params)
+        for step in range(n):
+            u, state = update(jax_grads[step], state, params)
             params = optax.apply_updates(params, u)
             for k, p in named.items():
-                p.grad = torch.from_numpy(np.array(torch_grads[k])).to(p.dtype)
+                p.grad = torch.from_numpy(np.array(torch_grads[step][k])).to(p.dtype)
             norm = float(clip())
             acting = acting or (o.clip_norm > 0 and norm >= o.clip_norm)
             optimizer.step()
