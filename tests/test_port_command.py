@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -25,8 +26,9 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
 
 
 def test_command_prints_the_mapping_and_the_table_of_a_shipped_example():
-    proc = subprocess.run([sys.executable, "-m", "jaxloop.parity", "examples/ports/transformer_encoder.py:make",
-                           "--precision", "fp64", "--no-trajectory"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+    (command,) = re.findall(r"```bash\n(.*?)```", (ROOT / "docs" / "porting.md").read_text(), re.S)  # the doc's block
+    assert command.startswith("python -m jaxloop.parity examples/ports/transformer_encoder.py:make")
+    proc = subprocess.run([sys.executable, *shlex.split(command)[1:]], cwd=ROOT, env=ENV, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout

@@ -108,3 +108,38 @@ def test_the_module_that_raised_is_the_innermost_one_running():
 
     with pinned("fp32"), pytest.raises(ModelError, match=r"Flax model rejects the batch: the root module \(Bad\) raised TypeError"):
         flax_model(Bad(), lambda m, b, train: (m(b["x"]).sum(), {}), {"x": np.ones((2, 3), np.float32)})
+
+
+class BiaslessDense(nn.Module):
+    """Declares a bias and never adds it."""
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param("kernel", nn.initializers.zeros, (x.shape[-1], 3))
+        self.param("bias", nn.initializers.zeros, (3,))
+        return x @ kernel
+
+
+class Lossy(nn.Module):
+    """A port whose second layer leaves its bias out, or computes in bf16."""
+
+    fault: str
+
+    @nn.compact
+    def __call__(self, x):
+        x = jnp.tanh(nn.Dense(6)(x))
+        return nn.Dense(3, dtype=jnp.bfloat16)(x) if self.fault == "bf16" else BiaslessDense()(x)
+
+
+@pytest.mark.parametrize("fault, diagnosis", [("bias", "the Flax layer does not add its bias"),
+                                              ("bf16", "the Flax layer computes in bfloat16")])
+def test_a_bias_left_out_and_a_bf16_layer_are_diagnosed_at_the_layer(fault, diagnosis):
+    from jaxloop.parity import compare
+
+    torch.manual_seed(0)
+    tm = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+    b = {"x": np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)}
+    report = compare(tm, Lossy(fault), b, precisions=("fp64",), checks=("forward",))
+    div = report.divergences["fp64 eval"]
+    assert div.clean_input and div.layer.torch == "2"
+    assert diagnosis in " ".join(div.diagnoses)

@@ -136,6 +136,8 @@ def _forward(report: Report, mode: str, mapping: weights.Mapping, fm: FlaxModel,
     pairs = layers.pair_modules(mapping, tcap, fcap)
     diffs = layers.compare_layers(pairs, tcap, fcap)
     root = next((d for d in diffs if d.torch == "" and d.flax == ""), None)
+    if root is None and "" in tcap.calls and "" in fcap.calls:  # outputs that do not correspond
+        root = layers.compare_layers([("", "")], tcap, fcap)[0]
     if root is not None:
         report.rows.append(Row(f"forward ({mode}): model output", p, root.out_diff, t.value, t.reason, root.note))
     report.rows.append(Row(f"forward ({mode}): loss", p, _rel(fcap.loss, tcap.loss), t.value, t.reason))

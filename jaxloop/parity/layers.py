@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxloop.parity.errors import ModelError
@@ -58,10 +59,7 @@ class Capture:
 
 
 def _first_float(tensors: list[Any]) -> Any:
-    for t in tensors:
-        if np.issubdtype(np.dtype(str(t.dtype).replace("torch.", "")), np.floating):
-            return t
-    return None
+    return next((t for t in tensors if t.is_floating_point()), None)
 
 
 # ----------------------------------------------------------------------------- torch
@@ -147,7 +145,7 @@ def capture_flax(fm: FlaxModel, loss: Callable[..., Any], batch: dict[str, Any],
         if c.end < 0:
             c.end = counter["end"]
             counter["end"] += 1
-            floats = [x for x in jax.tree.leaves(out) if hasattr(x, "dtype") and np.issubdtype(x.dtype, np.floating)]
+            floats = [x for x in jax.tree.leaves(out) if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)]
             if floats:
                 values[name] = (values[name][0], floats[0])
                 c.output_dtype = str(floats[0].dtype)
@@ -276,7 +274,10 @@ def align(t: np.ndarray | None, f: np.ndarray | None) -> tuple[np.ndarray, np.nd
 def difference(a: np.ndarray, b: np.ndarray) -> float:
     """How far the Flax value b is from the torch value a: rel_diff(b, a) (inf for NaN; exact equality for
     integer tensors)."""
-    if not (np.issubdtype(a.dtype, np.number) and np.issubdtype(b.dtype, np.number)):
+    def numeric(x: np.ndarray) -> bool:
+        return np.issubdtype(x.dtype, np.number) or jnp.issubdtype(x.dtype, jnp.floating)  # bfloat16 too
+
+    if not (numeric(a) and numeric(b)):
         return 0.0 if np.array_equal(a, b) else math.inf
     r = rel_diff(b, a)
     return math.inf if math.isnan(r) else r

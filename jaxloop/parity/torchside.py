@@ -82,7 +82,10 @@ def tensors_in(obj: Any) -> list[Any]:
 
 
 def to_numpy(t: Any) -> np.ndarray:
-    return t.detach().cpu().numpy().copy()
+    t = t.detach().cpu()
+    if t.dtype in (__import__("torch").bfloat16,):  # numpy has no bfloat16: float32 holds it exactly
+        t = t.float()
+    return t.numpy().copy()
 
 
 def state_dict(module: Any) -> dict[str, np.ndarray]:

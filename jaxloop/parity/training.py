@@ -133,38 +133,43 @@ class UpdateResult:
 def updates(torch_module: Any, fm: FlaxModel, mapping: Mapping, grads: dict[str, np.ndarray], precision: str,
             configs: list[tuple[str, OptimConfig, int]], n: int = 3) -> list[UpdateResult]:
     """`n` updates of each config's optimizer on both sides, from the same params with the same gradients
-    (`varied` from update to update)."""
+    (`varied` from update to update). jaxloop's side is one jitted call per update for all configs (one
+    compilation instead of one per config)."""
     torch = require_torch()
     kinds = fm.kinds()
     leaves = fm.leaves()
     per_update = [varied(grads, u) for u in range(n)]
     jax_grads = [replace(fm, params=fm.params).with_leaves(g, precision).params for g in per_update]
     torch_grads = [mapping.to_torch({**leaves, **g}) for g in per_update]
-    results = []
-    for label, o, steps in configs:
-        tx = jax_optimizer(o, steps, precision)
-        params = fm.params
-        state = tx.init(params)
-        update = jax.jit(tx.update)
+    txs = [jax_optimizer(o, steps, precision) for _, o, steps in configs]
+
+    @jax.jit
+    def step_all(g: Any, states: list, params: list) -> tuple[list, list]:
+        out = [tx.update(g, state, p) for tx, state, p in zip(txs, states, params)]
+        return [optax.apply_updates(p, u) for p, (u, _) in zip(params, out)], [state for _, state in out]
+
+    params = [fm.params] * len(configs)
+    states = [tx.init(fm.params) for tx in txs]
+    torch_sides = []
+    for _, o, steps in configs:
         module = _copy(torch_module)
-        optimizer, scheduler, clip = torch_optimizer(o, steps, module)
-        named = dict(module.named_parameters())
-        worst_diff, where, acting = 0.0, "", False
-        for step in range(n):
-            u, state = update(jax_grads[step], state, params)
-            params = optax.apply_updates(params, u)
+        torch_sides.append((module, *torch_optimizer(o, steps, module)))
+    results = [UpdateResult(label, 0.0, "", False) for label, _, _ in configs]
+    for step in range(n):
+        params, states = step_all(jax_grads[step], states, params)
+        for i, ((_, o, _), (module, optimizer, scheduler, clip)) in enumerate(zip(configs, torch_sides)):
+            named = dict(module.named_parameters())
             for k, p in named.items():
                 p.grad = torch.from_numpy(np.array(torch_grads[step][k])).to(p.dtype)
             norm = float(clip())
-            acting = acting or (o.clip_norm > 0 and norm >= o.clip_norm)
+            results[i].clip_acting = results[i].clip_acting or (o.clip_norm > 0 and norm >= o.clip_norm)
             optimizer.step()
             scheduler.step()
-            jax_params = {k: v for k, v in replace(fm, params=params).leaves().items() if kinds[k] == "param"}
+            jax_params = {k: v for k, v in replace(fm, params=params[i]).leaves().items() if kinds[k] == "param"}
             torch_params = to_flax_params(mapping, {k: to_numpy(p) for k, p in named.items()})
             d, w = worst(tensor_rel_diffs(jax_params, torch_params))
-            if not d <= worst_diff:
-                worst_diff, where = d, w
-        results.append(UpdateResult(label, worst_diff, where, acting))
+            if not d <= results[i].diff:
+                results[i].diff, results[i].where = d, w
     return results
 
 
@@ -221,7 +226,7 @@ def trajectory(torch_module: Any, fm: FlaxModel, mapping: Mapping, torch_loss: C
         clip()
         optimizer.step()
         scheduler.step()
-        t_losses.append(float(loss))
+        t_losses.append(float(loss.detach()))
         leaves = replace(fm, params=state.params, model_state=state.model_state).leaves()
         jp = {k: v for k, v in leaves.items() if kinds[k] == "param"}
         tp = to_flax_params(mapping, {k: to_numpy(p) for k, p in module.named_parameters()})

@@ -254,7 +254,7 @@ def _assign(t: TorchSlot, f: FlaxSlot, partial: bool = False) -> list[tuple[Torc
             return None
         leaf, fits = options[0]
         if len(fits) > 1:
-            return (f"{tt.key} {tt.shape} fits {f.module}/{leaf} in more than one layout {fits} (a "
+            return (f"torch {tt.key} {tt.shape} fits Flax {f.leaves[leaf][0]} in more than one layout {fits} (a "
                     f"{t.type} module the mapper does not know): give the layout in overrides, e.g. "
                     f"{{'{f.leaves[leaf][0]}': ('{tt.key}', '{fits[1]}')}}")
         used.add(leaf)
