@@ -73,6 +73,12 @@ def flax_model(module: Any, loss: LossFn, batch: dict[str, Any]) -> FlaxModel:
     """Linen: the variables' structure from one (abstract) call of the loss on the batch, as jaxloop's
     LinenModel.init makes them, filled with zeros; NNX: the module split as jaxloop splits it."""
     if is_nnx(module):
+        from flax import nnx
+
+        module = nnx.merge(*nnx.split(module))  # a copy: the user's module is left as it is
+        for _, m in nnx.iter_modules(module):
+            if isinstance(m, nnx.Dropout):
+                m.rate = 0.0  # an identity in train mode too (module.train() resets `deterministic`, not the rate)
         adapter, params, model_state = NnxModel.split(module)
         return FlaxModel("nnx", adapter, params, model_state)
     from flax import linen as nn
@@ -106,8 +112,8 @@ def batch_to_jax(batch: dict[str, Any], precision: str) -> dict[str, jax.Array]:
 
 
 def no_dropout(loss: LossFn) -> LossFn:
-    """The loss with every flax Dropout an identity, in train mode too (Linen: nn.Dropout calls
-    intercepted; NNX: nnx.Dropout made deterministic). Works under jit: both act while tracing."""
+    """The loss with every Linen nn.Dropout an identity, in train mode too (its calls intercepted; this acts
+    while tracing, so under jit too). NNX models get their nnx.Dropout rates set to 0 in flax_model."""
     from flax import linen as nn
 
     def identity_dropout(next_fun: Callable, args: tuple, kwargs: dict, context: Any) -> Any:
@@ -116,13 +122,6 @@ def no_dropout(loss: LossFn) -> LossFn:
         return next_fun(*args, **kwargs)
 
     def loss_without_dropout(model: Any, batch: dict[str, Any], train: bool) -> Any:
-        if is_nnx(model):
-            from flax import nnx
-
-            for _, m in nnx.iter_modules(model):
-                if isinstance(m, nnx.Dropout):
-                    m.deterministic = True
-            return loss(model, batch, train)
         with nn.intercept_methods(identity_dropout):
             return loss(model, batch, train)
 

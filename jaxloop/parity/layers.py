@@ -212,8 +212,6 @@ def _run_nnx(fm: FlaxModel, params: Any, model_state: Any, loss: Callable, batch
     classes: set[type] = set()
     for path, m in nnx.iter_modules(module):
         names.setdefault(id(m), "/".join(str(p) for p in path))
-        if isinstance(m, nnx.Dropout):
-            m.deterministic = True
         classes.add(type(m))
     active: list[int] = []
     patched: list[tuple[type, Any]] = []

@@ -516,8 +516,11 @@ def _explain(slot: TorchSlot, tt: TorchTensor, fslots: list[FlaxSlot], entries: 
         hint = " (built with use_bias=False? the torch module has a bias)" if wanted == "bias" else ""
         return f"; the Flax module {f.module or '(root)'} it maps to has {leaves}, no {wanted}{hint}"
     shapes = {_shape_after(lay, tt.shape) for lay in LAYOUTS} - {None}
-    cands = [name for f in fslots for name, shape, _ in f.leaves.values() if shape in shapes and name not in entries]
-    return f"; candidates (unmapped Flax leaves of this shape in some layout): {cands[:8] or 'none'}"
+    left = [(name, shape) for f in fslots for name, shape, kind in f.leaves.values() if name not in entries and kind == tt.kind]
+    cands = [name for name, shape in left if shape in shapes]
+    if cands:
+        return f"; candidates (unmapped Flax leaves of this shape in some layout): {cands[:8]}"
+    return f"; no unmapped Flax leaf has its shape in any layout; unmapped Flax leaves: {[f'{n} {s}' for n, s in left][:8] or 'none'}"
 
 
 def _explain_flax(f: FlaxSlot, name: str, shape: tuple[int, ...], entries: dict[str, Entry],
@@ -527,7 +530,10 @@ def _explain_flax(f: FlaxSlot, name: str, shape: tuple[int, ...], entries: dict[
         hint = " (built with bias=False? set use_bias=False in the port)" if name.endswith("bias") else ""
         return f"; the torch module {next(iter(mapped)) or '(root)'} it maps to has no such tensor{hint}"
     cands = [f"{tt.key} {tt.shape}" for tt in left_t if shape in {_shape_after(lay, tt.shape) for lay in LAYOUTS}]
-    return f"; candidates (unmapped torch tensors of this shape in some layout): {cands[:8] or 'none'}"
+    if cands:
+        return f"; candidates (unmapped torch tensors of this shape in some layout): {cands[:8]}"
+    return (f"; no unmapped torch tensor has its shape in any layout; unmapped torch tensors: "
+            f"{[f'{tt.key} {tt.shape}' for tt in left_t][:8] or 'none'}")
 
 
 # ----------------------------------------------------------------------------- execution order
