@@ -19,7 +19,6 @@ from jaxloop.loop import run
 from loopcore.config import Config, ConfigError, preset, validate
 
 
-
 def __getattr__(name: str):
     """`jaxloop.parity` (the port check against PyTorch) is imported on first use, so `import jaxloop` stays light."""
     if name == "parity":

@@ -42,6 +42,7 @@ def test_every_layer_is_compared_in_both_modes(report):
     assert set(report.layers) == {"fp64 eval", "fp64 train", "fp32 eval", "fp32 train"}
 
 
-def test_clipping_acts_in_the_first_update_config(report):
-    rows = [r for r in report.rows if r.check.startswith("update") and "(acting)" in r.check]
-    assert len(rows) == 2 and all("did not act" not in r.reason for r in rows)
+def test_clipping_acts_in_the_configs_that_clip(report):
+    rows = [r for r in report.rows if r.check.startswith("update")]
+    clipping = [r for r in rows if "no clip" not in r.check]
+    assert len(rows) == 6 and len(clipping) == 4 and all(r.reason.endswith("; clipping acted") for r in clipping)

@@ -5,7 +5,6 @@ and plots; `assert_ok()` as a one-line test that names what failed and where the
 from __future__ import annotations
 
 import flax.linen as nn
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch

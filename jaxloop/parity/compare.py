@@ -29,7 +29,7 @@ from jaxloop.parity.port import Batch, Port, flax_output_loss, torch_output_loss
 from jaxloop.parity.precision import check_precisions, pinned, settings
 from jaxloop.parity.report import Report, Row
 from jaxloop.parity.tolerances import tolerance
-from jaxloop.parity.torchside import prepared, require_torch, state_dict, to_numpy
+from jaxloop.parity.torchside import prepared, require_torch, state_dict
 
 CHECKS = ("forward", "gradients", "update")
 
@@ -41,8 +41,9 @@ def compare(torch_module: Any, flax_module: Any, batch: Batch, torch_loss: Calla
             tolerances: dict[tuple[str, str], float] | None = None, name: str = "") -> Report:
     """Check a Flax translation (Linen or NNX) of a PyTorch module; returns the Report (report.assert_ok()
     in a test). Losses default to 0.5 mean(model(batch["x"])^2). `checks`: "forward" (with the train-mode
-    buffers; always), "gradients", "update". `trajectory`: updates of the optional trajectory check (0 = none). Raises TorchMissing without torch, weights.MappingError when the weights
-    do not map, ModelError when a model rejects the batch."""
+    buffers; always), "gradients", "update". `trajectory`: updates of the optional trajectory check (0 =
+    none), on `batches(u)` (or the example batch). Raises TorchMissing without torch, MappingError when
+    the weights do not map, ModelError when a model rejects the batch."""
     require_torch()
     precisions = check_precisions(list(precisions))
     if "forward" not in checks or set(checks) - set(CHECKS):
@@ -50,42 +51,47 @@ def compare(torch_module: Any, flax_module: Any, batch: Batch, torch_loss: Calla
     torch_loss = torch_loss or torch_output_loss
     flax_loss = flax_loss or flax_output_loss
     report = Report(name=name)
-    mapping: weights.Mapping | None = None
-    gaps: dict[str, training.Trajectory] = {}
+    runs: dict[str, training.Trajectory] = {}
     for p in precisions:
         with pinned(p):
             report.settings = settings()
-            tm = prepared(torch_module, p)
-            fm = flax_model(flax_module, flax_loss, batch_to_jax(batch, p))
-            tcap = layers.capture_torch(tm, torch_loss, batch, False, p)
-            if mapping is None:
-                mapping = _mapping(tm, fm, tcap, flax_loss, batch, p, overrides, rename)
-                report.mapping = mapping
-                report.notes += mapping.notes
-            fm = fm.with_leaves(mapping.to_flax(state_dict(tm)), p)
-            _forward(report, "eval", mapping, fm, tcap, layers.capture_flax(fm, flax_loss, batch, False, p), p, tolerances)
-            tm_train = prepared(torch_module, p)
-            tcap_t = layers.capture_torch(tm_train, torch_loss, batch, True, p)
-            fcap_t = layers.capture_flax(fm, flax_loss, batch, True, p)
-            _forward(report, "train", mapping, fm, tcap_t, fcap_t, p, tolerances)
-            _buffers(report, mapping, fm, tcap, tcap_t, fcap_t, p, tolerances)
-            if "gradients" not in checks and "update" not in checks and trajectory == 0:
-                continue
-            fgrads = _gradients(report, mapping, fm, prepared(torch_module, p), torch_loss, flax_loss, batch, p, tolerances,
-                                row="gradients" in checks)
-            grad_norm = float(math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in fgrads.values())))
-            t = tolerance("update", p, tolerances)
-            for r in training.updates(tm, fm, mapping, fgrads, p, training.update_configs(grad_norm),
-                                      update_steps) if "update" in checks else []:
-                report.rows.append(Row(f"update x{update_steps}: {r.label}", p, r.diff, t.value,
-                                       t.reason + ("" if r.clip_acting or "clip" not in r.label or "no clip" in r.label
-                                                   else "; note: clipping did not act"), r.where))
-            if trajectory > 0:
-                tr = training.trajectory(tm, fm, mapping, torch_loss, flax_loss, batches, batch,
-                                         training.trajectory_config(grad_norm), trajectory, p)
-                gaps[p] = tr
-                _trajectory(report, tr, p, trajectory, gaps, tolerances)
+            _one_precision(report, p, torch_module, flax_module, batch, torch_loss, flax_loss, overrides, rename, checks,
+                           update_steps, trajectory, batches, runs, tolerances)
     return report
+
+
+def _one_precision(report: Report, p: str, torch_module: Any, flax_module: Any, batch: Batch, torch_loss: Callable,
+                   flax_loss: Callable, overrides: dict | None, rename: list | None, checks: Sequence[str],
+                   update_steps: int, trajectory: int, batches: Any, runs: dict[str, training.Trajectory],
+                   tolerances: dict | None) -> None:
+    """Every check in precision p (module doc); the mapping is made in the first precision checked."""
+    tm = prepared(torch_module, p)
+    fm = flax_model(flax_module, flax_loss, batch_to_jax(batch, p))
+    tcap = layers.capture_torch(tm, torch_loss, batch, False, p)
+    if report.mapping is None:
+        report.mapping = _mapping(tm, fm, tcap, flax_loss, batch, p, overrides, rename)
+        report.notes += report.mapping.notes
+    mapping = report.mapping
+    fm = fm.with_leaves(mapping.to_flax(state_dict(tm)), p)
+    _forward(report, "eval", mapping, fm, tcap, layers.capture_flax(fm, flax_loss, batch, False, p), p, tolerances)
+    tcap_t = layers.capture_torch(prepared(torch_module, p), torch_loss, batch, True, p)
+    fcap_t = layers.capture_flax(fm, flax_loss, batch, True, p)
+    _forward(report, "train", mapping, fm, tcap_t, fcap_t, p, tolerances)
+    _buffers(report, mapping, fm, tcap, tcap_t, fcap_t, p, tolerances)
+    if "gradients" not in checks and "update" not in checks and trajectory == 0:
+        return
+    fgrads = _gradients(report, mapping, fm, prepared(torch_module, p), torch_loss, flax_loss, batch, p, tolerances,
+                        row="gradients" in checks)
+    grad_norm = float(math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in fgrads.values())))
+    if "update" in checks:
+        t = tolerance("update", p, tolerances)
+        for r in training.updates(tm, fm, mapping, fgrads, p, training.update_configs(grad_norm), update_steps):
+            clipping = {"acting": "; clipping acted", "idle": "; note: clipping did not act", "": ""}[r.clipping]
+            report.rows.append(Row(f"update x{update_steps}: {r.label}", p, r.diff, t.value, t.reason + clipping, r.where))
+    if trajectory > 0:
+        runs[p] = training.trajectory(tm, fm, mapping, torch_loss, flax_loss, batches, batch,
+                                      training.trajectory_config(grad_norm), trajectory, p)
+        _trajectory(report, runs[p], p, trajectory, runs, tolerances)
 
 
 def check(port: Port, **kwargs: Any) -> Report:

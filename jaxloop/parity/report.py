@@ -128,10 +128,13 @@ class Report:
             for key, diffs in self.layers.items():
                 ys = [max(d.out_diff, 1e-18) if not math.isnan(d.out_diff) else 1e3 for d in diffs]
                 ax.semilogy(range(len(ys)), ys, marker="o", ms=3, label=key)
-                tol = next((r.tolerance for r in self.rows if r.check.startswith("layers") and key.startswith(r.precision)), None)
-                if tol is not None:
-                    ax.axhline(tol, ls="--", lw=0.8, color=ax.lines[-1].get_color())
+                precision, mode = key.split()
+                tol = next((r.tolerance for r in self.rows if r.check.startswith(f"forward ({mode}): every paired layer")
+                            and r.precision == precision), None)
+                if tol is not None and mode == "eval":
+                    ax.axhline(tol, ls="--", lw=0.8, color=ax.lines[-1].get_color(), label=f"tolerance {precision}")
             ax.set_xlabel("paired module, in torch's completion order")
+            ax.xaxis.get_major_locator().set_params(integer=True)
             ax.set_ylabel("relative difference of the output")
             ax.set_title("Flax port against torch, layer by layer")
             ax.legend()

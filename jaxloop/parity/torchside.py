@@ -102,4 +102,4 @@ def load_state_dict(module: Any, values: dict[str, np.ndarray]) -> None:
         raise KeyError(f"no values for {missing}")
     with torch.no_grad():
         for k, t in current.items():
-            t.copy_(torch.from_numpy(np.asarray(values[k])).to(t.dtype))
+            t.copy_(torch.from_numpy(np.array(values[k])).to(t.dtype))

@@ -58,7 +58,7 @@ def update_configs(grad_norm: float) -> list[tuple[str, OptimConfig, int]]:
     clip = float(f"{0.5 * grad_norm:.3g}") if grad_norm > 0 else 1.0
     base = OptimConfig(peak_lr=3e-3, init_lr=1e-3, end_lr=3e-5, warmup_steps=2, weight_decay=1e-4, clip_norm=clip)
     return [
-        (f"adamw, warmup-cosine, clip {clip:g} (acting)", base, 10),
+        (f"adamw, warmup-cosine, clip {clip:g}", base, 10),
         ("adamw, no clip, weight decay 0.1, b2 0.95, eps 1e-6", replace(base, clip_norm=0.0, weight_decay=0.1, b2=0.95,
                                                                        eps=1e-6), 10),
         ("adamw, constant rate 1e-2, b1 0.5", replace(base, init_lr=1e-2, peak_lr=1e-2, end_lr=1e-2, warmup_steps=0,
@@ -127,7 +127,7 @@ class UpdateResult:
     label: str
     diff: float  # max over updates and tensors of the relative difference of the params
     where: str
-    clip_acting: bool
+    clipping: str  # "acting" (torch's pre-clip norm reached clip_norm at some update), "idle", "" (no clipping)
 
 
 def updates(torch_module: Any, fm: FlaxModel, mapping: Mapping, grads: dict[str, np.ndarray], precision: str,
@@ -154,15 +154,15 @@ def updates(torch_module: Any, fm: FlaxModel, mapping: Mapping, grads: dict[str,
     for _, o, steps in configs:
         module = _copy(torch_module)
         torch_sides.append((module, *torch_optimizer(o, steps, module)))
-    results = [UpdateResult(label, 0.0, "", False) for label, _, _ in configs]
+    results = [UpdateResult(label, 0.0, "", "idle" if o.clip_norm > 0 else "") for label, o, _ in configs]
     for step in range(n):
         params, states = step_all(jax_grads[step], states, params)
         for i, ((_, o, _), (module, optimizer, scheduler, clip)) in enumerate(zip(configs, torch_sides)):
             named = dict(module.named_parameters())
             for k, p in named.items():
                 p.grad = torch.from_numpy(np.array(torch_grads[step][k])).to(p.dtype)
-            norm = float(clip())
-            results[i].clip_acting = results[i].clip_acting or (o.clip_norm > 0 and norm >= o.clip_norm)
+            if float(clip()) >= o.clip_norm > 0:
+                results[i].clipping = "acting"
             optimizer.step()
             scheduler.step()
             jax_params = {k: v for k, v in replace(fm, params=params[i]).leaves().items() if kinds[k] == "param"}
