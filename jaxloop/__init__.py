@@ -3,6 +3,7 @@
     import jaxloop
     jaxloop.run(cfg, jaxloop.Task(model, loss, train_records, val_records), hooks=[jaxloop.Hook(fn, every=200)])
     from jaxloop import TrainState, make_optimizer, make_schedule, make_train_step, train_step
+    jaxloop.parity.compare(torch_module, flax_module, batch, torch_loss, flax_loss)   # check your own port
 
 The config tree lives in the jax-free package `loopcore` (shared with torch_ref); it is re-exported here.
 Importing jaxloop imports nothing heavy and changes no global state: each name is imported on first use
@@ -30,7 +31,10 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    """The public names, each imported from its module on first use (PEP 562)."""
+    """The public names, each imported from its module on first use (PEP 562); `jaxloop.parity` (the port
+    check against PyTorch, which needs torch) likewise."""
+    if name == "parity":
+        return importlib.import_module("jaxloop.parity")
     if name not in _EXPORTS:
         raise AttributeError(f"module 'jaxloop' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -12,7 +12,8 @@ Adam bias corrections in float64 before rounding them to float32: not the comput
 jaxloop run performs (test_trajectory shows the difference). So every non-fp64 jax computation runs
 inside `jax_mode(precision)`, which turns x64 off for it: real float32 (and bf16/fp16) jaxloop.
 
-Measures (each test says which it uses and why):
+Measures (implemented once in jaxloop.parity.measures, shared with the port check; each test says which
+it uses and why):
 - `curve_rel_diff(a, b)`: max over updates of |a_u - b_u| / |b_u| (losses, rates).
 - `tree_rel_diff(a, b)`: max over parameter tensors of ||a - b||_2 / ||b||_2 (the relative error of
   each tensor as a whole; an elementwise ratio is meaningless for entries that pass through zero).
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxloop.parity import measures
+from jaxloop.parity.measures import abs_diff, curve_rel_diff, flat_params, same_length, ulps_of_value  # noqa: F401 (the suite imports them from here)
 from loopcore.config import CheckpointConfig, Config, LogConfig, preset, to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,51 +256,8 @@ def torch_run(cfg: Config, splits: Any, init_params: Any, updates: int, snapshot
 
 
 # ----------------------------------------------------------------------------- measures
-
-
-def _same_length(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Both as float64 arrays; refuses empty inputs and different shapes (a comparison of nothing, or of
-    a truncated run, would otherwise pass)."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a.size == 0 or b.size == 0:
-        raise ValueError(f"nothing to compare: sizes {a.size} and {b.size}")
-    if a.shape != b.shape:
-        raise ValueError(f"different shapes: {a.shape} and {b.shape}")
-    return a, b
-
-
-def curve_rel_diff(a: Any, b: Any) -> float:
-    """max_u |a_u - b_u| / |b_u| (0 where both are 0); refuses empty or different-length curves."""
-    a, b = _same_length(a, b)
-    diff = np.abs(a - b)
-    scale = np.abs(b)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(diff == 0, 0.0, diff / scale)
-    return float(np.max(rel))
-
-
-def ulps_of_value(got: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    """|got - reference| in float32 ulps of the reference value itself (np.spacing of its float32
-    rounding); a zero rate must be exactly zero (infinitely many ulps otherwise)."""
-    got, reference = _same_length(got, reference)
-    spacing = np.spacing(np.abs(reference).astype(np.float32)).astype(np.float64)
-    diff = np.abs(got - reference)
-    return np.where(diff == 0, 0.0, np.where(reference == 0, np.inf, diff / spacing))
-
-
-def abs_diff(a: Any, b: Any) -> float:
-    """max |a - b|; refuses empty or different-length inputs."""
-    a, b = _same_length(a, b)
-    return float(np.max(np.abs(a - b)))
-
-
-def flat_params(tree: Any) -> dict[str, np.ndarray]:
-    """{'block_0/attn/qkv/bias': array, ...} in float64."""
-    out = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        key = "/".join(str(getattr(k, "key", k)) for k in path)
-        out[key] = np.asarray(leaf, np.float64)
-    return out
+# One implementation of each measure, shared with the port check (jaxloop.parity.measures): curve_rel_diff,
+# ulps_of_value, abs_diff, flat_params, same_length are imported from there; tree_rel_diff leaves key biases out.
 
 
 def without_key_bias(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -315,21 +274,7 @@ def without_key_bias(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def tree_rel_diff(a: Any, b: Any) -> tuple[float, str]:
     """(max over tensors of ||a - b||_2 / ||b||_2, the tensor attaining it); key biases left out."""
-    fa, fb = without_key_bias(flat_params(a)), without_key_bias(flat_params(b))
-    if not fa or not fb:
-        raise ValueError(f"nothing to compare: {len(fa)} and {len(fb)} tensors")
-    if fa.keys() != fb.keys():
-        raise ValueError(f"different tensors: {sorted(set(fa) ^ set(fb))}")
-    worst, where = 0.0, ""
-    for key in fa:
-        if fa[key].shape != fb[key].shape:
-            raise ValueError(f"{key}: shapes {fa[key].shape} and {fb[key].shape}")
-        norm = np.linalg.norm(fb[key])
-        d = np.linalg.norm(fa[key] - fb[key])
-        r = 0.0 if d == 0 else (d / norm if norm else math.inf)
-        if r > worst:
-            worst, where = float(r), key
-    return worst, where
+    return measures.tree_rel_diff(a, b, prepare=without_key_bias)
 
 
 def records(run_dir: str | Path, kind: str = "train") -> list[dict[str, Any]]:

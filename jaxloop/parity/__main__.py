@@ -1,0 +1,116 @@
+"""python -m jaxloop.parity PATH.py:FACTORY — check a PyTorch model against its Flax translation.
+
+FACTORY is a function in PATH.py taking no arguments and returning a jaxloop.parity.Port (the torch
+module, the Flax module, an example batch, the two losses, optionally the trajectory's batches). The
+command prints the weight mapping, then one row per check (measured difference, tolerance, why),
+the first diverging layer with its diagnoses, and a summary line.
+
+Exit status: 0 when every check is within tolerance, 1 when one is not, 2 on bad input (a missing
+file or factory, torch not installed, weights that do not map, a batch a model rejects), with one
+clear message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Any
+
+BAD_INPUT = 2
+
+
+class BadInput(Exception):
+    """A message for stderr and exit status 2."""
+
+
+def load_factory(spec: str) -> Any:
+    """The function FACTORY of PATH.py in "PATH.py:FACTORY"."""
+    path, sep, name = spec.rpartition(":")
+    if not sep or not path or not name:
+        raise BadInput(f"expected PATH.py:FACTORY, got {spec!r}")
+    file = Path(path)
+    if not file.is_file():
+        raise BadInput(f"no such file: {path}")
+    module_name = f"_jaxloop_port_{abs(hash(str(file.resolve())))}"
+    loader = importlib.util.spec_from_file_location(module_name, file)
+    if loader is None or loader.loader is None:
+        raise BadInput(f"cannot import {path}: not a Python file")
+    module = importlib.util.module_from_spec(loader)
+    sys.modules[module_name] = module
+    try:
+        loader.loader.exec_module(module)
+    except Exception as e:  # the user's file failed to import
+        raise BadInput(f"importing {path} failed: {type(e).__name__}: {e}") from e
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        found = sorted(k for k, v in vars(module).items() if inspect.isfunction(v) and not k.startswith("_")
+                       and v.__module__ == module_name)
+        raise BadInput(f"{path} has no function {name!r}; functions it defines: {found}")
+    return factory
+
+
+def port_of(value: Any, spec: str) -> Any:
+    from jaxloop.parity.port import Port
+
+    if isinstance(value, Port):
+        return value
+    if isinstance(value, dict):
+        try:
+            return Port(**value)
+        except TypeError as e:
+            raise BadInput(f"{spec} returned a dict that is not a Port's fields: {e}") from e
+    if isinstance(value, (tuple, list)) and 3 <= len(value) <= 5:
+        return Port(*value)
+    raise BadInput(f"{spec} returned {type(value).__name__}; expected a jaxloop.parity.Port(torch_module, flax_module, "
+                   "batch, torch_loss, flax_loss)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jaxloop.parity", description=__doc__.split("\n\n")[0])
+    parser.add_argument("factory", metavar="PATH.py:FACTORY", help="a function returning a jaxloop.parity.Port")
+    parser.add_argument("--precision", nargs="+", default=["fp64", "fp32"], choices=["fp64", "fp32"],
+                        help="precisions to check in (default: fp64 fp32)")
+    parser.add_argument("--updates", type=int, default=100, help="updates of the trajectory check (0 = none; default 100)")
+    parser.add_argument("--no-trajectory", action="store_true", help="skip the trajectory (same as --updates 0)")
+    parser.add_argument("--markdown", metavar="FILE", help="also write the report as markdown")
+    parser.add_argument("--plots", metavar="DIR", help="also write the layer and trajectory plots (PNG)")
+    parser.add_argument("--no-mapping", action="store_true", help="leave the weight mapping table out")
+    args = parser.parse_args(argv)
+    try:
+        from jaxloop.parity.torchside import require_torch
+
+        require_torch()
+        factory = load_factory(args.factory)
+        try:
+            made = factory()
+        except Exception as e:  # the user's factory failed
+            raise BadInput(f"{args.factory} raised {type(e).__name__}: {e}") from e
+        port = port_of(made, args.factory)
+        from jaxloop.parity.compare import check
+        from jaxloop.parity.errors import ModelError
+        from jaxloop.parity.weights import MappingError
+
+        try:
+            report = check(port, precisions=args.precision, trajectory=0 if args.no_trajectory else args.updates)
+        except (MappingError, ModelError) as e:
+            raise BadInput(str(e)) from e
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return BAD_INPUT
+    except ImportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return BAD_INPUT
+    print(report.text(mapping=not args.no_mapping))
+    if args.markdown:
+        print(f"markdown: {report.write_markdown(args.markdown)}")
+    if args.plots:
+        for path in report.plot(args.plots):
+            print(f"plot: {path}")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""Training, not only inference: gradients, optimizer updates and a trajectory, jaxloop's against torch's.
+
+Gradients: one train-mode backward pass on each side (dropout off), torch's moved into the Flax
+layout through the weight mapping, compared tensor by tensor. Updates: jaxloop's optimizer
+(`jaxloop.make_optimizer`) and torch's (torch_ref's AdamW + LambdaLR schedule + clipping, which are
+torch's own classes) applied `n` times to the same gradients (the Flax ones, mapped back into torch's
+layout), varied elementwise from update to update (`varied`: a constant gradient would leave Adam's
+bias-corrected moments equal to it, blind to b1 and b2, and clipping removes a mere scale), for each
+OptimConfig of `update_configs`. Trajectory: `n` updates of `jaxloop.make_train_step`
+on a `jaxloop.TrainState` against a plain torch loop (zero_grad, backward, clip, step, scheduler step)
+on the same batches in the same order, losses and params compared after every update.
+
+Clipping on the torch side follows optax's rule (g unchanged below the norm, (g / norm) clip above):
+torch's clip_grad_norm_ divides by norm + 1e-6, a difference of 1e-6 / norm that would hide a float64
+comparison (torch_ref.optim.clip_gradients documents both; parity_tests measures the torch rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from jaxloop.parity.flaxside import FlaxModel, batch_to_jax, no_dropout, policy
+from jaxloop.parity.measures import tensor_rel_diffs, worst
+from jaxloop.parity.torchside import batch_to_torch, require_torch, to_numpy
+from jaxloop.parity.weights import LAYOUTS, Mapping
+from loopcore.config import Config, OptimConfig
+
+# ----------------------------------------------------------------------------- optimizers, one function per side
+
+
+def jax_optimizer(o: OptimConfig, steps: int, precision: str) -> optax.GradientTransformation:
+    """jaxloop's optimizer for an OptimConfig (what a jaxloop run with this config trains with)."""
+    from jaxloop.optim import make_optimizer
+
+    return make_optimizer(o, steps, policy(precision))
+
+
+def torch_optimizer(o: OptimConfig, steps: int, module: Any) -> tuple[Any, Any, Callable[[], Any]]:
+    """(optimizer, scheduler, clip) for an OptimConfig: torch's own classes as torch_ref builds them."""
+    from torch_ref.optim import clip_gradients, make_optimizer
+    from torch_ref.schedule import make_scheduler
+
+    cfg = Config(optim=o, steps=steps)
+    optimizer = make_optimizer(cfg, module)
+    return optimizer, make_scheduler(cfg, optimizer), lambda: clip_gradients(module.parameters(), o.clip_norm, mode="optax")
+
+
+def update_configs(grad_norm: float) -> list[tuple[str, OptimConfig, int]]:
+    """(label, OptimConfig, schedule length) of the one-update check: the default AdamW with warmup-cosine
+    and clipping that acts (clip_norm half the gradient's norm), and variants of its hyperparameters.
+    Warmup starts above 0 so that the first updates move the params."""
+    clip = float(f"{0.5 * grad_norm:.3g}") if grad_norm > 0 else 1.0
+    base = OptimConfig(peak_lr=3e-3, init_lr=1e-3, end_lr=3e-5, warmup_steps=2, weight_decay=1e-4, clip_norm=clip)
+    return [
+        (f"adamw, warmup-cosine, clip {clip:g}", base, 10),
+        ("adamw, no clip, weight decay 0.1, b2 0.95, eps 1e-6", replace(base, clip_norm=0.0, weight_decay=0.1, b2=0.95,
+                                                                       eps=1e-6), 10),
+        ("adamw, constant rate 1e-2, b1 0.5", replace(base, init_lr=1e-2, peak_lr=1e-2, end_lr=1e-2, warmup_steps=0,
+                                                      b1=0.5), 10),
+    ]
+
+
+def trajectory_config(grad_norm: float) -> OptimConfig:
+    """The trajectory's optimizer: the first update config."""
+    return update_configs(grad_norm)[0][1]
+
+
+# ----------------------------------------------------------------------------- gradients
+
+
+def torch_param_grads(module: Any, loss: Callable, batch: dict[str, Any], precision: str) -> tuple[float, dict[str, np.ndarray]]:
+    """(loss, {state_dict key: gradient}) of one train-mode backward pass."""
+    module.train()
+    module.zero_grad(set_to_none=True)
+    value = loss(module, batch_to_torch(batch, precision))
+    value.backward()
+    grads = {k: (to_numpy(p.grad) if p.grad is not None else np.zeros(tuple(p.shape))) for k, p in module.named_parameters()}
+    module.zero_grad(set_to_none=True)
+    return float(value.detach()), grads
+
+
+def to_flax_params(mapping: Mapping, torch_values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """{flax param leaf: value} of per-parameter torch values (gradients, params) through the mapping."""
+    out = {}
+    for e in mapping.entries:
+        if e.kind == "param":
+            key = e.torch if e.torch in torch_values else mapping.tied.get(e.torch, e.torch)
+            out[e.flax] = LAYOUTS[e.layout][0](torch_values[key])
+    return out
+
+
+def flax_param_grads(fm: FlaxModel, loss: Callable, batch: dict[str, Any], precision: str) -> tuple[float, dict[str, np.ndarray]]:
+    """(loss, {flax param leaf: gradient}) of one train-mode backward pass (jaxloop.module's bind, dropout off)."""
+    jbatch = batch_to_jax(batch, precision)
+    fn = no_dropout(loss)
+
+    def value(params: Any) -> Any:
+        model, _ = fm.adapter.bind(params, fm.model_state, True, jax.random.PRNGKey(0), policy(precision))
+        return fn(model, jbatch, True)[0]
+
+    v, g = jax.jit(jax.value_and_grad(value))(fm.params)
+    kinds = fm.kinds()
+    leaves = replace(fm, params=g).leaves()
+    return float(v), {k: np.asarray(a) for k, a in leaves.items() if kinds[k] == "param"}
+
+
+# ----------------------------------------------------------------------------- updates
+
+
+def varied(grads: dict[str, np.ndarray], u: int) -> dict[str, np.ndarray]:
+    """The gradients of update u: update 0's as given; later ones multiplied elementwise by factors drawn
+    from [-0.5, 1.5) (seeded by u), so that direction and size change from update to update."""
+    if u == 0:
+        return grads
+    rng = np.random.default_rng(u)
+    return {k: (g * rng.uniform(-0.5, 1.5, np.shape(g))).astype(np.asarray(g).dtype) for k, g in sorted(grads.items())}
+
+
+@dataclass
+class UpdateResult:
+    label: str
+    diff: float  # max over updates and tensors of the relative difference of the params
+    where: str
+    clipping: str  # "acting" (torch's pre-clip norm reached clip_norm at some update), "idle", "" (no clipping)
+
+
+def updates(torch_module: Any, fm: FlaxModel, mapping: Mapping, grads: dict[str, np.ndarray], precision: str,
+            configs: list[tuple[str, OptimConfig, int]], n: int = 3) -> list[UpdateResult]:
+    """`n` updates of each config's optimizer on both sides, from the same params with the same gradients
+    (`varied` from update to update). jaxloop's side is one jitted call per update for all configs (one
+    compilation instead of one per config)."""
+    torch = require_torch()
+    kinds = fm.kinds()
+    leaves = fm.leaves()
+    per_update = [varied(grads, u) for u in range(n)]
+    jax_grads = [replace(fm, params=fm.params).with_leaves(g, precision).params for g in per_update]
+    torch_grads = [mapping.to_torch({**leaves, **g}) for g in per_update]
+    txs = [jax_optimizer(o, steps, precision) for _, o, steps in configs]
+
+    @jax.jit
+    def step_all(g: Any, states: list, params: list) -> tuple[list, list]:
+        out = [tx.update(g, state, p) for tx, state, p in zip(txs, states, params)]
+        return [optax.apply_updates(p, u) for p, (u, _) in zip(params, out)], [state for _, state in out]
+
+    params = [fm.params] * len(configs)
+    states = [tx.init(fm.params) for tx in txs]
+    torch_sides = []
+    for _, o, steps in configs:
+        module = _copy(torch_module)
+        torch_sides.append((module, *torch_optimizer(o, steps, module)))
+    results = [UpdateResult(label, 0.0, "", "idle" if o.clip_norm > 0 else "") for label, o, _ in configs]
+    for step in range(n):
+        params, states = step_all(jax_grads[step], states, params)
+        for i, ((_, o, _), (module, optimizer, scheduler, clip)) in enumerate(zip(configs, torch_sides)):
+            named = dict(module.named_parameters())
+            for k, p in named.items():
+                p.grad = torch.from_numpy(np.array(torch_grads[step][k])).to(p.dtype)
+            if float(clip()) >= o.clip_norm > 0:
+                results[i].clipping = "acting"
+            optimizer.step()
+            scheduler.step()
+            jax_params = {k: v for k, v in replace(fm, params=params[i]).leaves().items() if kinds[k] == "param"}
+            torch_params = to_flax_params(mapping, {k: to_numpy(p) for k, p in named.items()})
+            d, w = worst(tensor_rel_diffs(jax_params, torch_params))
+            if not d <= results[i].diff:
+                results[i].diff, results[i].where = d, w
+    return results
+
+
+def _copy(module: Any) -> Any:
+    import copy
+
+    return copy.deepcopy(module)
+
+
+# ----------------------------------------------------------------------------- trajectory
+
+
+@dataclass
+class Trajectory:
+    torch_losses: np.ndarray
+    flax_losses: np.ndarray
+    param_diffs: np.ndarray  # per update: max over tensors
+    worst_tensor: str
+    buffer_diff: float | None  # after the last update, max over buffers (None: no buffers)
+    torch_params: dict[str, np.ndarray]
+    flax_params: dict[str, np.ndarray]
+
+
+def batch_at(batches: Callable[[int], dict] | Sequence[dict] | None, example: dict, u: int) -> dict:
+    if batches is None:
+        return example
+    if callable(batches):
+        return batches(u)
+    return batches[u % len(batches)]
+
+
+def trajectory(torch_module: Any, fm: FlaxModel, mapping: Mapping, torch_loss: Callable, flax_loss: Callable,
+               batches: Any, example: dict, o: OptimConfig, n: int, precision: str) -> Trajectory:
+    """`n` updates through jaxloop.make_train_step and through a plain torch loop, from the same weights."""
+    from jaxloop.state import TrainState
+    from jaxloop.step import make_train_step
+
+    state = TrainState.create(params=fm.params, tx=jax_optimizer(o, n, precision), rng=jax.random.PRNGKey(0),
+                              model=fm.adapter, model_state=fm.model_state, policy=policy(precision))
+    step = jax.jit(make_train_step(no_dropout(flax_loss)))
+    module = _copy(torch_module)
+    optimizer, scheduler, clip = torch_optimizer(o, n, module)
+    kinds = fm.kinds()
+    t_losses, f_losses, diffs = [], [], []
+    worst_tensor, worst_value = "", -1.0
+    for u in range(n):
+        b = batch_at(batches, example, u)
+        state, metrics = step(state, batch_to_jax(b, precision))
+        f_losses.append(float(metrics["loss"]))
+        module.train()
+        optimizer.zero_grad(set_to_none=True)
+        loss = torch_loss(module, batch_to_torch(b, precision))
+        loss.backward()
+        clip()
+        optimizer.step()
+        scheduler.step()
+        t_losses.append(float(loss.detach()))
+        leaves = replace(fm, params=state.params, model_state=state.model_state).leaves()
+        jp = {k: v for k, v in leaves.items() if kinds[k] == "param"}
+        tp = to_flax_params(mapping, {k: to_numpy(p) for k, p in module.named_parameters()})
+        d, w = worst(tensor_rel_diffs(jp, tp))
+        diffs.append(d)
+        if not d <= worst_value:
+            worst_value, worst_tensor = d, w
+    buffers = {k: v for k, v in leaves.items() if kinds[k] == "buffer"}
+    buffer_diff = None
+    if buffers:
+        tb = mapping.to_flax({k: to_numpy(v) for k, v in module.state_dict().items()})
+        buffer_diff = worst(tensor_rel_diffs(buffers, {k: tb[k] for k in buffers}))[0]
+    return Trajectory(np.asarray(t_losses), np.asarray(f_losses), np.asarray(diffs), worst_tensor, buffer_diff, tp, jp)

@@ -1,0 +1,139 @@
+"""`python -m jaxloop.parity PATH.py:FACTORY`: the table on a shipped example, and bad input answered with
+one clear message and exit status 2 (a missing file or factory, weights that do not map, a batch a model
+rejects, naming the module that raised, torch missing). `import jaxloop` never imports torch.
+
+Mutants seen failing: the command returning 1 instead of 2 for a MappingError; ModelError naming the
+outermost module instead of the innermost one running (the stack's first entry).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jaxloop.parity.__main__ import main
+
+pytestmark = pytest.mark.torch
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+
+
+def test_command_prints_the_mapping_and_the_table_of_a_shipped_example():
+    (command,) = re.findall(r"```bash\n(.*?)```", (ROOT / "docs" / "porting.md").read_text(), re.S)  # the doc's block
+    assert command.startswith("python -m jaxloop.parity examples/ports/transformer_encoder.py:make")
+    proc = subprocess.run([sys.executable, *shlex.split(command)[1:]], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert re.search(r"\nlayers\.0\.self_attn\.in_proj_weight +blocks/0/attn/qkv/kernel +transpose +order\n", out)
+    assert re.search(r"\ngradients, every tensor +fp64 +\S+ +1\.00e-09 +yes ", out) and "why this tolerance" in out
+    assert "trajectory" not in out
+    assert out.strip().endswith("vs a Flax NNX port: 10 of 10 checks within tolerance")
+
+
+def test_import_jaxloop_does_not_import_torch():
+    code = "import sys, jaxloop, jaxloop.parity; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], env=ENV, check=True, timeout=300)
+
+
+PORTS = textwrap.dedent('''
+    import numpy as np, torch, jax.numpy as jnp, flax.linen as nn
+    from jaxloop.parity import Port
+
+    class Net(nn.Module):
+        width: int = 6
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(jnp.tanh(nn.Dense(self.width)(x)))
+
+    def tl(m, b):
+        return (m(b["x"]) ** 2).mean()
+
+    def fl(m, b, train):
+        return jnp.mean(m(b["x"]) ** 2), {}
+
+    def torch_net(inputs=4):
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(inputs, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+
+    X = {"x": np.ones((2, 4), np.float32)}
+
+    def good():
+        return Port(torch_net(), Net(), X, tl, fl)
+
+    def wrong_width():
+        return Port(torch_net(), Net(width=5), X, tl, fl)
+
+    def torch_rejects():
+        return Port(torch_net(inputs=7), Net(), X, tl, fl)
+
+    class Reshaping(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Dense(6)(x)
+            return nn.Dense(3)(jnp.tanh(h).reshape(5, -1))
+
+    def flax_rejects():
+        return Port(torch_net(), Reshaping(), X, tl, fl)
+''')
+
+
+@pytest.fixture()
+def ports(tmp_path):
+    path = tmp_path / "ports.py"
+    path.write_text(PORTS)
+    return path
+
+
+def _main(capsys, *argv):
+    code = main(list(argv) + ["--precision", "fp64", "--updates", "0"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_missing_file_exits_2(tmp_path, capsys):
+    code, _, err = _main(capsys, f"{tmp_path}/nope.py:make")
+    assert code == 2 and err.strip() == f"error: no such file: {tmp_path}/nope.py"
+
+
+def test_a_missing_factory_exits_2_naming_the_functions_there(ports, capsys):
+    code, _, err = _main(capsys, f"{ports}:make")
+    assert code == 2 and "has no function 'make'; functions it defines: ['fl', 'flax_rejects', 'good', 'tl', 'torch_net', 'torch_rejects', 'wrong_width']" in err
+
+
+def test_weights_that_do_not_map_exit_2_naming_the_parameter_and_the_candidates(ports, capsys):
+    code, _, err = _main(capsys, f"{ports}:wrong_width")
+    assert code == 2
+    assert "error: the weights do not map:" in err
+    assert "torch 0.weight (6, 4) (Linear) has no Flax counterpart" in err and "candidates" in err
+
+
+def test_a_batch_torch_rejects_exits_2_naming_the_module(ports, capsys):
+    code, _, err = _main(capsys, f"{ports}:torch_rejects")
+    assert code == 2 and "error: the torch model rejects the batch: module '0' (Linear) raised RuntimeError" in err
+
+
+def test_a_batch_flax_rejects_exits_2_naming_the_module(ports, capsys):
+    code, _, err = _main(capsys, f"{ports}:flax_rejects")
+    assert code == 2 and "error: the Flax model rejects the batch: the root module" in err and "reshape" in err
+
+
+def test_without_torch_the_command_says_how_to_install_it(ports, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    code, _, err = _main(capsys, f"{ports}:good")
+    assert code == 2 and "pip install torch" in err and "pip install -e '.[test]'" in err
+
+
+def test_without_torch_compare_says_how_to_install_it(monkeypatch):
+    from jaxloop.parity import TorchMissing, compare
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(TorchMissing, match="pip install torch"):
+        compare(None, None, {})
