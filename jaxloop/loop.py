@@ -31,11 +31,12 @@ from jaxloop.executables import compile_cached
 from jaxloop.distributed import (abstract_sharded, barrier, check_divisible, create_sharded, initialize, is_primary,
                                  make_mesh, pin_shardings, shard_batch, to_host, whole_params)
 from jaxloop.logger import RunLogger
-from jaxloop.optim import optimizer_metrics
+from jaxloop.optim import optimizer_metrics, set_learning_rate
+from jaxloop.plateau import Plateau
 from jaxloop.runinfo import Profiler, Timings, memory_bytes, run_metadata
 from jaxloop.state import TrainState, state_digest
 from jaxloop.step import make_eval_step, make_train_step, scan_steps
-from jaxloop.task import Task, builtin_task, init_state
+from jaxloop.task import Task, builtin_task, check_own_optimizer, init_state
 from loopcore.cli import EXIT_SIGNAL, Interrupted, NonFiniteError
 from loopcore.config import RESUME_SAFE, Config, ConfigError, compiled_fields, validate
 from loopcore.records import BestTracker
@@ -151,6 +152,7 @@ def run(cfg: Config, task: Task | None = None) -> dict[str, Any]:
         retain_freed_memory()  # before the first call's buffers are allocated
     user_task = task
     task = task if task is not None else builtin_task(cfg)  # bad data is a ConfigError before anything is written
+    check_own_optimizer(cfg, task)
     splits = task.splits()
     initialize(cfg)  # join the other processes, if any, before any device is used
     check_divisible(cfg)
@@ -206,6 +208,7 @@ class Loop:
         self.compiled: dict[int, Any] = {}
         self.signal: int | None = None
         self.tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
+        self.plateau = Plateau.of(cfg) if cfg.optim.schedule == "plateau" else None  # decides at evaluations
         self.stop_reason = "completed"
 
     def run(self, state: TrainState, restored: Any) -> dict[str, Any]:
@@ -213,6 +216,8 @@ class Loop:
         if restored is not None:
             state, step = restored.state, restored.step
             self.tracker.load(restored.data["best"])
+            if self.plateau is not None:
+                self.plateau.load(restored.data["plateau"])
             loader = TrainLoader.from_state(cfg, self.splits, restored.data["loader"])
         else:
             loader = TrainLoader(cfg, self.splits)
@@ -254,7 +259,9 @@ class Loop:
             self._check_streak(start, metrics)
             self._log(start, step, metrics, synced, waited)
             if ahead is None:
-                if self._at_boundary(call.state, step, stopping, batches):
+                end, state = self._at_boundary(call.state, step, stopping, batches)
+                call = call._replace(state=state)  # plateau may have set the rate of the next updates
+                if end:
                     break
                 ahead = self._dispatch(call.state, step, batches, profiler)
             call = ahead
@@ -320,8 +327,10 @@ class Loop:
                     self.logger.train({**self._record(int(applied[i]), metrics, i, step, now, data_wait), **extra})
                 self.logger.flush()
 
-    def _at_boundary(self, state: TrainState, step: int, stopping: bool, batches: DevicePrefetcher) -> bool:
-        """Evaluate and save as due at `step`; True when the run ends here."""
+    def _at_boundary(self, state: TrainState, step: int, stopping: bool,
+                     batches: DevicePrefetcher) -> tuple[bool, TrainState]:
+        """Evaluate (and let plateau decide the rate) and save as due at `step`; (whether the run ends here,
+        the state to continue from)."""
         cfg, cadence = self.cfg, self.cadence
         evaluated = None
         if cadence.eval(step):
@@ -334,23 +343,29 @@ class Loop:
                 self.stop_reason = "early_stopping"
                 self.logger.message(f"early stopping at update {step}: no better "
                                     f"{cfg.checkpoint.best_metric} in {cfg.patience} evaluations")
+            if self.plateau is not None and self.plateau.step(self._metric(evaluated)):
+                state = state.replace(opt_state=set_learning_rate(state.opt_state, self.plateau.rate))
+                self.logger.message(f"plateau at update {step}: learning rate reduced to {self.plateau.rate:.6g}")
         end = step >= cfg.steps or self.stop_reason != "completed" or stopping
         if (cadence.save(step) or end) and self.saved_step != step:
             with self.timings("checkpoint"):
                 # batches.state(): the position after the micro-batches trained on, not those prefetched
-                self.ckpt.save(step, state, {"loader": batches.state(), "best": self.tracker.as_dict()},
+                plateau = {} if self.plateau is None else {"plateau": self.plateau.as_dict()}
+                self.ckpt.save(step, state, {"loader": batches.state(), "best": self.tracker.as_dict(), **plateau},
                                metrics=evaluated, check_finite=False)  # the optimizer keeps the state finite
             self.saved_step = step
         if stopping:
             self.stop_reason = f"signal {signal.Signals(self.signal).name}"
-        return end
+        return end, state
 
     def _record(self, step: int, metrics: dict, i: int, call_end: int, now: float, data_wait: float) -> dict[str, Any]:
         """The log record of the update that micro-batch i of the call applied (reaching `step`). Rates are
         over the interval since the previous record; the call's time is shared evenly by its updates."""
         K = self.cfg.optim.accum_steps
         record = {"step": step, "loss": float(np.mean(metrics["loss"][max(i + 1 - K, 0):i + 1]))}
-        record.update(lr=float(metrics["lr"][i]), grad_norm=float(metrics["grad_norm"][i]),
+        if "lr" in metrics:  # a Task's own optimizer may keep no rate (optimizer_metrics)
+            record["lr"] = float(metrics["lr"][i])
+        record.update(grad_norm=float(metrics["grad_norm"][i]),
                       skipped=int(metrics["skipped"][i]), loss_scale=float(metrics["loss_scale"][i]))
         share = (step - self.rate.step) / max(call_end - self.rate.step, 1)
         record.update(self.rate.interval(step, self.rate.time + share * (now - self.rate.time),
