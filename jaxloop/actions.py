@@ -16,7 +16,8 @@ never cut a call short). The loop calls, for every action, in list order:
                                       a new state
     close(run)                        at the end, however the run ends (in reverse order)
 
-Built in: SignalStop, NonFiniteStreak, LogTrain, Profile, Evaluate (with early stopping), Save; and
+Built in: SignalStop, NonFiniteStreak, LogTrain, Profile, Evaluate (with early stopping), PlateauRate
+(the plateau schedule's decision after each evaluation), Save; and
 Hook, a research code's own action (`jaxloop.run(cfg, task, hooks=[Hook(fn, every=200)])`). An action
 with a `key` keeps a JSON state in every checkpoint's data item (state_dict / load_state_dict).
 """
@@ -34,6 +35,7 @@ import numpy as np
 
 from jaxloop.dispatch import Finished
 from jaxloop.logger import RunLogger
+from jaxloop.optim import set_learning_rate
 from jaxloop.runinfo import Profiler, Timings, memory_bytes
 from jaxloop.state import TrainState
 from loopcore.cadence import Cadence, due
@@ -297,6 +299,34 @@ class Evaluate(Action):
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         self.tracker.load(saved)
+
+
+class PlateauRate(Action):
+    """The plateau schedule (torch's ReduceLROnPlateau): after each evaluation `plateau` (jaxloop.plateau,
+    host-side) decides on `metric`, and a reduced rate is written into the optimizer's state for the
+    updates that follow; its decision state goes into every checkpoint. Runs after Evaluate."""
+
+    needs_state = True
+    key = "plateau"
+
+    def __init__(self, plateau: Any, metric: str, every: int):
+        self.plateau, self.metric, self.every = plateau, metric, every
+        self.decided_at: int | None = None
+
+    def at_step(self, run: RunContext, step: int, state: TrainState) -> TrainState | None:
+        if run.evaluated_at != step or self.decided_at == step:
+            return None
+        self.decided_at = step
+        if not self.plateau.step(run.last_eval[self.metric]):
+            return None
+        run.logger.message(f"plateau at update {step}: learning rate reduced to {self.plateau.rate:.6g}")
+        return state.replace(opt_state=set_learning_rate(state.opt_state, self.plateau.rate))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.plateau.as_dict()
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.plateau.load(saved)
 
 
 class Save(Action):

@@ -1,46 +1,36 @@
 """The optimizer, as optax transformations:
 
     [dynamic_loss_scale(] skip_nonfinite_windows(chain(
-        record_grad_norm(), clip_by_global_norm, inject_hyperparams(adamw)(schedule)), K) [)]
+        record_grad_norm(), clip_by_global_norm, inject_hyperparams(optimizer)(schedule)), K) [)]
 
-skip_nonfinite_windows averages K micro-batch gradients as optax.MultiSteps does (and keeps its
-state, MultiStepsState), so clipping acts on the mean and adamw (and its schedule count) steps once
-per update; it drops a whole accumulation window that saw a non-finite gradient (or whose mean
-gradient's sum of squares overflows): params, moments, update count and schedule stay, the
-accumulator restarts. `dynamic_loss_scale` (fp16) unscales the
-gradients and follows torch.amp.GradScaler's rule. The step reads what it logs from the state by
-type (`find_state`, by isinstance): the applied rate (inject_hyperparams' `learning_rate`), GradNormState,
+`optimizer` is optim.name's (jaxloop.optimizers: adamw by default; adam, sgd, rmsprop, adagrad, lion with
+torch.optim's semantics) or a Task's own optax transformation. skip_nonfinite_windows averages K
+micro-batch gradients as optax.MultiSteps does (and keeps its state, MultiStepsState), so clipping acts on
+the mean and the optimizer (and its schedule count) steps once per update; it drops a whole accumulation
+window that saw a non-finite gradient (or whose mean gradient's sum of squares overflows): params,
+moments, update count and schedule stay, the accumulator restarts. `dynamic_loss_scale` (fp16) unscales
+the gradients and follows torch.amp.GradScaler's rule. The step reads what it logs from the state by type
+(`find_state`, by isinstance): the applied rate (inject_hyperparams' `learning_rate`), GradNormState,
 SkipWindowsState, LossScaleState.
-
-adamw is optax's chain scale_by_adam -> add_decayed_weights(mask) -> scale_by_learning_rate, with one
-change inside scale_by_adam: the bias corrections 1 - b^t. optax computes them from b rounded to the
-moments' float type; in float32, float32(0.999) is 1.3e-8 off, which puts 1 - 0.999^t 1.3e-5
-(relative) off for small t and made every float32 step ~6e-6 (relative) shorter than AdamW's (torch's,
-which takes them in float64); the parity suite measured it. Here they come from log(b) in Python
-float64: 1 - b^t = -expm1(t log b), a few ulps from exact in any float type. Same state, same moments.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from jaxloop import precision
+from jaxloop import optimizers, precision
+from jaxloop.optimizers import adamw, decay_mask, scale_by_adam  # noqa: F401  (jaxloop.optim's names before the menu)
 from jaxloop.precision import BACKOFF_FACTOR, GROWTH_FACTOR, GROWTH_INTERVAL, Policy
 from jaxloop.schedule import make_schedule
 from loopcore.config import OptimConfig
 
-
-def decay_mask(params: Any) -> Any:
-    """True for leaves that get weight decay: matrices and embeddings (ndim >= 2), not biases or scales.
-
-    The same rule as nanoGPT's and torch_ref's param groups (`p.dim() >= 2`).
-    """
-    return jax.tree.map(lambda p: p.ndim >= 2, params)
+OwnOptimizer = Any
+"""A Task's own optimizer: an optax.GradientTransformation, or a factory schedule -> GradientTransformation
+(called with jaxloop's schedule, count -> rate)."""
 
 
 def all_finite(tree: Any) -> jax.Array:
@@ -53,45 +43,6 @@ def all_finite(tree: Any) -> jax.Array:
 
 def _where(cond: jax.Array, a: Any, b: Any) -> Any:
     return jax.tree.map(lambda x, y: jnp.where(cond, x, y), a, b)
-
-
-# ----------------------------------------------------------------------------- adamw
-
-
-def _one_minus_pow(b: float, count: jax.Array) -> jax.Array:
-    """1 - b**count in the default float type, a few ulps from exact: -expm1(count * log(b)), log(b) in float64."""
-    if b == 0.0:
-        return jnp.ones([], jnp.result_type(float))  # 0**t = 0 for the counts used (t >= 1)
-    return -jnp.expm1(count.astype(jnp.result_type(float)) * math.log(b))
-
-
-def scale_by_adam(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
-    """optax.scale_by_adam(b1, b2, eps, eps_root=0) with exact bias corrections (see the module doc).
-
-    State optax.ScaleByAdamState(count, mu, nu), updated as optax does; the update is
-    (mu / (1 - b1^t)) / (sqrt(nu / (1 - b2^t)) + eps).
-    """
-    base = optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=0.0)
-
-    def update_fn(updates: Any, state: optax.ScaleByAdamState, params: Any = None) -> tuple[Any, Any]:
-        del params
-        mu = optax.tree.update_moment(updates, state.mu, b1, 1)
-        nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
-        count = optax.safe_increment(state.count)
-        c1, c2 = _one_minus_pow(b1, count), _one_minus_pow(b2, count)
-        updates = jax.tree.map(lambda m, v: (m / c1.astype(m.dtype)) / (jnp.sqrt(v / c2.astype(v.dtype)) + eps), mu, nu)
-        return updates, optax.ScaleByAdamState(count=count, mu=mu, nu=optax.tree.cast_like(nu, state.nu))
-
-    return optax.GradientTransformation(base.init, update_fn)
-
-
-def adamw(learning_rate: Any, b1: float, b2: float, eps: float, weight_decay: float) -> optax.GradientTransformation:
-    """optax.adamw(learning_rate, b1, b2, eps, eps_root=0, weight_decay, mask=decay_mask), exact bias corrections."""
-    return optax.chain(
-        scale_by_adam(b1=b1, b2=b2, eps=eps),
-        optax.add_decayed_weights(weight_decay, decay_mask),
-        optax.scale_by_learning_rate(learning_rate),
-    )
 
 
 # ----------------------------------------------------------------------------- the gradient norm
@@ -277,27 +228,50 @@ def dynamic_loss_scale(inner: optax.GradientTransformation, init_scale: float = 
 # ----------------------------------------------------------------------------- the whole optimizer
 
 
-def make_optimizer(optim: OptimConfig, steps: int, policy: Policy) -> optax.GradientTransformation:
-    """The run's optimizer (module doc) from its sub-config, the update count and the precision policy.
+def make_optimizer(optim: OptimConfig, steps: int, policy: Policy,
+                   optimizer: OwnOptimizer = None) -> optax.GradientTransformation:
+    """The run's optimizer (module doc) from its sub-config, the update count and the precision policy;
+    `optimizer`: a Task's own (a GradientTransformation, or a factory given the schedule), in place of
+    optim.name's.
 
-    Weight decay is always passed explicitly: optax's adamw default (1e-4) and torch's AdamW default
-    (1e-2) differ. clip_norm = 0 means no clipping.
+    Every hyperparameter is passed explicitly (optax's and torch's defaults differ: AdamW's weight decay
+    is 1e-4 in optax, 1e-2 in torch). clip_norm = 0 means no clipping. The plateau schedule's rate is a
+    number in the state, which the loop replaces at evaluations (jaxloop.plateau).
     """
     o = optim
     parts = [record_grad_norm()]
     if o.clip_norm > 0:
         parts.append(optax.clip_by_global_norm(o.clip_norm))
     schedule = make_schedule(o, steps)
-    parts.append(optax.inject_hyperparams(adamw, static_args=("b1", "b2", "eps", "weight_decay"))(
-        learning_rate=lambda count: schedule(count).astype(policy.param_dtype),  # kept in the params' dtype
-        b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay))
-    # The accumulator holds gradients in the params' dtype (MultiSteps' default is float32); the chain
-    # above keeps every state finite when the mean gradient's sum of squares is (check_result=False).
+    rate = lambda count: schedule(count).astype(policy.param_dtype)  # noqa: E731  (kept in the params' dtype)
+    if optimizer is None:
+        parts.append(optimizers.build(o, float(o.peak_lr) if o.schedule == "plateau" else rate))
+        # For the optimizers whose state stays finite with a finite gradient the window is judged from the
+        # mean gradient before running them; others are checked after (optimizers.BOUNDED)
+        check_result = o.name not in optimizers.BOUNDED
+    else:
+        parts.append(optimizer if isinstance(optimizer, optax.GradientTransformation) else optimizer(rate))
+        check_result = True
+    # The accumulator holds gradients in the params' dtype (MultiSteps' default is float32)
     tx = skip_nonfinite_windows(optax.chain(*parts), o.accum_steps, accumulator_dtype=policy.param_dtype,
-                                check_result=False)
+                                check_result=check_result)
     if not policy.dynamic_scale:
         return tx
     return dynamic_loss_scale(tx, init_scale=precision.INIT_SCALE, accum_steps=o.accum_steps)
+
+
+def set_learning_rate(opt_state: Any, rate: float) -> Any:
+    """opt_state with the rate of the next updates replaced: the optimizer's one injected numeric
+    `learning_rate` (plateau's; a scheduled one is recomputed from its count, so it cannot be set). The new
+    value keeps the old one's dtype and placement."""
+    injected = [s for s in _of_type(opt_state, INJECTED)
+                if "learning_rate" in s.hyperparams and "learning_rate" not in s.hyperparams_states]
+    if len(injected) != 1:
+        raise LookupError(f"expected exactly one injected numeric learning_rate in the optimizer state, found {len(injected)}")
+    old = injected[0].hyperparams["learning_rate"]
+    new = jnp.asarray(rate, old.dtype)
+    new = jax.device_put(new, old.sharding) if isinstance(old, jax.Array) and hasattr(old, "sharding") else new
+    return replace_state(opt_state, type(injected[0]), hyperparams={**injected[0].hyperparams, "learning_rate": new})
 
 
 def _of_type(opt_state: Any, cls: type) -> list[Any]:

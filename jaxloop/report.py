@@ -277,11 +277,23 @@ def plot_loss(run: Run, path: Path, best: dict[str, Any]) -> None:
     fig.savefig(path)
 
 
+def _schedule_line(optim: dict[str, Any], steps: Any) -> str:
+    """The schedule as jaxloop.schedule.describe words it, from the saved config (the fields it reads)."""
+    from loopcore.config import OptimConfig, from_dict
+
+    try:
+        from jaxloop.schedule import describe
+
+        return describe(from_dict(optim, _cls=OptimConfig), int(steps))
+    except (ValueError, TypeError, KeyError):  # a config written by another version: its own words
+        return f"{optim.get('schedule', 'warmup_cosine')} (peak_lr {optim.get('peak_lr')})"
+
+
 def plot_lr(run: Run, path: Path) -> None:
     fig, (ax,) = _figure(1)
     x, y = _series(run.train, "lr")
     ax.plot(x, y, color="tab:purple", marker="." if len(x) <= 60 else None, linewidth=1.2)
-    ax.set_title("Learning rate of each logged update")
+    ax.set_title("Learning rate applied at each logged update (read back from the optimizer)")
     ax.set_xlabel("update")
     ax.set_ylabel("learning rate")
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
@@ -374,8 +386,8 @@ def render(run: Run, plots: dict[str, str]) -> str:
         f"| updates | {_cfg(run, 'steps', 'n/a')} (batch {_cfg(run, 'batch_size', 'n/a')} x accumulation "
         f"{o.get('accum_steps', 1)}) |",
         f"| precision | {_cfg(run, 'precision', 'n/a')} |",
-        f"| schedule | {o.get('init_lr')} -> {o.get('peak_lr')} over {o.get('warmup_steps')} warmup updates, cosine "
-        f"to {o.get('end_lr')} |",
+        f"| optimizer | {o.get('name', 'adamw')} |",
+        f"| schedule | {_schedule_line(o, _cfg(run, 'steps', 0))} |",
         f"| EMA | {o.get('ema_decay') if o.get('ema_decay') else 'off'} |",
         f"| git | {(commit[:12] + (' (uncommitted changes)' if md.get('git_dirty') else '')) if commit else 'n/a'} |",
         f"| devices | {', '.join(md.get('devices', [])) or 'n/a'} ({md.get('backend', 'n/a')}) |",

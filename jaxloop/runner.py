@@ -30,7 +30,7 @@ from jaxloop.runinfo import Profiler, Timings, run_metadata
 from jaxloop.setup import configure_process
 from jaxloop.state import state_digest
 from jaxloop.step import make_train_step, scan_steps
-from jaxloop.task import Task, builtin_task, init_state
+from jaxloop.task import Task, builtin_task, check_own_optimizer, init_state
 from loopcore.cadence import MAX_UPDATES_PER_CALL, Cadence
 from loopcore.cli import Interrupted
 from loopcore.config import NOT_COMPILED, Config, compiled_fields, to_dict, validate
@@ -62,6 +62,7 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
     configure_process(cfg)
     builtin = task is None
     task = builtin_task(cfg) if builtin else task  # bad data is a ConfigError before anything is written
+    check_own_optimizer(cfg, task)
     splits = task.splits()
     check_divisible(cfg)
     rd = RunDir(cfg, writes=is_primary())
@@ -119,7 +120,12 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
         signals, act.NonFiniteStreak(cfg.max_bad_steps),
         act.LogTrain(cadence, cfg.batch_size, cfg.model.context if splits.source == "text" else 0),
         act.Profile(Profiler(cfg.log.profile_start, cfg.log.profile_steps, logger.layout.profile, timings)),
-        evaluate, *hooks]
+        evaluate]
+    if cfg.optim.schedule == "plateau":  # decides the rate of the next updates from each evaluation
+        from jaxloop.plateau import Plateau
+
+        actions.append(act.PlateauRate(Plateau.of(cfg), cfg.checkpoint.best_metric, cadence.eval_every))
+    actions += hooks
     # the data position a checkpoint holds is the dispatcher's (built below, once the call size is known)
     actions.append(act.Save(cadence, ckpt, lambda: dispatcher.data_state(), list(actions), saved_step=step or None))
     per_call = updates_per_call(cfg.steps, actions, cfg.updates_per_call or MAX_UPDATES_PER_CALL)

@@ -1,62 +1,269 @@
-"""The learning-rate schedule of record: linear warmup then cosine decay, by update index.
+"""The learning-rate schedules PyTorch users run, by update index; and `python -m jaxloop.schedule`, which
+prints (or plots) one without training.
 
-`make_schedule(cfg.optim, cfg.steps)(u)` is the rate used by the 0-based optimizer update u: an optax.Schedule
-(count -> rate) that adamw's scale_by_learning_rate calls with its own count. The schedule advances once
-per update, never per micro-batch: optax.MultiSteps only steps the inner adamw (and so its count) when
-it emits an update.
+`make_schedule(cfg.optim, cfg.steps)(u)` is the rate of the 0-based optimizer update u: an optax.Schedule
+(count -> rate) that the optimizer's inject_hyperparams calls with its own count. It advances once per
+update, never per micro-batch: the optimizer runs (and counts) once per window of K micro-batches.
 
-    lr(u) = init + (peak - init) * u / warmup                                  u < warmup
-    lr(u) = end + (peak - end) * sin^2(pi/2 * (steps - u') / (steps - warmup))  u' = min(u, steps) >= warmup
+Every schedule but plateau is a function of u alone. The rates of updates 0 .. steps are evaluated once, in
+float64 on the host (`rates`), and looked up by count (clamped at steps: the rate is held past steps) in the
+default float type: in float32 each applied rate is the float64 value correctly rounded (within half an ulp
+of the value); the same formulas evaluated in float32 on the device are off by several ulps, and optax's
+warmup_cosine_decay_schedule by ~45 ulps late in the cosine (its 0.5 * (1 + cos) cancels). The table
+costs 4 bytes per update in float32.
 
-The cosine part is the usual end + (peak - end) * 0.5 * (1 + cos(pi t)), t = (u' - warmup) / (steps -
-warmup), written without its cancellation: 0.5 * (1 + cos(pi t)) = cos^2(pi t / 2) = sin^2(pi/2 (1 - t)),
-and 1 - t = (steps - u') / (steps - warmup) is a ratio of exact integers, so the rate near the end of the
-cosine (a small difference of nearly equal numbers in the textbook form) keeps its relative precision.
-With warmup == steps the cosine part is empty and the rate is end_lr from u = steps on; past steps it
-is held at end_lr.
+Notation: P = peak_lr (torch's `lr`), I = init_lr, E = end_lr, W = warmup_steps, S = steps; after the warmup
+the schedule's own count is v = u - W over D = S - W updates, as the second scheduler of torch's
+SequentialLR([LinearLR, main], milestones=[W]) counts (`step_size`, `milestones`, `t_0` count from there).
 
-Precision. The rates of updates 0 .. steps are evaluated once, in float64 on the host, and the schedule
-looks them up by count (clamped at steps) in the default float type: in float32 each applied rate is
-the float64 value correctly rounded (within half an ulp of the value). The same formula evaluated in
-float32 on the device is off by up to 4 ulps of the value (measured over the parity suite's 60
-schedules: the argument's roundings are doubled by the square), and optax's
-warmup_cosine_decay_schedule, which jaxloop used before, by ~45 ulps late in the cosine (its
-0.5 * (1 + cos) cancels). The table costs 4 bytes per update in float32 (4 MB per million updates).
+    warmup        u < W:  I + (P - I) * u / W           LinearLR(I/P, 1, W) (LambdaLR(u / W) when I = 0)
+    warmup_cosine E + (P - E) * sin^2(pi/2 * (S - u') / D), u' = min(u, S)   (E from S on when W = S)
+    constant      P                                                            ConstantLR(factor 1)
+    linear        E + (P - E) * (D - v') / D, v' = min(v, D)                   LinearLR(1, E/P, D)
+    polynomial    P * ((D - v') / D) ** power                                  PolynomialLR(D, power)
+    step          P * gamma ** (v // step_size)                                StepLR
+    multistep     P * gamma ** (number of milestones <= v)                     MultiStepLR
+    exponential   P * gamma ** v                                               ExponentialLR
+    cosine_restarts  E + (P - E) * sin^2(pi/2 * (T_i - T_cur) / T_i): cycles of T_0, T_0 T_mult, ...
+                                                                               CosineAnnealingWarmRestarts
+    one_cycle     torch's OneCycleLR over S updates (no warmup of ours): phases ending at pct_start S - 1
+                  ((2 pct_start S - 2), S - 1) from P/div_factor up to P (down to P/div_factor), down to
+                  P/div_factor/final_div_factor; within a phase from a to b at fraction f of it:
+                  cos: b + (a - b) * sin^2(pi/2 * (1 - f)); linear: b + (a - b) * (1 - f)   (held past S - 1)
+    wsd           P until v = D - decay_steps, then at fraction f = (v - (D - decay_steps)) / decay_steps to E
+                  (reached at u = S, as Hugging Face's: the last trained update is one short of it):
+                  E + (P - E) * (1 - f | sin^2(pi/2 (1 - f)) | (1 - f) / (1 + sqrt(f)))   Hugging Face's
+                  get_wsd_schedule (linear | cosine | 1-sqrt), min_lr_ratio = E / P
+    inverse_sqrt  P / sqrt((v + timescale) / timescale)      Hugging Face's get_inverse_sqrt_schedule
+    plateau       P, multiplied by plateau.factor by the host at evaluations (jaxloop.plateau): the
+                  optimizer keeps the rate as a number the loop replaces, not as a schedule
+
+Each formula is torch's (or Hugging Face's) closed form, written without cancellation where the textbook
+form has one: 0.5 * (1 + cos(pi t)) = sin^2(pi/2 (1 - t)) with 1 - t a ratio of exact integers, so a rate
+near the end of a cosine keeps its relative precision. torch's own classes step a chained form (each rate
+from the previous one); parity_tests measure how far that drifts from these.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
+from bisect import bisect_right
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
-import optax
 
 from loopcore.config import OptimConfig
 
 
-def _rates(o: OptimConfig, steps: int) -> np.ndarray:
-    """float64 rates of updates 0 .. steps (see the module doc)."""
+def _warmup(o: OptimConfig, u: int) -> float:
+    return o.init_lr + (o.peak_lr - o.init_lr) * (u / o.warmup_steps)
+
+
+def _sin2(num: float, den: float) -> float:
+    """sin^2(pi/2 * num / den): (1 + cos(pi t)) / 2 with 1 - t = num / den."""
+    s = math.sin(0.5 * math.pi * (num / den))
+    return s * s
+
+
+def _restart_position(o: OptimConfig, v: int) -> tuple[int, int]:
+    """(T_cur, T_i) after v updates of CosineAnnealingWarmRestarts(T_0, T_mult)."""
+    t_cur, t_i = v, o.t_0
+    while t_cur >= t_i:
+        t_cur, t_i = t_cur - t_i, t_i * o.t_mult
+    return t_cur, t_i
+
+
+def _one_cycle(o: OptimConfig, steps: int, u: int) -> float:
+    """torch's OneCycleLR at update u < steps (its phase ends and endpoints, cancellation-free annealing)."""
+    initial = o.peak_lr / o.div_factor
+    low = initial / o.final_div_factor
+    up = float(o.pct_start * steps) - 1
+    phases = ([(up, initial, o.peak_lr), (float(2 * o.pct_start * steps) - 2, o.peak_lr, initial), (steps - 1, initial, low)]
+              if o.three_phase else [(up, initial, o.peak_lr), (steps - 1, o.peak_lr, low)])
+    start = 0.0
+    for i, (end, a, b) in enumerate(phases):
+        if u <= end or i == len(phases) - 1:
+            left = (end - u) / (end - start)  # 1 - the fraction of the phase done
+            return b + (a - b) * (_sin2(end - u, end - start) if o.anneal_strategy == "cos" else left)
+        start = end
+    raise AssertionError("unreachable")
+
+
+def _wsd(o: OptimConfig, steps: int, v: int) -> float:
+    n = o.decay_steps
+    k = v - (steps - o.warmup_steps - n)  # updates into the decay
+    if k <= 0:
+        return o.peak_lr
+    k = min(k, n)
+    if o.decay_type == "linear":
+        f = (n - k) / n
+    elif o.decay_type == "cosine":
+        f = _sin2(n - k, n)
+    else:  # 1-sqrt: 1 - sqrt(k / n) = (1 - k / n) / (1 + sqrt(k / n))
+        f = ((n - k) / n) / (1.0 + math.sqrt(k / n))
+    return o.end_lr + (o.peak_lr - o.end_lr) * f
+
+
+def _after_warmup(o: OptimConfig, steps: int, v: int) -> float:
+    """The schedule's rate v updates after the warmup (module doc)."""
+    P, E, D = o.peak_lr, o.end_lr, steps - o.warmup_steps
+    s = o.schedule
+    if s in ("constant", "plateau"):
+        return P
+    if s == "linear":
+        return E + (P - E) * ((D - min(v, D)) / D)
+    if s == "polynomial":
+        return P * ((D - min(v, D)) / D) ** o.power
+    if s == "step":
+        return P * o.gamma ** (v // o.step_size)
+    if s == "multistep":
+        return P * o.gamma ** bisect_right(o.milestones, v)
+    if s == "exponential":
+        return P * o.gamma ** v
+    if s == "cosine_restarts":
+        t_cur, t_i = _restart_position(o, v)
+        return E + (P - E) * _sin2(t_i - t_cur, t_i)
+    if s == "wsd":
+        return _wsd(o, steps, v)
+    if s == "inverse_sqrt":
+        timescale = o.timescale or o.warmup_steps or 10_000
+        return P / math.sqrt((v + timescale) / timescale)
+    raise ValueError(f"optim.schedule={s!r} has no per-update formula here")
+
+
+def rates(optim: OptimConfig, steps: int) -> np.ndarray:
+    """float64 rates of updates 0 .. steps (see the module doc); the last is held past steps."""
+    o = optim
     out = np.empty(steps + 1, np.float64)
     for u in range(steps + 1):
-        if u < o.warmup_steps:
-            out[u] = o.init_lr + (o.peak_lr - o.init_lr) * (u / o.warmup_steps)
-        elif o.warmup_steps == steps:
-            out[u] = o.end_lr
+        if o.schedule == "one_cycle":
+            out[u] = _one_cycle(o, steps, min(u, steps - 1))
+        elif o.schedule == "warmup_cosine":
+            if u < o.warmup_steps:
+                out[u] = _warmup(o, u)
+            elif o.warmup_steps == steps:
+                out[u] = o.end_lr
+            else:
+                out[u] = o.end_lr + (o.peak_lr - o.end_lr) * _sin2(steps - u, steps - o.warmup_steps)
+        elif u < o.warmup_steps and o.schedule != "plateau":
+            out[u] = _warmup(o, u)
         else:
-            s = math.sin(0.5 * math.pi * ((steps - u) / (steps - o.warmup_steps)))
-            out[u] = o.end_lr + (o.peak_lr - o.end_lr) * (s * s)
+            out[u] = _after_warmup(o, steps, u - (0 if o.schedule == "plateau" else o.warmup_steps))
     return out
 
 
-def make_schedule(optim: OptimConfig, steps: int) -> optax.Schedule:
-    """count -> the rate of update `count` (held at end_lr past steps), in the default float type."""
-    rates = _rates(optim, steps)
+def make_schedule(optim: OptimConfig, steps: int) -> Any:
+    """count -> the rate of update `count` (held past steps), in the default float type (an optax.Schedule).
+
+    For plateau this is its starting rate, peak_lr, at every count: its reductions are host decisions
+    (jaxloop.plateau) applied to the optimizer's state."""
+    import jax.numpy as jnp
+
+    table = rates(optim, steps)
 
     def at(count: Any) -> Any:
-        table = jnp.asarray(rates, dtype=jnp.result_type(float))  # float32, or float64 under x64
+        values = jnp.asarray(table, dtype=jnp.result_type(float))  # float32, or float64 under x64
         index = jnp.clip(jnp.asarray(count).astype(jnp.int32), 0, steps)
-        return table[index]
+        return values[index]
 
     return at
+
+
+# ----------------------------------------------------------------------------- the schedule explorer
+
+
+def shown_updates(optim: OptimConfig, steps: int, count: int = 12) -> list[int]:
+    """The updates a table shows by default: evenly spaced ones, plus each phase's first and last update."""
+    marks = {0, steps - 1}
+    marks.update(round(i * (steps - 1) / (count - 1)) for i in range(count))
+    if optim.schedule not in ("one_cycle", "plateau") and 0 < optim.warmup_steps < steps:
+        marks.update((optim.warmup_steps - 1, optim.warmup_steps))
+    if optim.schedule == "one_cycle":
+        marks.update(int(e) + d for e in (optim.pct_start * steps - 1,) for d in (0, 1))
+    if optim.schedule == "wsd":
+        start = steps - optim.decay_steps  # its last rate at peak_lr; the decay shows from the next
+        marks.update((start, start + 1))
+    return sorted(m for m in marks if 0 <= m < steps)
+
+
+EXPLORER_HELP = """python -m jaxloop.schedule [--at U,U,...] [--plot FILE.png] [the train command's flags]
+
+Prints the learning rate the train command's config would apply at chosen updates (default: a dozen,
+with each phase's boundaries), or with --plot also draws every update's rate to FILE.png, without
+training. Every flag of `python -m jaxloop.train` is accepted (--optim.schedule one_cycle --steps 1000 ...).
+"""
+
+
+def _take(argv: list[str], name: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            value = argv[i + 1]
+            del argv[i:i + 2]
+            return value
+        if arg.startswith(name + "="):
+            del argv[i]
+            return arg.split("=", 1)[1]
+    return None
+
+
+def describe(optim: OptimConfig, steps: int) -> str:
+    """One line naming the schedule and what it reads (for the explorer and the run report)."""
+    from loopcore.optim_fields import SCHEDULE_FIELDS
+
+    fields = ", ".join(f"{f}={getattr(optim, f)}" for f in ("peak_lr", *SCHEDULE_FIELDS[optim.schedule])
+                       if f != "plateau")
+    return f"{optim.schedule} over {steps} updates ({fields})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m jaxloop.schedule`: print (and plot) the schedule of a train command's config."""
+    from loopcore.cli import EXIT_BAD_INPUT, UsageError, parse_config
+    from loopcore.config import ConfigError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--help" in argv or "-h" in argv:
+        print(EXPLORER_HELP)
+    try:
+        at, plot = _take(argv, "--at"), _take(argv, "--plot")
+        cfg = parse_config(argv, "jaxloop.schedule", check_paths=False)
+        updates = shown_updates(cfg.optim, cfg.steps)
+        if at is not None:
+            try:
+                updates = [int(x) for x in at.split(",") if x.strip()]
+            except ValueError:
+                raise ConfigError("--at", at, "comma-separated update indices (0-based)") from None
+            if not updates or min(updates) < 0:
+                raise ConfigError("--at", at, "comma-separated update indices >= 0")
+    except (ConfigError, UsageError) as e:
+        print(f"jaxloop.schedule: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    table = rates(cfg.optim, cfg.steps)
+    print(describe(cfg.optim, cfg.steps))
+    if cfg.optim.schedule == "plateau":
+        print(f"(plateau: peak_lr until an evaluation without improvement for more than {cfg.optim.plateau.patience} "
+              f"evaluations multiplies it by {cfg.optim.plateau.factor}; shown before any reduction)")
+    print(f"{'update':>8}  rate")
+    for u in updates:
+        print(f"{u:>8}  {table[min(u, cfg.steps)]:.6g}")
+    if plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        ax.plot(np.arange(cfg.steps), table[:cfg.steps], lw=1.5)
+        ax.set_xlabel("update (0-based)")
+        ax.set_ylabel("learning rate")
+        ax.set_title(describe(cfg.optim, cfg.steps), fontsize=8)
+        fig.tight_layout()
+        fig.savefig(plot, dpi=110)
+        plt.close(fig)
+        print(f"plotted to {plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

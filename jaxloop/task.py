@@ -9,6 +9,13 @@ metrics are logged as val_<name> after each evaluation. Validation batches carry
 record, 0 for the padding that fills the last batch): a loss that weights its mean by it (as
 `cross_entropy_loss` does) evaluates exactly; the loop averages batches by their total weight.
 The presets (digits, shakespeare, debug) are built-in tasks: `builtin_task(cfg)`.
+
+`optimizer`: the task's own optax optimizer in place of optim.name's: a GradientTransformation (e.g.
+optax.adafactor(1e-3)), or a factory called with jaxloop's schedule (count -> rate, optim.schedule's) that
+returns one (e.g. `lambda lr: optax.inject_hyperparams(optax.adafactor, static_args="min_dim_size_to_factor")(
+learning_rate=lr)`). The loop wraps
+its clipping, accumulation, non-finite skip and loss scale around it, checkpoints its state and logs its
+rate where optax.inject_hyperparams keeps one `learning_rate`.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import optax
 
 from jaxloop.models import make_model
 from jaxloop.module import LinenModel, LossFn, NnxModel, is_nnx
@@ -26,7 +34,8 @@ from jaxloop.optim import make_optimizer
 from jaxloop.precision import get_policy
 from jaxloop.state import TrainState
 from jaxloop.step import cross_entropy_loss
-from loopcore.config import Config
+from loopcore.config import Config, ConfigError, preset
+from loopcore.optim_fields import OPTIMIZER_FIELDS, SCHEDULE_FIELDS, WARMUP
 from loopcore.sources import Splits, as_records, load_splits
 
 
@@ -45,6 +54,7 @@ class Task:
     val: Any
     eval_metrics: Callable[[Callable[..., Any], dict[str, Any]], dict[str, Any]] | None = None
     vocab: tuple[str, ...] | None = None  # written to run_dir/vocab.json for sampling (text tasks)
+    optimizer: Any = None  # an optax GradientTransformation or schedule -> GradientTransformation (module doc)
 
     def splits(self) -> Splits:
         """The records as the data layer reads them."""
@@ -85,8 +95,30 @@ def init_state(cfg: Config, task: Task, splits: Splits | None = None) -> TrainSt
         params, model_state = model.init(init_rng, task.loss, splits.train.get(np.zeros(1, np.int64)))
     return TrainState.create(
         model=model, params=params, model_state=policy.cast_to_param(model_state), rng=step_rng, policy=policy,
-        tx=make_optimizer(cfg.optim, cfg.steps, policy), ema_decay=cfg.optim.ema_decay,
+        tx=make_optimizer(cfg.optim, cfg.steps, policy, task.optimizer), ema_decay=cfg.optim.ema_decay,
     )
+
+
+def check_own_optimizer(cfg: Config, task: Task) -> None:
+    """A Task that brings its own optimizer: the config's optimizer fields (and, for a GradientTransformation,
+    which has its own rate, the schedule's but the warmup's init_lr, warmup_steps and end_lr, which
+    validate() checks against steps for every run) must keep their defaults, and plateau is refused (the
+    loop can set only jaxloop's own optimizers' rate): a ConfigError names the field otherwise."""
+    if task.optimizer is None:
+        return
+    o, base = cfg.optim, preset(cfg.preset).optim
+    factory = not isinstance(task.optimizer, optax.GradientTransformation)
+    if o.schedule == "plateau":
+        raise ConfigError("optim.schedule", o.schedule, "a per-update schedule when the Task brings its own optimizer "
+                          "(plateau sets the rate of jaxloop's own optimizers only)")
+    unread = {"name", *(f for fs in OPTIMIZER_FIELDS.values() for f in fs)}
+    if not factory:  # the warmup's fields stay free: validate() holds warmup_steps to steps for any run
+        unread |= {"schedule", "peak_lr", *(f for fs in SCHEDULE_FIELDS.values() for f in fs)} - set(WARMUP) - {"end_lr"}
+    for name in sorted(unread):
+        if getattr(o, name) != getattr(base, name):
+            kind = "factory (it reads only the schedule)" if factory else "GradientTransformation (it has its own rate)"
+            raise ConfigError(f"optim.{name}", getattr(o, name), f"its default {getattr(base, name)!r}: the Task "
+                              f"brings its own optimizer, a {kind}")
 
 
 def create_train_state(cfg: Config, model: Any, example_x: Any) -> TrainState:

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal, get_args, get_type_hints
 
+from loopcore.optim_fields import SCHEDULE_FIELDS as SCHEDULE_READS
+
 PRECISIONS = ("fp32", "bf16", "bf16_full", "fp16", "fp64")
 PRESETS = ("digits", "shakespeare", "debug")
 
@@ -25,26 +27,111 @@ class ConfigError(ValueError):
         super().__init__(f"{field_path}={value!r} is not allowed: {allowed}")
 
 
+OPTIMIZERS = ("adamw", "adam", "sgd", "rmsprop", "adagrad", "lion")
+SCHEDULES = ("warmup_cosine", "constant", "linear", "polynomial", "step", "multistep", "exponential",
+             "cosine_restarts", "one_cycle", "wsd", "inverse_sqrt", "plateau")
+
+
+@dataclass(frozen=True)
+class PlateauConfig:
+    """ReduceLROnPlateau (optim.schedule=plateau): at each evaluation checkpoint.best_metric, by
+    checkpoint.best_mode, decides whether the rate is multiplied by `factor` (torch's rule and names)."""
+
+    factor: float = 0.1
+    """Multiply the rate by this after more than `patience` evaluations without improvement."""
+    patience: int = 10
+    """Evaluations without improvement tolerated before a reduction."""
+    threshold: float = 1e-4
+    """How much better counts as better (relative or absolute: threshold_mode)."""
+    threshold_mode: Literal["rel", "abs"] = "rel"
+    """rel: better than best * (1 -/+ threshold); abs: better than best -/+ threshold."""
+    cooldown: int = 0
+    """Evaluations after a reduction during which bad evaluations are not counted."""
+    min_lr: float = 0.0
+    """The rate is never reduced below this."""
+    eps: float = 1e-8
+    """A reduction smaller than this (absolute) is not made."""
+
+
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with warmup-cosine schedule, global-norm clipping and gradient accumulation."""
+    """The optimizer and its learning-rate schedule (torch's semantics and names; docs/optimizers.md),
+    global-norm clipping and gradient accumulation."""
 
+    name: Literal["adamw", "adam", "sgd", "rmsprop", "adagrad", "lion"] = "adamw"
+    """adamw (decoupled decay, torch.optim.AdamW), adam (decay as L2 in the gradient, torch.optim.Adam), sgd,
+    rmsprop, adagrad (as torch.optim's), lion (the paper's, optax.lion)."""
+    schedule: Literal["warmup_cosine", "constant", "linear", "polynomial", "step", "multistep", "exponential",
+                      "cosine_restarts", "one_cycle", "wsd", "inverse_sqrt", "plateau"] = "warmup_cosine"
+    """The rate per update, after the linear warmup (init_lr -> peak_lr; not one_cycle, plateau): warmup_cosine
+    (cosine to end_lr at steps), constant, linear (to end_lr), polynomial (PolynomialLR, to 0), step, multistep,
+    exponential, cosine_restarts (CosineAnnealingWarmRestarts), one_cycle (OneCycleLR), wsd (warmup-stable-decay),
+    inverse_sqrt, plateau (ReduceLROnPlateau at each evaluation). peak_lr is torch's `lr` (one_cycle's max_lr).
+    `python -m jaxloop.schedule` shows it."""
     peak_lr: float = 3e-3
     """Learning rate at the end of warmup."""
     init_lr: float = 0.0
     """Learning rate of the first update (start of the linear warmup)."""
     end_lr: float = 3e-5
-    """Learning rate after the cosine decay, held past `steps`."""
+    """The floor: warmup_cosine's and cosine_restarts' eta_min, linear's and wsd's final rate, held past steps."""
     warmup_steps: int = 50
-    """Updates of linear warmup from init_lr to peak_lr (0 = start at peak_lr)."""
+    """Updates of linear warmup from init_lr to peak_lr before the schedule (0 = start at peak_lr); the
+    schedule's own update count starts after it, as inside torch's SequentialLR."""
     weight_decay: float = 1e-4
-    """Decoupled (AdamW) weight decay on matrices and embeddings; never on biases or norm scales."""
+    """Weight decay on matrices and embeddings, never on biases or norm scales: decoupled (scaled by the rate)
+    for adamw and lion, added to the gradient (L2, torch's weight_decay) for adam, sgd, rmsprop, adagrad."""
     b1: float = 0.9
-    """Adam first-moment decay."""
+    """First-moment decay (adamw, adam; lion's interpolation beta1)."""
     b2: float = 0.999
-    """Adam second-moment decay."""
+    """Second-moment decay (adamw, adam; lion's momentum beta2, 0.99 in its paper)."""
     eps: float = 1e-8
-    """Adam epsilon, added to the root of the second moment (outside the square root)."""
+    """Epsilon added to the root of the second moment, outside the square root (adamw, adam, rmsprop,
+    adagrad; torch's Adagrad defaults to 1e-10)."""
+    momentum: float = 0.0
+    """Momentum (sgd, rmsprop), as torch's: sgd's buffer starts as the first gradient."""
+    dampening: float = 0.0
+    """sgd: the gradient enters the momentum buffer times (1 - dampening), from the second update on."""
+    nesterov: bool = False
+    """sgd: Nesterov momentum (needs momentum > 0 and dampening 0, as torch)."""
+    alpha: float = 0.99
+    """rmsprop: decay of the squared-gradient average."""
+    centered: bool = False
+    """rmsprop: divide by the root of the gradient's variance estimate instead of its second moment."""
+    lr_decay: float = 0.0
+    """adagrad: the rate of update t (1-based) is divided by 1 + (t - 1) * lr_decay."""
+    initial_accumulator_value: float = 0.0
+    """adagrad: starting value of the sum of squared gradients."""
+    step_size: int = 0
+    """step: multiply the rate by gamma every step_size updates (after warmup)."""
+    gamma: float = 0.1
+    """step, multistep, exponential: the multiplicative factor."""
+    milestones: tuple[int, ...] = ()
+    """multistep: updates (counted after warmup) at which the rate is multiplied by gamma, increasing."""
+    power: float = 1.0
+    """polynomial: the rate is peak_lr * (1 - t / (steps - warmup_steps)) ** power."""
+    t_0: int = 0
+    """cosine_restarts: updates of the first cosine cycle (from peak_lr to end_lr)."""
+    t_mult: int = 1
+    """cosine_restarts: each cycle is t_mult times as long as the previous."""
+    pct_start: float = 0.3
+    """one_cycle: fraction of steps spent increasing the rate."""
+    div_factor: float = 25.0
+    """one_cycle: the first rate is peak_lr / div_factor."""
+    final_div_factor: float = 1e4
+    """one_cycle: the last rate is peak_lr / div_factor / final_div_factor."""
+    three_phase: bool = False
+    """one_cycle: torch's three-phase form (up, back down to the first rate, then to the last rate)."""
+    anneal_strategy: Literal["cos", "linear"] = "cos"
+    """one_cycle: cosine or linear annealing within each phase."""
+    decay_steps: int = 0
+    """wsd: the final updates over which the rate decays from peak_lr to end_lr (the rest is stable)."""
+    decay_type: Literal["linear", "cosine", "1-sqrt"] = "cosine"
+    """wsd: the decay's shape (Hugging Face's decay_type)."""
+    timescale: int = 0
+    """inverse_sqrt: after warmup the rate is peak_lr / sqrt((t + timescale) / timescale), t counted after
+    warmup (0 = warmup_steps, or 10000 without warmup, as Hugging Face's)."""
+    plateau: PlateauConfig = field(default_factory=PlateauConfig)
+    """plateau: ReduceLROnPlateau's settings."""
     clip_norm: float = 1.0
     """Clip the mean accumulated gradient to this global L2 norm (0 = no clipping)."""
     accum_steps: int = 1
@@ -326,12 +413,14 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
     _positive_float("optim.peak_lr", o.peak_lr)
     _nonneg_float("optim.init_lr", o.init_lr)
     _nonneg_float("optim.end_lr", o.end_lr)
-    if o.init_lr > o.peak_lr:
-        raise ConfigError("optim.init_lr", o.init_lr, f"at most optim.peak_lr ({o.peak_lr})")
-    if o.end_lr > o.peak_lr:
-        raise ConfigError("optim.end_lr", o.end_lr, f"at most optim.peak_lr ({o.peak_lr})")
     _nonneg_int("optim.warmup_steps", o.warmup_steps)
-    if o.warmup_steps > cfg.steps:
+    _choice("optim.schedule", o.schedule, SCHEDULES)
+    read = SCHEDULE_READS[o.schedule]  # a schedule that does not read a field leaves its default alone
+    if "init_lr" in read and o.init_lr > o.peak_lr:
+        raise ConfigError("optim.init_lr", o.init_lr, f"at most optim.peak_lr ({o.peak_lr})")
+    if "end_lr" in read and o.end_lr > o.peak_lr:
+        raise ConfigError("optim.end_lr", o.end_lr, f"at most optim.peak_lr ({o.peak_lr})")
+    if "warmup_steps" in read and o.warmup_steps > cfg.steps:
         raise ConfigError("optim.warmup_steps", o.warmup_steps, f"an integer in [0, steps={cfg.steps}]")
     _nonneg_float("optim.weight_decay", o.weight_decay)
     for name, v in (("optim.b1", o.b1), ("optim.b2", o.b2)):
@@ -346,6 +435,7 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
     _float("optim.ema_decay", o.ema_decay)
     if not 0.0 <= o.ema_decay < 1.0:
         raise ConfigError("optim.ema_decay", o.ema_decay, "a number in [0, 1) (0 = off)")
+    _validate_optimizer_and_schedule(cfg)
 
     _choice("model.kind", m.kind, ("mlp", "gpt"))
     _choice("model.activation", m.activation, ("gelu", "relu", "tanh"))
@@ -407,6 +497,83 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
         if cfg.init_from and not os.path.isdir(cfg.init_from):
             raise ConfigError("init_from", cfg.init_from, "empty or an existing run_dir or checkpoints directory")
     return cfg
+
+
+def _validate_optimizer_and_schedule(cfg: Config) -> None:
+    """The optimizer's and the schedule's own fields (docs/optimizers.md), and that no field either ignores
+    was set away from the preset's value (loopcore.optim_fields)."""
+    from loopcore.optim_fields import readers, unread_fields
+
+    o, p = cfg.optim, cfg.optim.plateau
+    _choice("optim.name", o.name, OPTIMIZERS)
+    _choice("optim.schedule", o.schedule, SCHEDULES)
+    for name, value, default, who in unread_fields(o, preset(cfg.preset).optim):
+        raise ConfigError(f"optim.{name}", value, f"its default {default!r} ({who} does not read it; read by "
+                          f"{', '.join(readers(name.split('.')[0]))})")
+    for name in ("momentum", "alpha"):
+        _float(f"optim.{name}", getattr(o, name))
+        if not 0.0 <= getattr(o, name) < 1.0:
+            raise ConfigError(f"optim.{name}", getattr(o, name), "a number in [0, 1)")
+    _float("optim.dampening", o.dampening)
+    if not 0.0 <= o.dampening <= 1.0:
+        raise ConfigError("optim.dampening", o.dampening, "a number in [0, 1]")
+    for name in ("nesterov", "centered", "three_phase"):
+        if not isinstance(getattr(o, name), bool):
+            raise ConfigError(f"optim.{name}", getattr(o, name), "true or false")
+    if o.nesterov and (o.momentum <= 0 or o.dampening != 0):
+        raise ConfigError("optim.nesterov", o.nesterov, f"false unless optim.momentum > 0 and optim.dampening = 0 "
+                          f"(they are {o.momentum} and {o.dampening}; torch's rule)")
+    _nonneg_float("optim.lr_decay", o.lr_decay)
+    _nonneg_float("optim.initial_accumulator_value", o.initial_accumulator_value)
+    _positive_float("optim.gamma", o.gamma)
+    _nonneg_float("optim.power", o.power)
+    _nonneg_int("optim.step_size", o.step_size)
+    _nonneg_int("optim.t_0", o.t_0)
+    _positive_int("optim.t_mult", o.t_mult)
+    _nonneg_int("optim.decay_steps", o.decay_steps)
+    _nonneg_int("optim.timescale", o.timescale)
+    if not isinstance(o.milestones, tuple) or not all(_is_int(m) and m > 0 for m in o.milestones) or \
+            list(o.milestones) != sorted(set(o.milestones)):
+        raise ConfigError("optim.milestones", o.milestones, "increasing positive integers")
+    _float("optim.pct_start", o.pct_start)
+    if not 0.0 < o.pct_start < 1.0:
+        raise ConfigError("optim.pct_start", o.pct_start, "a number in (0, 1)")
+    _positive_float("optim.div_factor", o.div_factor)
+    _positive_float("optim.final_div_factor", o.final_div_factor)
+    _choice("optim.anneal_strategy", o.anneal_strategy, ("cos", "linear"))
+    _choice("optim.decay_type", o.decay_type, ("linear", "cosine", "1-sqrt"))
+    _float("optim.plateau.factor", p.factor)
+    if not 0.0 <= p.factor < 1.0:
+        raise ConfigError("optim.plateau.factor", p.factor, "a number in [0, 1)")
+    _nonneg_int("optim.plateau.patience", p.patience)
+    _nonneg_float("optim.plateau.threshold", p.threshold)
+    _choice("optim.plateau.threshold_mode", p.threshold_mode, ("rel", "abs"))
+    _nonneg_int("optim.plateau.cooldown", p.cooldown)
+    _nonneg_float("optim.plateau.min_lr", p.min_lr)
+    _nonneg_float("optim.plateau.eps", p.eps)
+
+    decay_span = cfg.steps - (o.warmup_steps if "warmup_steps" in SCHEDULE_READS[o.schedule] else 0)
+    needs = {"step": ("step_size", o.step_size >= 1, "an integer >= 1"),
+             "multistep": ("milestones", len(o.milestones) > 0, "one or more increasing positive integers"),
+             "cosine_restarts": ("t_0", o.t_0 >= 1, "an integer >= 1"),
+             "wsd": ("decay_steps", 1 <= o.decay_steps <= decay_span,
+                     f"an integer in [1, steps - warmup_steps = {decay_span}]")}
+    if o.schedule in needs:
+        name, ok, allowed = needs[o.schedule]
+        if not ok:
+            raise ConfigError(f"optim.{name}", getattr(o, name), f"{allowed} (optim.schedule={o.schedule})")
+    if o.schedule in ("linear", "polynomial") and decay_span < 1:
+        raise ConfigError("optim.warmup_steps", o.warmup_steps, f"less than steps ({cfg.steps}) for "
+                          f"optim.schedule={o.schedule}, which decays over the updates after warmup")
+    if o.schedule == "one_cycle":
+        # torch's phase ends: pct_start * steps - 1 (and 2 * pct_start * steps - 2), each after the previous
+        up = o.pct_start * cfg.steps - 1
+        if up <= 0:
+            raise ConfigError("optim.pct_start", o.pct_start, f"more than 1 / steps = {1 / cfg.steps:.4g} "
+                              "(one_cycle's rising phase must hold at least one update)")
+        if o.three_phase and not up < 2 * o.pct_start * cfg.steps - 2 < cfg.steps - 1:
+            raise ConfigError("optim.pct_start", o.pct_start, f"in ({1 / cfg.steps:.4g}, "
+                              f"{(cfg.steps + 1) / (2 * cfg.steps):.4g}) for three_phase (three non-empty phases)")
 
 
 def _choice(name: str, v: Any, allowed: tuple) -> None:
@@ -503,10 +670,12 @@ def compiled_fields(cfg: Config, excluded: tuple[str, ...]) -> dict[str, Any]:
 def resume_conflicts(saved: dict[str, Any], cfg: Config) -> list[str]:
     """The dotted fields in which cfg differs from the saved config of the run it would resume.
 
-    Only fields that change the trajectory count; `steps` counts unless cfg.allow_steps_change.
+    Only fields that change the trajectory count; `steps` counts unless cfg.allow_steps_change. A field
+    missing from `saved` counts as its default (a config saved before the field existed).
     """
     current = _flatten(to_dict(cfg))
-    before = _flatten(saved)
+    # a field the saved config lacks (it was saved before the field existed) had its default's effect
+    before = {**_flatten(to_dict(Config())), **_flatten(saved)}
     conflicts = []
     for key in sorted(set(current) | set(before)):
         if is_among(key, RESUME_SAFE):

@@ -34,3 +34,75 @@ def lr_oracle(cfg: Config, u: int) -> float:
 def lr_oracle_table(cfg: Config, updates: int) -> np.ndarray:
     """float64 rates of updates 0 .. updates - 1."""
     return np.array([lr_oracle(cfg, u) for u in range(updates)], np.float64)
+
+
+# ----------------------------------------------------------------------------- every schedule of the menu
+
+
+def _cos_anneal(a: LD, b: LD, t: LD) -> LD:
+    """From a (t = 0) to b (t = 1) along half a cosine: the textbook b + (a - b) (1 + cos(pi t)) / 2."""
+    return b + (a - b) * LD(0.5) * (LD(1) + np.cos(PI * t, dtype=LD))
+
+
+def menu_lr_oracle(cfg: Config, u: int) -> float:
+    """The rate of update u < steps for any optim.schedule but plateau, from the definitions in the torch and
+    Hugging Face documentation (textbook forms, long double), rounded to float64."""
+    o, S = cfg.optim, cfg.steps
+    P, I, E, W = LD(o.peak_lr), LD(o.init_lr), LD(o.end_lr), o.warmup_steps
+    if o.schedule == "warmup_cosine":
+        return lr_oracle(cfg, u)
+    if o.schedule == "one_cycle":  # OneCycleLR's documented phases (its float phase ends included)
+        low0 = P / LD(o.div_factor)
+        low1 = low0 / LD(o.final_div_factor)
+        up = LD(float(o.pct_start * S)) - 1
+        if o.three_phase:
+            phases = [(up, low0, P), (LD(float(2 * o.pct_start * S)) - 2, P, low0), (LD(S - 1), low0, low1)]
+        else:
+            phases = [(up, low0, P), (LD(S - 1), P, low1)]
+        start = LD(0)
+        for i, (end, a, b) in enumerate(phases):
+            if u <= end or i == len(phases) - 1:
+                t = (LD(u) - start) / (end - start)
+                return float(_cos_anneal(a, b, t) if o.anneal_strategy == "cos" else a + (b - a) * t)
+            start = end
+    if u < W:
+        return float(I + (P - I) * LD(u) / LD(W))
+    v, D = u - W, S - W
+    s = o.schedule
+    if s == "constant":
+        r = P
+    elif s == "linear":
+        r = P + (E - P) * LD(min(v, D)) / LD(D)
+    elif s == "polynomial":
+        r = P * (LD(1) - LD(min(v, D)) / LD(D)) ** LD(o.power)
+    elif s == "step":
+        r = P * LD(o.gamma) ** (v // o.step_size)
+    elif s == "multistep":
+        r = P * LD(o.gamma) ** sum(1 for m in o.milestones if m <= v)
+    elif s == "exponential":
+        r = P * LD(o.gamma) ** v
+    elif s == "cosine_restarts":
+        t_cur, t_i = v, o.t_0
+        while t_cur >= t_i:
+            t_cur, t_i = t_cur - t_i, t_i * o.t_mult
+        r = _cos_anneal(P, E, LD(t_cur) / LD(t_i))
+    elif s == "wsd":
+        k = v - (D - o.decay_steps)
+        if k <= 0:
+            r = P
+        else:
+            f = LD(min(k, o.decay_steps)) / LD(o.decay_steps)
+            shape = {"linear": LD(1) - f, "cosine": LD(0.5) * (LD(1) + np.cos(PI * f, dtype=LD)),
+                     "1-sqrt": LD(1) - np.sqrt(f, dtype=LD)}[o.decay_type]
+            r = E + (P - E) * shape
+    elif s == "inverse_sqrt":
+        ts = LD(o.timescale or W or 10_000)
+        r = P / np.sqrt((LD(v) + ts) / ts, dtype=LD)
+    else:
+        raise ValueError(f"no oracle for optim.schedule={s!r}")
+    return float(r)
+
+
+def menu_oracle_table(cfg: Config, updates: int) -> np.ndarray:
+    """float64 rates of updates 0 .. updates - 1 (< steps)."""
+    return np.array([menu_lr_oracle(cfg, u) for u in range(updates)], np.float64)

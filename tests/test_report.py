@@ -3,7 +3,7 @@ evaluation left out, the time checkpoint saves block the loop left in (jaxloop.l
 
 from __future__ import annotations
 
-from jaxloop.loop import Throughput
+from jaxloop.actions import Throughput
 from jaxloop.report import RATE_BASIS, Run, plot_throughput
 
 

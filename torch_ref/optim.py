@@ -1,8 +1,10 @@
-"""The optimizer, mirroring jaxloop/optim.py: AdamW with a decay mask, global-norm clipping, LambdaLR.
+"""The optimizer, mirroring jaxloop/optim.py: torch's own optimizer class for optim.name (AdamW, Adam, SGD,
+RMSprop, Adagrad; Lion from its paper, torch_ref.lion), weight decay on matrices and embeddings only,
+global-norm clipping.
 
-jaxloop chains clip_by_global_norm -> adamw(schedule, mask) inside optax.MultiSteps(K). Here the same
-update is spelled out by the loop (torch_ref/train.py): backward of loss / K for each of K
-micro-batches, then `clip_gradients`, optimizer.step(), scheduler.step().
+jaxloop chains clip_by_global_norm -> the optimizer(schedule, mask) inside optax.MultiSteps(K). Here the same
+update is spelled out by the loop (torch_ref/train.py): backward of loss / K for each of K micro-batches,
+then `clip_gradients`, optimizer.step(), scheduler.step().
 
 AdamW, torch vs optax (both read from source: torch/optim/adam.py `_single_tensor_adam` with
 decoupled_weight_decay=True; optax/_src/alias.py adamw = scale_by_adam -> add_decayed_weights(mask) ->
@@ -16,7 +18,7 @@ params, eps added outside the square root of the bias-corrected second moment (e
 correction by 1 - b^t with t the 1-based count of applied updates. They differ only in rounding:
 operation order, and optax computes 1 - b^t in the params' dtype (float32) where torch uses Python
 float64. Every hyperparameter is passed explicitly, weight decay included (torch's default is 1e-2,
-optax's 1e-4).
+optax's 1e-4). The other optimizers' conventions: jaxloop/optimizers.py.
 
 Clipping, torch vs optax: torch.nn.utils.clip_grad_norm_ multiplies every gradient by
 min(1, clip / (norm + 1e-6)); optax.clip_by_global_norm leaves them alone when norm < clip and otherwise
@@ -31,7 +33,8 @@ from typing import Literal
 import torch
 
 from loopcore.config import Config
-from torch_ref.schedule import BASE_LR
+from torch_ref.lion import Lion
+from torch_ref.schedule import base_lr
 
 ClipMode = Literal["torch", "optax"]
 
@@ -50,13 +53,27 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def make_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.AdamW:
-    """torch.optim.AdamW with the config's hyperparameters; base lr 1.0, which the LambdaLR scales."""
+def make_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """torch's class for optim.name with the config's hyperparameters, over `param_groups`; the base lr is
+    the scheduler's (torch_ref.schedule.base_lr)."""
     o = cfg.optim
-    return torch.optim.AdamW(
-        param_groups(model, o.weight_decay), lr=BASE_LR, betas=(o.b1, o.b2), eps=o.eps,
-        weight_decay=o.weight_decay, amsgrad=False,
-    )
+    groups, lr = param_groups(model, o.weight_decay), base_lr(cfg)
+    if o.name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=(o.b1, o.b2), eps=o.eps, weight_decay=o.weight_decay, amsgrad=False)
+    if o.name == "adam":  # weight_decay: L2 added to the gradient (decoupled_weight_decay=False)
+        return torch.optim.Adam(groups, lr=lr, betas=(o.b1, o.b2), eps=o.eps, weight_decay=o.weight_decay, amsgrad=False)
+    if o.name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=o.momentum, dampening=o.dampening, weight_decay=o.weight_decay,
+                               nesterov=o.nesterov)
+    if o.name == "rmsprop":
+        return torch.optim.RMSprop(groups, lr=lr, alpha=o.alpha, eps=o.eps, weight_decay=o.weight_decay,
+                                   momentum=o.momentum, centered=o.centered)
+    if o.name == "adagrad":
+        return torch.optim.Adagrad(groups, lr=lr, lr_decay=o.lr_decay, weight_decay=o.weight_decay,
+                                   initial_accumulator_value=o.initial_accumulator_value, eps=o.eps)
+    if o.name == "lion":
+        return Lion(groups, lr=lr, betas=(o.b1, o.b2), weight_decay=o.weight_decay)
+    raise ValueError(f"optim.name={o.name!r}: no torch optimizer for it")
 
 
 def global_norm(grads: Iterable[torch.Tensor], mode: ClipMode = "torch") -> torch.Tensor:

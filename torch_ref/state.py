@@ -1,8 +1,8 @@
 """TrainState: everything a torch_ref run needs to continue, mirroring jaxloop/state.py.
 
 jaxloop keeps one pytree (params, optax state, rng, loss scale, EMA, non-finite counters). Here the same
-things are the usual PyTorch objects side by side: the model (its parameters), the AdamW optimizer (its
-moments and per-parameter step), the LambdaLR scheduler (the schedule position), the GradScaler (fp16
+things are the usual PyTorch objects side by side: the model (its parameters), the optimizer (e.g. AdamW's
+moments and per-parameter step), the scheduler (the schedule position; ReduceLROnPlateau's decision state), the GradScaler (fp16
 loss scale), the EMA copy of the parameters, the counters, and torch's / numpy's / Python's RNG states.
 `state_dict()` / `load_state_dict()` are what a checkpoint holds.
 """
@@ -30,8 +30,8 @@ from torch_ref.schedule import make_scheduler
 class TrainState:
     cfg: Config
     model: torch.nn.Module
-    optimizer: torch.optim.AdamW
-    scheduler: torch.optim.lr_scheduler.LambdaLR
+    optimizer: torch.optim.Optimizer
+    scheduler: Any  # torch_ref.schedule.make_scheduler's
     scaler: torch.amp.GradScaler
     policy: Policy
     device: torch.device

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from torch_ref.optim import ClipMode, clip_gradients
+from torch_ref.schedule import step_per_update
 from torch_ref.state import TrainState
 
 MicroBatch = tuple[torch.Tensor, torch.Tensor]
@@ -107,7 +108,7 @@ def train_update(state: TrainState, micro_batches: Sequence[MicroBatch], clip: C
         state.skipped += 1
         state.bad_streak += 1
     else:
-        state.scheduler.step()
+        step_per_update(state.scheduler)  # ReduceLROnPlateau steps after evaluations instead
         state.step += 1
         state.bad_streak = 0
         if state.ema is not None:

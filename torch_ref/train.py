@@ -40,6 +40,7 @@ from loopcore.sources import Splits, load_splits, write_vocab
 from torch_ref.checkpoint import CheckpointManager
 from torch_ref.data import make_train_loader, make_val_loader
 from torch_ref.optim import ClipMode
+from torch_ref.schedule import after_evaluation
 from torch_ref.state import TrainState, create_train_state, state_digest
 from torch_ref.step import evaluate, train_update
 
@@ -241,6 +242,7 @@ class Loop:
             if cadence.evaluates(u):
                 evaluated = last_eval = self._evaluate(state, val_loader)
                 logger.write({"kind": "eval", "step": u, **evaluated})
+                after_evaluation(state.scheduler, evaluated[cfg.checkpoint.best_metric])  # plateau's decision
                 if tracker.update(u, evaluated[cfg.checkpoint.best_metric]):
                     stop_reason = EARLY_STOPPING if stop_reason == COMPLETED else stop_reason
                     logger.message(early_stopping_message(u, cfg.checkpoint.best_metric, cfg.patience))
