@@ -21,7 +21,7 @@ def ways_forward(run_dir: Path) -> str:
     (from scratch, or from this run's weights), or continue this run with the settings it was saved with."""
     return (f"To train with the new settings, start a new run: --run_dir NEW_DIR (add --init_from {run_dir} to "
             f"start from this run's weights); to continue this run, resume it with its own settings: drop the "
-            f"changed flags, or pass --config {run_dir / CONFIG_FILE}")
+            f"changed flags, or pass --config {RunLayout(run_dir).config}")
 
 
 class RunDir:

@@ -6,7 +6,8 @@ import pytest
 
 from loopcore.cli import parse_config
 from loopcore.config import ConfigError, resume_conflicts, to_dict
-from loopcore.run_dir import CONFIG_FILE, RunDir
+from loopcore.layout import CONFIG_FILE
+from loopcore.run_dir import RunDir
 
 
 def _saved_run(tmp_path, *argv: str) -> RunDir:
