@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -31,15 +31,17 @@ from jaxloop.executables import compile_cached
 from jaxloop.distributed import (abstract_sharded, barrier, check_divisible, create_sharded, initialize, is_primary,
                                  make_mesh, pin_shardings, shard_batch, to_host, whole_params)
 from jaxloop.logger import RunLogger
+from jaxloop.memory import Fit, candidates, check_plan, describe_plan, fit, is_out_of_memory, plan_dict, supports_blocks
 from jaxloop.optim import optimizer_metrics
 from jaxloop.runinfo import Profiler, Timings, memory_bytes, run_metadata
 from jaxloop.state import TrainState, state_digest
 from jaxloop.step import make_eval_step, make_train_step, scan_steps
 from jaxloop.task import Task, builtin_task, init_state
-from loopcore.cli import EXIT_SIGNAL, Interrupted, NonFiniteError
-from loopcore.config import RESUME_SAFE, Config, ConfigError, compiled_fields, validate
+from loopcore.cli import EXIT_SIGNAL, Interrupted, NonFiniteError, OutOfMemoryError
+from loopcore.config import RESUME_SAFE, Config, ConfigError, MemoryConfig, compiled_fields, validate
+from loopcore.lock import RunDirInUse, RunLock
 from loopcore.records import BestTracker
-from loopcore.run_dir import RunDir
+from loopcore.run_dir import METADATA_FILE, RunDir
 from loopcore.sources import Splits, write_vocab
 
 
@@ -78,9 +80,10 @@ class Call(NamedTuple):
 
 
 # Config fields the compiled calls do not depend on: those a resume may change (RESUME_SAFE: host-side,
-# or seen in the arguments' shapes and shardings: eval batch size, mesh) and the seed (initial values
+# or seen in the arguments' shapes and shardings: eval batch size, mesh) but the memory plan (the same
+# math, other code: a resume may change it, the key must not ignore it), and the seed (initial values
 # and data order, not code). Any other field changed is a miss.
-NOT_COMPILED = (*RESUME_SAFE, "seed")
+NOT_COMPILED = (*(f for f in RESUME_SAFE if f != "memory."), "seed")
 
 
 def executables_dir(cfg: Config, builtin_task: bool) -> str | None:
@@ -100,6 +103,34 @@ def compiled_context(cfg: Config, name: str) -> dict[str, Any]:
 def _types(tree: Any) -> tuple:
     """The type (shape, dtype, weak type) and sharding of each leaf: what a compiled call is specific to."""
     return tuple((jax.typeof(x), getattr(x, "sharding", None)) for x in jax.tree.leaves(tree))
+
+
+class Replan(Exception):
+    """The device ran out of memory at run time: the loop reloads its last checkpoint and goes on under `memory`."""
+
+    def __init__(self, memory: MemoryConfig, record: dict[str, Any]):
+        self.memory, self.record = memory, record
+        super().__init__(describe_plan(memory))
+
+
+def hold_run_dir(cfg: Config) -> RunLock | None:
+    """One run per run_dir (loopcore.lock): process 0 holds it for the job and every process learns
+    whether it may go on; RunDirInUse (a ConfigError) names the holder before anything is written."""
+    lock, refused = None, None
+    if is_primary():
+        try:
+            lock = RunLock(cfg.run_dir).acquire()
+        except RunDirInUse as e:
+            refused = e
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        held = bool(multihost_utils.broadcast_one_to_all(np.int32(refused is None)))
+        if not held and refused is None:  # another process of this job: process 0 was refused
+            refused = RunDirInUse(cfg.run_dir, None, who="another run (process 0 of this job was refused)")
+    if refused is not None:
+        raise refused
+    return lock
 
 
 class Evaluator:
@@ -151,11 +182,25 @@ def run(cfg: Config, task: Task | None = None) -> dict[str, Any]:
         retain_freed_memory()  # before the first call's buffers are allocated
     user_task = task
     task = task if task is not None else builtin_task(cfg)  # bad data is a ConfigError before anything is written
-    splits = task.splits()
+    splits = task.splits()  # bad or empty records too (loopcore.sources)
     initialize(cfg)  # join the other processes, if any, before any device is used
     check_divisible(cfg)
+    check_plan(cfg.memory, cfg.batch_size, task.model)
     rd = RunDir(cfg, writes=is_primary())
-    rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))
+    rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # a refusal here writes nothing
+    lock = hold_run_dir(cfg)  # one run per run_dir; released at any exit (the kernel's flock, and here)
+    try:
+        return _run_held(cfg, task, splits, rd, t_start, executables_dir(cfg, builtin_task=user_task is None))
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, t_start: float,
+              executables: str | None) -> dict[str, Any]:
+    """run() once run_dir is held: write it, restore or build the state, train; after an out-of-memory error
+    at run time, reload the last checkpoint and train on under the smaller plan (Replan)."""
+    rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # again, held: a killed holder may have saved
     barrier("jaxloop: run_dir checked")  # nothing is written before every process has read run_dir
     metadata = run_metadata(cfg)
     rd.start(metadata)
@@ -167,19 +212,31 @@ def run(cfg: Config, task: Task | None = None) -> dict[str, Any]:
     mesh = make_mesh(cfg.distributed)  # (data, fsdp): the state is sharded over fsdp, the batch over both
     init = lambda: init_state(cfg, task, splits)  # noqa: E731
     ckpt = Checkpointer(cfg, rd.path, metadata)
+    memory, replans = cfg.memory, []
     try:
-        # a resume reads every shard straight into place: no fresh state is built only to be replaced
-        restored = ckpt.restore_latest(abstract_sharded(init, mesh)) if cfg.resume != "never" else None
-        rd.must_have_resumed(restored)
-        state = restored.state if restored is not None else create_sharded(init, mesh)
-        if restored is None and cfg.init_from:  # a fresh run from another run's params (--init_from)
-            params = init_params_from(cfg.init_from, state.params)
-            state = state.replace(params=params, ema_params=None if state.ema_params is None else params)
-        if restored is not None:
-            rd.record_resume(restored.step)
-        timings.add("setup", time.perf_counter() - t_start)
-        loop = Loop(cfg, task, splits, ckpt, timings, mesh, rd, executables_dir(cfg, builtin_task=user_task is None))
-        summary = loop.run(state, restored)
+        while True:
+            # a resume reads every shard straight into place: no fresh state is built only to be replaced
+            resume = cfg.resume != "never" or replans  # after a re-plan, this run's own checkpoints
+            restored = ckpt.restore_latest(abstract_sharded(init, mesh)) if resume else None
+            if not replans:
+                rd.must_have_resumed(restored)
+            state = restored.state if restored is not None else create_sharded(init, mesh)
+            if restored is None and cfg.init_from:  # a fresh run from another run's params (--init_from)
+                params = init_params_from(cfg.init_from, state.params)
+                state = state.replace(params=params, ema_params=None if state.ema_params is None else params)
+            if restored is not None and not replans:
+                rd.record_resume(restored.step)
+            if not replans:
+                timings.add("setup", time.perf_counter() - t_start)
+            loop = Loop(replace(cfg, memory=memory), task, splits, ckpt, timings, mesh, rd, executables, replans)
+            try:
+                summary = loop.run(state, restored)
+                break
+            except Replan as e:
+                memory = e.memory
+                replans.append(e.record)
+                with timings("checkpoint"):
+                    ckpt.wait()  # the last save is committed before it is read back
     finally:
         with timings("checkpoint"):
             ckpt.close()  # awaits the last async save and surfaces its errors
@@ -197,13 +254,14 @@ class Loop:
     """One training run from a fresh or restored state to `steps` updates (or an early stop)."""
 
     def __init__(self, cfg: Config, task: Task, splits: Splits, ckpt: Checkpointer, timings: Timings, mesh: Mesh,
-                 rd: RunDir, executables: str | None = None):
+                 rd: RunDir, executables: str | None = None, replans: list[dict[str, Any]] | None = None):
         self.cfg, self.splits, self.ckpt, self.timings, self.mesh, self.rd = cfg, splits, ckpt, timings, mesh, rd
-        self.executables = executables
+        self.task, self.executables, self.replans = task, executables, list(replans or [])
         self.cadence = Cadence.of(cfg)
         self.evaluate = Evaluator(cfg, task, splits, mesh, executables)
-        self.steps = scan_steps(make_train_step(task.loss))  # K x n micro-batches (n updates) per call
+        self.steps = scan_steps(make_train_step(task.loss, cfg.memory))  # K x n micro-batches (n updates) per call
         self.compiled: dict[int, Any] = {}
+        self.fitted: Fit | None = None  # the memory plan's outcome for the last call compiled
         self.signal: int | None = None
         self.tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
         self.stop_reason = "completed"
@@ -222,8 +280,14 @@ class Loop:
                                    chunk=K * n, first_chunk=K * (-step % n))
         previous = {s: signal.signal(s, self._on_signal) for s in EXIT_SIGNAL}
         try:
-            summary = self._train(state, step, batches)
+            try:
+                summary = self._train(state, step, batches)
+            except jax.errors.JaxRuntimeError as e:
+                if not is_out_of_memory(e):
+                    raise
+                raise self._replan_after(e) from e
             summary["peak_mem_bytes"] = self.logger.peak_mem_bytes
+            summary["memory"] = self._memory_record()
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
@@ -271,14 +335,67 @@ class Loop:
         return Call(new_state, metrics, step)
 
     def _step_fn(self, n: int, state: TrainState, chunk: Any) -> Any:
-        """The call running n updates, compiled on first use (its own compile time is timed)."""
+        """The call running n updates, compiled on first use (its own compile time is timed) and fitted to the
+        device's memory before it first runs (jaxloop.memory: re-planned if it does not fit)."""
         if n not in self.compiled:
             with self.timings("compile"):
-                # jit with the state donated and returned in its own shardings (jaxloop.distributed)
-                self.compiled[n] = compile_cached(pin_shardings(self.steps, state, donate=True), (state, chunk),
-                                                  self.executables, compiled_context(self.cfg, f"train x{n}"))
+                fitted = fit(lambda memory: self._compile(n, state, chunk, memory), self.cfg.memory,
+                             self.cfg.batch_size, supports_blocks(state.model), f"the call of {n} update(s)")
+            message = fitted.message(f"the call of {n} update(s)")
+            if message:
+                self.logger.message(message)
+            if fitted.replanned:
+                self._use(fitted.memory)
+                self.replans.append(fitted.record(int(jax.device_get(state.step))))
+            self.fitted = fitted
+            self._record_memory()
+            self.compiled[n] = fitted.compiled
             self.rate = Throughput(self.rate.step, time.perf_counter(), self.rate.data_wait)
         return self.compiled[n]
+
+    def _compile(self, n: int, state: TrainState, chunk: Any, memory: MemoryConfig) -> Any:
+        """The call of n updates under a memory plan, jitted with the state donated and returned in its own
+        shardings (jaxloop.distributed), compiled or loaded (jaxloop.executables)."""
+        steps = self.steps if memory == self.cfg.memory else scan_steps(make_train_step(self.task.loss, memory))
+        return compile_cached(pin_shardings(steps, state, donate=True), (state, chunk), self.executables,
+                              compiled_context(replace(self.cfg, memory=memory), f"train x{n}"))
+
+    def _use(self, memory: MemoryConfig) -> None:
+        """Train under another memory plan from now on (calls compiled under the former one are dropped)."""
+        self.cfg = replace(self.cfg, memory=memory)
+        self.steps = scan_steps(make_train_step(self.task.loss, memory))
+        self.compiled.clear()
+
+    def _memory_record(self) -> dict[str, Any]:
+        fitted = self.fitted
+        return {"plan": plan_dict(self.cfg.memory),
+                "footprint": fitted.footprint.as_dict() if fitted is not None else None,
+                "limit": {"bytes": fitted.limit.bytes, "source": fitted.limit.source} if fitted is not None else None,
+                "replans": self.replans}
+
+    def _record_memory(self) -> None:
+        """The plan, the call's footprint and the re-plans, in metadata.json and every later checkpoint."""
+        self.ckpt.metadata["memory"] = self._memory_record()
+        if self.rd.writes:
+            self.rd.write_json(METADATA_FILE, self.ckpt.metadata)
+
+    def _replan_after(self, error: Exception) -> Exception:
+        """An out-of-memory error at run time: Replan with the next smaller plan (the run reloads its last
+        checkpoint), or OutOfMemoryError when there is none or re-planning is off."""
+        first = str(error).strip().splitlines()[0][:200]
+        saved = self.ckpt.all_steps()
+        where = f"update {saved[-1]}" if saved else "the initial state"
+        smaller = candidates(self.cfg.memory, self.cfg.batch_size, supports_blocks(self.task.model))
+        if not self.cfg.memory.auto_fit or jax.process_count() > 1 or not smaller:
+            why = ("memory.auto_fit is off" if not self.cfg.memory.auto_fit else "several processes cannot re-plan "
+                   "alone" if jax.process_count() > 1 else f"no smaller plan than {describe_plan(self.cfg.memory)}")
+            return OutOfMemoryError(f"out of device memory at run time ({first}); {why}; the last checkpoint is "
+                                    f"{where}: lower batch_size or the model's size")
+        plan = smaller[0]
+        self.logger.message(f"out of device memory at run time ({first}): reloading {where} and re-planning "
+                            f"{describe_plan(self.cfg.memory)} -> {describe_plan(plan)}")
+        return Replan(plan, {"at_update": saved[-1] if saved else 0, "reason": "out of memory at run time",
+                             "from": plan_dict(self.cfg.memory), "to": plan_dict(plan), "error": first})
 
     def _due(self, step: int) -> bool:
         """Whether the state at `step` is to be evaluated, saved or returned (the next call must wait)."""

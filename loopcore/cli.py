@@ -23,11 +23,22 @@ from loopcore.config import Config, ConfigError, from_dict, preset, validate
 # Exit statuses of both loops' CLIs (jaxloop.train and torch_ref.train).
 EXIT_BAD_INPUT = 2
 EXIT_NONFINITE = 1
+EXIT_CHECKPOINT_WRITE = 3
+EXIT_OUT_OF_MEMORY = 4
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 class NonFiniteError(RuntimeError):
     """Too many consecutive updates were skipped for a non-finite loss or gradient."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk, say); the message names the path, the error, the free
+    space and the last good checkpoint, from which a rerun resumes."""
+
+
+class OutOfMemoryError(RuntimeError):
+    """The update fits the device's memory in no plan left to try (jaxloop.memory); the message has the numbers."""
 
 
 class Interrupted(Exception):

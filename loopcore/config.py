@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal, get_args, get_type_hints
 
 PRECISIONS = ("fp32", "bf16", "bf16_full", "fp16", "fp64")
+REMATS = ("none", "blocks", "dots_saveable", "full")
 PRESETS = ("digits", "shakespeare", "debug")
 
 
@@ -78,7 +79,8 @@ class ModelConfig:
     tie_embeddings: bool = True
     """GPT output head shares the token embedding matrix."""
     remat: bool = False
-    """Rematerialise GPT blocks in the backward pass (less memory, more compute)."""
+    """Rematerialise GPT blocks in the backward pass (less memory, more compute); the same as
+    memory.remat=blocks, which a resume may change (this field is kept for torch_ref and saved configs)."""
     vocab_size: int = 0
     """Output classes / vocabulary size; 0 = taken from the data."""
 
@@ -155,6 +157,27 @@ class DistributedConfig:
 
 
 @dataclass(frozen=True)
+class MemoryConfig:
+    """The memory plan of the update (jaxloop.memory): checked against the device before the first update,
+    re-planned to fit. Every field keeps the math (a resume may change them) but changes the compiled call."""
+
+    budget: int = 0
+    """Bytes the compiled update may use (arguments + outputs + temporaries - donated); 0 = the device's
+    limit (memory_stats()['bytes_limit'] on an accelerator; on a CPU the available RAM beside the arguments)."""
+    auto_fit: bool = True
+    """When the compiled update does not fit: re-plan (memory.split x2 ..., then memory.remat) until it does,
+    and after an out-of-memory error at run time reload the last checkpoint and re-plan; off: only warn."""
+    split: int = 1
+    """Sub-batches each micro-batch is split into inside the step, their gradients averaged: the same records
+    per update and, for a loss that is a mean over records, the same update up to rounding. Must divide
+    the micro-batch's rows on each device (batch_size / device count)."""
+    remat: Literal["none", "blocks", "dots_saveable", "full"] = "none"
+    """Rematerialisation (activations recomputed in the backward pass): none; blocks (the model's own blocks
+    under nn.remat: the built-in GPT, or a Linen module with a `remat` field); dots_saveable or full
+    (jax.checkpoint policies around the whole loss: keep only matmul outputs, or nothing)."""
+
+
+@dataclass(frozen=True)
 class Config:
     """A jaxloop run. Flags are the dotted field paths, e.g. --optim.peak_lr 3e-4."""
 
@@ -208,6 +231,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
 
 
 def preset(name: str) -> Config:
@@ -388,6 +412,15 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
     _nonneg_int("log.profile_steps", lg.profile_steps)
     _nonneg_float("log.price_per_hour", lg.price_per_hour)
 
+    mem = cfg.memory
+    _nonneg_int("memory.budget", mem.budget)
+    if not isinstance(mem.auto_fit, bool):
+        raise ConfigError("memory.auto_fit", mem.auto_fit, "true or false")
+    _positive_int("memory.split", mem.split)
+    if cfg.batch_size % mem.split:
+        raise ConfigError("memory.split", mem.split, f"a divisor of batch_size ({cfg.batch_size})")
+    _choice("memory.remat", mem.remat, REMATS)
+
     dist = cfg.distributed
     _positive_int("distributed.num_processes", dist.num_processes)
     _positive_int("distributed.fsdp", dist.fsdp)  # divides the device count: checked when jax starts
@@ -474,6 +507,7 @@ RESUME_SAFE = (
     "deterministic",
     "updates_per_call", "max_bad_steps", "patience", "init_from",
     "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed.",
+    "memory.",  # the same math (up to rounding) in another plan; the compiled calls' key keeps it (jaxloop.loop)
 )
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from loopcore.config import Config, ConfigError, changed_fields, resume_conflicts, to_dict
+from loopcore.lock import is_lock_file
 
 CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILE = "config.json"
@@ -37,7 +38,7 @@ class RunDir:
         cfg, run_dir = self.cfg, self.path
         saved_path = run_dir / CONFIG_FILE
         saved = json.loads(saved_path.read_text()) if saved_path.exists() else None
-        if cfg.resume == "never" and run_dir.exists() and any(run_dir.iterdir()):
+        if cfg.resume == "never" and run_dir.exists() and any(not is_lock_file(p.name) for p in run_dir.iterdir()):
             raise ConfigError("resume", "never", f"an empty or new run_dir ({run_dir} is not empty; "
                               "use --resume auto to continue it or choose another --run_dir)")
         if cfg.resume == "must" and not has_checkpoint:
