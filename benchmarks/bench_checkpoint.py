@@ -37,7 +37,7 @@ import jax
 import numpy as np
 
 from jaxloop.checkpoint import Checkpointer, quiet_orbax
-from loopcore.config import CheckpointConfig, Config, DataConfig, ModelConfig
+from loopcore.config import CheckpointConfig, Config, DataConfig, ModelConfig, to_dict
 from jaxloop.models import make_model
 from jaxloop.state import TrainState
 from jaxloop.task import create_train_state
@@ -83,8 +83,8 @@ def measure_cpu(size: str, rounds: int) -> None:
     floor = {"x": np.zeros(4, np.float32)}  # Orbax's fixed cost per save: the same items, almost no bytes
     cpu: dict[str, list[float]] = {"jax.Array": [], "NumPy views": [], "one 4-float leaf": []}
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = Checkpointer(Config(run_dir=tmp, model=model_cfg, checkpoint=CheckpointConfig(keep_last=1, keep_best=0,
-                                                                                            async_save=False)), tmp)
+        ckpt = Checkpointer(CheckpointConfig(keep_last=1, keep_best=0, async_save=False), tmp,
+                            config=to_dict(Config(run_dir=tmp, model=model_cfg)))
         saved = 0
         try:
             for step in range(1, 2 * rounds + 3):
@@ -111,10 +111,8 @@ def measure(d_model: int, n_layers: int, rounds: int) -> None:
     print(f"state: {n_params / 1e6:.1f}M params, {n_bytes / 2**20:.0f} MiB to save; device {jax.devices()[0]}")
 
     with tempfile.TemporaryDirectory() as tmp:
-        ckpts = {mode: Checkpointer(Config(run_dir=f"{tmp}/{mode}", model=model_cfg,
-                                           checkpoint=CheckpointConfig(keep_last=1, keep_best=0,
-                                                                       async_save=mode == "async")),
-                                    f"{tmp}/{mode}")
+        ckpts = {mode: Checkpointer(CheckpointConfig(keep_last=1, keep_best=0, async_save=mode == "async"),
+                                    f"{tmp}/{mode}", config=to_dict(Config(run_dir=f"{tmp}/{mode}", model=model_cfg)))
                  for mode in ("async", "sync")}
         try:
             blocked, committed = measure_blocked(ckpts, state, rounds)

@@ -61,7 +61,7 @@ def augment_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def grain_loader(cfg, splits, workers: int):
     from jaxloop.data import TrainLoader
 
-    return TrainLoader(cfg, splits, 0, 0, 1, workers=workers, transform=augment_batch)
+    return TrainLoader(splits, seed=cfg.seed, batch_size=cfg.batch_size, workers=workers, transform=augment_batch)
 
 
 class _ItemDataset:  # torch Dataset protocol, per record
@@ -149,7 +149,7 @@ def measure_chunks(n: int, rounds: int) -> None:
     times: dict[str, list[float]] = {k: [] for k in ways}
     for _ in range(rounds):
         for name, read in ways.items():  # alternating: load drifts hit both
-            with TrainLoader(cfg, splits, 0, 0, 1, workers=0) as loader:
+            with TrainLoader(splits, seed=cfg.seed, batch_size=cfg.batch_size) as loader:
                 it = read(loader)
                 next(it)  # warm-up: grain's iterator, the epoch permutation
                 t = time.perf_counter()

@@ -82,7 +82,7 @@ def compile_(args: argparse.Namespace) -> dict:
     from jaxloop.models import make_model
     from jaxloop.task import create_train_state
     from jaxloop.executables import compile_cached
-    from jaxloop.loop import compiled_context
+    from jaxloop.runner import compiled_context
     from jaxloop.step import eval_step, train_step
     from benchmarks.step import host_batches, make_cfg
 

@@ -271,7 +271,7 @@ def eval_row(opts: Options, shape: str = "gpt128") -> Row:
     try:
         import jax
 
-        from jaxloop.data import val_batches
+        from jaxloop.data import eval_batch_size, val_batches
         from jaxloop.models import make_model
         from jaxloop.task import create_train_state
         from jaxloop.step import eval_step
@@ -287,7 +287,7 @@ def eval_row(opts: Options, shape: str = "gpt128") -> Row:
             state = jx.state
         else:
             state = create_train_state(cfg, make_model(cfg.model, splits.num_classes, cfg.precision), splits.example_x)
-        val = list(val_batches(cfg, splits))
+        val = list(val_batches(splits, eval_batch_size(cfg)))
         if opts.quick:
             val = val[:2]
         tokens = sum(float(b["weight"].sum()) for b in val) * cfg.model.context

@@ -51,14 +51,13 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from loopcore.cli import CheckpointWriteError
-from loopcore.config import Config, to_dict
-from loopcore.run_dir import CHECKPOINT_DIR
+from loopcore.config import CheckpointConfig, Config
+from loopcore.layout import DAMAGED_DIR, RunLayout
 from jaxloop.distributed import barrier, is_primary
 from jaxloop.memory import size
 from jaxloop.state import TrainState
 
 
-DAMAGED_DIR = "checkpoints_damaged"
 ITEMS = ("state", "data", "config", "metadata")
 SPACE_MARGIN = 2
 """Warn when the free space holds fewer than this many checkpoints of the last one's size (one more save)."""
@@ -74,23 +73,23 @@ class Restored:
     state: TrainState
     data: dict[str, Any]
     metadata: dict[str, Any]
+    path: Path | None = None
+    """The checkpoint's directory."""
 
 
-def preservation_policy(cfg: Config) -> cm.PreservationPolicy:
+def preservation_policy(c: CheckpointConfig) -> cm.PreservationPolicy:
     """Keep the last N, the best N by the validation metric, and every M-th update, together."""
-    c = cfg.checkpoint
     policies: list[cm.PreservationPolicy] = [cm.LatestN(n=c.keep_last)]
     if c.keep_best:
         # BestN sorts ascending (reverse=False) and keeps the tail, so `min` needs reverse=True.
-        policies.append(cm.BestN(get_metric_fn=_metric_fn(cfg), reverse=c.best_mode == "min",
+        policies.append(cm.BestN(get_metric_fn=_metric_fn(c.best_metric), reverse=c.best_mode == "min",
                                  n=c.keep_best, keep_checkpoints_without_metrics=False))
     if c.keep_every:
         policies.append(cm.EveryNSteps(interval_steps=c.keep_every))
     return cm.AnyPreservationPolicy(policies)
 
 
-def _metric_fn(cfg: Config):
-    name = cfg.checkpoint.best_metric
+def _metric_fn(name: str):
     return lambda metrics: float(metrics[name])
 
 
@@ -167,8 +166,7 @@ def write_error(error: BaseException, directory: Path, handed: list[int]) -> Che
 
 def disk_full_line(error: OSError, run_dir: str | Path) -> str:
     """The one line of a full disk met outside a checkpoint save (metrics.jsonl, config.json, ...)."""
-    directory = Path(run_dir).absolute() / CHECKPOINT_DIR
-    good = committed_steps(directory)
+    good = committed_steps(RunLayout.of(Path(run_dir).absolute()).checkpoints)
     last = (f"the last good checkpoint is update {good[-1]}, which a rerun resumes from" if good
             else "no checkpoint was completed; a rerun starts afresh")
     return (f"{error.filename or run_dir} could not be written: the disk is full (No space left on device); "
@@ -219,25 +217,30 @@ def _protect(state: TrainState) -> tuple[TrainState, list[Any]]:
 
 
 class Checkpointer:
-    """One run's CheckpointManager. Always close() it (in a finally): that awaits the last save."""
+    """One run's CheckpointManager. Always close() it (in a finally): that awaits the last save.
 
-    def __init__(self, cfg: Config, run_dir: str | Path, metadata: dict[str, Any] | None = None):
-        self.cfg = cfg
-        self.directory = Path(run_dir).absolute() / CHECKPOINT_DIR
-        self.metadata = metadata or {}
-        options = ocp.CheckpointManagerOptions(
-            best_fn=_metric_fn(cfg),
-            best_mode=cfg.checkpoint.best_mode,
-            preservation_policy=preservation_policy(cfg),
-            enable_async_checkpointing=cfg.checkpoint.async_save,
+    options: retention and async (the run's checkpoint.* config); config: the run's config as a dict,
+    saved with every checkpoint beside `metadata`."""
+
+    def __init__(self, options: CheckpointConfig, run_dir: str | Path, *, config: dict[str, Any] | None = None,
+                 metadata: dict[str, Any] | None = None):
+        self.options = options
+        self.layout = RunLayout(Path(run_dir).absolute())
+        self.directory = self.layout.checkpoints
+        self.config, self.metadata = config or {}, metadata or {}
+        manager_options = ocp.CheckpointManagerOptions(
+            best_fn=_metric_fn(options.best_metric),
+            best_mode=options.best_mode,
+            preservation_policy=preservation_policy(options),
+            enable_async_checkpointing=options.async_save,
             cleanup_tmp_directories=True,  # leftovers of a save interrupted by SIGKILL
             create=True,
         )
-        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        self.manager = ocp.CheckpointManager(self.directory, options=manager_options, item_names=ITEMS)
         # Orbax's save runs barriers made of device collectives, which must come in the same order on
         # every process: with several processes it stays on the loop's thread (Orbax's own async save).
         self._stager = (ThreadPoolExecutor(1, thread_name_prefix="jaxloop-checkpoint")
-                        if cfg.checkpoint.async_save and jax.process_count() == 1 else None)
+                        if options.async_save and jax.process_count() == 1 else None)
         self._handover: Future | None = None
         self._handed: list[int] = []  # the steps handed to Orbax, in order
         self._failed: CheckpointWriteError | None = None  # the first failed save, raised again on every call
@@ -246,10 +249,10 @@ class Checkpointer:
         # Orbax's absl error reports of a failed background write (raised here as CheckpointWriteError instead)
         self._orbax_errors = _OrbaxErrors()
         logging.getLogger("absl").addFilter(self._orbax_errors)
-        # ... and the tracebacks of the writes a failed one abandons: tensorstore calls back into Orbax's
-        # closed event loop ("Event loop is closed", unraisable), as the write fails in the background
-        if not isinstance(sys.unraisablehook, _DropClosedLoopCallbacks):
-            sys.unraisablehook = _DropClosedLoopCallbacks(sys.unraisablehook)
+        # ... and what the writes of a failed save leave behind, as they fail in the background: tensorstore's
+        # callbacks into Orbax's closed event loop, and their own errors, reported as unraisable
+        if not isinstance(sys.unraisablehook, _DropAbandonedWrites):
+            sys.unraisablehook = _DropAbandonedWrites(sys.unraisablehook)
 
     @staticmethod
     def has_checkpoint(directory: Path) -> bool:
@@ -315,7 +318,7 @@ class Checkpointer:
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=ocp.args.JsonSave(data),
-            config=ocp.args.JsonSave(to_dict(self.cfg)),
+            config=ocp.args.JsonSave(self.config),
             metadata=ocp.args.JsonSave(self.metadata),
         )
         self._handed.append(step)
@@ -334,7 +337,7 @@ class Checkpointer:
             try:
                 out = restore(self.manager, step, target, data=True)
                 return Restored(step=step, state=out["state"], data=dict(out["data"]),
-                                metadata=dict(out["metadata"] or {}))
+                                metadata=dict(out["metadata"] or {}), path=self.directory / str(step))
             except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
                 cause = _root_cause(e)
                 warnings.warn(f"checkpoint at update {step} is damaged ({cause}); "
@@ -344,7 +347,7 @@ class Checkpointer:
 
     def _quarantine(self, step: int) -> None:
         if is_primary():  # every process found the step damaged; one moves it
-            damaged = self.directory.parent / DAMAGED_DIR
+            damaged = self.layout.damaged
             damaged.mkdir(exist_ok=True)
             src = self.directory / str(step)
             if src.exists():
@@ -359,7 +362,7 @@ class Checkpointer:
     def best_step(self) -> int | None:
         """The kept step with the best best_metric (None before any evaluated save)."""
         self._finish_handover()
-        return self.manager.best_step() if self.cfg.checkpoint.keep_best else None
+        return self.manager.best_step() if self.options.keep_best else None
 
     def wait(self) -> None:
         """Block until pending async saves are committed; raises their errors (CheckpointWriteError)."""
@@ -416,9 +419,11 @@ class _OrbaxErrors(logging.Filter):
         return not (record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname)
 
 
-class _DropClosedLoopCallbacks:
-    """sys.unraisablehook that drops tensorstore's callbacks into a closed asyncio loop (RuntimeError
-    "Event loop is closed" from call_soon_threadsafe) and passes everything else to the hook it wraps."""
+class _DropAbandonedWrites:
+    """sys.unraisablehook that drops what the writes of a failed save leave behind, which the Checkpointer
+    reports itself (one CheckpointWriteError): tensorstore's callbacks into Orbax's closed event loop
+    (RuntimeError "Event loop is closed") and the errors of writes into an unfinished step
+    (N.orbax-checkpoint-tmp) nobody retrieved; everything else goes to the hook it wraps."""
 
     def __init__(self, previous: Any):
         self.previous = previous
@@ -426,6 +431,8 @@ class _DropClosedLoopCallbacks:
     def __call__(self, unraisable: Any) -> None:
         error = unraisable.exc_value
         if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        if ".orbax-checkpoint-tmp" in str(error):
             return
         self.previous(unraisable)
 
@@ -473,25 +480,28 @@ def restore(manager: ocp.CheckpointManager, step: int, target: Any, data: bool =
         raise
 
 
-def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None = None) -> tuple[int, str, dict]:
+def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None = None,
+                    follow_x64: bool = True) -> tuple[int, str, dict]:
     """(step, "best" or "latest", the saved TrainState as nested dicts) of a run, read-only.
 
     Nothing in run_dir is changed (a damaged step is skipped with a warning, not moved). The state is
     restored against an abstract tree built from the checkpoint's own metadata, on the first local
     device, so no model needs building. `best` (by checkpoint.best_metric) falls back to the latest
     checkpoint, with a warning, when no checkpoint holds validation metrics. FileNotFoundError when
-    the run holds no readable checkpoint.
+    the run holds no readable checkpoint. `follow_x64`: an fp64 run's checkpoint switches jax's x64 on
+    (a process reading it to sample or evaluate); False leaves jax's mode alone and reads float64 leaves
+    as the current mode's floats (a run taking another run's params to cast them to its own).
     """
-    import json
+    from loopcore.run_dir import read_config
 
-    from loopcore.config import from_dict
-
+    layout = RunLayout.of(Path(run_dir).absolute())
+    run_dir = layout.root
     if cfg is None:
-        cfg = from_dict(json.loads((Path(run_dir) / "config.json").read_text()))
-    directory = Path(run_dir).absolute() / CHECKPOINT_DIR
+        cfg = read_config(layout)
+    directory = layout.checkpoints
     if not directory.is_dir() or not any(p.name.isdigit() for p in directory.iterdir()):
         raise FileNotFoundError(f"{run_dir} holds no checkpoint (nothing in {directory})")
-    if cfg.precision == "fp64":
+    if cfg.precision == "fp64" and follow_x64:
         jax.config.update("jax_enable_x64", True)
     logging.getLogger("absl").setLevel(logging.ERROR)  # orbax warns at length about read-only managers
     metric = cfg.checkpoint.best_metric
@@ -517,7 +527,8 @@ def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None
             try:
                 with ocp.StandardCheckpointer() as reader:
                     meta = reader.metadata(directory / str(step) / "state").item_metadata
-                abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=sharding), meta)
+                abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, jax.dtypes.canonicalize_dtype(m.dtype),
+                                                                       sharding=sharding), meta)
                 return int(step), chosen, restore(manager, step, abstract)["state"]
             except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
                 warnings.warn(f"checkpoint at update {step} could not be read ({type(e).__name__}); "

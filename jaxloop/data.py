@@ -1,7 +1,7 @@
 """The input pipeline: sources -> grain (order, shard, gather, worker processes) -> device prefetch.
 
     splits = load_splits(cfg)                        # loopcore.sources, numpy only
-    with TrainLoader(cfg, splits, position) as loader, DevicePrefetcher(loader, cfg.data.prefetch) as it:
+    with TrainLoader(splits, seed=0, batch_size=64, position=p) as loader, DevicePrefetcher(loader, 2) as it:
         batch = next(it)                             # this process's shard of micro-batch `position`
         ...
         checkpoint["data"] = it.state()              # micro-batches consumed, not merely prefetched
@@ -82,33 +82,34 @@ def _weak_close(obj: Any) -> Callable[[], None]:
 class TrainLoader(Iterator[Batch]):
     """This process's shard of micro-batches position, position + 1, ... as numpy dicts {x, y}.
 
-    Endless (epochs follow one another, each reshuffled from (cfg.seed, epoch)). `position` counts
+    Endless (epochs follow one another, each reshuffled from (seed, epoch)). `position` counts
     the micro-batches yielded so far plus the start, and is the whole checkpointable state:
-    `state()` / `TrainLoader.from_state(cfg, splits, state)`. Worker processes (cfg.data.workers, or
-    `workers`) start on the first `next()`; `close()` (or leaving a `with` block) stops them, and
-    they are stopped at interpreter exit otherwise. `transform(batch) -> batch` runs in the workers
-    after the gather; it must be picklable and deterministic.
+    `state()` / `TrainLoader.from_state(splits, state, ...)`. `workers` processes start on the first
+    `next()`; `close()` (or leaving a `with` block) stops them, and they are stopped at interpreter exit
+    otherwise. `transform(batch) -> batch` runs in the workers after the gather; it must be picklable
+    and deterministic. `train_loader(cfg, splits)` builds one from a run's config.
     """
 
     def __init__(
         self,
-        cfg: Config,
         splits: Splits,
+        *,
+        seed: int,
+        batch_size: int,
         position: int = 0,
+        workers: int = 0,
         process_index: int | None = None,
         process_count: int | None = None,
-        *,
-        workers: int | None = None,
         transform: Callable[[Batch], Batch] | None = None,
     ):
         if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or position < 0:
             raise ValueError(f"position must be an integer >= 0, got {position!r}")
         position = int(position)
         self.process_index, self.process_count = _process(process_index, process_count)
-        self.workers = cfg.data.workers if workers is None else int(workers)
+        self.workers = int(workers)
         if self.workers < 0:
-            raise ConfigError("data.workers", self.workers, "an integer >= 0")
-        self.seed, self.batch_size, self.num_train = cfg.seed, cfg.batch_size, splits.num_train
+            raise ValueError(f"workers must be an integer >= 0, got {workers!r}")
+        self.seed, self.batch_size, self.num_train = int(seed), int(batch_size), splits.num_train
         self.batches_per_epoch = _batches_per_epoch(self.batch_size, self.num_train)
         shard_slice(self.batch_size, self.process_index, self.process_count)  # ConfigError if not divisible
         self.local_batch_size = self.batch_size // self.process_count
@@ -153,33 +154,16 @@ class TrainLoader(Iterator[Batch]):
         return self._gather.indices(b)
 
     @classmethod
-    def from_state(
-        cls,
-        cfg: Config,
-        splits: Splits,
-        state: dict[str, Any],
-        process_index: int | None = None,
-        process_count: int | None = None,
-        **kwargs: Any,
-    ) -> TrainLoader:
-        """A loader resuming where `state` left off; any worker or process count.
-
-        ConfigError if the seed, batch_size or training split differ from the saved run's (the same
-        position would then name other records).
-        """
-        for key, now, field in (
-            ("seed", cfg.seed, "seed"),
-            ("batch_size", cfg.batch_size, "batch_size"),
-            ("num_train", splits.num_train, "data.path"),
-        ):
-            if key in state and int(state[key]) != now:
-                shown = now if key != "num_train" else (cfg.data.path or cfg.data.source)
-                raise ConfigError(
-                    field, shown,
-                    f"the checkpointed run's data order ({key}={state[key]}, now {now}); "
-                    "start a new run_dir to change it",
-                )
-        return cls(cfg, splits, int(state["position"]), process_index, process_count, **kwargs)
+    def from_state(cls, splits: Splits, state: dict[str, Any], **kwargs: Any) -> TrainLoader:
+        """A loader resuming where `state` left off (seed and batch_size taken from it unless given; any
+        worker or process count). ValueError if a given seed or batch_size, or the training split's size,
+        differ from the saved run's: the same position would then name other records."""
+        kwargs.setdefault("seed", int(state["seed"]))
+        kwargs.setdefault("batch_size", int(state["batch_size"]))
+        mismatch = order_changes(state, kwargs["seed"], kwargs["batch_size"], splits.num_train)
+        if mismatch:
+            raise ValueError(f"the saved data order differs: {mismatch[0][0]}={mismatch[0][1]}, now {mismatch[0][2]}")
+        return cls(splits, position=int(state["position"]), **kwargs)
 
     # -- iteration
 
@@ -255,24 +239,47 @@ class TrainLoader(Iterator[Batch]):
         self.close()
 
 
+def order_changes(state: dict[str, Any], seed: int, batch_size: int, num_train: int) -> list[tuple[str, int, int]]:
+    """(name, saved, now) of each of seed, batch_size and num_train that differs from a loader's saved
+    state: any one makes the saved position name other records."""
+    now = {"seed": seed, "batch_size": batch_size, "num_train": num_train}
+    return [(k, int(state[k]), v) for k, v in now.items() if k in state and int(state[k]) != v]
+
+
+def train_loader(cfg: Config, splits: Splits, saved: dict[str, Any] | None = None) -> TrainLoader:
+    """The run's loader (data.workers processes), at the start or where a checkpoint's loader state
+    `saved` left off. ConfigError naming the field when the config's data order differs from the saved
+    run's (seed, batch_size, or a training split of another size: data.path)."""
+    if saved is None:
+        return TrainLoader(splits, seed=cfg.seed, batch_size=cfg.batch_size, workers=cfg.data.workers)
+    for key, before, now in order_changes(saved, cfg.seed, cfg.batch_size, splits.num_train):
+        field = {"num_train": "data.path"}.get(key, key)
+        shown = now if key != "num_train" else (cfg.data.path or cfg.data.source)
+        raise ConfigError(field, shown, f"the checkpointed run's data order ({key}={before}, now {now}); "
+                          "start a new run_dir to change it")
+    return TrainLoader.from_state(splits, saved, seed=cfg.seed, batch_size=cfg.batch_size, workers=cfg.data.workers)
+
+
+def eval_batch_size(cfg: Config) -> int:
+    """The validation batch size: data.eval_batch_size, 0 meaning batch_size."""
+    return cfg.data.eval_batch_size or cfg.batch_size
+
+
 def val_batches(
-    cfg: Config,
     splits: Splits,
+    batch_size: int,
     process_index: int | None = None,
     process_count: int | None = None,
 ) -> Iterator[Batch]:
-    """The whole validation split in order, in batches of data.eval_batch_size (0 = batch_size).
+    """The whole validation split in order, in global batches of `batch_size` (eval_batch_size(cfg)).
 
     Every batch has the full (per-process) size: the last one is padded by repeating record 0 with
     `weight` 0; real records have weight 1 (float32 [n]). Each record appears exactly once over all
     batches and processes; process p gets rows [p*n/P, (p+1)*n/P) of each global batch.
     """
     p, n = _process(process_index, process_count)
-    size = cfg.data.eval_batch_size or cfg.batch_size
-    if size % n:
-        field = "data.eval_batch_size" if cfg.data.eval_batch_size else "batch_size"
-        raise ConfigError(field, size, f"a multiple of the process count ({n})")
-    rows = shard_slice(size, p, n)
+    size = int(batch_size)
+    rows = shard_slice(size, p, n)  # ConfigError (batch_size) when size does not split over the processes
     total = splits.num_val
     for start in range(0, total, size):
         idx = np.arange(start, start + size, dtype=np.int64)
@@ -283,10 +290,9 @@ def val_batches(
         yield batch
 
 
-def num_val_batches(cfg: Config, splits: Splits) -> int:
+def num_val_batches(splits: Splits, batch_size: int) -> int:
     """How many batches val_batches yields."""
-    size = cfg.data.eval_batch_size or cfg.batch_size
-    return -(-splits.num_val // size)
+    return -(-splits.num_val // batch_size)
 
 
 # ----------------------------------------------------------------------------- device prefetch
@@ -322,7 +328,7 @@ class DevicePrefetcher(Iterator[Any]):
     def __init__(self, iterator: Iterator[Any], size: int = 2, put: Callable[[Any], Any] | None = None,
                  chunk: int = 0, first_chunk: int = 0):
         if size < 0:
-            raise ConfigError("data.prefetch", size, "an integer >= 0")
+            raise ValueError(f"prefetch size must be an integer >= 0, got {size!r}")
         self.chunk, self._first_chunk = int(chunk), int(first_chunk)
         self._source = iterator
         if chunk:  # a fresh TrainLoader gathers whole chunks itself; any other source is stacked here

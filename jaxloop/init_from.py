@@ -1,11 +1,11 @@
 """--init_from: a fresh run's params read from another run's checkpoint (e.g. one written by
 parity_tests/convert.py from a torch_ref run).
 
-`init_params_from(path, target_params)`: path is a run_dir (its checkpoints/ is used) or a checkpoints
-directory; the newest step's saved TrainState is read with Orbax without a target (so any optimizer or
-precision it was saved with will do) and only its params are kept, checked leaf for leaf against the
-target's paths and shapes and cast to the target's dtypes and shardings. Nothing else (optimizer state,
-step, data position, EMA) is taken: the run starts at update 0.
+`init_params_from(path, target_params)`: path is a run_dir or its checkpoints directory; the newest
+checkpoint is read with jaxloop's one reader (jaxloop.checkpoint.read_checkpoint: no model or optimizer
+needed, so any optimizer or precision it was saved with will do) and only its params are kept, checked
+leaf for leaf against the target's paths and shapes and cast to the target's dtypes and shardings.
+Nothing else (optimizer state, step, data position, EMA) is taken: the run starts at update 0.
 """
 
 from __future__ import annotations
@@ -18,22 +18,18 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _checkpoints_dir(path: Path) -> Path:
-    if (path / "checkpoints").is_dir():
-        return path / "checkpoints"
-    return path
-
-
 def init_params_from(path: str | Path, target_params: Any) -> Any:
     """target_params replaced by the params of the newest checkpoint under `path` (see the module doc)."""
-    import orbax.checkpoint as ocp
+    import warnings
 
-    directory = _checkpoints_dir(Path(path))
-    steps = sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit()) \
-        if directory.is_dir() else []
-    if not steps:
-        raise FileNotFoundError(f"init_from: {path} holds no checkpoint")
-    saved = ocp.StandardCheckpointer().restore((directory / str(steps[-1]) / "state").resolve())
+    from jaxloop.checkpoint import read_checkpoint
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "latest" never falls back, and a damaged step is skipped
+            _, _, saved = read_checkpoint(path, "latest", follow_x64=False)  # cast to the target's dtypes below
+    except FileNotFoundError:
+        raise FileNotFoundError(f"init_from: {path} holds no checkpoint") from None
     params = saved["params"]
     flat_target = jax.tree_util.tree_flatten_with_path(target_params)[0]
     flat_saved = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}

@@ -8,7 +8,8 @@ files read the same as an uninterrupted run's.
 Progress (log.progress): ``bar`` is a tqdm bar on stderr (update, loss, lr, updates/s, ETA; messages
 and evaluation lines are written above it); ``plain`` prints one line per logged update, thinned to at
 most about PLAIN_LINES lines per run (plus one at least every PLAIN_MAX_GAP_S seconds), so CI logs
-stay readable; ``auto`` is ``bar`` when stderr is a terminal and ``plain`` otherwise; ``off`` prints
+stay readable, each with the rate over the updates since the line before (metrics.jsonl keeps every
+record's own interval, which for updates run in one device call is the call's share); ``auto`` is ``bar`` when stderr is a terminal and ``plain`` otherwise; ``off`` prints
 no progress (messages such as early stopping are still printed).
 """
 
@@ -23,10 +24,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from jaxloop.runinfo import format_bytes, format_duration, memory_bytes
-from loopcore.config import Config
-from loopcore.records import METRICS_FILE, read_records
-
-TB_DIR = "tb"
+from loopcore.config import LogConfig
+from loopcore.layout import TB_DIR, RunLayout
+from loopcore.records import read_records
 PLAIN_LINES = 50
 """Plain progress prints about this many update lines per run (every log record on short runs)."""
 PLAIN_MAX_GAP_S = 60.0
@@ -42,9 +42,9 @@ TAG_GROUPS = {
 
 
 def tb_tag(kind: str, key: str) -> str:
-    """The TensorBoard tag of a record key: train/loss, eval/val_loss, throughput/samples_per_s, ..."""
-    if kind == "eval":
-        return f"eval/{key}"
+    """The TensorBoard tag of a record key: train/loss, eval/val_loss, hook/name, throughput/samples_per_s, ..."""
+    if kind in ("eval", "hook"):
+        return f"{kind}/{key}"
     return f"{TAG_GROUPS.get(key, 'train')}/{key}"
 
 
@@ -84,6 +84,8 @@ class Progress:
         self._next_line = start
         self._last_line_t = 0.0
         self._first: tuple[int, float] | None = None
+        self._since_line = [0, 0.0]  # updates and seconds (from the records' step_ms) since the last line
+        self._last_step = start
 
     def _new_bar(self, step: int) -> Any:
         from tqdm import tqdm
@@ -110,9 +112,20 @@ class Progress:
             rate = updates_per_s or 0.0
         return (self.total - step) / rate if rate > 0 else None
 
+    def _smoothed_rate(self, record: dict[str, Any], step: int) -> float:
+        """updates/s over every update since the previous printed line (the records' own intervals summed)."""
+        updates = step - self._last_step
+        self._last_step = step
+        if record.get("step_ms") is not None and updates > 0:
+            self._since_line[0] += updates
+            self._since_line[1] += updates * float(record["step_ms"]) / 1e3
+        n, seconds = self._since_line
+        return n / seconds if seconds > 0 else float(record.get("updates_per_s", 0.0))
+
     def train(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
         eta = self.eta_s(step, record.get("updates_per_s"))
+        rate = self._smoothed_rate(record, step)
         if self.mode == "bar":
             first = self._bar is None
             if first:
@@ -128,9 +141,10 @@ class Progress:
                 self._next_line += self._cadence
             self._last_line_t = now
             pct = 100.0 * step / self.total if self.total else 100.0
+            self._since_line = [0, 0.0]
             line = (f"update {step}/{self.total} ({pct:.0f}%) loss {record['loss']:.4f} "
                     f"lr {record.get('lr', math.nan):.2e} "
-                    f"{record.get('updates_per_s', 0.0):.1f} updates/s ETA {format_duration(eta)}")
+                    f"{rate:.1f} updates/s ETA {format_duration(eta)}")
             if record.get("mem_bytes") is not None:
                 line += f" mem {format_bytes(record['mem_bytes'])}"
             self._print(line)
@@ -169,12 +183,14 @@ class RunLogger:
     loop: once per call), evaluation records and close() flush it.
     """
 
-    def __init__(self, cfg: Config, run_dir: str | Path, *, start_step: int, total_steps: int,
-                 stream: IO[str] | None = None, writes: bool = True):
-        """writes=False (processes other than 0 of a multi-process run): no files, no progress."""
-        self.cfg, self.total_steps, self.start_step = cfg, total_steps, start_step
+    def __init__(self, run_dir: str | Path, log: LogConfig, *, start_step: int, total_steps: int, log_every: int = 1,
+                 config: dict[str, Any] | None = None, stream: IO[str] | None = None, writes: bool = True):
+        """log: progress mode and TensorBoard; config: shown as TensorBoard text; writes=False (processes
+        other than 0 of a multi-process run): no files, no progress."""
+        self.total_steps, self.start_step = total_steps, start_step
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / METRICS_FILE
+        self.layout = RunLayout(self.run_dir)
+        self.path = self.layout.metrics
         self._file: IO[str] | None = None
         self._tb = None
         self.peak_mem_bytes: int | None = None
@@ -185,16 +201,16 @@ class RunLogger:
             self._file = open(self.path, "a")  # noqa: SIM115 - closed in close()
             mems = [r["mem_bytes"] for r in kept if r.get("kind") == "train" and r.get("mem_bytes") is not None]
             self.peak_mem_bytes = max(mems) if mems else None
-        if writes and cfg.log.tensorboard:
+        if writes and log.tensorboard:
             SummaryWriter = summary_writer_class()
             # purge_step: TensorBoard hides events of earlier sessions from this update on. The suffix
             # keeps a session that starts within the same second as the previous one from overwriting
             # its file, and sorts the files in session order (TensorBoard reads them in name order).
-            self._tb = SummaryWriter(str(self.run_dir / TB_DIR), purge_step=start_step + 1, flush_secs=10,
+            self._tb = SummaryWriter(str(self.layout.tb), purge_step=start_step + 1, flush_secs=10,
                                      filename_suffix=f".{time.time_ns():020d}")
-            self._tb.add_text("config", "```\n" + json.dumps(_config_dict(cfg), indent=2) + "\n```", start_step)
-        self._progress = Progress(cfg.log.progress if writes else "off", total_steps, start_step, stream,
-                                  cfg.log_every)
+            if config is not None:
+                self._tb.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```", start_step)
+        self._progress = Progress(log.progress if writes else "off", total_steps, start_step, stream, log_every)
 
     def train(self, record: dict[str, Any]) -> None:
         record = dict(record)
@@ -220,6 +236,39 @@ class RunLogger:
 
     def message(self, text: str) -> None:
         self._progress.message(text)
+
+    def hook(self, step: int, scalars: dict[str, float]) -> None:
+        """A hook's scalars: a `hook` record in metrics.jsonl and TensorBoard scalars under hook/."""
+        self._write({"kind": "hook", "step": int(step), **scalars})
+        self._scalars("hook", {"step": step, **scalars})
+
+    def text(self, step: int, name: str, text: str) -> None:
+        """A hook's text: a `hook` record {name: text} and TensorBoard text under hook/."""
+        self._write({"kind": "hook", "step": int(step), name: text})
+        if self._tb is not None:
+            self._tb.add_text(f"hook/{name}", text, int(step))
+
+    def image(self, step: int, name: str, image: Any) -> Path | None:
+        """A hook's image (an [H, W] or [H, W, 3|4] array in [0, 1]): run_dir/hooks/<name>-<step>.png, a `hook`
+        record naming the file, and a TensorBoard image under hook/. Returns the file's path."""
+        import numpy as np
+
+        if self._file is None:
+            return None
+        array = np.clip(np.asarray(image, np.float32), 0.0, 1.0)
+        if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (1, 3, 4)):
+            raise ValueError(f"an image is [H, W] or [H, W, 1|3|4] (got shape {array.shape})")
+        self.layout.hooks.mkdir(exist_ok=True)
+        path = self.layout.hooks / f"{name}-{int(step)}.png"
+        from matplotlib import image as mpimg
+
+        mpimg.imsave(path, array[..., 0] if array.ndim == 3 and array.shape[-1] == 1 else array,
+                                cmap="gray" if array.ndim == 2 else None, vmin=0.0, vmax=1.0)
+        self._write({"kind": "hook", "step": int(step), name: str(path.relative_to(self.run_dir))})
+        if self._tb is not None:
+            self._tb.add_image(f"hook/{name}", array if array.ndim == 3 else array[..., None], int(step),
+                               dataformats="HWC")
+        return path
 
     def _scalars(self, kind: str, record: dict[str, Any]) -> None:
         """The record's numbers as one TensorBoard event: tensorboardX sends each event through a
@@ -267,9 +316,4 @@ def summary_writer_class() -> type:
             del sys.modules["torch"]
     return SummaryWriter
 
-
-def _config_dict(cfg: Config) -> dict[str, Any]:
-    from loopcore.config import to_dict
-
-    return to_dict(cfg)
 

@@ -14,9 +14,11 @@ fp16: as bf16 (autocast-like, op by op) with float16 matmuls, plus dynamic loss 
       torch.amp.GradScaler's rule (jaxloop.optim.dynamic_loss_scale; its state in the optimizer's).
 fp64: everything float64 (needs jax x64), used by the parity suite.
 
-float32 matmuls run at full float32 precision: importing this module sets jax's default matmul
-precision to "highest" (no TF32 or bf16 passes on GPUs/TPUs), and the built-in models also pass
-lax.Precision.HIGHEST to each of their matmuls. torch_ref pins torch the same way (no TF32).
+float32 matmuls run at full float32 precision inside jaxloop's own computations: the train and eval steps
+trace under `pinned_matmuls()` (jax.default_matmul_precision("highest"): no TF32 or bf16 passes on
+GPUs/TPUs, for your model too while jaxloop trains it), and the built-in models also pass
+lax.Precision.HIGHEST to each of their matmuls. Nothing is set process-wide: importing jaxloop leaves
+jax's configuration as it was. torch_ref pins torch the same way (no TF32).
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 
-jax.config.update("jax_default_matmul_precision", "highest")
+MATMUL_PRECISION = "highest"
+"""The matmul precision of jaxloop's computations (float32 matmuls at full precision, as torch without TF32)."""
 
 # torch.amp.GradScaler's defaults, the rule fp16 follows.
 INIT_SCALE = 2.0**16
@@ -56,6 +61,12 @@ class Policy:
 
     def cast_to_param(self, tree: Any) -> Any:
         return _cast_floating(tree, self.param_dtype)
+
+def pinned_matmuls() -> contextlib.AbstractContextManager:
+    """A context in which traced matmuls without an explicit precision run at MATMUL_PRECISION; it acts
+    at trace time, so it belongs inside a jitted function (jaxloop's steps enter it there)."""
+    return jax.default_matmul_precision(MATMUL_PRECISION)
+
 
 def get_policy(name: str) -> Policy:
     """The policy for config.precision."""

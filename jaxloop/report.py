@@ -22,11 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxloop.logger import TB_DIR
-from jaxloop.runinfo import PROFILE_DIR, format_bytes, format_duration
-from loopcore.records import METRICS_FILE, read_records
-
-REPORT_FILE = "report.md"
+from jaxloop.runinfo import format_bytes, format_duration
+from loopcore.layout import CHECKPOINT_DIR, METRICS_FILE, PROFILE_DIR, REPORT_FILE, TB_DIR, RunLayout
+from loopcore.records import read_records
 PLOTS = {"loss": "loss.png", "lr": "lr.png", "throughput": "throughput.png"}
 TIMING_ORDER = ("setup", "compile", "data_wait", "eval", "checkpoint", "log", "profile")
 TIMING_NOTES = {
@@ -63,26 +61,20 @@ class Run:
         return max(steps) if steps else 0
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 def load_run(run_dir: str | Path) -> Run:
     """The run's files; NotARunError when run_dir holds neither config.json nor metrics.jsonl."""
     run_dir = Path(run_dir)
+    layout = RunLayout(run_dir)
     if not run_dir.is_dir():
         raise NotARunError(f"{run_dir} is not a directory")
-    config = _read_json(run_dir / "config.json")
-    if not isinstance(config, dict) and not (run_dir / METRICS_FILE).exists():
-        raise NotARunError(f"{run_dir} is not a jaxloop run directory (no config.json or {METRICS_FILE})")
-    metadata = _read_json(run_dir / "metadata.json")
-    summary = _read_json(run_dir / "summary.json")
+    config = layout.read_json(layout.config)
+    if not isinstance(config, dict) and not layout.metrics.exists():
+        raise NotARunError(f"{run_dir} is not a jaxloop run directory (no {layout.config.name} or {METRICS_FILE})")
+    metadata = layout.read_json(layout.metadata)
+    summary = layout.read_json(layout.summary)
     resumes = []
-    if (run_dir / "resumes.jsonl").exists():
-        for line in (run_dir / "resumes.jsonl").read_text().splitlines():
+    if layout.resumes.exists():
+        for line in layout.resumes.read_text().splitlines():
             try:
                 resumes.append(json.loads(line))
             except json.JSONDecodeError:
@@ -192,7 +184,7 @@ def wall_time(run: Run) -> tuple[float | None, str]:
     if run.summary and run.summary.get("wall_time_s") is not None:
         return float(run.summary["wall_time_s"]), "summary.json"
     started = run.metadata.get("started_unix")
-    path = run.run_dir / METRICS_FILE
+    path = RunLayout(run.run_dir).metrics
     if started is not None and path.exists():
         return max(path.stat().st_mtime - float(started), 0.0), (
             "estimated: from metadata.json's start to the last write of metrics.jsonl")
@@ -474,8 +466,8 @@ def render(run: Run, plots: dict[str, str]) -> str:
     if (run.run_dir / PROFILE_DIR).is_dir():
         lines.append(f"- `{PROFILE_DIR}/`: jax.profiler trace (TensorBoard profile plugin, or the "
                      "*.trace.json.gz / perfetto_trace.json.gz file at https://ui.perfetto.dev)")
-    if (run.run_dir / "checkpoints").is_dir():
-        lines.append("- `checkpoints/`: Orbax checkpoints")
+    if (run.run_dir / CHECKPOINT_DIR).is_dir():
+        lines.append(f"- `{CHECKPOINT_DIR}/`: Orbax checkpoints")
     lines.append("")
     return "\n".join(lines)
 
@@ -492,7 +484,7 @@ def write_report(run_dir: str | Path) -> Path:
         plot_lr(run, run.run_dir / PLOTS["lr"])
         plot_throughput(run, run.run_dir / PLOTS["throughput"])
         plots["lr"], plots["throughput"] = PLOTS["lr"], PLOTS["throughput"]
-    path = run.run_dir / REPORT_FILE
+    path = RunLayout(run.run_dir).report
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text(render(run, plots))
     tmp.replace(path)

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from loopcore.config import Config
-
-PROFILE_DIR = "profile"
+from loopcore.layout import PROFILE_DIR  # noqa: F401  (re-exported: the report names it)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -171,10 +170,11 @@ class Profiler:
     (perfetto_trace.json.gz) for ui.perfetto.dev, both under profile/plugins/profile/<timestamp>/.
     With `timings`, the seconds spent starting and stopping (writing) the trace count as "profile"."""
 
-    def __init__(self, cfg: Config, run_dir: str | Path, timings: Timings | None = None):
-        self.start, self.stop = cfg.log.profile_start, cfg.log.profile_start + cfg.log.profile_steps
-        self.enabled = cfg.log.profile_steps > 0
-        self.dir = Path(run_dir) / PROFILE_DIR
+    def __init__(self, start: int, steps: int, directory: str | Path, timings: Timings | None = None):
+        """Updates [start, start + steps) (steps 0: off; log.profile_start / log.profile_steps) into `directory`."""
+        self.start, self.stop = start, start + steps
+        self.enabled = steps > 0
+        self.dir = Path(directory)
         self.active = False
         self.timings = timings
 

@@ -15,13 +15,13 @@ outside the vocabulary, a bad option): one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-from loopcore.config import Config, ConfigError, from_dict
+from loopcore.config import Config
 
 EXIT_BAD_INPUT = 2
 
@@ -41,14 +41,15 @@ class Loaded:
 
 
 def read_config(run_dir: str | Path) -> Config:
-    """The Config saved with a run (run_dir/config.json)."""
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise SampleError(f"{run_dir} is not a jaxloop run directory (no config.json)")
+    """The Config saved with a run (loopcore.run_dir.read_config), SampleError when there is none."""
+    from loopcore import run_dir as run_files
+
     try:
-        return from_dict(json.loads(path.read_text()))
-    except (json.JSONDecodeError, ConfigError) as e:
-        raise SampleError(f"{path} is not a valid run config ({e})") from None
+        return run_files.read_config(run_dir)
+    except FileNotFoundError:
+        raise SampleError(f"{run_dir} is not a jaxloop run directory (no config.json)") from None
+    except ValueError as e:  # ConfigError and JSON errors alike
+        raise SampleError(f"{run_files.RunLayout.of(run_dir).config} is not a valid run config ({e})") from None
 
 
 def load_params(run_dir: str | Path, which: str = "best", cfg: Config | None = None) -> Loaded:
@@ -120,24 +121,32 @@ def sample(run_dir: str | Path, prompt: str, length: int = 200, temperature: flo
            which: str = "best", seed: int = 0, loaded: Loaded | None = None) -> str:
     """`length` characters generated after `prompt` by the run's best or latest checkpoint
     (or by `loaded`, params already restored with load_params)."""
+    from jaxloop.models import make_model
+
+    cfg = loaded.cfg if loaded is not None else read_config(run_dir)
+    vocab, _ = check_inputs(run_dir, cfg, prompt, length, temperature, seed)
+    loaded = loaded if loaded is not None else load_params(run_dir, which, cfg)
+    return generate(make_model(cfg.model, len(vocab), cfg.precision), loaded.params, vocab, prompt, length,
+                    temperature, seed)
+
+
+def generate(model: Any, params: Any, vocab: Sequence[str], prompt: str, length: int = 200,
+             temperature: float = 1.0, seed: int = 0) -> str:
+    """`length` characters that the character-level GPT `model` (a jaxloop.models.GPT; its context is
+    model.context) with `params` generates after `prompt`, under `vocab` (a run's vocab.json): what
+    `sample` runs for a checkpoint, and what a hook runs for the state being trained."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxloop.models import make_model
-    from loopcore.sources import decode
+    from loopcore.sources import decode, encode
 
-    cfg = loaded.cfg if loaded is not None else read_config(run_dir)
-    vocab, ids = check_inputs(run_dir, cfg, prompt, length, temperature, seed)
-    loaded = loaded if loaded is not None else load_params(run_dir, which, cfg)
-    context = cfg.model.context
-    model = make_model(cfg.model, len(vocab), cfg.precision)
+    ids, context = encode(prompt, vocab), model.context
     window = ids[-context:]
     buf = np.zeros(context, np.int32)
     buf[: len(window)] = window
-    generate = make_generate(model, context, length)
-    out = generate(loaded.params, jnp.asarray(buf), jnp.asarray(len(window), jnp.int32),
-                   jax.random.PRNGKey(seed), jnp.asarray(temperature, jnp.float32))
+    out = make_generate(model, context, length)(params, jnp.asarray(buf), jnp.asarray(len(window), jnp.int32),
+                                                jax.random.PRNGKey(seed), jnp.asarray(temperature, jnp.float32))
     return decode(np.asarray(out), vocab)
 
 

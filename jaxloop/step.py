@@ -18,6 +18,7 @@ import optax
 from jaxloop.memory import checkpoint_policy, remat_blocks
 from jaxloop.module import LossFn
 from jaxloop.optim import loss_scale, optimizer_metrics
+from jaxloop.precision import pinned_matmuls
 from jaxloop.state import TrainState
 from loopcore.config import MemoryConfig
 
@@ -68,6 +69,10 @@ def make_train_step(loss_fn: LossFn, memory: MemoryConfig | None = None) -> Step
     policy = checkpoint_policy(remat)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        with pinned_matmuls():  # float32 matmuls at full precision in this trace (jaxloop.precision)
+            return _train_step(state, batch)
+
+    def _train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         rng = jax.random.fold_in(state.rng, state.micro_steps)
         scale = loss_scale(state.opt_state)
         model = remat_blocks(state.model) if remat == "blocks" else state.model
@@ -118,6 +123,10 @@ def make_eval_step(loss_fn: LossFn) -> Callable[[TrainState, Batch], dict]:
     """A pure eval_step(state, batch) -> {loss, aux...}: the loss without gradients, dropout or updates."""
 
     def eval_step(state: TrainState, batch: Batch) -> dict:
+        with pinned_matmuls():
+            return _eval_step(state, batch)
+
+    def _eval_step(state: TrainState, batch: Batch) -> dict:
         model, _ = state.model.bind(jax.lax.stop_gradient(state.params), state.model_state, False, None, state.policy)
         loss, aux = loss_fn(model, batch, False)
         return {"loss": state.policy.cast_to_output(loss), **aux}

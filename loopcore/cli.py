@@ -14,7 +14,8 @@ import json
 import re
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import tyro
 
@@ -74,6 +75,36 @@ def parse_or_exit(argv: Sequence[str], prog: str) -> Config:
     except (ConfigError, UsageError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
+
+
+def finish(prog: str, cfg: Config, run: Callable[[], dict[str, Any]],
+           announce: Callable[[], bool] = lambda: True) -> int:
+    """Run `run()` (a whole training run) and map how it ended to the exit status, with one line on stderr:
+    done (0), bad input (2), too many non-finite updates (1), a failed checkpoint write or a full disk (3),
+    out of memory in every plan (4), a signal (130 / 143, after saving).
+    `announce()`: whether to print the done line (only the process that writes the run's files does)."""
+    try:
+        summary = run()
+    except ConfigError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except NonFiniteError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_NONFINITE
+    except CheckpointWriteError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_CHECKPOINT_WRITE
+    except OutOfMemoryError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_OUT_OF_MEMORY
+    except Interrupted as e:
+        print(f"{prog}: {e} received: saved and stopped", file=sys.stderr)
+        return EXIT_SIGNAL[e.signum]
+    if announce():
+        final = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items())
+        print(f"done: {summary['final_step']} updates in {summary['wall_time_s']:.1f}s; {final}; "
+              f"outputs in {cfg.run_dir}", file=sys.stderr)
+    return 0
 
 
 def _take_option(argv: list[str], name: str, keep: bool) -> str | None:

@@ -80,7 +80,7 @@ class ModelConfig:
     """GPT output head shares the token embedding matrix."""
     remat: bool = False
     """Rematerialise GPT blocks in the backward pass (less memory, more compute); the same as
-    memory.remat=blocks, which a resume may change (this field is kept for torch_ref and saved configs)."""
+    memory.remat=blocks (this field is the one torch_ref reads)."""
     vocab_size: int = 0
     """Output classes / vocabulary size; 0 = taken from the data."""
 
@@ -500,14 +500,27 @@ def _writable_dir(name: str, path: str) -> None:
 
 
 # Fields a resumed run may change: they do not alter the computed trajectory. `deterministic` chooses how
-# XLA:GPU picks kernels, not what they compute (and a run saved before the field existed lacks it); the
-# compiled calls' key holds XLA_FLAGS, so it still tells the two kinds of executable apart.
+# XLA:GPU picks kernels, not what they compute (and a run saved before the field existed lacks it).
+# `model.remat` recomputes the same forward pass in the backward pass: the same math (up to the rounding
+# of other fusions), other memory and time; so do the memory plans (memory.*: jaxloop.memory).
 RESUME_SAFE = (
     "run_dir", "resume", "allow_steps_change", "compile_cache", "retain_host_memory", "eval_every", "log_every",
     "deterministic",
     "updates_per_call", "max_bad_steps", "patience", "init_from",
     "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed.",
-    "memory.",  # the same math (up to rounding) in another plan; the compiled calls' key keeps it (jaxloop.loop)
+    "model.remat",
+    "memory.",
+)
+
+# Fields no compiled call depends on: the key of a stored executable (jaxloop.executables) leaves them out;
+# a change of any other field compiles afresh. Its own rule, not RESUME_SAFE: a field may be resume-safe
+# and still change the compiled code (model.remat, memory.*), or change the run and not the code (seed: initial
+# values and data order). Host-side fields; what the arguments' shapes and shardings carry (the eval batch
+# size, the mesh of distributed.*); the call's size, which names the call; XLA_FLAGS, in the key itself.
+NOT_COMPILED = (
+    "run_dir", "resume", "allow_steps_change", "compile_cache", "retain_host_memory", "eval_every", "log_every",
+    "deterministic", "updates_per_call", "max_bad_steps", "patience", "init_from", "seed",
+    "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed.",
 )
 
 

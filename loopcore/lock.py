@@ -3,9 +3,9 @@
     with RunLock(cfg.run_dir):       # RunDirInUse (a ConfigError: exit status 2) if another run holds it
         ...                          # check run_dir, write, train
 
-The exclusion is filelock's FileLock on run_dir/.run.lock: flock(2), which the kernel releases when
-the holder exits in any way (SIGKILL included), so a killed run's successor takes over at once. Beside
-it, run_dir/.run.holder.json names the holder (pid, host, start time) for the refusal message, and
+The exclusion is filelock's FileLock on run_dir/.lock: flock(2), which the kernel releases when the
+holder exits in any way (SIGKILL included), so a killed run's successor takes over at once. Beside it,
+run_dir/.lock.holder.json names the holder (pid, host, start time) for the refusal message, and
 carries a lease (`lease_until`, renewed by a heartbeat thread every lease_s / 3) for other hosts: a
 filesystem shared between hosts may not carry flock across them, so a record of another host whose
 lease has not expired refuses the launch even when flock was granted, and one whose lease expired is
@@ -33,9 +33,8 @@ from typing import Any
 import filelock
 
 from loopcore.config import ConfigError
+from loopcore.layout import HOLDER_FILE, LOCK_FILE, RunLayout
 
-LOCK_FILE = ".run.lock"
-HOLDER_FILE = ".run.holder.json"
 LOCK_FILES = (LOCK_FILE, HOLDER_FILE)
 """What the lock keeps in a run_dir (an otherwise empty run_dir still counts as empty)."""
 LEASE_S = 60.0
@@ -95,7 +94,7 @@ def _when(t: float) -> str:
 def read_holder(run_dir: str | Path) -> Holder | None:
     """The holder record of run_dir, or None (absent, or half-written by a crash)."""
     try:
-        data = json.loads((Path(run_dir) / HOLDER_FILE).read_text())
+        data = json.loads(RunLayout(Path(run_dir)).holder.read_text())
         return Holder(int(data["pid"]), str(data["host"]), float(data["started"]), float(data["lease_until"]),
                       str(data["token"]))
     except (OSError, ValueError, KeyError, TypeError):
@@ -108,6 +107,7 @@ class RunLock:
 
     def __init__(self, run_dir: str | Path, lease_s: float = LEASE_S, settle_s: float = SETTLE_S):
         self.run_dir, self.lease_s, self.settle_s = Path(run_dir), float(lease_s), float(settle_s)
+        self.layout = RunLayout(self.run_dir)
         self.host = socket.gethostname()
         self.holder: Holder | None = None
         self.took_over: Holder | None = None  # the stale holder this lock replaced, if any
@@ -119,7 +119,7 @@ class RunLock:
         """Hold run_dir (creating it), or raise RunDirInUse naming the holder. Warns (StaleLockWarning)
         when it takes over a stale lock."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        lock = filelock.FileLock(str(self.run_dir / LOCK_FILE), timeout=0, thread_local=False)
+        lock = filelock.FileLock(str(self.layout.lock), timeout=0, thread_local=False)
         try:
             lock.acquire()
         except filelock.Timeout:
@@ -163,9 +163,9 @@ class RunLock:
 
     def _write(self, holder: Holder) -> None:
         """Replace the holder record atomically (a reader never sees half of it)."""
-        tmp = self.run_dir / f"{HOLDER_FILE}.{os.getpid()}.tmp"
+        tmp = self.layout.holder.with_name(f"{HOLDER_FILE}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(asdict(holder)) + "\n")
-        os.replace(tmp, self.run_dir / HOLDER_FILE)
+        os.replace(tmp, self.layout.holder)
 
     def _renew(self) -> None:
         """Heartbeat: extend the lease every lease_s / 3 until released."""
@@ -191,7 +191,7 @@ class RunLock:
         try:
             current = read_holder(self.run_dir)
             if current is not None and self.holder is not None and current.token == self.holder.token:
-                (self.run_dir / HOLDER_FILE).unlink(missing_ok=True)
+                self.layout.holder.unlink(missing_ok=True)
         finally:
             self.holder = None
             lock.release()

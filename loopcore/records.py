@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
+from loopcore.layout import METRICS_FILE, RunLayout  # noqa: F401  (METRICS_FILE: re-exported)
 
 
 def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
     """All records of run_dir/metrics.jsonl (an unfinished last line, from a killed run, is ignored)."""
-    path = Path(run_dir) / METRICS_FILE
+    path = RunLayout(Path(run_dir)).metrics
     if not path.exists():
         return []
     records = []

@@ -12,14 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from loopcore.config import Config, ConfigError, changed_fields, resume_conflicts, to_dict
+from loopcore.config import Config, ConfigError, changed_fields, from_dict, resume_conflicts, to_dict
+from loopcore.layout import CHECKPOINT_DIR, RunLayout  # noqa: F401  (CHECKPOINT_DIR: re-exported)
 from loopcore.lock import is_lock_file
-
-CHECKPOINT_DIR = "checkpoints"
-CONFIG_FILE = "config.json"
-METADATA_FILE = "metadata.json"
-RESUMES_FILE = "resumes.jsonl"
-SUMMARY_FILE = "summary.json"
 
 
 class RunDir:
@@ -27,17 +22,17 @@ class RunDir:
 
     def __init__(self, cfg: Config, writes: bool = True):
         self.cfg, self.path, self.writes = cfg, Path(cfg.run_dir), writes
+        self.layout = RunLayout(self.path)
         self.saved: dict[str, Any] | None = None
 
     @property
     def checkpoints(self) -> Path:
-        return self.path / CHECKPOINT_DIR
+        return self.layout.checkpoints
 
     def check(self, has_checkpoint: bool) -> dict[str, Any] | None:
         """Apply the rules; the config saved with the checkpointed run being resumed, if any."""
         cfg, run_dir = self.cfg, self.path
-        saved_path = run_dir / CONFIG_FILE
-        saved = json.loads(saved_path.read_text()) if saved_path.exists() else None
+        saved = json.loads(self.layout.config.read_text()) if self.layout.config.exists() else None
         if cfg.resume == "never" and run_dir.exists() and any(not is_lock_file(p.name) for p in run_dir.iterdir()):
             raise ConfigError("resume", "never", f"an empty or new run_dir ({run_dir} is not empty; "
                               "use --resume auto to continue it or choose another --run_dir)")
@@ -59,15 +54,15 @@ class RunDir:
         if not self.writes:
             return
         self.path.mkdir(parents=True, exist_ok=True)
-        self.write_json(CONFIG_FILE, to_dict(self.cfg))
+        self.write_json(self.layout.config, to_dict(self.cfg))
         if metadata is not None:
-            self.write_json(METADATA_FILE, metadata)
+            self.write_json(self.layout.metadata, metadata)
 
     def record_resume(self, step: int) -> None:
         """Append the resume at `step` and the fields this run changed to resumes.jsonl."""
         if not self.writes or self.saved is None:
             return
-        with open(self.path / RESUMES_FILE, "a") as f:
+        with open(self.layout.resumes, "a") as f:
             f.write(json.dumps({"step": step, "changed": changed_fields(self.saved, self.cfg)}) + "\n")
 
     def must_have_resumed(self, restored: Any) -> None:
@@ -77,7 +72,16 @@ class RunDir:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         if self.writes:
-            self.write_json(SUMMARY_FILE, summary)
+            self.write_json(self.layout.summary, summary)
 
-    def write_json(self, name: str, obj: Any) -> None:
-        (self.path / name).write_text(json.dumps(obj, indent=2) + "\n")
+    def write_json(self, path: Path, obj: Any) -> None:
+        path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def read_config(run_dir: str | Path | RunLayout) -> Config:
+    """The Config saved with a run (its config.json): FileNotFoundError when it has none, ConfigError
+    (or a JSON error, a ValueError) when the file is not a config."""
+    layout = run_dir if isinstance(run_dir, RunLayout) else RunLayout.of(run_dir)
+    if not layout.config.is_file():
+        raise FileNotFoundError(f"{layout.root} is not a run directory (no {layout.config.name})")
+    return from_dict(json.loads(layout.config.read_text()))

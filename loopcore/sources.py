@@ -45,12 +45,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from loopcore.config import Config, ConfigError
+from loopcore.layout import VOCAB_FILE
 
 SPLIT_SEED = 20240229
 """Seed of the fixed train/validation permutation of digits and npz (independent of cfg.seed)."""
 UNK = "<unk>"
 """Vocabulary entry for validation characters that never occur in the training split."""
-VOCAB_FILE = "vocab.json"
 
 Batch = dict[str, np.ndarray]
 

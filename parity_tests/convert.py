@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from loopcore.config import Config, from_dict, to_dict
+from loopcore.layout import RunLayout
 from loopcore.sources import Splits, load_splits, write_vocab
 
 
@@ -188,7 +189,7 @@ def torch_state_from_jax(cfg: Config, splits: Splits, jstate: Any, position: int
 
 
 def _config(src: Path, dst: Path) -> Config:
-    saved = json.loads((src / "config.json").read_text())
+    saved = json.loads(RunLayout(src).config.read_text())
     return from_dict({**saved, "run_dir": str(dst)})
 
 
@@ -201,9 +202,9 @@ def _copy_records(src: Path, dst: Path, step: int) -> None:
 
 
 def _prepare(src: Path, dst: Path) -> tuple[Config, Splits]:
-    if not (src / "config.json").exists():
+    if not RunLayout(src).config.exists():
         raise SystemExit(f"convert: {src} holds no config.json (not a run directory)")
-    if (dst / "checkpoints").exists() and any((dst / "checkpoints").iterdir()):
+    if RunLayout(dst).checkpoints.exists() and any(RunLayout(dst).checkpoints.iterdir()):
         raise SystemExit(f"convert: {dst} already holds checkpoints; choose an empty run directory")
     cfg = _config(src, dst)
     splits = load_splits(cfg)
@@ -229,18 +230,18 @@ def torch_to_jax(src: str | Path, dst: str | Path) -> int:
     metrics = _read_header(_path(manager.directory, step))[0].get("metrics")
     tstate = create_train_state(cfg, splits, device="cpu")
     tstate.load_state_dict(payload)
-    loader = TrainLoader(cfg, splits, position=tstate.position, workers=0)
+    loader = TrainLoader(splits, seed=cfg.seed, batch_size=cfg.batch_size, position=tstate.position)
     loader_state = loader.state()
     loader.close()
     best = payload.get("extra", {}).get("best", {"best": None, "best_step": None, "since_best": 0})
     with jax_mode(cfg.precision):
         jstate = jax_state_from_torch(cfg, splits, tstate)
-        ckpt = Checkpointer(cfg, dst, {"converted_from": "torch_ref", "source": str(src), "step": step})
+        ckpt = Checkpointer(cfg.checkpoint, dst, config=to_dict(cfg), metadata={"converted_from": "torch_ref", "source": str(src), "step": step})
         try:
             ckpt.save(step, jstate, {"loader": loader_state, "best": best}, metrics=metrics)
         finally:
             ckpt.close()
-    (dst / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    RunLayout(dst).config.write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
     write_vocab(str(dst), splits)
     _copy_records(src, dst, step)
     return step
@@ -255,7 +256,7 @@ def jax_to_torch(src: str | Path, dst: str | Path) -> int:
     src, dst = Path(src), Path(dst)
     cfg, splits = _prepare(src, dst)
     with jax_mode(cfg.precision):
-        ckpt = Checkpointer(cfg, src)
+        ckpt = Checkpointer(cfg.checkpoint, src, config=to_dict(cfg))
         try:
             restored = ckpt.restore_latest(jax_state(cfg, splits))
             metrics = ckpt.manager.metrics(restored.step) if restored is not None else None
@@ -267,7 +268,7 @@ def jax_to_torch(src: str | Path, dst: str | Path) -> int:
         position = int(data["loader"]["position"]) if "loader" in data else int(data["position"])
         tstate = torch_state_from_jax(cfg, splits, restored.state, position, data.get("best"))
     CheckpointManager(cfg, dst).save(restored.step, tstate.state_dict(), dict(metrics) if metrics else None)
-    (dst / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    RunLayout(dst).config.write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
     write_vocab(str(dst), splits)
     _copy_records(src, dst, restored.step)
     return restored.step

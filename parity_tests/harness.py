@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from loopcore.config import CheckpointConfig, Config, LogConfig, preset
+from loopcore.config import CheckpointConfig, Config, LogConfig, preset, to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare.txt"
@@ -206,7 +206,7 @@ def jax_run(cfg: Config, splits: Any, updates: int, snapshot_every: int = 0, ini
     with jax_mode(cfg.precision) if x64 is None else jax.enable_x64(x64):
         state = jax_state(cfg, splits, init_params)
         init = host(state.params)
-        loader = TrainLoader(cfg, splits, position=0, workers=0) if batches is None else None
+        loader = TrainLoader(splits, seed=cfg.seed, batch_size=cfg.batch_size) if batches is None else None
         source = loader if loader is not None else batches
         try:
             for u in range(updates):
@@ -364,7 +364,8 @@ def interrupt_jax_run(cfg: Config, k: int) -> None:
     import signal
 
     from jaxloop.logger import RunLogger
-    from jaxloop.loop import Interrupted, run
+    from jaxloop.runner import run
+    from loopcore.cli import Interrupted
 
     original = RunLogger.train
 
@@ -390,7 +391,7 @@ def jax_checkpoint(cfg: Config, splits: Any, step: int | None = None):
     from jaxloop.checkpoint import Checkpointer
 
     with jax_mode(cfg.precision):
-        ckpt = Checkpointer(cfg, cfg.run_dir)
+        ckpt = Checkpointer(cfg.checkpoint, cfg.run_dir, config=to_dict(cfg))
         try:
             target = jax_state(cfg, splits)
             step = ckpt.manager.latest_step() if step is None else step

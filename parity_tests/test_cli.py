@@ -42,10 +42,10 @@ def _initial_checkpoint(run_dir):
     splits = load_splits(cfg)
     with jax_mode("fp32"):
         state = jax_state(cfg, splits)
-        loader = TrainLoader(cfg, splits, position=0, workers=0)
+        loader = TrainLoader(splits, seed=cfg.seed, batch_size=cfg.batch_size)
         data = {"loader": loader.state(), "best": {"best": None, "best_step": None, "since_best": 0}}
         loader.close()
-        ckpt = Checkpointer(cfg, run_dir)
+        ckpt = Checkpointer(cfg.checkpoint, run_dir, config=to_dict(cfg))
         try:
             ckpt.save(0, state, data)
         finally:

@@ -31,7 +31,7 @@ import pytest
 from jaxloop.optim import SkipWindowsState, find_state
 
 from loopcore.sources import load_splits
-from jaxloop.loop import run as jax_train
+from jaxloop.runner import run as jax_train
 from parity_tests.convert import _adam_and_schedule, jax_state_from_torch, main, torch_state_from_jax
 from parity_tests.harness import (curve_rel_diff, data_position, host, jax_checkpoint, jax_mode, mlp_cfg, model, optim,
                                   records, tree_rel_diff)

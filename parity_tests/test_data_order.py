@@ -42,7 +42,9 @@ def _splits() -> Splits:
 
 def _jax_indices(workers: int, start: int, count: int, splits: Splits, state: dict | None = None) -> np.ndarray:
     cfg = _cfg(workers)
-    loader = TrainLoader.from_state(cfg, splits, state) if state is not None else TrainLoader(cfg, splits, position=start)
+    loader = (TrainLoader.from_state(splits, state, seed=cfg.seed, batch_size=cfg.batch_size, workers=cfg.data.workers)
+              if state is not None else TrainLoader(splits, seed=cfg.seed, batch_size=cfg.batch_size, position=start,
+                                                    workers=cfg.data.workers))
     with loader:
         return np.stack([next(loader)["x"][:, 0].astype(np.int64) for _ in range(count)])
 
@@ -63,7 +65,7 @@ def order():
         got[("torch", workers, RESUME)] = _torch_indices(workers, RESUME, COUNT - RESUME, splits)
     # jaxloop resumes from a loader's checkpointed state: saved with 2 workers, resumed with 0 and 2.
     cfg2 = _cfg(2)
-    with TrainLoader(cfg2, splits, position=0) as loader:
+    with TrainLoader(splits, seed=cfg2.seed, batch_size=cfg2.batch_size, workers=cfg2.data.workers) as loader:
         for _ in range(RESUME):
             next(loader)
         saved = loader.state()

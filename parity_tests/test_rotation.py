@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxloop.checkpoint import Checkpointer
-from loopcore.config import CheckpointConfig, Config, ModelConfig
+from loopcore.config import CheckpointConfig, Config, ModelConfig, to_dict
 from parity_tests.harness import QUIET, jax_mode
 from torch_ref.checkpoint import CheckpointManager, best_step, kept_steps
 
@@ -59,7 +59,7 @@ def histories(tmp_path_factory):
         jax_hist, rule_hist, manager_hist = [], [], []
         with jax_mode("fp32"):
             state = _tiny_state(cfg)
-            ckpt = Checkpointer(cfg, root / "jax")
+            ckpt = Checkpointer(cfg.checkpoint, root / "jax", config=to_dict(cfg))
             manager = CheckpointManager(replace(cfg, run_dir=str(root / "torch")), root / "torch")
             try:
                 by_step = {}

@@ -1,5 +1,5 @@
 """The loop's cadence: several updates per dispatched call, evaluations and saves on call boundaries, logs
-from inside calls, and back on the grid after a skipped update."""
+from inside calls, and back on the grid after a skipped update (loopcore.cadence, jaxloop.loop)."""
 
 from __future__ import annotations
 
@@ -11,39 +11,36 @@ import numpy as np
 import pytest
 
 import jaxloop
-from jaxloop.cadence import Cadence
+from loopcore.cadence import call_size, next_call_size
 from loopcore.config import CheckpointConfig, Config, LogConfig, OptimConfig
 from loopcore.records import read_records
 
 
 def test_updates_per_call_divide_the_evaluation_checkpoint_and_end_cadences():
-    assert Cadence(steps=2000, log_every=25, eval_every=250, save_every=250).per_call == 50
-    assert Cadence(500, 10, 100, 100).per_call == 50
-    assert Cadence(500, 10, 0, 0).per_call == 50, "0 (only at the end) constrains nothing"
-    assert Cadence(300, 1, 0, 45).per_call == 15
-    assert Cadence(7, 1, 0, 0).per_call == 7
-    assert Cadence(7, 1, 2, 0).per_call == 1
+    assert call_size(2000, [250, 250]) == 50
+    assert call_size(500, [100, 100]) == 50
+    assert call_size(500, [0, 0]) == 50, "0 (only at the end) constrains nothing"
+    assert call_size(300, [0, 45]) == 15
+    assert call_size(7, [0, 0]) == 7
+    assert call_size(7, [2, 0]) == 1
 
 
-def test_log_cadence_does_not_bound_a_call_and_a_set_maximum_does():
-    assert Cadence(500, 1, 100, 100).per_call == 50, "logs are read from the call's per-update metrics"
-    assert Cadence(500, 1, 100, 100, max_per_call=1).per_call == 1
-    assert Cadence(500, 1, 100, 100, max_per_call=30).per_call == 25, "the largest divisor within the maximum"
-    assert Cadence.of(replace(Config(), updates_per_call=4)).max_per_call == 4
+def test_a_set_maximum_bounds_a_call():
+    assert call_size(500, [100, 100], max_per_call=1) == 1
+    assert call_size(500, [100, 100], max_per_call=30) == 25, "the largest divisor within the maximum"
 
 
 def test_off_the_grid_the_loop_dispatches_single_updates_until_back_on_it():
-    c = Cadence(steps=40, log_every=10, eval_every=20, save_every=0)
-    assert c.per_call == 20
-    assert [c.updates_next(s) for s in (0, 20, 13, 19)] == [20, 20, 1, 1]
-    assert Cadence(steps=45, log_every=10, eval_every=0, save_every=0).updates_next(30) == 1, "never past steps"
+    assert call_size(40, [20, 0]) == 20
+    assert [next_call_size(s, 20, 40) for s in (0, 20, 13, 19)] == [20, 20, 1, 1]
+    assert next_call_size(30, 15, 45) == 15 and next_call_size(30, 10, 35) == 1, "never past steps"
 
 
 @pytest.fixture(scope="module")
 def call_sizes(tmp_path_factory):
     """The debug preset, every update logged, with 2-micro-batch updates, run one update per call and
     in calls of 10 (the default's choice for it): (summary, train records) of each."""
-    from jaxloop.loop import run
+    from jaxloop.runner import run
     from loopcore.config import preset
 
     out = {}
@@ -84,14 +81,15 @@ def test_the_next_call_is_dispatched_before_the_host_logs_the_finished_one(tmp_p
     """The device is not left idle while the host writes a call's records: the loop dispatches the next
     call first, unless the state reached is to be evaluated or saved (then it waits for both). Mutant:
     logging before dispatching fails the first check."""
+    from jaxloop.dispatch import Dispatcher
     from jaxloop.logger import RunLogger
-    from jaxloop.loop import Loop, run
+    from jaxloop.runner import run
     from loopcore.config import preset
 
     events: list[tuple[str, int]] = []
-    dispatch, train = Loop._dispatch, RunLogger.train
-    monkeypatch.setattr(Loop, "_dispatch", lambda self, state, step, *a: (events.append(("dispatch", step)),
-                                                                           dispatch(self, state, step, *a))[1])
+    dispatch, train = Dispatcher.dispatch, RunLogger.train
+    monkeypatch.setattr(Dispatcher, "dispatch", lambda self, state, step, n: (events.append(("dispatch", step)),
+                                                                              dispatch(self, state, step, n))[1])
     monkeypatch.setattr(RunLogger, "train", lambda self, record: (events.append(("log", record["step"])),
                                                                    train(self, record))[1])
     base = preset("debug")
@@ -189,7 +187,7 @@ def test_step_ms_counts_the_time_a_save_blocks_and_not_the_evaluation(tmp_path, 
     import time
 
     from jaxloop.checkpoint import Checkpointer
-    from jaxloop.loop import Evaluator
+    from jaxloop.evaluate import Evaluator
 
     save, evaluate = Checkpointer.save, Evaluator.__call__
     monkeypatch.setattr(Checkpointer, "save", lambda self, *a, **k: (time.sleep(0.2), save(self, *a, **k))[1])

@@ -22,13 +22,13 @@ from jaxloop import checkpoint
 from jaxloop.checkpoint import Checkpointer
 from jaxloop.optim import SkipWindowsState
 from loopcore.cli import Interrupted
-from loopcore.config import CheckpointConfig, Config, ModelConfig, preset, replace
+from loopcore.config import CheckpointConfig, Config, ModelConfig, preset, replace, to_dict
 from loopcore.records import read_records
 from jaxloop.models import make_model
 from jaxloop.state import state_digest
 from jaxloop.task import create_train_state
 from jaxloop.logger import RunLogger
-from jaxloop.loop import run
+from jaxloop.runner import run
 
 
 def _debug(run_dir: Path, **fields) -> Config:
@@ -57,7 +57,7 @@ def test_retention_keeps_last_best_and_every_mth_for_a_known_metric_sequence(tmp
     cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)),
                  checkpoint=CheckpointConfig(keep_last=2, keep_best=2, keep_every=5, async_save=async_save))
     state = _small_state(cfg)
-    ckpt = Checkpointer(cfg, tmp_path)
+    ckpt = Checkpointer(cfg.checkpoint, tmp_path, config=to_dict(cfg))
     try:
         for step, value in enumerate(METRICS, start=1):
             ckpt.save(step, state, {"position": step}, metrics={"val_loss": value, "val_acc": 1 - value})
@@ -76,7 +76,7 @@ def test_retention_in_max_mode_keeps_the_largest_metric(tmp_path):
     cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)),
                  checkpoint=CheckpointConfig(keep_last=1, keep_best=1, best_metric="val_acc", best_mode="max"))
     state = _small_state(cfg)
-    ckpt = Checkpointer(cfg, tmp_path)
+    ckpt = Checkpointer(cfg.checkpoint, tmp_path, config=to_dict(cfg))
     try:
         for step, value in enumerate(METRICS, start=1):
             ckpt.save(step, state, {"position": step}, metrics={"val_loss": value, "val_acc": 1 - value})
@@ -90,7 +90,7 @@ def test_restore_returns_optimizer_states_as_their_own_types(tmp_path):
     cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)))
     state = _small_state(cfg)
     target = _small_state(replace(cfg, seed=1))
-    ckpt = Checkpointer(cfg, tmp_path)
+    ckpt = Checkpointer(cfg.checkpoint, tmp_path, config=to_dict(cfg))
     try:
         ckpt.save(3, state, {"position": 7})
         ckpt.wait()
@@ -110,7 +110,7 @@ def test_a_non_finite_state_is_never_saved(tmp_path):
     cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)))
     state = _small_state(cfg)
     bad = state.replace(params=jax.tree.map(lambda p: p * np.nan, state.params))
-    ckpt = Checkpointer(cfg, tmp_path)
+    ckpt = Checkpointer(cfg.checkpoint, tmp_path, config=to_dict(cfg))
     try:
         with pytest.raises(NonFiniteStateError, match="update 1"):
             ckpt.save(1, bad, {"position": 1})
@@ -131,7 +131,7 @@ def test_async_save_keeps_its_update_while_later_steps_donate_their_buffers(tmp_
                    donate_argnums=0)
     state = bump(_small_state(cfg))  # buffers produced by a donating step, as in the loop
     saved_digest = state_digest(state)
-    ckpt = Checkpointer(cfg, tmp_path)
+    ckpt = Checkpointer(cfg.checkpoint, tmp_path, config=to_dict(cfg))
     try:
         ckpt.save(1, state, {"position": 1})
         for _ in range(20):
@@ -174,7 +174,7 @@ def test_a_cpu_state_is_handed_to_orbax_as_numpy_views_of_its_own_buffers(tmp_pa
     cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)),
                  checkpoint=CheckpointConfig(async_save=async_save))
     state = _small_state(cfg)
-    ckpt = Checkpointer(cfg, tmp_path)
+    ckpt = Checkpointer(cfg.checkpoint, tmp_path, config=to_dict(cfg))
     try:
         ckpt.save(1, state, {"position": 1})
         ckpt.wait()

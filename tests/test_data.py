@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from loopcore.config import Config, ConfigError, DataConfig, ModelConfig, preset
-from jaxloop.data import DevicePrefetcher, TrainLoader, num_val_batches, val_batches
+from jaxloop.data import DevicePrefetcher, TrainLoader, eval_batch_size, num_val_batches, train_loader, val_batches
 from loopcore.sources import (
     SPLIT_SEED,
     UNK,
@@ -41,6 +41,12 @@ SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 DIGITS = preset("digits")  # batch_size 64; 1437 training records -> 22 batches/epoch, 29 dropped
 SPLITS = load_splits(DIGITS)
+
+
+def make_loader(position: int = 0, p: int = 0, count: int = 1, cfg=DIGITS, **kw) -> TrainLoader:
+    """The digits preset's loader at micro-batch `position`, as process p of `count`."""
+    return TrainLoader(SPLITS, seed=cfg.seed, batch_size=cfg.batch_size, position=position, process_index=p,
+                       process_count=count, **kw)
 BPE = batches_per_epoch(DIGITS, SPLITS.num_train)
 SAVE_AT = 2 * BPE + 8  # saved after batch 7 (0-based) of epoch 2: the next is batch 8 of epoch 2
 STOP = 3 * BPE + 4  # runs cross two epoch boundaries
@@ -74,21 +80,21 @@ def worker_probe(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def runs():
     """Every loader run that needs worker processes, done once."""
     out = {}
-    with TrainLoader(DIGITS, SPLITS, 0, 0, 1, workers=0) as loader:
+    with make_loader() as loader:
         out["w0"] = take(loader, STOP)
-    with TrainLoader(DIGITS, SPLITS, 0, 0, 1, workers=2) as loader:
+    with make_loader(workers=2) as loader:
         out["w2"] = take(loader, SAVE_AT)
         out["state"] = json.loads(json.dumps(loader.state()))  # through JSON, as a checkpoint would
         out["w2"] += take(loader, STOP - SAVE_AT)
-    with TrainLoader(DIGITS, SPLITS, 0, 0, 1, workers=1) as loader:
+    with make_loader(workers=1) as loader:
         out["w1"] = take(loader, STOP)
-    with TrainLoader.from_state(DIGITS, SPLITS, out["state"], 0, 1, workers=1) as loader:
+    with TrainLoader.from_state(SPLITS, out["state"], workers=1) as loader:
         out["restored_w1"] = take(loader, STOP - SAVE_AT)
-    with TrainLoader.from_state(DIGITS, SPLITS, out["state"], 0, 1, workers=0) as loader:
+    with TrainLoader.from_state(SPLITS, out["state"], workers=0) as loader:
         out["restored_w0"] = take(loader, STOP - SAVE_AT)
-    with TrainLoader(DIGITS, SPLITS, 0, 0, 1, workers=1, transform=worker_probe) as loader:
+    with make_loader(workers=1, transform=worker_probe) as loader:
         out["probe"] = next(loader)["probe"]
-    with TrainLoader(DIGITS, SPLITS, CHUNKS_FROM, 0, 1, workers=1) as loader:
+    with make_loader(position=CHUNKS_FROM, workers=1) as loader:
         out["chunks_w1"] = list(itertools.islice(loader.chunks(7, 3), 6))  # 3 + 5 x 7 micro-batches
         out["chunks_w1_position"] = loader.position
     return out
@@ -130,14 +136,14 @@ def test_record_order_matches_loader(runs):
     order = record_order(DIGITS, SPLITS.num_train, 0, STOP)
     expected = [SPLITS.train.get(rows) for rows in order]
     assert same_batches(runs["w0"], expected)
-    with TrainLoader(DIGITS, SPLITS, 0, 0, 1, workers=0) as loader:
+    with make_loader() as loader:
         assert all(np.array_equal(loader.record_indices(b), order[b]) for b in range(STOP))
     # any window of record_order is the same slice of the whole
     assert np.array_equal(record_order(DIGITS, SPLITS.num_train, 17, 9), order[17:26])
 
 
 def test_loader_position_and_state_track_consumed_batches():
-    with TrainLoader(DIGITS, SPLITS, 5, 0, 1, workers=0) as loader:
+    with make_loader(position=5) as loader:
         take(loader, 3)
         assert loader.position == 8 and loader.state()["position"] == 8
         assert loader.epoch == 8 // BPE
@@ -183,8 +189,8 @@ def test_same_seed_same_order_other_seed_other_order():
 
 @pytest.mark.parametrize("count", [2, 4])
 def test_process_shards_are_disjoint_and_union_is_the_global_batch(count):
-    single = TrainLoader(DIGITS, SPLITS, 3, 0, 1, workers=0)
-    shards = [TrainLoader(DIGITS, SPLITS, 3, p, count, workers=0) for p in range(count)]
+    single = make_loader(position=3)
+    shards = [make_loader(position=3, p=p, count=count) for p in range(count)]
     for b in range(3, 3 + BPE + 2):  # across an epoch boundary
         whole = next(single)
         parts = [next(s) for s in shards]
@@ -203,8 +209,8 @@ def test_process_shards_are_disjoint_and_union_is_the_global_batch(count):
 def test_val_batches_cover_split_once_with_weight_padding(count):
     cfg = dataclasses.replace(DIGITS, data=dataclasses.replace(DIGITS.data, eval_batch_size=64))
     n = SPLITS.num_val  # 360 = 5 * 64 + 40: the last batch holds 24 padding records
-    per_process = [list(val_batches(cfg, SPLITS, p, count)) for p in range(count)]
-    assert all(len(batches) == num_val_batches(cfg, SPLITS) == math.ceil(n / 64) for batches in per_process)
+    per_process = [list(val_batches(SPLITS, eval_batch_size(cfg), p, count)) for p in range(count)]
+    assert all(len(batches) == num_val_batches(SPLITS, eval_batch_size(cfg)) == math.ceil(n / 64) for batches in per_process)
     xs, ws = [], []
     for step in zip(*per_process):
         assert all(b["x"].shape == (64 // count, 64) and b["weight"].dtype == np.float32 for b in step)
@@ -334,15 +340,15 @@ def _bad_cases():
         return lambda: load_splits(dataclasses.replace(DIGITS, batch_size=SPLITS.num_train + 1))
 
     def batch_not_divisible_by_processes(tmp):
-        return lambda: TrainLoader(dataclasses.replace(DIGITS, batch_size=30), SPLITS, 0, 0, 4, workers=0)
+        return lambda: make_loader(p=0, count=4, cfg=dataclasses.replace(DIGITS, batch_size=30))
 
     def vocab_size_too_small(tmp):
         cfg = dataclasses.replace(DIGITS, model=dataclasses.replace(DIGITS.model, vocab_size=5))
         return lambda: load_splits(cfg)
 
     def restore_with_other_seed(tmp):
-        state = TrainLoader(DIGITS, SPLITS, 9, 0, 1).state()
-        return lambda: TrainLoader.from_state(dataclasses.replace(DIGITS, seed=3), SPLITS, state, 0, 1)
+        state = make_loader(position=9).state()
+        return lambda: train_loader(dataclasses.replace(DIGITS, seed=3), SPLITS, state)
 
     return [
         (short_train, "data.path"), (short_val, "data.val_fraction"), (not_utf8, "data.path"),
@@ -375,7 +381,7 @@ def test_no_hang_at_exit_with_workers_left_open():
         from loopcore.sources import load_splits
         from jaxloop.data import DevicePrefetcher, TrainLoader
         cfg = preset("digits")
-        it = DevicePrefetcher(TrainLoader(cfg, load_splits(cfg), 0, 0, 1, workers=2), size=2)
+        it = DevicePrefetcher(TrainLoader(load_splits(cfg), seed=cfg.seed, batch_size=cfg.batch_size, workers=2), size=2)
         print([int(next(it)["y"][0]) for _ in range(4)], flush=True)
     """)
     proc = subprocess.run(
@@ -408,7 +414,7 @@ def test_sources_imports_neither_jax_nor_grain():
 
 def test_micro_batch_gather_is_the_loader_element():
     gather = MicroBatchGather(SPLITS.train, DIGITS.seed, DIGITS.batch_size, 1, 2)
-    with TrainLoader(DIGITS, SPLITS, 40, 1, 2, workers=0) as loader:
+    with make_loader(position=40, p=1, count=2) as loader:
         assert same_batches([next(loader)], [gather(40)])
 
 
@@ -441,18 +447,18 @@ def test_a_transform_sees_one_micro_batch_at_a_time_in_a_chunk():
 
 
 def test_loader_chunks_refuses_a_second_iteration():
-    with TrainLoader(DIGITS, SPLITS, 0, 0, 1, workers=0) as loader:
+    with make_loader() as loader:
         next(loader)
         with pytest.raises(ValueError, match="iterated once"):
             loader.chunks(4)
-    with TrainLoader(DIGITS, SPLITS, 0, 0, 1, workers=0) as loader:
+    with make_loader() as loader:
         loader.chunks(4)
         with pytest.raises(ValueError, match="iterated once"):
             next(loader)
 
 
 def test_a_prefetcher_over_a_loader_already_read_stacks_its_micro_batches(runs):
-    loader = TrainLoader(DIGITS, SPLITS, 0, 0, 1, workers=0)
+    loader = make_loader()
     next(loader)
     with DevicePrefetcher(loader, size=0, chunk=3) as it:
         assert same_batches([{k: np.asarray(v) for k, v in it.take(3).items()}], [stacked(runs["w0"][1:4])])
@@ -463,7 +469,7 @@ def test_a_prefetcher_over_a_loader_already_read_stacks_its_micro_batches(runs):
 
 @pytest.mark.parametrize("size", [0, 2])
 def test_device_prefetcher_yields_the_same_batches_and_reports_waits(runs, size):
-    loader = TrainLoader(DIGITS, SPLITS, 0, 0, 1, workers=0)
+    loader = make_loader()
     with DevicePrefetcher(loader, size=size) as it:
         got, waits = [], []
         for _ in range(30):
@@ -479,7 +485,7 @@ def test_device_prefetcher_yields_the_same_batches_and_reports_waits(runs, size)
 
 
 def test_device_prefetcher_takes_whole_chunks_from_the_loader_and_cuts_them(runs):
-    loader = TrainLoader(DIGITS, SPLITS, 0, 0, 1, workers=0)
+    loader = make_loader()
     with DevicePrefetcher(loader, size=2, chunk=4, first_chunk=2) as it:
         assert it._source.gi_code.co_name == "_yield_chunks"  # the loader's own chunks, not stacked here
         got = [it.take(n) for n in (2, 4, 1, 3, 4)]  # 1 + 3 cut one chunk; 4 is whole again

@@ -105,8 +105,9 @@ def test_a_write_error_names_the_failed_step_the_cause_and_the_last_good_one(tmp
 
 def test_a_checkpointer_drops_the_closed_loop_callbacks_of_abandoned_writes_and_nothing_else(tmp_path, monkeypatch):
     # When one write of a save fails, Orbax's gather stops and the other writes finish into its closed event
-    # loop: tensorstore reports each as an unraisable RuntimeError("Event loop is closed") (dozens of
-    # tracebacks, or none, depending on timing). Mutant seen failing: the hook not installed.
+    # loop: tensorstore reports each as an unraisable RuntimeError("Event loop is closed"), or its own
+    # failure nobody retrieved (dozens of tracebacks, or none, depending on timing). Mutant seen failing:
+    # the hook not installed.
     from types import SimpleNamespace
 
     from jaxloop.checkpoint import Checkpointer
@@ -114,14 +115,18 @@ def test_a_checkpointer_drops_the_closed_loop_callbacks_of_abandoned_writes_and_
 
     seen = []
     monkeypatch.setattr(sys, "unraisablehook", seen.append)
-    ckpt = Checkpointer(Config(run_dir=str(tmp_path)), tmp_path)
+    ckpt = Checkpointer(Config().checkpoint, tmp_path)
     try:
         closed = SimpleNamespace(exc_type=RuntimeError, exc_value=RuntimeError("Event loop is closed"),
                                  exc_traceback=None, err_msg=None, object=None)
         other = SimpleNamespace(exc_type=ValueError, exc_value=ValueError("something else"), exc_traceback=None,
                                 err_msg=None, object=None)
-        sys.unraisablehook(closed)
-        sys.unraisablehook(other)
+        failed_write = SimpleNamespace(
+            exc_type=ValueError, exc_traceback=None, err_msg=None, object=None,
+            exc_value=ValueError(f'RESOURCE_EXHAUSTED: Error writing "x" in "{tmp_path}/60.orbax-checkpoint-tmp/state": '
+                                 "No space left on device"))
+        for unraisable in (closed, failed_write, other):
+            sys.unraisablehook(unraisable)
     finally:
         ckpt.close()
     assert seen == [other]
@@ -131,14 +136,14 @@ def test_a_full_disk_met_outside_a_checkpoint_save_is_one_line_and_exit_status_3
     # metrics.jsonl or config.json may be the write that meets the full disk first
     import errno
 
-    from jaxloop import train
+    from jaxloop import runner, train
 
     (tmp_path / "checkpoints" / "40").mkdir(parents=True)
 
-    def full(cfg, task=None):
+    def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "metrics.jsonl"))
 
-    monkeypatch.setattr(train, "run", full)
+    monkeypatch.setattr(runner, "_run_held", full)
     assert train.main(["--preset", "debug", "--run_dir", str(tmp_path)]) == 3
     line = capsys.readouterr().err.strip()
     assert re.fullmatch(rf"jaxloop\.train: error: {tmp_path}/metrics\.jsonl could not be written: the disk is full "

@@ -23,6 +23,7 @@ FP32_REL_TOL = 1e-5  # as tests/test_fsdp.py
 RESTORE = r"""
 import json, sys
 from loopcore.cli import parse_config
+from loopcore.config import to_dict
 from loopcore.sources import load_splits
 from jaxloop.checkpoint import Checkpointer
 from jaxloop.distributed import create_sharded, make_mesh, to_host
@@ -35,7 +36,7 @@ for argv in json.loads(sys.argv[1]):
     splits = load_splits(cfg)
     model = make_model(cfg.model, splits.num_classes, cfg.precision)
     target = create_sharded(lambda: create_train_state(cfg, model, splits.example_x), make_mesh(cfg.distributed))
-    ckpt = Checkpointer(cfg, cfg.run_dir)
+    ckpt = Checkpointer(cfg.checkpoint, cfg.run_dir, config=to_dict(cfg))
     restored = ckpt.restore_latest(target)
     ckpt.close()
     print(json.dumps({"step": restored.step, "digest": state_digest(to_host(restored.state)),

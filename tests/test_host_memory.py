@@ -63,14 +63,15 @@ def test_a_run_sets_the_policy_unless_told_not_to(tmp_path, monkeypatch):
     """jaxloop.run applies it (retain_host_memory, default on) and leaves it with the flag off."""
     from dataclasses import replace
 
-    import jaxloop.loop
+    import jaxloop.host_memory
+    import jaxloop.runner
     from loopcore.config import preset
 
     calls = []
-    monkeypatch.setattr(jaxloop.loop, "retain_freed_memory", lambda: calls.append(True) or True)
+    monkeypatch.setattr(jaxloop.host_memory, "retain_freed_memory", lambda: calls.append(True) or True)
     base = replace(preset("debug"), steps=10, log=replace(preset("debug").log, progress="off", tensorboard=False))
-    jaxloop.loop.run(replace(base, run_dir=str(tmp_path / "default")))
-    jaxloop.loop.run(replace(base, run_dir=str(tmp_path / "off"), retain_host_memory=False))
+    jaxloop.runner.run(replace(base, run_dir=str(tmp_path / "default")))
+    jaxloop.runner.run(replace(base, run_dir=str(tmp_path / "off"), retain_host_memory=False))
     assert calls == [True], "once, for the run with the default"
 
 

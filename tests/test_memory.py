@@ -184,7 +184,7 @@ def test_re_planning_tries_splits_then_each_later_remat():
 
 def test_a_plan_is_resume_safe_but_keys_its_own_compiled_calls():
     # the same math, so a resume may change it; other code, so a stored executable of another plan is a miss
-    from jaxloop.loop import compiled_context
+    from jaxloop.runner import compiled_context
     from loopcore.config import resume_conflicts, to_dict
 
     cfg = preset("debug")
@@ -209,19 +209,17 @@ def text_file(tmp_path_factory):
 
 def _gpt_run_cfg(run_dir: Path, text: Path, **memory) -> Config:
     cfg = _gpt_cfg(**memory)
-    return replace(cfg, run_dir=str(run_dir), steps=8, eval_every=4, log_every=1, compile_cache="",
+    return replace(cfg, run_dir=str(run_dir), steps=8, eval_every=4, log_every=1, updates_per_call=4, compile_cache="",
                    data=replace(cfg.data, path=str(text), eval_batch_size=64),
                    checkpoint=replace(cfg.checkpoint, every=4), log=replace(cfg.log, progress="off", report=False))
 
 
 def _footprint(cfg: Config) -> Footprint:
-    """The footprint of the loop's call (updates_per_call updates of K micro-batches) under cfg.memory."""
-    from jaxloop.cadence import Cadence
-
+    """The footprint of the loop's call (cfg.updates_per_call updates of K micro-batches) under cfg.memory."""
     task = builtin_task(cfg)
     splits = task.splits()
     state = init_state(cfg, task, splits)
-    n = Cadence.of(cfg).per_call * cfg.optim.accum_steps
+    n = cfg.updates_per_call * cfg.optim.accum_steps
     batch = splits.train.get(record_order(cfg, splits.num_train, 0, n).reshape(-1))
     chunk = {k: v.reshape((n, cfg.batch_size) + v.shape[1:]) for k, v in batch.items()}
     call = jax.jit(scan_steps(make_train_step(task.loss, cfg.memory)), donate_argnums=0)
@@ -277,11 +275,11 @@ INJECT = textwrap.dedent("""
     # failed donating call leaves it), or when its results are read (the error of an asynchronous call).
     import sys
     import jax
-    import jaxloop.loop as loop
+    import jaxloop.dispatch as dispatch
     from jaxloop.train import main
 
     k, accum, when, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:]
-    compile_cached, device_get, fired = loop.compile_cached, jax.device_get, []
+    compile_cached, device_get, fired = dispatch.compile_cached, jax.device_get, []
     ERROR = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 bytes."
 
     class OutOfMemoryAtK:
@@ -312,7 +310,7 @@ INJECT = textwrap.dedent("""
             raise jax.errors.JaxRuntimeError(ERROR)
         return device_get(tree)
 
-    loop.compile_cached, jax.device_get = injecting, reading
+    dispatch.compile_cached, jax.device_get = injecting, reading
     sys.exit(main(argv))
 """)
 

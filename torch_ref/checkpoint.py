@@ -38,9 +38,7 @@ from typing import Any
 import torch
 
 from loopcore.config import Config
-from loopcore.run_dir import CHECKPOINT_DIR
-
-DAMAGED_DIR = "checkpoints_damaged"
+from loopcore.layout import CHECKPOINT_DIR, DAMAGED_DIR
 FORMAT = "torch_ref-checkpoint-1"
 _NAME = re.compile(r"^step_(\d{8,})\.pt$")
 

@@ -28,11 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loopcore.cli import (EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_SIGNAL, Interrupted, NonFiniteError, UsageError,
-                         parse_or_exit)
+from loopcore.cadence import Cadence
+from loopcore.cli import EXIT_BAD_INPUT, EXIT_SIGNAL, Interrupted, NonFiniteError, UsageError, finish, parse_or_exit
 from loopcore.config import Config, ConfigError
+from loopcore.layout import RunLayout
+from loopcore.outcome import COMPLETED, EARLY_STOPPING, early_stopping_message, final_evaluation_due, signal_stop
+from loopcore.outcome import summary as run_summary
 from loopcore.run_dir import RunDir
-from loopcore.records import METRICS_FILE, BestTracker, read_records
+from loopcore.records import BestTracker, read_records
 from loopcore.sources import Splits, load_splits, write_vocab
 from torch_ref.checkpoint import CheckpointManager
 from torch_ref.data import make_train_loader, make_val_loader
@@ -50,9 +53,7 @@ def init_model_from(state: TrainState, path: str | Path) -> None:
     schedule, step and data position stay fresh. The EMA, if kept, restarts from the loaded weights."""
     import torch
 
-    path = Path(path)
-    run_dir = path.parent if path.name == "checkpoints" else path
-    restored = CheckpointManager(state.cfg, run_dir).restore_latest()
+    restored = CheckpointManager(state.cfg, RunLayout.of(path).root).restore_latest()
     if restored is None:
         raise ConfigError("init_from", str(path), "a run_dir holding a torch_ref checkpoint")
     state.model.load_state_dict(restored[1]["model"])
@@ -80,7 +81,7 @@ class RunLogger:
 
     def __init__(self, cfg: Config, run_dir: Path, start_step: int):
         self.cfg = cfg
-        self.path = run_dir / METRICS_FILE
+        self.path = RunLayout(run_dir).metrics
         # Records after the checkpoint are logged again by the resumed run. A skipped update's record
         # carries the count of updates before it, so one at start_step came after the checkpoint.
         kept = [r for r in read_records(run_dir) if r.get("step", 0) < start_step
@@ -187,16 +188,16 @@ class Loop:
 
     def _train(self, state: TrainState, logger: RunLogger) -> dict[str, Any]:
         cfg, K = self.cfg, self.cfg.optim.accum_steps
+        cadence = Cadence.of(cfg)  # the log / evaluate / save / end rule jaxloop follows too
         tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
         if "best" in state.extra:
             tracker.load(state.extra["best"])
         train_loader = make_train_loader(cfg, self.splits, position=state.position, device=state.device)
         val_loader = make_val_loader(cfg, self.splits, device=state.device)
         batches = iter(train_loader)
-        due = lambda n, u: n > 0 and u % n == 0  # noqa: E731
         saved_step = state.step if state.step else None
         last_eval: dict[str, float] = {}
-        stop_reason = "completed"
+        stop_reason = COMPLETED
         updates_done, interval_start, interval_updates = 0, time.perf_counter(), 0
 
         while state.step < cfg.steps:
@@ -214,7 +215,7 @@ class Loop:
                     f"(update {attempted} tried {state.bad_streak} times; max_bad_steps={cfg.max_bad_steps}); "
                     "the last saved checkpoint is finite")
 
-            if due(cfg.log_every, attempted) or (metrics["updated"] and u >= cfg.steps):
+            if cadence.logs(attempted) or (metrics["updated"] and u >= cfg.steps):
                 now = time.perf_counter()
                 rate = interval_updates / max(now - interval_start, 1e-9)
                 interval_start, interval_updates = now, 0
@@ -234,46 +235,37 @@ class Loop:
                     break
                 continue
 
+            if stopping:  # decided before the evaluation, as jaxloop's signal action does: the first reason stands
+                stop_reason = self._stop_reason()
             evaluated = None
-            if due(cfg.eval_every, u) or u >= cfg.steps:
+            if cadence.evaluates(u):
                 evaluated = last_eval = self._evaluate(state, val_loader)
                 logger.write({"kind": "eval", "step": u, **evaluated})
                 if tracker.update(u, evaluated[cfg.checkpoint.best_metric]):
-                    stop_reason = "early_stopping"
-                    logger.message(f"early stopping at update {u}: no better {cfg.checkpoint.best_metric} "
-                                   f"in {cfg.patience} evaluations")
-            end = u >= cfg.steps or stop_reason != "completed" or stopping
+                    stop_reason = EARLY_STOPPING if stop_reason == COMPLETED else stop_reason
+                    logger.message(early_stopping_message(u, cfg.checkpoint.best_metric, cfg.patience))
+            end = cadence.ends(u, stop_reason != COMPLETED)
             may_save = not stopping or self.save_on_stop or u >= cfg.steps
-            if (due(cfg.checkpoint.every, u) or end) and saved_step != u and may_save:
+            if cadence.saves(u, end) and saved_step != u and may_save:
                 self._save(state, tracker, evaluated)
                 saved_step = u
             if end:
-                if stopping:
-                    stop_reason = self._stop_reason()
                 break
 
-        if not last_eval and stop_reason == "completed":
+        if final_evaluation_due(last_eval, stop_reason):
             last_eval = self._evaluate(state, val_loader)
         del batches, train_loader, val_loader  # stops loader worker processes
         train_time = self.timings["train"]
-        return {
-            "final_step": state.step,
-            "stop_reason": stop_reason,
-            "final": last_eval,
-            "best": {"metric": cfg.checkpoint.best_metric, "value": tracker.best, "step": tracker.best_step,
-                     "checkpoint_step": self.ckpt.best_step()},
-            "updates_per_s": updates_done / train_time if train_time > 0 else 0.0,
-            "skipped_updates": state.skipped,
-            "state_digest": state_digest(state),
-            "timings_s": dict(self.timings),
-            "framework": "torch",
-            "clip": self.clip,
-            "device": str(state.device),
-        }
+        return run_summary(
+            final_step=state.step, stop_reason=stop_reason, final=last_eval, tracker=tracker,
+            metric=cfg.checkpoint.best_metric, checkpoint_step=self.ckpt.best_step(),
+            updates_per_s=updates_done / train_time if train_time > 0 else 0.0, skipped=state.skipped,
+            digest=state_digest(state), timings_s=dict(self.timings), framework="torch", clip=self.clip,
+            device=str(state.device))
 
     def _stop_reason(self) -> str:
         if self.signal is not None:
-            return f"signal {signal.Signals(self.signal).name}"
+            return signal_stop(self.signal)
         return "stop_after"
 
     def _save(self, state: TrainState, tracker: BestTracker, metrics: dict[str, float] | None) -> None:
@@ -313,21 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     cfg = parse_or_exit(argv, PROG)
-    try:
-        summary = run(cfg, clip=clip).summary
-    except ConfigError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except NonFiniteError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return EXIT_NONFINITE
-    except Interrupted as e:
-        print(f"{PROG}: {e} received: saved and stopped", file=sys.stderr)
-        return EXIT_SIGNAL[e.signum]
-    final = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items())
-    print(f"done: {summary['final_step']} updates in {summary['wall_time_s']:.1f}s; {final}; "
-          f"outputs in {cfg.run_dir}", file=sys.stderr)
-    return 0
+    return finish(PROG, cfg, lambda: run(cfg, clip=clip).summary)
 
 
 if __name__ == "__main__":

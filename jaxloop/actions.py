@@ -1,0 +1,411 @@
+"""The periodic actions of a run: what the host loop (jaxloop.loop) does between device calls.
+
+An Action has a period `every` (in applied updates; 0 = only at the end) and says whether it reads the
+state (`needs_state`): the loop ends its device calls on the updates of every such action, so that it
+sees the state of exactly its update, and leaves the others to read the call's per-update metrics (they
+never cut a call short). The loop calls, for every action, in list order:
+
+    start(run, step)                  once, before the first call (step: the update the run starts from)
+    poll(run)                         after each call's wait, before the next call is decided (signals)
+    before_dispatch(run, step, n)     before each call of n updates after update `step` (the profiler)
+    after_call(run, done)             with each finished call's metrics (the next call may already run)
+    at_step(run, step, state)         at a boundary: an update where an action reading the state is due,
+                                      or the end of the run; each action applies its own rule (loopcore's
+                                      Cadence for evaluation and saving), acts at most once per update
+                                      (the loop calls it again where a stop is decided), and may return
+                                      a new state
+    close(run)                        at the end, however the run ends (in reverse order)
+
+Built in: SignalStop, NonFiniteStreak, LogTrain, Profile, Evaluate (with early stopping), Save; and
+Hook, a research code's own action (`jaxloop.run(cfg, task, hooks=[Hook(fn, every=200)])`). An action
+with a `key` keeps a JSON state in every checkpoint's data item (state_dict / load_state_dict).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxloop.dispatch import Finished
+from jaxloop.logger import RunLogger
+from jaxloop.runinfo import Profiler, Timings, memory_bytes
+from jaxloop.state import TrainState
+from loopcore.cadence import Cadence, due
+from loopcore.cli import EXIT_SIGNAL, NonFiniteError
+from loopcore.config import ConfigError
+from loopcore.outcome import COMPLETED, EARLY_STOPPING, early_stopping_message, signal_stop
+from loopcore.records import BestTracker
+
+
+# ----------------------------------------------------------------------------- what actions share
+
+
+@dataclass
+class Throughput:
+    """Rates over the interval since the previous log record: the loop's wall time, the time checkpoint
+    saves block it included; evaluation and compiling excluded (reported apart)."""
+
+    step: int
+    time: float
+    data_wait: float = 0.0
+    updates: int = 0
+    seconds: float = 0.0
+
+    def interval(self, step: int, now: float, data_wait: float) -> dict[str, float]:
+        updates = max(step - self.step, 1)
+        seconds = max(now - self.time, 1e-9)
+        rates = {"updates_per_s": updates / seconds, "step_ms": 1e3 * seconds / updates,
+                 "data_wait_ms": 1e3 * (data_wait - self.data_wait) / updates}
+        self.step, self.time, self.data_wait = step, now, data_wait
+        self.updates, self.seconds = self.updates + updates, self.seconds + seconds
+        return rates
+
+    def pause(self, seconds: float) -> None:
+        """Exclude time spent outside training (evaluation) from the current interval."""
+        self.time += seconds
+
+    def restart(self) -> None:
+        """Start the current interval now (after a compile: compiling is not training time)."""
+        self.time = time.perf_counter()
+
+    @property
+    def updates_per_s(self) -> float:
+        """The mean rate over every interval logged so far."""
+        return self.updates / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class RunContext:
+    """What the actions of one run share: its length, sinks and timings, the finished call, the last
+    evaluation, and how the run is to end."""
+
+    steps: int
+    accum_steps: int
+    logger: RunLogger
+    timings: Timings
+    clock: Throughput
+    run_dir: str = ""
+    stop_reason: str = COMPLETED
+    last_eval: dict[str, float] = field(default_factory=dict)
+    evaluated_at: int | None = None
+    done: Finished | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a stop was decided (early stopping, a signal, a hook)."""
+        return self.stop_reason != COMPLETED
+
+    def stop(self, reason: str) -> None:
+        """End the run at the current boundary (the first reason given is the one kept)."""
+        if not self.stopped:
+            self.stop_reason = reason
+
+    def ends(self, step: int) -> bool:
+        return step >= self.steps or self.stopped
+
+    def update_metrics(self, step: int) -> dict[str, float]:
+        """The metrics of update `step` from the finished call that applied it (empty if it did not)."""
+        done = self.done
+        if done is None:
+            return {}
+        applied = done.start + np.cumsum(done.metrics["updated"])
+        hits = np.flatnonzero((applied == step) & done.metrics["updated"].astype(bool))
+        return update_metrics(done.metrics, int(hits[0]), self.accum_steps) if hits.size else {}
+
+
+def update_metrics(metrics: dict[str, np.ndarray], i: int, accum_steps: int) -> dict[str, float]:
+    """The metrics of the update that micro-batch i of a call closed: its loss (the mean of its K
+    micro-batch losses), the rate it applied, its pre-clip gradient norm, skips so far, the loss scale,
+    and the loss's aux metrics (of micro-batch i)."""
+    out: dict[str, Any] = {"loss": float(np.mean(metrics["loss"][max(i + 1 - accum_steps, 0):i + 1]))}
+    for key, cast in (("lr", float), ("grad_norm", float), ("skipped", int), ("loss_scale", float)):
+        if key in metrics:
+            out[key] = cast(metrics[key][i])
+    for key, value in metrics.items():
+        if key not in out and key not in ("updated", "bad_streak") and np.ndim(value[i]) == 0:
+            out[key] = float(value[i])
+    return out
+
+
+class Action:
+    """A periodic part of the host loop (see the module doc); every hook is a no-op by default."""
+
+    every: int = 0
+    needs_state: bool = False
+    key: str | None = None
+
+    def due(self, step: int) -> bool:
+        return due(self.every, step)
+
+    def start(self, run: RunContext, step: int) -> None: ...
+
+    def poll(self, run: RunContext) -> None: ...
+
+    def before_dispatch(self, run: RunContext, step: int, n: int) -> None: ...
+
+    def after_call(self, run: RunContext, done: Finished) -> None: ...
+
+    def at_step(self, run: RunContext, step: int, state: TrainState) -> TrainState | None: ...
+
+    def close(self, run: RunContext) -> None: ...
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None: ...
+
+
+# ----------------------------------------------------------------------------- the built-in actions
+
+
+class SignalStop(Action):
+    """SIGINT / SIGTERM end the run after the calls already dispatched, with a save (exit 130 / 143). With
+    several processes they agree once per call, so that all dispatch and stop alike."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def start(self, run: RunContext, step: int) -> None:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._on_signal) for s in EXIT_SIGNAL}
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.signal = signum  # finish the calls dispatched, save, then exit
+
+    def poll(self, run: RunContext) -> None:
+        seen = self.signal  # read once: the handler may set it at any moment
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            received = np.ravel(multihost_utils.process_allgather(np.int32(seen or 0)))
+            seen = int(received[received > 0][0]) if received.any() else None
+            if self.signal is None:
+                self.signal = seen
+        if seen is not None:
+            run.stop(signal_stop(seen))
+
+    def close(self, run: RunContext) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+
+class NonFiniteStreak(Action):
+    """Stop with NonFiniteError (exit 1) after max_bad_steps consecutive skipped updates, found in the
+    per-update metrics of the call that reached the streak."""
+
+    def __init__(self, max_bad_steps: int):
+        self.max_bad_steps = max_bad_steps
+
+    def after_call(self, run: RunContext, done: Finished) -> None:
+        m = done.metrics
+        streak = np.flatnonzero(m["bad_streak"] >= self.max_bad_steps)
+        if streak.size:
+            i = streak[0]
+            update = done.start + int(np.sum(m["updated"][:i + 1])) + 1
+            raise NonFiniteError(
+                f"{int(m['bad_streak'][i])} consecutive updates were skipped for a non-finite loss or gradient "
+                f"(update {update}; max_bad_steps={self.max_bad_steps}); the last saved checkpoint is finite")
+
+
+class LogTrain(Action):
+    """The train records due in each finished call (cadence.logs): metrics.jsonl, TensorBoard, progress.
+    Rates are over the interval since the previous record; a call's time is shared evenly by its updates;
+    one memory reading per call (its records end at the same moment)."""
+
+    def __init__(self, cadence: Cadence, batch_size: int, tokens_per_sample: int = 0):
+        self.cadence, self.batch_size, self.tokens_per_sample = cadence, batch_size, tokens_per_sample
+
+    def after_call(self, run: RunContext, done: Finished) -> None:
+        m = done.metrics
+        applied = done.start + np.cumsum(m["updated"])  # the state's update count after each micro-batch
+        logged = [i for i in np.flatnonzero(m["updated"]) if self.cadence.logs(int(applied[i]))]
+        if not logged:
+            return
+        with run.timings("log"):
+            mem = memory_bytes()
+            extra = {"mem_bytes": mem} if mem is not None else {}
+            for i in logged:
+                run.logger.train({**self._record(run, int(applied[i]), done, i), **extra})
+            run.logger.flush()
+
+    def _record(self, run: RunContext, step: int, done: Finished, i: int) -> dict[str, Any]:
+        clock, K = run.clock, run.accum_steps
+        record = {"step": step, **update_metrics({k: done.metrics[k] for k in
+                                                   ("loss", "lr", "grad_norm", "skipped", "loss_scale", "updated")
+                                                   if k in done.metrics}, i, K)}
+        share = (step - clock.step) / max(done.step - clock.step, 1)
+        record.update(clock.interval(step, clock.time + share * (done.synced - clock.time),
+                                     clock.data_wait + share * (done.data_wait - clock.data_wait)))
+        record["samples_per_s"] = record["updates_per_s"] * K * self.batch_size
+        if self.tokens_per_sample:
+            record["tokens_per_s"] = record["samples_per_s"] * self.tokens_per_sample
+        return record
+
+
+class Profile(Action):
+    """A jax.profiler trace of the calls that run updates [log.profile_start, + log.profile_steps)."""
+
+    def __init__(self, profiler: Profiler):
+        self.profiler = profiler
+
+    def before_dispatch(self, run: RunContext, step: int, n: int) -> None:
+        self.profiler.before_call(step, n)
+
+    def close(self, run: RunContext) -> None:
+        self.profiler.close()
+
+
+class Evaluate(Action):
+    """The validation split every `every` updates and at the end (cadence.evaluates): an eval record,
+    the best metric tracked, early stopping after `patience` evaluations without a better one."""
+
+    needs_state = True
+    key = "best"
+
+    def __init__(self, cadence: Cadence, evaluate: Callable[[TrainState], dict[str, float]], tracker: BestTracker,
+                 metric: str):
+        self.every, self.cadence, self.evaluate, self.tracker, self.metric = cadence.eval_every, cadence, evaluate, tracker, metric
+
+    def at_step(self, run: RunContext, step: int, state: TrainState) -> None:
+        if not self.cadence.evaluates(step) or run.evaluated_at == step:
+            return
+        t0 = time.perf_counter()
+        with run.timings("eval"):
+            evaluated = self.evaluate(state)
+        run.last_eval, run.evaluated_at = evaluated, step
+        run.logger.eval({"step": step, **evaluated})
+        run.clock.pause(time.perf_counter() - t0)  # evaluation is reported apart, not as training time
+        if self.metric not in evaluated:
+            raise ConfigError("checkpoint.best_metric", self.metric,
+                              f"a metric the evaluation reports ({', '.join(evaluated)})")
+        if self.tracker.update(step, evaluated[self.metric]):
+            run.stop(EARLY_STOPPING)
+            run.logger.message(early_stopping_message(step, self.metric, self.tracker.patience))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.tracker.as_dict()
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.tracker.load(saved)
+
+
+class Save(Action):
+    """A checkpoint every `every` updates and wherever the run ends (cadence.saves), with the data
+    position and every keyed action's state, and the evaluation's metrics when one ran at that update."""
+
+    needs_state = True
+
+    def __init__(self, cadence: Cadence, checkpointer: Any, data_state: Callable[[], dict[str, Any]],
+                 actions: list[Action], saved_step: int | None = None):
+        self.every, self.cadence, self.checkpointer = cadence.save_every, cadence, checkpointer
+        self.data_state, self.actions, self.saved_step = data_state, actions, saved_step
+
+    def at_step(self, run: RunContext, step: int, state: TrainState) -> None:
+        if not self.cadence.saves(step, run.stopped) or self.saved_step == step:
+            return
+        data = {"loader": self.data_state(),
+                **{a.key: a.state_dict() for a in self.actions if a.key is not None}}
+        with run.timings("checkpoint"):
+            # check_finite=False: the optimizer skips non-finite updates, so the state is finite
+            self.checkpointer.save(step, state, data, metrics=run.last_eval if run.evaluated_at == step else None,
+                                   check_finite=False)
+        self.saved_step = step
+
+
+# ----------------------------------------------------------------------------- hooks: research code's actions
+
+
+@dataclass
+class StepInfo:
+    """What a hook is given: the update, the state after it (None for a hook that does not need it; valid
+    during the call: the next device call reuses its buffers, so copy what you keep, e.g. jax.device_get),
+    that update's metrics, and the run's sinks."""
+
+    step: int
+    state: TrainState | None
+    metrics: dict[str, float]
+    run: RunContext
+
+    @property
+    def model(self) -> Any:
+        """The trained model as you wrote it: an NNX module (in eval mode), or a Linen module's variables."""
+        if self.state is None:
+            raise ValueError("this hook does not read the state (needs_state=False): no model")
+        return self.state.user_model()
+
+    @property
+    def module(self) -> Any:
+        """The module being trained: a Linen module (apply it to info.state.params), or the NNX module."""
+        if self.state is None:
+            raise ValueError("this hook does not read the state (needs_state=False): no module")
+        return self.state.model.module if getattr(self.state.model, "module", None) is not None else self.model
+
+    @property
+    def run_dir(self) -> str:
+        return self.run.run_dir
+
+    def log(self, **scalars: float) -> None:
+        """Scalars into metrics.jsonl (a `hook` record of this update) and TensorBoard (hook/<name>)."""
+        self.run.logger.hook(self.step, {k: float(v) for k, v in scalars.items()})
+
+    def log_text(self, name: str, text: str) -> None:
+        self.run.logger.text(self.step, name, text)
+
+    def log_image(self, name: str, image: Any) -> Any:
+        """An [H, W] or [H, W, 3|4] array in [0, 1]: run_dir/hooks/<name>-<step>.png and TensorBoard."""
+        return self.run.logger.image(self.step, name, image)
+
+    def stop(self, reason: str = "hook") -> None:
+        """End the run here: the state is evaluated and saved as at any end; summary's stop_reason = reason."""
+        self.run.stop(reason)
+
+
+class Hook(Action):
+    """Research code's periodic action: `fn(info: StepInfo)` every `every` updates and once at the end.
+
+    needs_state=True (default): called at its updates with the state of exactly that update (the loop's
+    device calls end there). needs_state=False: called from the finished call's per-update metrics
+    (info.state is None), which cuts no call short. A resumed run calls it at the updates after the
+    checkpoint it resumes from, so none is repeated or skipped.
+    """
+
+    def __init__(self, fn: Callable[[StepInfo], Any], every: int, needs_state: bool = True):
+        if not isinstance(every, int) or every < 0:
+            raise ValueError(f"Hook every={every!r}: an integer >= 0 (0 = only at the end)")
+        self.fn, self.every, self.needs_state = fn, every, needs_state
+        self.called_at: int | None = None
+
+    def start(self, run: RunContext, step: int) -> None:
+        self.called_at = step  # the update a resumed run starts from was seen by the run it resumes
+
+    def _call(self, run: RunContext, step: int, state: TrainState | None) -> None:
+        if step != self.called_at:
+            self.called_at = step
+            self.fn(StepInfo(step, state, run.update_metrics(step), run))
+
+    def after_call(self, run: RunContext, done: Finished) -> None:
+        if self.needs_state:
+            return
+        applied = done.start + np.cumsum(done.metrics["updated"])
+        for i in np.flatnonzero(done.metrics["updated"]):
+            if self.due(int(applied[i])):
+                self._call(run, int(applied[i]), None)
+
+    def at_step(self, run: RunContext, step: int, state: TrainState) -> None:
+        if (self.needs_state and self.due(step)) or run.ends(step):
+            self._call(run, step, state if self.needs_state else None)
+
+
+def every(n: int, needs_state: bool = True) -> Callable[[Callable[[StepInfo], Any]], Hook]:
+    """Decorator form: `@jaxloop.every(200)` over `def sample(info): ...` makes it a Hook."""
+    return lambda fn: Hook(fn, n, needs_state)

@@ -1,0 +1,72 @@
+"""Importing jaxloop leaves the user's JAX as it was and imports nothing heavy; jaxloop's own steps still
+run their float32 matmuls at full precision."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _in_a_fresh_process(code: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_jaxloop_changes_no_jax_setting_and_imports_no_checkpointing_or_loader():
+    got = _in_a_fresh_process(
+        "import json, sys, jax\n"
+        "before = {k: str(getattr(jax.config, k)) for k in ('jax_default_matmul_precision', 'jax_enable_x64',"
+        " 'jax_compilation_cache_dir')}\n"
+        "import jaxloop\n"
+        "heavy = [m for m in ('orbax.checkpoint', 'grain', 'torch', 'optax', 'flax', 'tensorboardX') if m in sys.modules]\n"
+        "import jaxloop.runner, jaxloop.train, jaxloop.sample, jaxloop.report  # every module of the loop\n"
+        "after = {k: str(getattr(jax.config, k)) for k in before}\n"
+        "print(json.dumps({'before': before, 'after': after, 'heavy': heavy}))\n")
+    assert got["after"] == got["before"], "importing jaxloop's modules changed jax's configuration"
+    assert got["heavy"] == [], f"import jaxloop imported {got['heavy']}"
+
+
+def test_each_public_name_is_imported_on_first_use():
+    got = _in_a_fresh_process(
+        "import json, sys, jaxloop\n"
+        "jaxloop.train_step\n"
+        "step_only = 'orbax.checkpoint' in sys.modules or 'grain' in sys.modules\n"
+        "jaxloop.run\n"
+        "print(json.dumps({'step_only': step_only, 'run': 'orbax.checkpoint' in sys.modules, 'names': sorted(dir(jaxloop))}))\n")
+    assert not got["step_only"], "the train step alone needs neither Orbax nor grain"
+    assert got["run"], "run imports the loop's checkpointing"
+    assert {"run", "Task", "Hook", "TrainState", "train_step", "make_optimizer", "Config"} <= set(got["names"])
+
+
+class Proj(nn.Module):  # a user's model: its matmul names no precision
+    @nn.compact
+    def __call__(self, x, train=False):
+        return nn.Dense(3, use_bias=False)(x)
+
+
+def _loss(model, batch, train):
+    import optax
+
+    logits = model(batch["x"])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean(), {}
+
+
+def test_jaxloops_step_pins_float32_matmuls_to_highest_and_the_users_own_code_keeps_the_default():
+    import jaxloop
+
+    assert jax.config.jax_default_matmul_precision is None  # this process's default, untouched by jaxloop
+    batch = {"x": np.ones((4, 5), np.float32), "y": np.zeros(4, np.int32)}
+    records = [{"x": batch["x"][0], "y": batch["y"][0]}]
+    cfg = jaxloop.Config(steps=2)
+    state = jaxloop.init_state(cfg, jaxloop.Task(Proj(), _loss, records, records))
+    hlo = jax.jit(jaxloop.make_train_step(_loss)).lower(state, batch).as_text()
+    dots = [line for line in hlo.splitlines() if "dot_general" in line]
+    assert dots and all("precision = [HIGHEST, HIGHEST]" in line for line in dots), dots
+    own = jax.jit(lambda a, b: a @ b).lower(jnp.ones((4, 5)), jnp.ones((5, 3))).as_text()
+    assert "HIGHEST" not in own, "jaxloop set no process-wide precision"
