@@ -195,6 +195,19 @@ def test_a_plan_is_resume_safe_but_keys_its_own_compiled_calls():
             assert compiled_context(replanned, "train x1") != compiled_context(cfg, "train x1")
 
 
+def test_a_call_re_planned_by_the_dispatcher_is_keyed_as_a_run_of_that_plan():
+    # the executable stored for a re-planned call must never be loaded for another plan
+    from jaxloop.dispatch import Compiler
+    from loopcore.config import NOT_COMPILED, compiled_fields
+
+    cfg = preset("debug")
+    plain = Compiler("/unused", compiled_fields(cfg, NOT_COMPILED))
+    for memory in (MemoryConfig(split=2), MemoryConfig(remat="dots_saveable")):
+        planned = plain.planned(memory).context("train x1")
+        assert planned != plain.context("train x1")
+        assert planned == Compiler("/unused", compiled_fields(replace(cfg, memory=memory), NOT_COMPILED)).context("train x1")
+
+
 # ----------------------------------------------------------------------------- the fit check in a run
 
 
