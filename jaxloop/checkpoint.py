@@ -16,20 +16,33 @@ jax.Array handler's per-array bookkeeping, about half its CPU per save.
 At most one hand-over is pending: a save first waits for the previous one. With several processes
 Orbax's save is called on the loop's thread (its barriers are collectives that every process must
 issue in the same order), so only Orbax's own async write is in the background.
+
+A save that fails (a full disk: ENOSPC, tensorstore's RESOURCE_EXHAUSTED) raises CheckpointWriteError,
+one line naming the path, the error, the free space and the last good (committed) checkpoint; Orbax's
+own reports of it (absl errors, and the "Event loop is closed" tracebacks of the writes its failed
+gather abandoned) are kept off the console. Orbax writes a step into N.orbax-checkpoint-tmp and renames
+it to N once complete, so only whole steps are ever listed or restored; the next start deletes the
+leftover (cleanup_tmp_directories) and resumes from the last good one. Before each save, the free space
+is compared with the last checkpoint's size: a warning (once) when at most one more save fits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import errno
 import gc
 import logging
+import os
+import re
 import shutil
+import sys
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -37,13 +50,17 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
+from loopcore.cli import CheckpointWriteError
 from loopcore.config import CheckpointConfig, Config
 from loopcore.layout import DAMAGED_DIR, RunLayout
 from jaxloop.distributed import barrier, is_primary
+from jaxloop.memory import size
 from jaxloop.state import TrainState
 
 
 ITEMS = ("state", "data", "config", "metadata")
+SPACE_MARGIN = 2
+"""Warn when the free space holds fewer than this many checkpoints of the last one's size (one more save)."""
 
 
 class NonFiniteStateError(RuntimeError):
@@ -78,6 +95,82 @@ def _metric_fn(name: str):
 
 _finite = jax.jit(lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
                                                    if jnp.issubdtype(x.dtype, jnp.inexact)])))
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """The error and its causes and contexts, outermost first (each once)."""
+    out: list[BaseException] = []
+    while error is not None and error not in out:
+        out.append(error)
+        error = error.__cause__ or error.__context__
+    return out
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether a failed write ran out of space: ENOSPC anywhere in the chain, or tensorstore's report of it
+    (RESOURCE_EXHAUSTED ... No space left on device)."""
+    return any(getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e)
+               or "os_error_code='28'" in str(e) for e in _chain(error))
+
+
+def committed_steps(directory: str | Path) -> list[int]:
+    """The steps whose checkpoint is complete on disk: Orbax renames N.orbax-checkpoint-tmp to N only
+    after every item is written, so the digit-named directories are the committed ones."""
+    try:
+        return sorted(int(p.name) for p in Path(directory).iterdir() if p.name.isdigit() and p.is_dir())
+    except OSError:
+        return []
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _free_bytes(path: Path) -> int | None:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def _size(n: int | None) -> str:
+    return "an unknown amount" if n is None else size(n)
+
+
+def write_error(error: BaseException, directory: Path, handed: list[int]) -> CheckpointWriteError:
+    """The one line a failed save becomes: the step and path, the error, the free space, the last good step.
+    `handed`: the steps given to Orbax so far; the failed one is the step Orbax's error names, else the
+    first of them not committed (Orbax commits in order)."""
+    text = " ".join(f"{type(e).__name__}: {e}" for e in _chain(error))
+    found = re.search(r"/(\d+)\.orbax-checkpoint-tmp", text)  # the step whose write failed, as Orbax names it
+    good = committed_steps(directory)
+    pending = [s for s in handed if s > (good[-1] if good else -1)]
+    failed = int(found.group(1)) if found else pending[0] if pending else None
+    if is_disk_full(error):
+        cause = "the disk is full (No space left on device)"
+    else:
+        cause = _root_cause(error)
+    last = (f"the last good checkpoint is update {good[-1]}, which a rerun resumes from" if good
+            else "no checkpoint was completed; a rerun starts afresh")
+    which = f"the checkpoint of update {failed}" if failed is not None else "a checkpoint"
+    return CheckpointWriteError(f"{which} could not be written to {directory}: {cause}; "
+                                f"{_size(_free_bytes(directory))} free there; {last}")
+
+
+def disk_full_line(error: OSError, run_dir: str | Path) -> str:
+    """The one line of a full disk met outside a checkpoint save (metrics.jsonl, config.json, ...)."""
+    good = committed_steps(RunLayout.of(Path(run_dir).absolute()).checkpoints)
+    last = (f"the last good checkpoint is update {good[-1]}, which a rerun resumes from" if good
+            else "no checkpoint was completed; a rerun starts afresh")
+    return (f"{error.filename or run_dir} could not be written: the disk is full (No space left on device); "
+            f"{_size(_free_bytes(Path(run_dir)))} free there; {last}")
 
 
 def _root_cause(error: BaseException) -> str:
@@ -149,6 +242,17 @@ class Checkpointer:
         self._stager = (ThreadPoolExecutor(1, thread_name_prefix="jaxloop-checkpoint")
                         if options.async_save and jax.process_count() == 1 else None)
         self._handover: Future | None = None
+        self._handed: list[int] = []  # the steps handed to Orbax, in order
+        self._failed: CheckpointWriteError | None = None  # the first failed save, raised again on every call
+        self._space_warned = False
+        self._sizes: dict[int, int] = {}  # bytes on disk of committed steps, measured once each
+        # Orbax's absl error reports of a failed background write (raised here as CheckpointWriteError instead)
+        self._orbax_errors = _OrbaxErrors()
+        logging.getLogger("absl").addFilter(self._orbax_errors)
+        # ... and what the writes of a failed save leave behind, as they fail in the background: tensorstore's
+        # callbacks into Orbax's closed event loop, and their own errors, reported as unraisable
+        if not isinstance(sys.unraisablehook, _DropAbandonedWrites):
+            sys.unraisablehook = _DropAbandonedWrites(sys.unraisablehook)
 
     @staticmethod
     def has_checkpoint(directory: Path) -> bool:
@@ -165,13 +269,48 @@ class Checkpointer:
         t0 = time.perf_counter()
         if check_finite and not bool(_finite((state.params, state.opt_state))):
             raise NonFiniteStateError(f"refusing to save update {step}: the state holds NaN or Inf")
+        self._raise_failed()
+        self._check_space()
         if self._stager is None:
-            self._save(step, _for_orbax(state, _host_views(state)), data, metrics)
+            with self._writing():
+                self._save(step, _for_orbax(state, _host_views(state)), data, metrics)
         else:
             self._finish_handover()  # at most one snapshot waits; raises a failed hand-over's error
             snapshot, pins = _protect(state)
             self._handover = self._stager.submit(self._save, step, snapshot, copy.deepcopy(data), metrics, pins)
         return time.perf_counter() - t0
+
+    def _raise_failed(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A failed write inside becomes CheckpointWriteError: the first one is kept (the manager is not used
+        again) and every later call raises the same line."""
+        try:
+            yield
+        except CheckpointWriteError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure of a save is a failed write
+            if self._failed is None:
+                self._failed = write_error(e, self.directory, self._handed)
+            raise self._failed from e
+
+    def _check_space(self) -> None:
+        """Warn once when the free space holds fewer than SPACE_MARGIN checkpoints of the last one's size."""
+        good = committed_steps(self.directory)
+        if self._space_warned or not good:
+            return
+        last = good[-1]
+        if last not in self._sizes:
+            self._sizes[last] = _tree_bytes(self.directory / str(last))
+        free = _free_bytes(self.directory)
+        if free is not None and free < SPACE_MARGIN * self._sizes[last]:
+            self._space_warned = True
+            warnings.warn(f"the next saves will not fit in {self.directory}: {_size(free)} free, each save "
+                          f"~{_size(self._sizes[last])} (update {last}); free some space or lower "
+                          "checkpoint.keep_last", DiskSpaceWarning, stacklevel=3)
 
     def _save(self, step: int, state: TrainState, data: dict[str, Any], metrics: dict[str, float] | None,
               pins: list[Any] | None = None) -> None:
@@ -182,13 +321,15 @@ class Checkpointer:
             config=ocp.args.JsonSave(self.config),
             metadata=ocp.args.JsonSave(self.metadata),
         )
+        self._handed.append(step)
         self.manager.save(step, args=args, metrics=metrics, force=True)
 
     def _finish_handover(self) -> None:
         """Wait until the background thread has handed the last snapshot to Orbax; re-raise its error."""
         if self._handover is not None:
             handover, self._handover = self._handover, None
-            handover.result()
+            with self._writing():
+                handover.result()
 
     def restore_latest(self, target: TrainState) -> Restored | None:
         """The newest checkpoint that restores; damaged newer ones are warned about and moved aside."""
@@ -224,19 +365,41 @@ class Checkpointer:
         return self.manager.best_step() if self.options.keep_best else None
 
     def wait(self) -> None:
-        """Block until pending async saves are committed; raises their errors."""
+        """Block until pending async saves are committed; raises their errors (CheckpointWriteError)."""
+        self._raise_failed()
         self._finish_handover()
-        self.manager.wait_until_finished()
-        self.manager.check_for_errors()
+        with self._writing():
+            self.manager.wait_until_finished()
+            self.manager.check_for_errors()
 
     def close(self) -> None:
-        """Await the last save (its errors surface here), then close the manager and the thread."""
+        """Await the last save (its errors surface here), then close the manager and the thread. After a
+        failed save, the saves still in flight are let finish (a commit that can complete does), and the
+        failure is raised again with the last good checkpoint as it is now."""
         try:
             self.wait()
         finally:
             if self._stager is not None:
                 self._stager.shutdown(wait=True)
-            self.manager.close()
+            failed = self._failed
+            try:
+                if failed is not None:
+                    try:
+                        self.manager.wait_until_finished()
+                    except Exception:  # noqa: BLE001 - the failure is reported already
+                        pass
+                self.manager.close()
+            except Exception:
+                if failed is None:  # a failed save was reported already; its leftovers are not news
+                    raise
+            finally:
+                logging.getLogger("absl").removeFilter(self._orbax_errors)
+            if failed is not None:
+                raise write_error(failed.__cause__ or failed, self.directory, self._handed) from failed.__cause__
+
+
+class DiskSpaceWarning(UserWarning):
+    """The free space beside the checkpoints holds at most one more save."""
 
 
 def quiet_orbax() -> None:
@@ -246,6 +409,32 @@ def quiet_orbax() -> None:
     absl.setLevel(logging.WARNING)
     if not any(isinstance(f, _NoMetricsWarning) for f in absl.filters):
         absl.addFilter(_NoMetricsWarning())
+
+
+class _OrbaxErrors(logging.Filter):
+    """Orbax's own error reports (absl, ERROR: a failed background write, with its traceback): the
+    Checkpointer raises the error itself, as one line (CheckpointWriteError)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname)
+
+
+class _DropAbandonedWrites:
+    """sys.unraisablehook that drops what the writes of a failed save leave behind, which the Checkpointer
+    reports itself (one CheckpointWriteError): tensorstore's callbacks into Orbax's closed event loop
+    (RuntimeError "Event loop is closed") and the errors of writes into an unfinished step
+    (N.orbax-checkpoint-tmp) nobody retrieved; everything else goes to the hook it wraps."""
+
+    def __init__(self, previous: Any):
+        self.previous = previous
+
+    def __call__(self, unraisable: Any) -> None:
+        error = unraisable.exc_value
+        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        if ".orbax-checkpoint-tmp" in str(error):
+            return
+        self.previous(unraisable)
 
 
 class _NoMetricsWarning(logging.Filter):

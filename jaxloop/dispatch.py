@@ -4,8 +4,10 @@ The loop talks to the device only through a Dispatcher: `dispatch(state, step, n
 compiled call of n updates (a lax.scan of train_step over K x n micro-batches already on the device, the
 state donated) and returns at once; `wait(call)` is where the host waits for it (its per-micro-batch
 metrics, fetched once). A call of each size is compiled on first use (`ready(n)` says whether it is)
-through a Compiler, which keeps compiled calls of a built-in task on disk (jaxloop.executables). The
-Dispatcher is also the test seam of the loop: wrap or subclass it to record or alter the calls.
+through a Compiler, which keeps compiled calls of a built-in task on disk (jaxloop.executables). Given a
+memory plan (jaxloop.memory), each call is fitted to the device's memory before it first runs: a call that
+does not fit is compiled again under a smaller plan (`memory`, then, is that plan). The Dispatcher is also
+the test seam of the loop: wrap or subclass it to record or alter the calls.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import numpy as np
 from jaxloop.data import DevicePrefetcher
 from jaxloop.distributed import pin_shardings
 from jaxloop.executables import compile_cached
+from jaxloop.memory import Fit, fit, plan_dict
 from jaxloop.runinfo import Timings
 from jaxloop.state import TrainState
+from loopcore.config import MemoryConfig
 
 
 class Compiler:
@@ -38,6 +42,10 @@ class Compiler:
 
     def __call__(self, jitted: Any, args: tuple, name: str) -> Any:
         return compile_cached(jitted, args, self.directory, self.context(name))
+
+    def planned(self, memory: MemoryConfig) -> "Compiler":
+        """The compiler of calls under another memory plan: its fields (the key) name that plan."""
+        return Compiler(self.directory, {**self.fields, **{f"memory.{k}": v for k, v in plan_dict(memory).items()}})
 
 
 class Call(NamedTuple):
@@ -68,9 +76,17 @@ class Dispatcher:
     "compile" and reported to `on_compiled` (the loop's clock leaves it out of the training time)."""
 
     def __init__(self, steps: Callable[..., Any], batches: DevicePrefetcher, accum_steps: int, compiler: Compiler,
-                 timings: Timings, on_compiled: Callable[[], None] = lambda: None):
+                 timings: Timings, on_compiled: Callable[[], None] = lambda: None, *,
+                 memory: MemoryConfig | None = None, steps_of: Callable[[MemoryConfig], Any] | None = None,
+                 batch_size: int = 0, blocks: bool = False,
+                 on_fitted: Callable[[Fit, int, int], None] = lambda fitted, n, step: None):
+        """memory: the plan `steps` were built under, to fit each call to the device (None: no check);
+        steps_of(plan) builds the steps of another plan; batch_size and blocks bound the plans tried
+        (jaxloop.memory.candidates); on_fitted(fit, n, step) hears of each call fitted, before it runs."""
         self.steps, self.batches, self.accum_steps = steps, batches, accum_steps
         self.compiler, self.timings, self.on_compiled = compiler, timings, on_compiled
+        self.memory, self.steps_of, self.batch_size, self.blocks = memory, steps_of, batch_size, blocks
+        self.on_fitted = on_fitted
         self.compiled: dict[int, Any] = {}
 
     def ready(self, n: int) -> bool:
@@ -80,7 +96,7 @@ class Dispatcher:
     def dispatch(self, state: TrainState, step: int, n: int) -> Call:
         """Dispatch the call of n updates after update `step`; the state is donated to it. Returns at once."""
         chunk = self.batches.take(self.accum_steps * n)
-        new_state, metrics = self._compiled(n, state, chunk)(state, chunk)
+        new_state, metrics = self._compiled(n, state, chunk, step)(state, chunk)
         return Call(new_state, metrics, step)
 
     def wait(self, call: Call) -> Finished:
@@ -93,12 +109,31 @@ class Dispatcher:
         """The loader's checkpointable position: after the micro-batches dispatched, not those prefetched."""
         return self.batches.state()
 
-    def _compiled(self, n: int, state: TrainState, chunk: Any) -> Any:
-        """The call running n updates, compiled on first use (its own compile time is timed)."""
+    def _compiled(self, n: int, state: TrainState, chunk: Any, step: int) -> Any:
+        """The call running n updates, compiled on first use (its own compile time is timed) and, with a
+        memory plan, fitted to the device's memory (re-planned if it does not fit)."""
         if n not in self.compiled:
             with self.timings("compile"):
-                # jit with the state donated and returned in its own shardings (jaxloop.distributed)
-                self.compiled[n] = self.compiler(pin_shardings(self.steps, state, donate=True), (state, chunk),
-                                                 f"train x{n}")
+                if self.memory is None:
+                    compiled = self._compile(n, state, chunk, None)
+                else:
+                    fitted = fit(lambda memory: self._compile(n, state, chunk, memory), self.memory, self.batch_size,
+                                 self.blocks, f"the call of {n} update(s)")
+                    if fitted.replanned:
+                        self.steps, self.memory, self.compiler = (self.steps_of(fitted.memory), fitted.memory,
+                                                                  self.compiler.planned(fitted.memory))
+                        self.compiled.clear()  # calls of other sizes compiled under the former plan
+                    compiled = fitted.compiled
+                    self.on_fitted(fitted, n, step)
+                self.compiled[n] = compiled
             self.on_compiled()
         return self.compiled[n]
+
+    def _compile(self, n: int, state: TrainState, chunk: Any, memory: MemoryConfig | None) -> Any:
+        """The call of n updates under `memory` (None or the current plan: `steps`), jitted with the state
+        donated and returned in its own shardings (jaxloop.distributed)."""
+        if memory is None or memory == self.memory:
+            steps, compiler = self.steps, self.compiler
+        else:
+            steps, compiler = self.steps_of(memory), self.compiler.planned(memory)
+        return compiler(pin_shardings(steps, state, donate=True), (state, chunk), f"train x{n}")

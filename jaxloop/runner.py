@@ -1,22 +1,28 @@
 """`jaxloop.run(cfg, task, hooks)`: one training run, composed from the layers below.
 
     validate the config -> process setup (jaxloop.setup) -> the task and its records -> the run_dir rules
-    -> a restored or fresh state -> the dispatcher and the actions -> the host loop -> summary and report
+    -> hold the run_dir (loopcore.lock) -> a restored or fresh state -> the dispatcher and the actions
+    -> the host loop -> summary and report
 
-Each piece gets the part of the config it needs; the loop itself (jaxloop.loop) knows none of them.
+Each piece gets the part of the config it needs; the loop itself (jaxloop.loop) knows none of them. The
+dispatcher fits each compiled call to the device's memory (jaxloop.memory); an out-of-memory error at run
+time ends the host loop, and the run reloads its last checkpoint and trains on under a smaller plan.
 """
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxloop import actions as act
-from jaxloop.checkpoint import Checkpointer
+from jaxloop.checkpoint import Checkpointer, disk_full_line
 from jaxloop.data import DevicePrefetcher, eval_batch_size, train_loader, val_batches
 from jaxloop.dispatch import Compiler, Dispatcher
 from jaxloop.distributed import (abstract_sharded, barrier, check_divisible, create_sharded, is_primary, make_mesh,
@@ -25,6 +31,7 @@ from jaxloop.evaluate import Evaluator
 from jaxloop.init_from import init_params_from
 from jaxloop.logger import RunLogger
 from jaxloop.loop import train, updates_per_call
+from jaxloop.memory import Fit, candidates, check_plan, describe_plan, is_out_of_memory, plan_dict, supports_blocks
 from jaxloop.optim import optimizer_metrics
 from jaxloop.runinfo import Profiler, Timings, run_metadata
 from jaxloop.setup import configure_process
@@ -32,8 +39,9 @@ from jaxloop.state import state_digest
 from jaxloop.step import make_train_step, scan_steps
 from jaxloop.task import Task, builtin_task, check_own_optimizer, init_state
 from loopcore.cadence import MAX_UPDATES_PER_CALL, Cadence
-from loopcore.cli import Interrupted
-from loopcore.config import NOT_COMPILED, Config, compiled_fields, to_dict, validate
+from loopcore.cli import CheckpointWriteError, Interrupted, OutOfMemoryError
+from loopcore.config import NOT_COMPILED, Config, MemoryConfig, compiled_fields, to_dict, validate
+from loopcore.lock import RunDirInUse, RunLock
 from loopcore.outcome import final_evaluation_due, summary as run_summary
 from loopcore.records import BestTracker
 from loopcore.run_dir import RunDir
@@ -63,10 +71,57 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
     builtin = task is None
     task = builtin_task(cfg) if builtin else task  # bad data is a ConfigError before anything is written
     check_own_optimizer(cfg, task)
-    splits = task.splits()
+    splits = task.splits()  # bad or empty records too (loopcore.sources)
     check_divisible(cfg)
+    check_plan(cfg.memory, cfg.batch_size, task.model)
     rd = RunDir(cfg, writes=is_primary())
-    rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))
+    rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # a refusal here writes nothing
+    lock = hold_run_dir(cfg)  # one run per run_dir; released at any exit (the kernel's flock, and here)
+    try:
+        return _run_held(cfg, task, splits, rd, builtin, hooks, t_start)
+    except OSError as e:  # a full disk met outside a checkpoint save: one line too (exit status 3)
+        if e.errno != errno.ENOSPC:
+            raise
+        raise CheckpointWriteError(disk_full_line(e, cfg.run_dir)) from e
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def hold_run_dir(cfg: Config) -> RunLock | None:
+    """One run per run_dir (loopcore.lock): process 0 holds it for the job and every process learns
+    whether it may go on; RunDirInUse (a ConfigError) names the holder before anything is written."""
+    lock, refused = None, None
+    if is_primary():
+        try:
+            lock = RunLock(cfg.run_dir).acquire()
+        except RunDirInUse as e:
+            refused = e
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        held = bool(multihost_utils.broadcast_one_to_all(np.int32(refused is None)))
+        if not held and refused is None:  # another process of this job: process 0 was refused
+            refused = RunDirInUse(cfg.run_dir, None, who="another run (process 0 of this job was refused)")
+    if refused is not None:
+        raise refused
+    return lock
+
+
+class Replan(Exception):
+    """The device ran out of memory at run time: the run reloads its last checkpoint and trains on under
+    `memory` (`replans`: the run's re-plans so far, this one last, for metadata.json and the summary)."""
+
+    def __init__(self, memory: MemoryConfig, replans: list[dict[str, Any]]):
+        self.memory, self.replans = memory, replans
+        super().__init__(describe_plan(memory))
+
+
+def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool, hooks: Sequence[act.Action],
+              t_start: float) -> dict[str, Any]:
+    """run() once run_dir is held: write it, restore or build the state, train; after an out-of-memory error
+    at run time (Replan), reload the last checkpoint and train on under the smaller plan."""
+    rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # again, held: a killed holder may have saved
     barrier("jaxloop: run_dir checked")  # nothing is written before every process has read run_dir
     metadata = run_metadata(cfg)
     rd.start(metadata)
@@ -77,19 +132,32 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
     mesh = make_mesh(cfg.distributed)  # (data, fsdp): the state is sharded over fsdp, the batch over both
     init = lambda: init_state(cfg, task, splits)  # noqa: E731
     ckpt = Checkpointer(cfg.checkpoint, rd.path, config=to_dict(cfg), metadata=metadata)
+    memory, replans = cfg.memory, []
     try:
-        # a resume reads every shard straight into place: no fresh state is built only to be replaced
-        restored = ckpt.restore_latest(abstract_sharded(init, mesh)) if cfg.resume != "never" else None
-        rd.must_have_resumed(restored)
-        state = restored.state if restored is not None else create_sharded(init, mesh)
-        if restored is None and cfg.init_from:  # a fresh run from another run's params (--init_from)
-            params = init_params_from(cfg.init_from, state.params)
-            state = state.replace(params=params, ema_params=None if state.ema_params is None else params)
-        if restored is not None:
-            rd.record_resume(restored.step)
-        timings.add("setup", time.perf_counter() - t_start)
-        compiler = Compiler(executables_dir(cfg, builtin), compiled_fields(cfg, NOT_COMPILED))
-        summary = _train(cfg, task, splits, state, restored, ckpt, timings, mesh, compiler, list(hooks), rd.path)
+        while True:
+            # a resume reads every shard straight into place: no fresh state is built only to be replaced
+            resume = cfg.resume != "never" or bool(replans)  # after a re-plan: this run's own last checkpoint
+            restored = ckpt.restore_latest(abstract_sharded(init, mesh)) if resume else None
+            if not replans:
+                rd.must_have_resumed(restored)
+            state = restored.state if restored is not None else create_sharded(init, mesh)
+            if restored is None and cfg.init_from:  # a fresh run from another run's params (--init_from)
+                params = init_params_from(cfg.init_from, state.params)
+                state = state.replace(params=params, ema_params=None if state.ema_params is None else params)
+            if not replans:
+                if restored is not None:
+                    rd.record_resume(restored.step)
+                timings.add("setup", time.perf_counter() - t_start)
+            planned = replace(cfg, memory=memory)
+            compiler = Compiler(executables_dir(cfg, builtin), compiled_fields(planned, NOT_COMPILED))
+            try:
+                summary = _train(planned, task, splits, state, restored, ckpt, timings, mesh, compiler, list(hooks),
+                                 rd, replans)
+                break
+            except Replan as e:
+                memory, replans = e.memory, e.replans
+                with timings("checkpoint"):
+                    ckpt.wait()  # the last save is committed before it is read back
     finally:
         with timings("checkpoint"):
             ckpt.close()  # awaits the last async save and surfaces its errors
@@ -104,8 +172,11 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
 
 
 def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, ckpt: Checkpointer, timings: Timings,
-           mesh: Any, compiler: Compiler, hooks: list[act.Action], run_dir: Path) -> dict[str, Any]:
-    """The host loop over this run's dispatcher and actions, from `state` (restored or fresh) to the end."""
+           mesh: Any, compiler: Compiler, hooks: list[act.Action], rd: RunDir,
+           replans: list[dict[str, Any]]) -> dict[str, Any]:
+    """The host loop over this run's dispatcher and actions, from `state` (restored or fresh) to the end, under
+    the memory plan cfg.memory (and those the dispatcher re-plans to); Replan on an out-of-memory error."""
+    run_dir = rd.path
     step = restored.step if restored is not None else 0
     cadence = Cadence.of(cfg)
     logger = RunLogger(run_dir, cfg.log, start_step=step, total_steps=cfg.steps, log_every=cfg.log_every,
@@ -133,15 +204,23 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     K = cfg.optim.accum_steps
     batches = DevicePrefetcher(loader, size=cfg.data.prefetch, put=lambda b: shard_batch(b, mesh, stacked=True),
                                chunk=K * per_call, first_chunk=K * (-step % per_call))
-    dispatcher = Dispatcher(scan_steps(make_train_step(task.loss)), batches, K, compiler, timings,
-                            on_compiled=run.clock.restart)
+    memory = Memory(cfg.memory, replans, logger, ckpt, rd)
+    dispatcher = Dispatcher(scan_steps(make_train_step(task.loss, cfg.memory)), batches, K, compiler, timings,
+                            on_compiled=run.clock.restart, memory=cfg.memory,
+                            steps_of=lambda plan: scan_steps(make_train_step(task.loss, plan)),
+                            batch_size=cfg.batch_size, blocks=supports_blocks(state.model), on_fitted=memory.fitted)
     if restored is not None:
         for action in actions:
             if action.key is not None and action.key in restored.data:
                 action.load_state_dict(restored.data[action.key])
         logger.message(resume_line(restored))
     try:
-        state = train(state, step, dispatcher, actions, run, per_call)
+        try:
+            state = train(state, step, dispatcher, actions, run, per_call)
+        except jax.errors.JaxRuntimeError as e:
+            if not is_out_of_memory(e):
+                raise
+            raise memory.replan_after(e, dispatcher.memory, cfg.batch_size, supports_blocks(task.model)) from e
         if final_evaluation_due(run.last_eval, run.stop_reason):  # e.g. a run resumed at its end
             run.last_eval = evaluator(state)
         summary = run_summary(
@@ -150,6 +229,7 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
             skipped=int(optimizer_metrics(state.opt_state)["skipped"]),
             digest=state_digest(to_host(state)),  # shards held by other processes too
             peak_mem_bytes=logger.peak_mem_bytes)
+        summary["memory"] = memory.record(dispatcher.memory)
         timings.add("data_wait", batches.total_wait_s)
     finally:
         batches.close()
@@ -166,3 +246,51 @@ def resume_line(restored: Any) -> str:
     position, per_epoch = int(saved["position"]), max(int(saved["num_train"]) // int(saved["batch_size"]), 1)
     return (f"resuming from update {restored.step} (checkpoint {restored.path}), data position {position} "
             f"(epoch {position // per_epoch}, micro-batch {position % per_epoch} of {per_epoch})")
+
+
+class Memory:
+    """The run's memory plans: each call the dispatcher fits is logged (when it did not fit as planned) and
+    recorded, with every re-plan, in metadata.json and every later checkpoint's metadata; after an
+    out-of-memory error at run time, the next smaller plan (Replan) or OutOfMemoryError."""
+
+    def __init__(self, memory: MemoryConfig, replans: list[dict[str, Any]], logger: RunLogger, ckpt: Checkpointer,
+                 rd: RunDir):
+        self.replans, self.logger, self.ckpt, self.rd = list(replans), logger, ckpt, rd
+        self.last: Fit | None = None
+        self.plan = memory
+
+    def fitted(self, fitted: Fit, n: int, step: int) -> None:
+        message = fitted.message(f"the call of {n} update(s)")
+        if message:
+            self.logger.message(message)
+        if fitted.replanned:
+            self.replans.append(fitted.record(step))
+        self.last, self.plan = fitted, fitted.memory
+        self.ckpt.metadata["memory"] = self.record(fitted.memory)
+        if self.rd.writes:
+            self.rd.write_json(self.rd.layout.metadata, self.ckpt.metadata)
+
+    def record(self, memory: MemoryConfig) -> dict[str, Any]:
+        """The plan, the footprint of its last call fitted and the limit, and the re-plans so far."""
+        last = self.last
+        return {"plan": plan_dict(memory), "footprint": last.footprint.as_dict() if last is not None else None,
+                "limit": {"bytes": last.limit.bytes, "source": last.limit.source} if last is not None else None,
+                "replans": self.replans}
+
+    def replan_after(self, error: Exception, memory: MemoryConfig, batch_size: int, blocks: bool) -> Exception:
+        """Replan with the next smaller plan than `memory` (the run reloads its last checkpoint), or
+        OutOfMemoryError when there is none, re-planning is off, or several processes run."""
+        first = str(error).strip().splitlines()[0][:200]
+        saved = self.ckpt.all_steps()
+        where = f"update {saved[-1]}" if saved else "the initial state"
+        smaller = candidates(memory, batch_size, blocks)
+        if not memory.auto_fit or jax.process_count() > 1 or not smaller:
+            why = ("memory.auto_fit is off" if not memory.auto_fit else "several processes cannot re-plan alone"
+                   if jax.process_count() > 1 else f"no smaller plan than {describe_plan(memory)}")
+            return OutOfMemoryError(f"out of device memory at run time ({first}); {why}; the last checkpoint is "
+                                    f"{where}: lower batch_size or the model's size")
+        plan = smaller[0]
+        self.logger.message(f"out of device memory at run time ({first}): reloading {where} and re-planning "
+                            f"{describe_plan(memory)} -> {describe_plan(plan)}")
+        return Replan(plan, [*self.replans, {"at_update": saved[-1] if saved else 0, "reason": "out of memory at run "
+                                             "time", "from": plan_dict(memory), "to": plan_dict(plan), "error": first}])

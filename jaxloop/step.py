@@ -15,10 +15,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxloop.memory import checkpoint_policy, remat_blocks
 from jaxloop.module import LossFn
 from jaxloop.optim import loss_scale, optimizer_metrics
 from jaxloop.precision import pinned_matmuls
 from jaxloop.state import TrainState
+from loopcore.config import MemoryConfig
 
 Batch = dict[str, jax.Array]
 StepFn = Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]
@@ -49,14 +51,22 @@ def cross_entropy_loss(model: Callable[..., Any], batch: Batch, train: bool) -> 
     return weighted_mean(per_label, batch), aux
 
 
-def make_train_step(loss_fn: LossFn) -> StepFn:
+def make_train_step(loss_fn: LossFn, memory: MemoryConfig | None = None) -> StepFn:
     """A pure train_step(state, batch) -> (state, metrics) for your own loss (jit it with donate_argnums=0).
 
     Metrics (device arrays; fetch them only when you log): loss (this micro-batch, unscaled), updated
     (this micro-batch closed an applied update), the optimizer's lr, grad_norm, skipped and bad_streak
     after it (jaxloop.optim.optimizer_metrics), loss_scale (the scale this micro-batch's loss used), and
     the loss's aux metrics.
+
+    `memory` (jaxloop.memory), the plan: split the micro-batch into memory.split sub-batches (records
+    j, j + split, ...: each device keeps its own rows) whose gradients are averaged in a lax.scan, each
+    with its own dropout key; the loss and aux metrics are their means. remat: the model's blocks under
+    nn.remat ("blocks"), or a jax.checkpoint policy around the loss. The default plan is the plain step.
     """
+    split = memory.split if memory is not None else 1
+    remat = memory.remat if memory is not None else "none"
+    policy = checkpoint_policy(remat)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         with pinned_matmuls():  # float32 matmuls at full precision in this trace (jaxloop.precision)
@@ -65,14 +75,21 @@ def make_train_step(loss_fn: LossFn) -> StepFn:
     def _train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         rng = jax.random.fold_in(state.rng, state.micro_steps)
         scale = loss_scale(state.opt_state)
+        model = remat_blocks(state.model) if remat == "blocks" else state.model
 
-        def scaled_loss(params: Any) -> tuple[jax.Array, tuple]:
-            model, model_state = state.model.bind(params, state.model_state, True, rng, state.policy)
-            loss, aux = loss_fn(model, batch, True)
+        def scaled_loss(params: Any, model_state: Any, batch: Batch, rng: jax.Array) -> tuple[jax.Array, tuple]:
+            bound, new_model_state = model.bind(params, model_state, True, rng, state.policy)
+            loss, aux = loss_fn(bound, batch, True)
             loss = state.policy.cast_to_output(loss)
-            return loss * scale.astype(loss.dtype), (loss, aux, model_state())
+            return loss * scale.astype(loss.dtype), (loss, aux, new_model_state())
 
-        grads, (loss, aux, model_state) = jax.grad(scaled_loss, has_aux=True)(state.params)
+        if policy is not None:
+            scaled_loss = jax.checkpoint(scaled_loss, policy=policy)
+        grad_fn = jax.grad(scaled_loss, has_aux=True)
+        if split == 1:
+            grads, (loss, aux, model_state) = grad_fn(state.params, state.model_state, batch, rng)
+        else:
+            grads, (loss, aux, model_state) = _split_grads(grad_fn, state, batch, rng, split)
         # A non-finite loss marks its window as a non-finite gradient would (the optimizer skips it).
         grads = jax.tree.map(lambda g: jnp.where(jnp.isfinite(loss), g, jnp.nan), grads)
         new_state = state.apply_gradients(grads, model_state)
@@ -81,6 +98,25 @@ def make_train_step(loss_fn: LossFn) -> StepFn:
         return new_state, {**metrics, **{k: v for k, v in aux.items() if k != "weight"}}
 
     return train_step
+
+
+def _split_grads(grad_fn: Callable[..., Any], state: TrainState, batch: Batch, rng: jax.Array,
+                 split: int) -> tuple[Any, tuple]:
+    """The mean gradient of `split` sub-batches of `batch` (one at a time, lax.scan), the mean loss and aux,
+    and the model state threaded through them. Sub-batch j holds rows j, j + split, ...: a device's block
+    of rows [d * n, (d + 1) * n) reshapes in place, so each sub-batch stays spread over every device."""
+    sub = jax.tree.map(lambda a: a.reshape((a.shape[0] // split, split) + a.shape[1:]).swapaxes(0, 1), batch)
+    acc = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)), state.params)
+
+    def one(carry: tuple, xs: tuple) -> tuple[tuple, tuple]:
+        total, model_state = carry
+        j, b = xs
+        g, (loss, aux, model_state) = grad_fn(state.params, model_state, b, jax.random.fold_in(rng, j))
+        return (jax.tree.map(lambda t, x: t + x.astype(t.dtype), total, g), model_state), (loss, aux)
+
+    (total, model_state), (losses, auxes) = jax.lax.scan(one, (acc, state.model_state), (jnp.arange(split), sub))
+    grads = jax.tree.map(lambda t, p: (t / split).astype(p.dtype), total, state.params)
+    return grads, (losses.mean(), jax.tree.map(lambda a: a.mean(axis=0), auxes), model_state)
 
 
 def make_eval_step(loss_fn: LossFn) -> Callable[[TrainState, Batch], dict]:

@@ -36,7 +36,7 @@ from jaxloop.state import TrainState
 from jaxloop.step import cross_entropy_loss
 from loopcore.config import Config, ConfigError, preset
 from loopcore.optim_fields import OPTIMIZER_FIELDS, SCHEDULE_FIELDS, WARMUP
-from loopcore.sources import Splits, as_records, load_splits
+from loopcore.sources import RecordError, SequenceRecords, Splits, as_records, load_splits
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,8 +60,12 @@ class Task:
         """The records as the data layer reads them."""
         if isinstance(self.train, Splits):
             return self.train
-        train, val = as_records(self.train), as_records(self.val)
+        train, val = as_records(self.train, "train"), as_records(self.val, "val")  # RecordError: split, index, key
         example = train.get(np.zeros(1, np.int64))
+        if isinstance(train, SequenceRecords) and isinstance(val, SequenceRecords) and (
+                [k for k, _, _ in train.spec] != [k for k, _, _ in val.spec]):
+            raise RecordError(f"record 0 of the val split has keys {[k for k, _, _ in val.spec]}, expected "
+                              f"{[k for k, _, _ in train.spec]} (as the train split's records have)")
         return Splits(source="task", train=train, val=val, num_classes=0, example_x=example.get("x"), vocab=self.vocab)
 
     def eval_loss(self) -> LossFn:

@@ -1,8 +1,11 @@
 """The CLI: `python -m jaxloop.train [--preset NAME] [--config FILE] [--field value ...]`.
 
 Exit status (loopcore.cli, the same for torch_ref.train): 0 done (also after early stopping); 1 too many
-consecutive non-finite updates; 2 bad input (one line on stderr, nothing written); 130 / 143 interrupted
-by SIGINT / SIGTERM after the current call was finished and saved.
+consecutive non-finite updates; 2 bad input (one line on stderr, nothing written: a bad config, a bad record,
+a run_dir another run holds; a bad record met later, at batching, stops the run with 2 too); 3 a checkpoint
+could not be written, or the disk filled (the last good checkpoint is named: a rerun resumes from it); 4
+out of memory in every plan (jaxloop.memory); 130 / 143 interrupted by SIGINT / SIGTERM after the current
+call was finished and saved. docs/faults.md lists every fault.
 """
 
 from __future__ import annotations

@@ -24,11 +24,22 @@ from loopcore.config import Config, ConfigError, from_dict, preset, validate
 # Exit statuses of both loops' CLIs (jaxloop.train and torch_ref.train).
 EXIT_BAD_INPUT = 2
 EXIT_NONFINITE = 1
+EXIT_CHECKPOINT_WRITE = 3
+EXIT_OUT_OF_MEMORY = 4
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 class NonFiniteError(RuntimeError):
     """Too many consecutive updates were skipped for a non-finite loss or gradient."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk, say); the message names the path, the error, the free
+    space and the last good checkpoint, from which a rerun resumes."""
+
+
+class OutOfMemoryError(RuntimeError):
+    """The update fits the device's memory in no plan left to try (jaxloop.memory); the message has the numbers."""
 
 
 class Interrupted(Exception):
@@ -69,7 +80,8 @@ def parse_or_exit(argv: Sequence[str], prog: str) -> Config:
 def finish(prog: str, cfg: Config, run: Callable[[], dict[str, Any]],
            announce: Callable[[], bool] = lambda: True) -> int:
     """Run `run()` (a whole training run) and map how it ended to the exit status, with one line on stderr:
-    done (0), bad input (2), too many non-finite updates (1), a signal (130 / 143, after saving).
+    done (0), bad input (2), too many non-finite updates (1), a failed checkpoint write or a full disk (3),
+    out of memory in every plan (4), a signal (130 / 143, after saving).
     `announce()`: whether to print the done line (only the process that writes the run's files does)."""
     try:
         summary = run()
@@ -79,6 +91,12 @@ def finish(prog: str, cfg: Config, run: Callable[[], dict[str, Any]],
     except NonFiniteError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return EXIT_NONFINITE
+    except CheckpointWriteError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_CHECKPOINT_WRITE
+    except OutOfMemoryError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_OUT_OF_MEMORY
     except Interrupted as e:
         print(f"{prog}: {e} received: saved and stopped", file=sys.stderr)
         return EXIT_SIGNAL[e.signum]

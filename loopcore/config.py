@@ -16,6 +16,7 @@ from typing import Any, Literal, get_args, get_type_hints
 from loopcore.optim_fields import SCHEDULE_FIELDS as SCHEDULE_READS
 
 PRECISIONS = ("fp32", "bf16", "bf16_full", "fp16", "fp64")
+REMATS = ("none", "blocks", "dots_saveable", "full")
 PRESETS = ("digits", "shakespeare", "debug")
 
 
@@ -165,7 +166,8 @@ class ModelConfig:
     tie_embeddings: bool = True
     """GPT output head shares the token embedding matrix."""
     remat: bool = False
-    """Rematerialise GPT blocks in the backward pass (less memory, more compute)."""
+    """Rematerialise GPT blocks in the backward pass (less memory, more compute); the same as
+    memory.remat=blocks (this field is the one torch_ref reads)."""
     vocab_size: int = 0
     """Output classes / vocabulary size; 0 = taken from the data."""
 
@@ -242,6 +244,27 @@ class DistributedConfig:
 
 
 @dataclass(frozen=True)
+class MemoryConfig:
+    """The memory plan of the update (jaxloop.memory): checked against the device before the first update,
+    re-planned to fit. Every field keeps the math (a resume may change them) but changes the compiled call."""
+
+    budget: int = 0
+    """Bytes the compiled update may use (arguments + outputs + temporaries - donated); 0 = the device's
+    limit (memory_stats()['bytes_limit'] on an accelerator; on a CPU the available RAM beside the arguments)."""
+    auto_fit: bool = True
+    """When the compiled update does not fit: re-plan (memory.split x2 ..., then memory.remat) until it does,
+    and after an out-of-memory error at run time reload the last checkpoint and re-plan; off: only warn."""
+    split: int = 1
+    """Sub-batches each micro-batch is split into inside the step, their gradients averaged: the same records
+    per update and, for a loss that is a mean over records, the same update up to rounding. Must divide
+    the micro-batch's rows on each device (batch_size / device count)."""
+    remat: Literal["none", "blocks", "dots_saveable", "full"] = "none"
+    """Rematerialisation (activations recomputed in the backward pass): none; blocks (the model's own blocks
+    under nn.remat: the built-in GPT, or a Linen module with a `remat` field); dots_saveable or full
+    (jax.checkpoint policies around the whole loss: keep only matmul outputs, or nothing)."""
+
+
+@dataclass(frozen=True)
 class Config:
     """A jaxloop run. Flags are the dotted field paths, e.g. --optim.peak_lr 3e-4."""
 
@@ -295,6 +318,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
 
 
 def preset(name: str) -> Config:
@@ -478,6 +502,15 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
     _nonneg_int("log.profile_steps", lg.profile_steps)
     _nonneg_float("log.price_per_hour", lg.price_per_hour)
 
+    mem = cfg.memory
+    _nonneg_int("memory.budget", mem.budget)
+    if not isinstance(mem.auto_fit, bool):
+        raise ConfigError("memory.auto_fit", mem.auto_fit, "true or false")
+    _positive_int("memory.split", mem.split)
+    if cfg.batch_size % mem.split:
+        raise ConfigError("memory.split", mem.split, f"a divisor of batch_size ({cfg.batch_size})")
+    _choice("memory.remat", mem.remat, REMATS)
+
     dist = cfg.distributed
     _positive_int("distributed.num_processes", dist.num_processes)
     _positive_int("distributed.fsdp", dist.fsdp)  # divides the device count: checked when jax starts
@@ -636,18 +669,19 @@ def _writable_dir(name: str, path: str) -> None:
 # Fields a resumed run may change: they do not alter the computed trajectory. `deterministic` chooses how
 # XLA:GPU picks kernels, not what they compute (and a run saved before the field existed lacks it).
 # `model.remat` recomputes the same forward pass in the backward pass: the same math (up to the rounding
-# of other fusions), other memory and time.
+# of other fusions), other memory and time; so do the memory plans (memory.*: jaxloop.memory).
 RESUME_SAFE = (
     "run_dir", "resume", "allow_steps_change", "compile_cache", "retain_host_memory", "eval_every", "log_every",
     "deterministic",
     "updates_per_call", "max_bad_steps", "patience", "init_from",
     "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed.",
     "model.remat",
+    "memory.",
 )
 
 # Fields no compiled call depends on: the key of a stored executable (jaxloop.executables) leaves them out;
 # a change of any other field compiles afresh. Its own rule, not RESUME_SAFE: a field may be resume-safe
-# and still change the compiled code (model.remat), or change the run and not the code (seed: initial
+# and still change the compiled code (model.remat, memory.*), or change the run and not the code (seed: initial
 # values and data order). Host-side fields; what the arguments' shapes and shardings carry (the eval batch
 # size, the mesh of distributed.*); the call's size, which names the call; XLA_FLAGS, in the key itself.
 NOT_COMPILED = (

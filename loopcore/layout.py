@@ -7,6 +7,7 @@
       checkpoints/     Orbax (jaxloop) or torch files   checkpoints_damaged/  steps moved aside
       tb/              TensorBoard events               profile/       jax.profiler traces
       hooks/           images logged by hooks           report.md, *.png      the run report
+      .lock            the run's flock (loopcore.lock)  .lock.holder.json     who holds it, until when
 
 Both loops, the report, the sampler, --init_from and the converters read a run through `RunLayout`,
 never through a file name of their own. Imports nothing.
@@ -26,6 +27,7 @@ SUMMARY_FILE = "summary.json"
 RESUMES_FILE = "resumes.jsonl"
 VOCAB_FILE = "vocab.json"
 LOCK_FILE = ".lock"
+HOLDER_FILE = ".lock.holder.json"
 CHECKPOINT_DIR = "checkpoints"
 DAMAGED_DIR = "checkpoints_damaged"
 TB_DIR = "tb"
@@ -55,6 +57,7 @@ class RunLayout:
     resumes = property(lambda self: self.root / RESUMES_FILE)
     vocab = property(lambda self: self.root / VOCAB_FILE)
     lock = property(lambda self: self.root / LOCK_FILE)
+    holder = property(lambda self: self.root / HOLDER_FILE)
     checkpoints = property(lambda self: self.root / CHECKPOINT_DIR)
     damaged = property(lambda self: self.root / DAMAGED_DIR)
     tb = property(lambda self: self.root / TB_DIR)

@@ -14,6 +14,7 @@ from typing import Any
 
 from loopcore.config import Config, ConfigError, changed_fields, from_dict, resume_conflicts, to_dict
 from loopcore.layout import CHECKPOINT_DIR, RunLayout  # noqa: F401  (CHECKPOINT_DIR: re-exported)
+from loopcore.lock import is_lock_file
 
 
 def ways_forward(run_dir: Path) -> str:
@@ -40,7 +41,7 @@ class RunDir:
         """Apply the rules; the config saved with the checkpointed run being resumed, if any."""
         cfg, run_dir = self.cfg, self.path
         saved = json.loads(self.layout.config.read_text()) if self.layout.config.exists() else None
-        if cfg.resume == "never" and run_dir.exists() and any(run_dir.iterdir()):
+        if cfg.resume == "never" and run_dir.exists() and any(not is_lock_file(p.name) for p in run_dir.iterdir()):
             raise ConfigError("resume", "never", f"an empty or new run_dir ({run_dir} is not empty; "
                               "use --resume auto to continue it or choose another --run_dir)")
         if cfg.resume == "must" and not has_checkpoint:

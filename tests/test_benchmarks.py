@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import pytest
+
 from benchmarks.__main__ import COLUMNS, main, markdown, merge, print_table, registry, run
 from benchmarks.common import Options
 
@@ -42,6 +44,19 @@ def test_quick_smallest_row_prints_one_table_row(tmp_path):
     saved.write_text(json.dumps(result))
     assert main(["--from-json", str(saved), "--markdown", str(tmp_path / "B.md")]) == 0
     assert (tmp_path / "B.md").read_text() == md
+
+
+def test_the_memory_plan_rows_measure_each_plan_against_the_plain_one(tmp_path):
+    # --smoke: a tiny GPT, one round; only the shape of the rows is checked (no time is asserted)
+    result = run(Options(quick=True, smoke=True, workdir=tmp_path, log=lambda s: None), only=["memory.plan"])
+    rows = {r["name"]: r for r in result["rows"]}
+    assert sorted(rows) == sorted(f"memory.plan.{p}" for p in ("blocks", "dots_saveable", "full", "split2", "split4"))
+    for row in rows.values():
+        assert row["status"] == "ok", row["notes"]
+        assert row["jax"] > 0 and row["ref"] > 0 and row["ratio"] == pytest.approx(row["jax"] / row["ref"])
+        assert row["extra"]["temp_bytes"] > 0 and row["extra"]["temp_bytes_plain"] > 0
+    # splitting in four keeps a quarter of the micro-batch's activations alive at once
+    assert rows["memory.plan.split4"]["extra"]["temp_ratio"] < rows["memory.plan.split2"]["extra"]["temp_ratio"] < 1
 
 
 def test_every_row_is_listed_once():
