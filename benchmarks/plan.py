@@ -16,7 +16,7 @@ import dataclasses
 import time
 from typing import Any
 
-from benchmarks.common import TEXT, Options, Row, failed, median, sized_interleaved
+from benchmarks.common import Options, Row, failed, median, sized_interleaved, text_path
 
 PLANS = {"blocks": {"remat": "blocks"}, "dots_saveable": {"remat": "dots_saveable"}, "full": {"remat": "full"},
          "split2": {"split": 2}, "split4": {"split": 4}}
@@ -28,7 +28,7 @@ def _cfg(opts: Options):
 
     base = preset("shakespeare")
     if not opts.smoke:
-        return dataclasses.replace(base, data=dataclasses.replace(base.data, path=str(TEXT)))
+        return dataclasses.replace(base, data=dataclasses.replace(base.data, path=str(text_path())))
     text = opts.workdir / "plan-smoke.txt"
     text.write_text("to be or not to be that is the question\n" * 200)
     return dataclasses.replace(base, batch_size=8, model=dataclasses.replace(base.model, context=16, d_model=16,
