@@ -7,16 +7,18 @@ without torch fails to import them (No module named 'torch'), as it should: it a
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
 
-# Modules whose every test is marked `torch` (module-level pytestmark) and that import torch at their top.
-TORCH_MODULES = frozenset({"test_torch_ref.py"})
+MARKED_TORCH = re.compile(r"^pytestmark\s*=.*\bpytest\.mark\.torch\b", re.M)
+"""A module whose every test is marked `torch` (module-level pytestmark): it may import torch at its top."""
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     deselected = "not torch" in (config.option.markexpr or "")
-    if collection_path.name in TORCH_MODULES and deselected and importlib.util.find_spec("torch") is None:
+    if (deselected and collection_path.suffix == ".py" and importlib.util.find_spec("torch") is None
+            and MARKED_TORCH.search(collection_path.read_text(encoding="utf-8"))):
         return True
     return None

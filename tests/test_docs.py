@@ -10,7 +10,8 @@ How the pages' blocks are run (the convention for whoever writes them):
 - A ```bash block right after a line `<!-- not run: REASON -->` is not run, and the reason is required:
   the install commands at the top of README (test_readme.py and .ci/run check those), a suite of 15
   minutes, several hosts. Python blocks are always run.
-- Blocks that name torch, torch_ref or parity_tests need torch: they run apart, in tests marked `torch`.
+- Blocks that name torch, torch_ref, parity_tests or jaxloop.parity (the port check) need torch: they run
+  apart, in tests marked `torch`.
 - ```text blocks (a diagram, sample output) are not code and are not run.
 Keep the examples small (`--preset debug`, a few updates): these tests run them all.
 """
@@ -28,7 +29,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"^(?:<!-- not run: (?P<reason>.*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)^```", re.S | re.M)
-NEEDS_TORCH = re.compile(r"\btorch\b|torch_ref|parity_tests")
+NEEDS_TORCH = re.compile(r"\btorch\b|torch_ref|parity_tests|jaxloop\.parity")
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 TIMEOUT_S = 600
 

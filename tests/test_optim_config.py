@@ -12,7 +12,6 @@ from dataclasses import fields, replace
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -131,12 +130,15 @@ def test_a_config_saved_before_the_menu_resumes_with_the_defaults():
 
 
 def _torch_plateau(mode, factor, patience, threshold, threshold_mode, cooldown, min_lr, eps, rate):
+    import torch
+
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=rate)
     return opt, torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode=mode, factor=factor, patience=patience,
                                                            threshold=threshold, threshold_mode=threshold_mode,
                                                            cooldown=cooldown, min_lr=min_lr, eps=eps)
 
 
+@pytest.mark.torch
 @settings(max_examples=150, deadline=None)
 @given(mode=st.sampled_from(["min", "max"]), threshold_mode=st.sampled_from(["rel", "abs"]),
        factor=st.sampled_from([0.1, 0.5, 0.9]), patience=st.integers(0, 3), cooldown=st.integers(0, 3),
