@@ -130,6 +130,17 @@ def _wait_for_update(run_dir: Path, proc: subprocess.Popen, beyond: int = 0, tim
     raise TimeoutError(f"no update in {run_dir}")
 
 
+def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until a checkpoint is committed (Orbax renames `N.orbax-checkpoint-tmp*` to `N` at its commit)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended before a checkpoint was committed"
+        if (run_dir / "checkpoints").is_dir() and any(p.name.isdigit() for p in (run_dir / "checkpoints").iterdir()):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"no committed checkpoint in {run_dir}")
+
+
 def test_a_second_launch_is_refused_naming_the_running_holder_and_writes_nothing(tmp_path):
     first = subprocess.Popen(_cmd(tmp_path, "--steps", "100000", "--log_every", "1"), stderr=subprocess.PIPE, text=True)
     try:
@@ -187,6 +198,7 @@ def test_a_sigkilled_holder_is_taken_over_at_once_and_the_run_resumes(tmp_path):
     first = subprocess.Popen(_cmd(tmp_path, "--steps", "300", "--log_every", "1", "--checkpoint.every", "5"),
                              stderr=subprocess.DEVNULL)
     _wait_for_update(tmp_path, first, beyond=12)
+    _wait_for_checkpoint(tmp_path, first)  # a record alone may precede every async save's commit
     first.kill()
     first.wait()
     holder = read_holder(tmp_path)

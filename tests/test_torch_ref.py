@@ -407,3 +407,17 @@ print("ok")
 """
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_torch_ref_holds_its_run_dir_as_jaxloop_does(tmp_path):
+    """One run per run_dir in both loops (loopcore.lock): a run_dir held by another run is refused, naming
+    the holder, before anything is written. Mutant (torch_ref.run without its RunLock): trains, seen failing."""
+    from loopcore.lock import RunDirInUse, RunLock
+    from torch_ref.train import run
+
+    cfg = replace(preset("debug"), run_dir=str(tmp_path), steps=2, log=LogConfig(progress="off", report=False))
+    with RunLock(tmp_path):
+        with pytest.raises(RunDirInUse, match="held by pid"):
+            run(cfg, device="cpu")
+    assert not (tmp_path / "config.json").exists()
+    assert run(cfg, device="cpu").summary["final_step"] == 2, "free again once released"

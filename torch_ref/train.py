@@ -32,6 +32,7 @@ from loopcore.cadence import Cadence
 from loopcore.cli import EXIT_BAD_INPUT, EXIT_SIGNAL, Interrupted, NonFiniteError, UsageError, finish, parse_or_exit
 from loopcore.config import Config, ConfigError
 from loopcore.layout import RunLayout
+from loopcore.lock import RunLock
 from loopcore.outcome import COMPLETED, EARLY_STOPPING, early_stopping_message, final_evaluation_due, signal_stop
 from loopcore.outcome import summary as run_summary
 from loopcore.run_dir import RunDir
@@ -134,23 +135,25 @@ def run(cfg: Config, init_params: Any = None, clip: ClipMode = "torch", stop_aft
     splits = splits if splits is not None else load_splits(cfg)  # bad data: ConfigError, nothing written
     rd = RunDir(cfg)
     rd.check(has_checkpoint=CheckpointManager.has_checkpoint(rd.checkpoints))
-    rd.start()
-    run_dir = rd.path
-    write_vocab(str(run_dir), splits)
+    with RunLock(rd.path):  # one run per run_dir, as jaxloop's (loopcore.lock); a refusal writes nothing
+        rd.check(has_checkpoint=CheckpointManager.has_checkpoint(rd.checkpoints))  # held: a killed holder may have saved
+        rd.start()
+        run_dir = rd.path
+        write_vocab(str(run_dir), splits)
 
-    state = create_train_state(cfg, splits, init_params, device or default_device())
-    ckpt = CheckpointManager(cfg, run_dir)
-    restored = ckpt.restore_latest() if cfg.resume != "never" else None
-    rd.must_have_resumed(restored)
-    if restored is not None:
-        state.load_state_dict(restored[1])
-        rd.record_resume(state.step)
-    elif cfg.init_from:
-        init_model_from(state, cfg.init_from)
-    loop = Loop(cfg, run_dir, splits, ckpt, clip, stop_after, save_on_stop)
-    summary = loop.run(state)
-    summary["wall_time_s"] = time.perf_counter() - t_start
-    rd.write_summary(summary)
+        state = create_train_state(cfg, splits, init_params, device or default_device())
+        ckpt = CheckpointManager(cfg, run_dir)
+        restored = ckpt.restore_latest() if cfg.resume != "never" else None
+        rd.must_have_resumed(restored)
+        if restored is not None:
+            state.load_state_dict(restored[1])
+            rd.record_resume(state.step)
+        elif cfg.init_from:
+            init_model_from(state, cfg.init_from)
+        loop = Loop(cfg, run_dir, splits, ckpt, clip, stop_after, save_on_stop)
+        summary = loop.run(state)
+        summary["wall_time_s"] = time.perf_counter() - t_start
+        rd.write_summary(summary)
     return RunResult(records=read_records(run_dir), summary=summary, state=state)
 
 
