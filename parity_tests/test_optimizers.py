@@ -6,6 +6,10 @@ Per optimizer (parity_tests.menu.OPTIMIZERS, under the default warmup_cosine sch
   LOCKSTEP updates in float64: jaxloop's emitted update against torch_ref's p_new - p_old. Variants without
   momentum / centring / lr_decay run here too (cheap: no model compile).
 - trajectories (menu.check_combination): 300 updates, K = 1 and 4, float64 and float32.
+
+Mutant caught (run, seen to fail, reverted): jaxloop's dampened_trace dampening the first gradient too
+(torch's buffer starts as the undampened first gradient): the lockstep check of `sgd` (dampening 0.1)
+fails, every other optimizer passes.
 """
 
 from __future__ import annotations

@@ -79,14 +79,50 @@ def test_a_port_that_differs_only_in_its_backward_pass_fails_the_gradient_check(
     assert row.where == "params/bias" and row.measured == 1.0  # the whole gradient missing: relative difference 1
 
 
-def test_an_optimizer_that_differs_fails_the_update_check(monkeypatch):
+def update_failures(monkeypatch, **changes):
+    """The update rows that fail when jaxloop's side trains with `changes` to each config (torch's unchanged)."""
     from dataclasses import replace
 
     original = training.jax_optimizer
-    monkeypatch.setattr(training, "jax_optimizer", lambda o, steps, p: original(replace(o, b2=0.99), steps, p))
+    monkeypatch.setattr(training, "jax_optimizer", lambda o, steps, p: original(replace(o, **changes), steps, p))
     report = run(precisions=("fp64",))
     assert failed(report) == {"update x3"}
-    assert len(report.failures()) == len(training.update_configs(1.0))
+    return {without_clip(r.check.removeprefix("update x3: ")) for r in report.failures()}
+
+
+def without_clip(label):
+    """A config's label without its clip norm (half the gradient's norm: the report's, not 1.0's)."""
+    return label.split(", clip ")[0]
+
+
+def configs_where(keep):
+    return {without_clip(label) for label, o, _ in training.update_configs(1.0) if keep(o)}
+
+
+def test_an_optimizer_that_differs_fails_the_update_check_of_each_config_it_enters(monkeypatch):
+    # b2 0.99 on jaxloop's side: every Adam config differs (each has another b2); lion's b2 is already 0.99
+    assert update_failures(monkeypatch, b2=0.99) == configs_where(lambda o: o.name in ("adamw", "adam"))
+
+
+def test_a_schedule_that_differs_fails_the_update_check_of_each_schedule_it_enters(monkeypatch):
+    # gamma is read by the step, multistep and exponential schedules only
+    assert update_failures(monkeypatch, gamma=0.6) == configs_where(lambda o: o.schedule in ("step", "multistep",
+                                                                                             "exponential"))
+
+
+def test_momentum_that_differs_fails_the_sgd_and_rmsprop_configs(monkeypatch):
+    # momentum 0.5 instead of each config's own (0 where unset: the plain sgd, rmsprop and Adam ones)
+    assert update_failures(monkeypatch, momentum=0.5) == configs_where(lambda o: o.name in ("sgd", "rmsprop"))
+
+
+def test_the_update_check_covers_every_optimizer_and_every_schedule_but_plateau():
+    from loopcore.config import OPTIMIZERS, SCHEDULES, Config, validate
+
+    configs = training.update_configs(1.0)
+    assert {o.name for _, o, _ in configs} == set(OPTIMIZERS)
+    assert {o.schedule for _, o, _ in configs} == set(SCHEDULES) - {"plateau"}
+    for label, o, steps in configs:  # each a config a jaxloop run accepts
+        validate(Config(optim=o, steps=steps), check_paths=False)
 
 
 def test_a_port_that_agrees_on_the_example_batch_only_fails_the_trajectory():

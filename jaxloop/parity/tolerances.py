@@ -29,8 +29,8 @@ TOLERANCES: dict[tuple[str, str], Tolerance] = {
                                      "cancelling gradients lose digits"),
     ("buffers", "fp64"): Tolerance(1e-10, F64_ROUNDING + " (batch statistics of one train-mode pass)"),
     ("buffers", "fp32"): Tolerance(1e-5, "float32 rounding of the batch statistics"),
-    ("update", "fp64"): Tolerance(1e-10, F64_ROUNDING + " (the same clip and AdamW algebra)"),
-    ("update", "fp32"): Tolerance(1e-5, "float32 rounding of clip and AdamW, about ten roundings per element"),
+    ("update", "fp64"): Tolerance(1e-10, F64_ROUNDING + " (the same clip and optimizer algebra)"),
+    ("update", "fp32"): Tolerance(1e-5, "float32 rounding of clip, optimizer and schedule, about ten roundings per element"),
     ("trajectory", "fp64"): Tolerance(1e-8, F64_ROUNDING + ", compounded over the updates"),
     ("trajectory", "fp32"): Tolerance(1e-2, "no float64 run in this check to measure the bound against (with one, "
                                       "the bound is 4 x each framework's own float32-vs-float64 gap): float32 rounding "

@@ -2,8 +2,8 @@
 
 Gradients: one train-mode backward pass on each side (dropout off), torch's moved into the Flax
 layout through the weight mapping, compared tensor by tensor. Updates: jaxloop's optimizer
-(`jaxloop.make_optimizer`) and torch's (torch_ref's AdamW + LambdaLR schedule + clipping, which are
-torch's own classes) applied `n` times to the same gradients (the Flax ones, mapped back into torch's
+(`jaxloop.make_optimizer`) and torch's (torch_ref's optimizer, scheduler and clipping: torch's own
+classes, as parity_tests holds them) applied `n` times to the same gradients (the Flax ones, mapped back into torch's
 layout), varied elementwise from update to update (`varied`: a constant gradient would leave Adam's
 bias-corrected moments equal to it, blind to b1 and b2, and clipping removes a mere scale), for each
 OptimConfig of `update_configs`. Trajectory: `n` updates of `jaxloop.make_train_step`
@@ -52,9 +52,11 @@ def torch_optimizer(o: OptimConfig, steps: int, module: Any) -> tuple[Any, Any, 
 
 
 def update_configs(grad_norm: float) -> list[tuple[str, OptimConfig, int]]:
-    """(label, OptimConfig, schedule length) of the one-update check: the default AdamW with warmup-cosine
-    and clipping that acts (clip_norm half the gradient's norm), and variants of its hyperparameters.
-    Warmup starts above 0 so that the first updates move the params."""
+    """(label, OptimConfig, schedule length) of the update check: the default AdamW with warmup-cosine and
+    clipping that acts (clip_norm half the gradient's norm), variants of its hyperparameters, then every
+    other optimizer and every schedule jaxloop offers (MENU), each with settings under which it changes
+    the rate or the update within the check's few updates. Warmup starts above 0 so that the first
+    updates move the params."""
     clip = float(f"{0.5 * grad_norm:.3g}") if grad_norm > 0 else 1.0
     base = OptimConfig(peak_lr=3e-3, init_lr=1e-3, end_lr=3e-5, warmup_steps=2, weight_decay=1e-4, clip_norm=clip)
     return [
@@ -63,11 +65,39 @@ def update_configs(grad_norm: float) -> list[tuple[str, OptimConfig, int]]:
                                                                        eps=1e-6), 10),
         ("adamw, constant rate 1e-2, b1 0.5", replace(base, init_lr=1e-2, peak_lr=1e-2, end_lr=1e-2, warmup_steps=0,
                                                       b1=0.5), 10),
+        *((label, OptimConfig(clip_norm=clip, **changes), 10) for label, changes in MENU),
     ]
 
 
+# Every optimizer beside adamw, and every schedule beside warmup_cosine but plateau (its rate changes only
+# at an evaluation: parity_tests/test_schedules.py holds it to ReduceLROnPlateau), without warmup so that
+# each schedule acts from the first update (one_cycle has none); the clipping that acts, as in base, and
+# every field the entry does not name at its default (a field its optimizer or schedule does not read
+# must be: loopcore.config.validate).
+MENU: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("adam, step (step_size 1, gamma 0.5)",
+     dict(name="adam", warmup_steps=0, schedule="step", step_size=1, gamma=0.5)),
+    ("sgd, nesterov momentum 0.9, multistep (1, 2)",
+     dict(name="sgd", warmup_steps=0, peak_lr=1e-2, momentum=0.9, nesterov=True, schedule="multistep",
+          milestones=(1, 2), gamma=0.5)),
+    ("sgd, momentum 0.9 dampening 0.1, exponential 0.8",
+     dict(name="sgd", warmup_steps=0, peak_lr=1e-2, momentum=0.9, dampening=0.1, schedule="exponential", gamma=0.8)),
+    ("sgd, constant", dict(name="sgd", warmup_steps=0, peak_lr=1e-2, schedule="constant")),
+    ("rmsprop, centered momentum 0.9, cosine restarts (t_0 2)",
+     dict(name="rmsprop", warmup_steps=0, centered=True, momentum=0.9, schedule="cosine_restarts", t_0=2)),
+    ("rmsprop, linear", dict(name="rmsprop", warmup_steps=0, schedule="linear", end_lr=1e-4)),
+    ("adagrad, lr_decay 0.01, accumulator 0.1, one-cycle",
+     dict(name="adagrad", peak_lr=1e-2, lr_decay=0.01, initial_accumulator_value=0.1, eps=1e-10, schedule="one_cycle")),
+    ("lion, wsd (decay 8, 1-sqrt)",
+     dict(name="lion", warmup_steps=0, peak_lr=1e-4, end_lr=1e-5, b2=0.99, schedule="wsd", decay_steps=8,
+          decay_type="1-sqrt")),
+    ("adam, polynomial (power 2)", dict(name="adam", warmup_steps=0, schedule="polynomial", power=2.0)),
+    ("adamw, inverse sqrt (timescale 1)", dict(warmup_steps=0, schedule="inverse_sqrt", timescale=1)),
+)
+
+
 def trajectory_config(grad_norm: float) -> OptimConfig:
-    """The trajectory's optimizer: the first update config."""
+    """The trajectory's optimizer: the first update config (the default AdamW with warmup-cosine)."""
     return update_configs(grad_norm)[0][1]
 
 
@@ -164,13 +194,20 @@ def updates(torch_module: Any, fm: FlaxModel, mapping: Mapping, grads: dict[str,
             if float(clip()) >= o.clip_norm > 0:
                 results[i].clipping = "acting"
             optimizer.step()
-            scheduler.step()
+            step_per_update(scheduler)
             jax_params = {k: v for k, v in replace(fm, params=params[i]).leaves().items() if kinds[k] == "param"}
             torch_params = to_flax_params(mapping, {k: to_numpy(p) for k, p in named.items()})
             d, w = worst(tensor_rel_diffs(jax_params, torch_params))
             if not d <= results[i].diff:
                 results[i].diff, results[i].where = d, w
     return results
+
+
+def step_per_update(scheduler: Any) -> None:
+    """torch_ref's scheduler step after an update (torch imported only when the check runs)."""
+    from torch_ref.schedule import step_per_update as step
+
+    step(scheduler)
 
 
 def _copy(module: Any) -> Any:
@@ -225,7 +262,7 @@ def trajectory(torch_module: Any, fm: FlaxModel, mapping: Mapping, torch_loss: C
         loss.backward()
         clip()
         optimizer.step()
-        scheduler.step()
+        step_per_update(scheduler)
         t_losses.append(float(loss.detach()))
         leaves = replace(fm, params=state.params, model_state=state.model_state).leaves()
         jp = {k: v for k, v in leaves.items() if kinds[k] == "param"}
