@@ -83,20 +83,13 @@ def finish(prog: str, cfg: Config, run: Callable[[], dict[str, Any]],
     done (0), bad input (2), too many non-finite updates (1), a failed checkpoint write or a full disk (3),
     out of memory in every plan (4), a signal (130 / 143, after saving).
     `announce()`: whether to print the done line (only the process that writes the run's files does)."""
+    failures = ((ConfigError, EXIT_BAD_INPUT), (NonFiniteError, EXIT_NONFINITE),
+                (CheckpointWriteError, EXIT_CHECKPOINT_WRITE), (OutOfMemoryError, EXIT_OUT_OF_MEMORY))
     try:
         summary = run()
-    except ConfigError as e:
+    except tuple(kind for kind, _ in failures) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except NonFiniteError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return EXIT_NONFINITE
-    except CheckpointWriteError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return EXIT_CHECKPOINT_WRITE
-    except OutOfMemoryError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return EXIT_OUT_OF_MEMORY
+        return next(status for kind, status in failures if isinstance(e, kind))
     except Interrupted as e:
         print(f"{prog}: {e} received: saved and stopped", file=sys.stderr)
         return EXIT_SIGNAL[e.signum]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from jaxloop.parity import training
 from jaxloop.parity.__main__ import main
 
 pytestmark = pytest.mark.torch
@@ -35,7 +36,8 @@ def test_command_prints_the_mapping_and_the_table_of_a_shipped_example():
     assert re.search(r"\nlayers\.0\.self_attn\.in_proj_weight +blocks/0/attn/qkv/kernel +transpose +order\n", out)
     assert re.search(r"\ngradients, every tensor +fp64 +\S+ +1\.00e-09 +yes ", out) and "why this tolerance" in out
     assert "trajectory" not in out
-    assert out.strip().endswith("vs a Flax NNX port: 10 of 10 checks within tolerance")
+    n = 7 + len(training.update_configs(1.0))  # output, loss and every layer in eval and train, gradients; an update row per config
+    assert out.strip().endswith(f"vs a Flax NNX port: {n} of {n} checks within tolerance")
 
 
 def test_import_jaxloop_does_not_import_torch():
