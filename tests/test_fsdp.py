@@ -194,7 +194,10 @@ def test_every_layout_logs_the_same_losses(layout_runs):
 
 def test_per_device_state_bytes_shrink_with_fsdp():
     # The shakespeare preset's GPT with 2 of its 4 layers (docs/sharded-state.md's table has all 4); 4 devices.
-    out = subprocess.run([sys.executable, "benchmarks/bench_memory.py", "--json", "--n_layers", "2"], cwd=ROOT,
+    # the shipped slice of the text (the benchmark's default, the whole text, is not in a clone)
+    text = ROOT / "tests" / "data" / "tinyshakespeare_60k.txt"
+    out = subprocess.run([sys.executable, "benchmarks/bench_memory.py", "--json", "--n_layers", "2", "--data.path", str(text)],
+                         cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_backend_optimization_level=0"},
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
