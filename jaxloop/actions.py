@@ -116,7 +116,7 @@ class RunContext:
         done = self.done
         if done is None:
             return {}
-        applied = done.start + np.cumsum(done.metrics["updated"])
+        applied = done.applied()
         hits = np.flatnonzero((applied == step) & done.metrics["updated"].astype(bool))
         return update_metrics(done.metrics, int(hits[0]), self.accum_steps) if hits.size else {}
 
@@ -213,7 +213,7 @@ class NonFiniteStreak(Action):
         streak = np.flatnonzero(m["bad_streak"] >= self.max_bad_steps)
         if streak.size:
             i = streak[0]
-            update = done.start + int(np.sum(m["updated"][:i + 1])) + 1
+            update = int(done.applied()[i]) + 1
             raise NonFiniteError(
                 f"{int(m['bad_streak'][i])} consecutive updates were skipped for a non-finite loss or gradient "
                 f"(update {update}; max_bad_steps={self.max_bad_steps}); the last saved checkpoint is finite")
@@ -229,7 +229,7 @@ class LogTrain(Action):
 
     def after_call(self, run: RunContext, done: Finished) -> None:
         m = done.metrics
-        applied = done.start + np.cumsum(m["updated"])  # the state's update count after each micro-batch
+        applied = done.applied()
         logged = [i for i in np.flatnonzero(m["updated"]) if self.cadence.logs(int(applied[i]))]
         if not logged:
             return
@@ -426,7 +426,7 @@ class Hook(Action):
     def after_call(self, run: RunContext, done: Finished) -> None:
         if self.needs_state:
             return
-        applied = done.start + np.cumsum(done.metrics["updated"])
+        applied = done.applied()
         for i in np.flatnonzero(done.metrics["updated"]):
             if self.due(int(applied[i])):
                 self._call(run, int(applied[i]), None)

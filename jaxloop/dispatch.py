@@ -69,6 +69,10 @@ class Finished(NamedTuple):
     synced: float
     data_wait: float
 
+    def applied(self) -> np.ndarray:
+        """The state's update count after each micro-batch of the call (skipped updates do not count)."""
+        return self.start + np.cumsum(self.metrics["updated"])
+
 
 class Dispatcher:
     """Runs calls of `steps` (scan_steps(train_step): K x n micro-batches per call of n updates) on the
