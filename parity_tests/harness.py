@@ -165,6 +165,26 @@ def host(tree: Any) -> Any:
     return jax.tree.map(lambda x: np.array(x), jax.device_get(tree))
 
 
+def set_torch_grads(model: Any, grads: Any) -> list:
+    """Put a Flax-shaped gradient tree (device or host) into .grad of torch_ref's model (kernels transposed
+    through torch_ref.models.param_map); returns the parameters, for clipping them."""
+    import torch
+
+    from torch_ref.models import param_map
+
+    named = dict(model.named_parameters())
+    flat = host(grads)
+    params = []
+    for path, name, transpose in param_map(model):
+        g = flat
+        for key in path:
+            g = g[key]
+        p = named[name]
+        p.grad = torch.from_numpy(np.array(g.T if transpose else g)).to(p.dtype)
+        params.append(p)
+    return params
+
+
 def jax_state(cfg: Config, splits: Any, init_params: Any = None):
     """jaxloop's fresh TrainState for cfg (call inside jax_mode(cfg.precision)); optionally other weights.
 

@@ -153,3 +153,12 @@ def adamw_warmup_cosine(menu_inputs):
     """The combination both sweeps share: AdamW under warmup_cosine (the defaults)."""
     splits, init, batches = menu_inputs
     return combination_runs({}, splits, init, batches)
+
+
+def sweep_runs(request: Any, table: dict[str, dict[str, Any]], default: str, inputs: tuple) -> tuple[str, dict]:
+    """(name, runs) of the sweep's combination request.param from `table`; the sweep's `default` (AdamW
+    under warmup_cosine, which both sweeps contain) is the shared adamw_warmup_cosine fixture, run once."""
+    name = request.param
+    if name == default:
+        return name, request.getfixturevalue("adamw_warmup_cosine")
+    return name, combination_runs(table[name], *inputs)

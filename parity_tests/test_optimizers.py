@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import pytest
-import torch
 
 from jaxloop.optim import make_optimizer
 from jaxloop.precision import get_policy
 from jaxloop.step import cross_entropy_loss
-from parity_tests.harness import host, jax_mode, jax_state, tree_rel_diff
+from parity_tests.harness import host, jax_mode, jax_state, set_torch_grads, tree_rel_diff
 from parity_tests.menu import (OPTIMIZERS, adamw_warmup_cosine, check_combination, combination_cfg,  # noqa: F401
-                               combination_runs, menu_inputs)
-from torch_ref.models import export_jax_params, param_map
+                               menu_inputs, sweep_runs)
+from torch_ref.models import export_jax_params
 from torch_ref.optim import clip_gradients
 from torch_ref.schedule import step_per_update
 from torch_ref.state import create_train_state
@@ -65,19 +63,6 @@ def gradients(menu_inputs):
     return [jax.tree.map(lambda g: g * 0.1, g) if i in BELOW_CLIP else g for i, g in enumerate(out)]
 
 
-def _set_grads(model: torch.nn.Module, grads) -> list[torch.nn.Parameter]:
-    named = dict(model.named_parameters())
-    params = []
-    for path, name, transpose in param_map(model):
-        g = grads
-        for key in path:
-            g = g[key]
-        p = named[name]
-        p.grad = torch.from_numpy(np.array(g.T if transpose else g)).to(p.dtype)
-        params.append(p)
-    return params
-
-
 def lockstep(changes, splits, init, grads) -> tuple[list, list]:
     """(jaxloop's updates, torch_ref's p_new - p_old) for each gradient, from the same params. No warmup: its
     first rates (0, peak / 50, ...) make steps so small that an ulp of p, which torch's p_new - p_old
@@ -97,7 +82,7 @@ def lockstep(changes, splits, init, grads) -> tuple[list, list]:
     torch_steps = []
     for g in grads:
         before = export_jax_params(tstate.model)
-        clip_gradients(_set_grads(tstate.model, g), cfg.optim.clip_norm, "optax")
+        clip_gradients(set_torch_grads(tstate.model, g), cfg.optim.clip_norm, "optax")
         tstate.optimizer.step()
         step_per_update(tstate.scheduler)
         torch_steps.append(jax.tree.map(lambda a, b: a - b, export_jax_params(tstate.model), before))
@@ -118,10 +103,7 @@ def test_each_update_from_the_same_params_and_gradients_agrees(name, menu_inputs
 @pytest.fixture(scope="module", params=list(OPTIMIZERS))
 def optimizer_runs(request, menu_inputs):
     """One optimizer's four trajectories in both loops (adamw: the shared default combination)."""
-    name = request.param
-    if name == "adamw":
-        return name, request.getfixturevalue("adamw_warmup_cosine")
-    return name, combination_runs(OPTIMIZERS[name], *menu_inputs)
+    return sweep_runs(request, OPTIMIZERS, "adamw", menu_inputs)
 
 
 def test_trajectories_rates_and_losses_agree(optimizer_runs, parity):

@@ -32,7 +32,7 @@ from loopcore.config import CheckpointConfig, PlateauConfig, validate
 from parity_tests.harness import (F64_EPS, RESUME_AT, curve_rel_diff, interrupt_jax_run, jax_mode, records,
                                   resume_cfg, torch_threads, ulps_of_value)
 from parity_tests.menu import (SCHEDULES, UPDATES, adamw_warmup_cosine, check_combination,  # noqa: F401
-                               combination_cfg, combination_runs, menu_inputs)
+                               combination_cfg, combination_runs, menu_inputs, sweep_runs)
 from parity_tests.oracle import menu_oracle_table
 from torch_ref.schedule import lr_table, warmup_cosine_classes
 
@@ -133,10 +133,7 @@ def test_torch_chained_warmup_cosine_classes_drift_from_the_closed_form(parity):
 @pytest.fixture(scope="module", params=list(SCHEDULES))
 def schedule_runs(request, menu_inputs):
     """One schedule's four trajectories in both loops under AdamW (warmup_cosine: the shared default)."""
-    name = request.param
-    if name == "warmup_cosine":
-        return name, request.getfixturevalue("adamw_warmup_cosine")
-    return name, combination_runs(SCHEDULES[name], *menu_inputs)
+    return sweep_runs(request, SCHEDULES, "warmup_cosine", menu_inputs)
 
 
 def test_trajectories_rates_and_losses_agree(schedule_runs, parity):

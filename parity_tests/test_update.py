@@ -17,7 +17,7 @@ import torch
 from loopcore.sources import MicroBatchGather, load_splits
 from jaxloop.step import cross_entropy_loss, train_step
 from parity_tests.convert import torch_state_from_jax
-from parity_tests.harness import F32_EPS, host, jax_mode, jax_state, mlp_cfg, optax_adamw, optim, tree_rel_diff
+from parity_tests.harness import F32_EPS, host, jax_mode, jax_state, mlp_cfg, optax_adamw, optim, set_torch_grads, tree_rel_diff
 from torch_ref.models import export_jax_params, param_map
 from torch_ref.optim import clip_gradients, global_norm
 from torch_ref.step import cross_entropy_loss as torch_loss
@@ -65,21 +65,6 @@ def _torch_batch(batch):
     return torch.from_numpy(np.array(batch["x"])), torch.from_numpy(np.array(batch["y"]))
 
 
-def _set_torch_grads(tstate, grads) -> list[torch.nn.Parameter]:
-    """Put a flax-shaped gradient tree into .grad of the torch model's parameters (transposing kernels)."""
-    named = dict(tstate.model.named_parameters())
-    flat = host(grads)
-    params = []
-    for path, name, transpose in param_map(tstate.model):
-        g = flat
-        for key in path:
-            g = g[key]
-        p = named[name]
-        p.grad = torch.from_numpy(np.array(g.T if transpose else g)).to(p.dtype)
-        params.append(p)
-    return params
-
-
 def _torch_grads_tree(tstate) -> dict:
     out: dict = {}
     named = dict(tstate.model.named_parameters())
@@ -111,7 +96,7 @@ def test_global_norm_clip_factor_and_clipped_gradients_agree(fp64, parity):
         clip = 0.5 * norm  # so that clipping acts
         clipped, _ = optax.clip_by_global_norm(clip).update(grads, optax.EmptyState())
         clipped = host(clipped)
-    params = _set_torch_grads(tstate, grads)
+    params = set_torch_grads(tstate.model, grads)
     t_norm_optax = float(global_norm([p.grad for p in params], "optax"))
     t_norm_torch = float(global_norm([p.grad for p in params], "torch"))
     returned = float(clip_gradients(params, clip, "optax"))
@@ -135,7 +120,7 @@ def test_below_the_clip_norm_gradients_pass_unchanged_in_both_clip_modes(fp64, p
         clipped = host(optax.clip_by_global_norm(clip).update(grads, optax.EmptyState())[0])
     worst = 0.0
     for mode in ("optax", "torch"):
-        params = _set_torch_grads(tstate, grads)
+        params = set_torch_grads(tstate.model, grads)
         clip_gradients(params, clip, mode)
         worst = max(worst, tree_rel_diff(clipped, _torch_grads_tree(tstate))[0])
     parity.check("one update fp64: gradients below the clip norm, jaxloop vs torch_ref (both modes)", worst, 0.0,
@@ -152,10 +137,10 @@ def test_torch_native_clip_differs_from_optax_by_exactly_its_1e6_epsilon(fp64, p
         grads = _jax_grads(state, batch)
         norm = float(optax.tree.norm(grads))
     clip = 0.5 * norm
-    params = _set_torch_grads(tstate, grads)
+    params = set_torch_grads(tstate.model, grads)
     clip_gradients(params, clip, "optax")
     optax_style = _torch_grads_tree(tstate)
-    params = _set_torch_grads(tstate, grads)
+    params = set_torch_grads(tstate.model, grads)
     clip_gradients(params, clip, "torch")
     native = _torch_grads_tree(tstate)
     g_all = np.concatenate([np.ravel(a) for a in jax.tree.leaves(host(grads))])
@@ -182,7 +167,7 @@ def test_adamw_update_from_the_same_state_and_gradients_agrees(fp64, parity):
         updates, _ = tx.update(grads, state.opt_state, state.params)
         delta = host(updates)
     before = export_jax_params(tstate.model)
-    params = _set_torch_grads(tstate, grads)
+    params = set_torch_grads(tstate.model, grads)
     lr = tstate.optimizer.param_groups[0]["lr"]
     clip_gradients(params, clip, "optax")
     tstate.optimizer.step()
@@ -226,7 +211,7 @@ def test_float32_adam_step_from_the_same_state_and_gradients_agrees(parity):
     with torch.no_grad():
         for p in tstate.model.parameters():
             p.zero_()
-    params = _set_torch_grads(tstate, grads)
+    params = set_torch_grads(tstate.model, grads)
     clip_gradients(params, cfg.optim.clip_norm, "optax")
     tstate.optimizer.step()
     with jax_mode("fp32"):
