@@ -44,9 +44,9 @@ class PlanUpdate:
 
         from jaxloop.memory import Footprint
         from jaxloop.step import make_train_step, scan_steps
-        from jaxloop.task import init_state
+        from jaxloop.task import run_state
 
-        self.state = init_state(cfg, task, splits)
+        self.state = run_state(cfg, task, splits)
         self.batches = [jax.device_put({k: v[None] for k, v in b.items()}) for b in batches]
         call = jax.jit(scan_steps(make_train_step(task.loss, memory)), donate_argnums=0)
         t0 = time.perf_counter()

@@ -39,7 +39,7 @@ from jaxloop.optim import set_learning_rate
 from jaxloop.runinfo import Profiler, Timings, memory_bytes
 from jaxloop.state import TrainState
 from loopcore.cadence import Cadence, due
-from loopcore.cli import EXIT_SIGNAL, NonFiniteError
+from loopcore.errors import EXIT_SIGNAL, NonFiniteError
 from loopcore.config import ConfigError
 from loopcore.outcome import COMPLETED, EARLY_STOPPING, early_stopping_message, signal_stop
 from loopcore.records import BestTracker

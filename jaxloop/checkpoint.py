@@ -50,7 +50,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
-from loopcore.cli import CheckpointWriteError
+from loopcore.errors import CheckpointWriteError
 from loopcore.config import CheckpointConfig, Config
 from loopcore.layout import DAMAGED_DIR, RunLayout
 from jaxloop.distributed import barrier, is_primary

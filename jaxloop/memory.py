@@ -23,6 +23,7 @@ from typing import Any
 import jax
 
 from loopcore.config import REMATS, ConfigError, MemoryConfig
+from loopcore.errors import OutOfMemoryError
 
 REMAT_ORDER = REMATS
 """The order re-planning tries rematerialisation in, after splitting (see `candidates`): none, blocks,
@@ -191,8 +192,6 @@ def fit(compile: Callable[[MemoryConfig], Any], memory: MemoryConfig, batch_size
             return Fit(smaller, plan, fitted, memory, footprint, limit)
         if plan.remat != memory.remat and fitted.total >= 0.98 * totals.get((plan.split, memory.remat), 0):
             useless.add(plan.remat)
-    from loopcore.cli import OutOfMemoryError  # the CLI's module (tyro): not for the train step's import
-
     (split, remat), least = min(totals.items(), key=lambda kv: kv[1])
     raise OutOfMemoryError(
         f"memory: {what} needs {footprint.describe()}, more than the {size(limit.bytes)} of {limit.source} (plan: "

@@ -2,7 +2,7 @@
 
     validate the config -> process setup (jaxloop.setup) -> the task and its records -> the run_dir rules
     -> hold the run_dir (loopcore.lock) -> a restored or fresh state -> the dispatcher and the actions
-    -> the host loop -> summary and report
+    -> the host loop -> summary and report -> RunResult (the trained state and the summary)
 
 Each piece gets the part of the config it needs; the loop itself (jaxloop.loop) knows none of them. The
 dispatcher fits each compiled call to the device's memory (jaxloop.memory); an out-of-memory error at run
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import errno
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +35,11 @@ from jaxloop.memory import Fit, candidates, check_plan, describe_plan, is_out_of
 from jaxloop.optim import optimizer_metrics
 from jaxloop.runinfo import Profiler, Timings, run_metadata
 from jaxloop.setup import configure_process
-from jaxloop.state import state_digest
+from jaxloop.state import TrainState, state_digest
 from jaxloop.step import make_train_step, scan_steps
-from jaxloop.task import Task, builtin_task, check_own_optimizer, init_state
+from jaxloop.task import Task, builtin_task, check_own_optimizer, run_state
 from loopcore.cadence import MAX_UPDATES_PER_CALL, Cadence
-from loopcore.cli import CheckpointWriteError, Interrupted, OutOfMemoryError
+from loopcore.errors import CheckpointWriteError, Interrupted, OutOfMemoryError
 from loopcore.config import NOT_COMPILED, Config, MemoryConfig, compiled_fields, to_dict, validate
 from loopcore.lock import RunDirInUse, RunLock
 from loopcore.outcome import final_evaluation_due, summary as run_summary
@@ -62,9 +62,28 @@ def compiled_context(cfg: Config, name: str) -> dict[str, Any]:
     return Compiler(None, compiled_fields(cfg, NOT_COMPILED)).context(name)
 
 
-def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ()) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunResult(Mapping[str, Any]):
+    """What run() returns: the trained state, and the summary written to run_dir/summary.json, whose keys
+    it reads as a dict does (`result["final"]["val_loss"]`). `result.state.user_model()` gives the trained
+    model as its user wrote it (Linen variables, or the NNX module); jaxloop.train_step trains it on."""
+
+    state: TrainState
+    summary: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.summary[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.summary)
+
+    def __len__(self) -> int:
+        return len(self.summary)
+
+
+def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ()) -> RunResult:
     """Train `task` (default: the preset's built-in task) according to cfg, with research code's `hooks`
-    (jaxloop.Hook) among the loop's periodic actions; returns the summary written to run_dir/summary.json."""
+    (jaxloop.Hook) among the loop's periodic actions; returns the trained state and the summary (RunResult)."""
     t_start = time.perf_counter()
     validate(cfg, check_paths=task is None)  # bad input: a ConfigError before anything is set or written
     configure_process(cfg)
@@ -118,7 +137,7 @@ class Replan(Exception):
 
 
 def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool, hooks: Sequence[act.Action],
-              t_start: float) -> dict[str, Any]:
+              t_start: float) -> RunResult:
     """run() once run_dir is held: write it, restore or build the state, train; after an out-of-memory error
     at run time (Replan), reload the last checkpoint and train on under the smaller plan."""
     rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # again, held: a killed holder may have saved
@@ -130,7 +149,7 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
 
     timings = Timings()
     mesh = make_mesh(cfg.distributed)  # (data, fsdp): the state is sharded over fsdp, the batch over both
-    init = lambda: init_state(cfg, task, splits)  # noqa: E731
+    init = lambda: run_state(cfg, task, splits)  # noqa: E731
     ckpt = Checkpointer(cfg.checkpoint, rd.path, config=to_dict(cfg), metadata=metadata)
     memory, replans = cfg.memory, []
     try:
@@ -151,7 +170,7 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
             planned = replace(cfg, memory=memory)
             compiler = Compiler(executables_dir(cfg, builtin), compiled_fields(planned, NOT_COMPILED))
             try:
-                summary = _train(planned, task, splits, state, restored, ckpt, timings, mesh, compiler, list(hooks),
+                summary, state = _train(planned, task, splits, state, restored, ckpt, timings, mesh, compiler, list(hooks),
                                  rd, replans)
                 break
             except Replan as e:
@@ -168,14 +187,15 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
         from jaxloop.report import write_report
 
         write_report(rd.path)
-    return summary
+    return RunResult(state=state, summary=summary)
 
 
 def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, ckpt: Checkpointer, timings: Timings,
            mesh: Any, compiler: Compiler, hooks: list[act.Action], rd: RunDir,
-           replans: list[dict[str, Any]]) -> dict[str, Any]:
+           replans: list[dict[str, Any]]) -> tuple[dict[str, Any], Any]:
     """The host loop over this run's dispatcher and actions, from `state` (restored or fresh) to the end, under
-    the memory plan cfg.memory (and those the dispatcher re-plans to); Replan on an out-of-memory error."""
+    the memory plan cfg.memory (and those the dispatcher re-plans to): the summary and the trained state;
+    Replan on an out-of-memory error."""
     run_dir = rd.path
     step = restored.step if restored is not None else 0
     cadence = Cadence.of(cfg)
@@ -237,7 +257,7 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
         logger.close()
     if signals.signal is not None:
         raise Interrupted(signals.signal)
-    return summary
+    return summary, state
 
 
 def resume_line(restored: Any) -> str:

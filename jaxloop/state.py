@@ -1,10 +1,10 @@
-"""TrainState: everything a run needs to continue, as one pytree.
+"""TrainState: everything a run needs to continue, as one pytree; `init_state`, the one way to build it.
 
 Leaves: params, model_state (a model's non-trainable variables), opt_state (the whole optax state:
 update count, moments, accumulator, applied rate, skip counters, loss scale), rng, micro_steps (the
 micro-batches trained on, which seeds each one's dropout), and the optional EMA of params. Static
-(not saved): the model (Linen or NNX, see jaxloop.module), the optimizer, the precision policy and
-the EMA decay.
+(not saved): the model (Linen or NNX, see jaxloop.module), its loss (what jaxloop.train_step
+differentiates), the optimizer, the precision policy and the EMA decay.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import numpy as np
 import optax
 from flax import struct
 
-from jaxloop.module import LinenModel, NnxModel
-from jaxloop.optim import for_the_loop, updates_applied
+from jaxloop.module import LinenModel, LossFn, NnxModel, is_nnx
+from jaxloop.optim import SkipWindowsState, find_state, for_the_loop, updates_applied
 from jaxloop.precision import Policy, get_policy
 
 
@@ -34,6 +34,7 @@ class TrainState(struct.PyTreeNode):
     tx: optax.GradientTransformation = struct.field(pytree_node=False)
     policy: Policy = struct.field(pytree_node=False)
     ema_decay: float = struct.field(pytree_node=False, default=0.0)
+    loss: LossFn | None = struct.field(pytree_node=False, default=None)  # loss(model, batch, train) -> (scalar, aux)
 
     @property
     def step(self) -> jax.Array:
@@ -52,14 +53,19 @@ class TrainState(struct.PyTreeNode):
         model_state: Any = None,
         policy: Policy | None = None,
         ema_decay: float = 0.0,
+        loss: LossFn | None = None,
     ) -> "TrainState":
-        """A fresh state for a model (or a Linen-style apply_fn) and an optimizer (make_optimizer's, or
-        any optax transformation: see jaxloop.optim.for_the_loop)."""
+        """The state assembled from parts already made: params drawn (or transferred) elsewhere, a model
+        wrapper (or a Linen-style apply_fn) and a tx that already counts and skips updates (make_optimizer's,
+        or one inside jaxloop.optim.skip_nonfinite_windows). To build a state from a model, use init_state."""
         if model is None:
             model = LinenModel(apply_fn=apply_fn)
         policy = policy or get_policy("fp32")
         params = policy.cast_to_param(params)
-        tx = for_the_loop(tx, params)
+        if find_state(jax.eval_shape(tx.init, params), SkipWindowsState, required=False) is None:
+            raise TypeError("TrainState.create: tx must be jaxloop.make_optimizer's or inside "
+                            "jaxloop.optim.skip_nonfinite_windows (the step reads its update count); "
+                            "jaxloop.init_state(model, loss, example_batch, tx) takes any optax transformation")
         return cls(
             params=params,
             model_state=model_state if model_state is not None else {},
@@ -71,6 +77,7 @@ class TrainState(struct.PyTreeNode):
             tx=tx,
             policy=policy,
             ema_decay=ema_decay,
+            loss=loss,
         )
 
     def apply_gradients(self, grads: Any, model_state: Any) -> "TrainState":
@@ -87,6 +94,31 @@ class TrainState(struct.PyTreeNode):
     def user_model(self, params: Any = None) -> Any:
         """The trained model as its user wrote it: an NNX module, or Linen variables {"params": ...}."""
         return self.model.merge(self.params if params is None else params, self.model_state)
+
+
+def init_state(model: Any, loss: LossFn, example_batch: dict[str, Any], tx: optax.GradientTransformation, *,
+               seed: int = 0, precision: str | Policy = "fp32", ema_decay: float = 0.0) -> TrainState:
+    """The fresh state of `model` (a flax.linen or flax.nnx Module) trained on `loss` by `tx`: what
+    jaxloop.train_step(state, batch) steps, and what jaxloop.run builds for a Task.
+
+    loss(model, batch, train) -> (scalar, aux dict), as a Task's. A Linen module's params are drawn from
+    PRNGKey(seed) by one call of loss(model, example_batch, False) (any batch of the records' shapes: only
+    its shapes matter); an NNX module keeps the weights it was built with (copied: it stays usable).
+    The step's dropout keys come from the same seed. tx: any optax GradientTransformation; the step runs
+    it inside jaxloop.optim.skip_nonfinite_windows (an update whose gradient is not finite is skipped
+    and counted), as make_optimizer's optimizer already is. precision: a policy name (fp32, bf16, fp16,
+    fp64, ...; jaxloop.precision) or a Policy. ema_decay > 0 keeps an EMA of the params (`ema_params`).
+    """
+    init_rng, step_rng = jax.random.split(jax.random.PRNGKey(seed))
+    policy = get_policy(precision) if isinstance(precision, str) else precision
+    if is_nnx(model):
+        wrapper, params, model_state = NnxModel.split(model)
+    else:
+        wrapper = LinenModel(module=model)
+        params, model_state = wrapper.init(init_rng, loss, example_batch)
+    params = policy.cast_to_param(params)
+    return TrainState.create(model=wrapper, params=params, model_state=policy.cast_to_param(model_state), rng=step_rng,
+                             policy=policy, tx=for_the_loop(tx, params), ema_decay=ema_decay, loss=loss)
 
 
 def state_digest(state: TrainState) -> str:

@@ -1,6 +1,7 @@
 """train_step and eval_step: pure functions of (state, batch), and the multi-update call the loop jits.
 
-One train_step consumes one micro-batch; the optimizer (jaxloop.optim) accumulates K of them into an
+`train_step(state, batch) -> (state, metrics)` trains the loss the state carries (jaxloop.init_state's):
+a user's own model and loss as well as the built-in tasks' cross-entropy. One train_step consumes one micro-batch; the optimizer (jaxloop.optim) accumulates K of them into an
 update, skips non-finite windows and scales the fp16 loss, so the step itself only differentiates the
 loss and hands the gradients over. A loss is `loss(model, batch, train) -> (scalar, aux)`, with
 `model` bound to the params being differentiated (see jaxloop.module).
@@ -51,8 +52,19 @@ def cross_entropy_loss(model: Callable[..., Any], batch: Batch, train: bool) -> 
     return weighted_mean(per_label, batch), aux
 
 
-def make_train_step(loss_fn: LossFn, memory: MemoryConfig | None = None) -> StepFn:
-    """A pure train_step(state, batch) -> (state, metrics) for your own loss (jit it with donate_argnums=0).
+def _loss_of(state: TrainState, loss_fn: LossFn | None) -> LossFn:
+    """loss_fn, or else the loss the state carries."""
+    if loss_fn is not None:
+        return loss_fn
+    if state.loss is None:
+        raise TypeError("this TrainState carries no loss: build it with jaxloop.init_state(model, loss, example_batch, "
+                        "tx), or pass TrainState.create(loss=...)")
+    return state.loss
+
+
+def make_train_step(loss_fn: LossFn | None = None, memory: MemoryConfig | None = None) -> StepFn:
+    """A pure train_step(state, batch) -> (state, metrics) under a memory plan (jit it with donate_argnums=0);
+    it differentiates loss_fn if given, else the loss the state carries.
 
     Metrics (device arrays; fetch them only when you log): loss (this micro-batch, unscaled), updated
     (this micro-batch closed an applied update), the optimizer's lr, grad_norm, skipped and bad_streak
@@ -73,13 +85,14 @@ def make_train_step(loss_fn: LossFn, memory: MemoryConfig | None = None) -> Step
             return _train_step(state, batch)
 
     def _train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        loss_of = _loss_of(state, loss_fn)
         rng = jax.random.fold_in(state.rng, state.micro_steps)
         scale = loss_scale(state.opt_state)
         model = remat_blocks(state.model) if remat == "blocks" else state.model
 
         def scaled_loss(params: Any, model_state: Any, batch: Batch, rng: jax.Array) -> tuple[jax.Array, tuple]:
             bound, new_model_state = model.bind(params, model_state, True, rng, state.policy)
-            loss, aux = loss_fn(bound, batch, True)
+            loss, aux = loss_of(bound, batch, True)
             loss = state.policy.cast_to_output(loss)
             return loss * scale.astype(loss.dtype), (loss, aux, new_model_state())
 
@@ -119,8 +132,9 @@ def _split_grads(grad_fn: Callable[..., Any], state: TrainState, batch: Batch, r
     return grads, (losses.mean(), jax.tree.map(lambda a: a.mean(axis=0), auxes), model_state)
 
 
-def make_eval_step(loss_fn: LossFn) -> Callable[[TrainState, Batch], dict]:
-    """A pure eval_step(state, batch) -> {loss, aux...}: the loss without gradients, dropout or updates."""
+def make_eval_step(loss_fn: LossFn | None = None) -> Callable[[TrainState, Batch], dict]:
+    """A pure eval_step(state, batch) -> {loss, aux...}: loss_fn (else the state's loss) without gradients,
+    dropout or updates."""
 
     def eval_step(state: TrainState, batch: Batch) -> dict:
         with pinned_matmuls():
@@ -128,7 +142,7 @@ def make_eval_step(loss_fn: LossFn) -> Callable[[TrainState, Batch], dict]:
 
     def _eval_step(state: TrainState, batch: Batch) -> dict:
         model, _ = state.model.bind(jax.lax.stop_gradient(state.params), state.model_state, False, None, state.policy)
-        loss, aux = loss_fn(model, batch, False)
+        loss, aux = _loss_of(state, loss_fn)(model, batch, False)
         return {"loss": state.policy.cast_to_output(loss), **aux}
 
     return eval_step
@@ -144,7 +158,10 @@ def scan_steps(step: StepFn) -> StepFn:
     return steps
 
 
-train_step = jax.jit(make_train_step(cross_entropy_loss), donate_argnums=0)
-"""The train step of the built-in tasks (batches {x, y}: digits / npz features or characters), jitted."""
-eval_step = jax.jit(make_eval_step(cross_entropy_loss))
-"""The eval step of the built-in tasks; aux `weight` lets the loop average exactly over batches."""
+train_step = jax.jit(make_train_step(), donate_argnums=0)
+"""train_step(state, batch) -> (state, metrics): one micro-batch of the loss the state carries (your own
+model's, from jaxloop.init_state, or a built-in task's cross-entropy), jitted; the state passed in is
+donated. Pure: it also runs inside your own jax.jit, lax.scan or vmap."""
+eval_step = jax.jit(make_eval_step())
+"""eval_step(state, batch) -> {loss, aux...}: the state's loss in eval mode, jitted (aux `weight`, where the loss
+gives it, lets a loop average exactly over batches)."""

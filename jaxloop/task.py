@@ -24,15 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 import numpy as np
 import optax
 
 from jaxloop.models import make_model
-from jaxloop.module import LinenModel, LossFn, NnxModel, is_nnx
+from jaxloop.module import LossFn
 from jaxloop.optim import make_optimizer
 from jaxloop.precision import get_policy
-from jaxloop.state import TrainState
+from jaxloop.state import TrainState, init_state
 from jaxloop.step import cross_entropy_loss
 from loopcore.config import Config, ConfigError, preset
 from loopcore.optim_fields import OPTIMIZER_FIELDS, SCHEDULE_FIELDS, WARMUP
@@ -86,21 +85,15 @@ def builtin_task(cfg: Config, splits: Splits | None = None) -> Task:
     return Task(model=make_model(cfg.model, splits.num_classes, cfg.precision), loss=cross_entropy_loss, train=splits, val=splits)
 
 
-def init_state(cfg: Config, task: Task, splits: Splits | None = None) -> TrainState:
-    """The state of a fresh run: a Linen model initialised from PRNGKey(seed) (an NNX module keeps the
-    weights it was built with), the config's optimizer, precision policy and EMA."""
+def run_state(cfg: Config, task: Task, splits: Splits | None = None) -> TrainState:
+    """The fresh state of a run of cfg on task: init_state with the config's seed, optimizer (or the
+    task's own, wrapped in the config's clipping and accumulation), precision and EMA, initialised on
+    the task's first training record."""
     splits = splits if splits is not None else task.splits()
-    init_rng, step_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))
     policy = get_policy(cfg.precision)
-    if is_nnx(task.model):
-        model, params, model_state = NnxModel.split(task.model)
-    else:
-        model = LinenModel(module=task.model)
-        params, model_state = model.init(init_rng, task.loss, splits.train.get(np.zeros(1, np.int64)))
-    return TrainState.create(
-        model=model, params=params, model_state=policy.cast_to_param(model_state), rng=step_rng, policy=policy,
-        tx=make_optimizer(cfg.optim, cfg.steps, policy, task.optimizer), ema_decay=cfg.optim.ema_decay,
-    )
+    return init_state(task.model, task.loss, splits.train.get(np.zeros(1, np.int64)),
+                      make_optimizer(cfg.optim, cfg.steps, policy, task.optimizer), seed=cfg.seed, precision=policy,
+                      ema_decay=cfg.optim.ema_decay)
 
 
 def check_own_optimizer(cfg: Config, task: Task) -> None:
@@ -126,8 +119,9 @@ def check_own_optimizer(cfg: Config, task: Task) -> None:
 
 
 def create_train_state(cfg: Config, model: Any, example_x: Any) -> TrainState:
-    """The fresh state of a built-in model (cross-entropy over {x, y}) for inputs shaped like example_x."""
+    """run_state for a built-in model (cross-entropy over {x, y}) without its records: for inputs shaped
+    like example_x (labels of zeros make up the rest of the one example record the init reads)."""
     example = {"x": np.asarray(example_x), "y": np.zeros(np.shape(example_x)[:1] + ((np.shape(example_x)[1],)
                if np.ndim(example_x) == 2 and np.issubdtype(np.asarray(example_x).dtype, np.integer) else ()), np.int32)}
     records = [{k: v[0] for k, v in example.items()}]
-    return init_state(cfg, Task(model=model, loss=cross_entropy_loss, train=records, val=records))
+    return run_state(cfg, Task(model=model, loss=cross_entropy_loss, train=records, val=records))

@@ -12,7 +12,6 @@ import contextlib
 import io
 import json
 import re
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,38 +19,9 @@ from typing import Any
 import tyro
 
 from loopcore.config import Config, ConfigError, from_dict, preset, validate
-
-# Exit statuses of both loops' CLIs (jaxloop.train and torch_ref.train).
-EXIT_BAD_INPUT = 2
-EXIT_NONFINITE = 1
-EXIT_CHECKPOINT_WRITE = 3
-EXIT_OUT_OF_MEMORY = 4
-EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
-
-
-class NonFiniteError(RuntimeError):
-    """Too many consecutive updates were skipped for a non-finite loss or gradient."""
-
-
-class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written (a full disk, say); the message names the path, the error, the free
-    space and the last good checkpoint, from which a rerun resumes."""
-
-
-class OutOfMemoryError(RuntimeError):
-    """The update fits the device's memory in no plan left to try (jaxloop.memory); the message has the numbers."""
-
-
-class Interrupted(Exception):
-    """A SIGINT or SIGTERM arrived; the loop finished the update, saved, and stops with EXIT_SIGNAL[signum]."""
-
-    def __init__(self, signum: int):
-        self.signum = signum
-        super().__init__(signal.Signals(signum).name)
-
-
-class UsageError(Exception):
-    """A command line that cannot be parsed; its message is the one line shown to the user."""
+from loopcore.errors import (  # noqa: F401  (the exceptions' home is loopcore.errors, free of tyro; kept importable here)
+    EXIT_BAD_INPUT, EXIT_CHECKPOINT_WRITE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_SIGNAL, CheckpointWriteError,
+    Interrupted, NonFiniteError, OutOfMemoryError, UsageError)
 
 
 def parse_config(argv: Sequence[str], prog: str = "jaxloop.train", check_paths: bool = True) -> Config:

@@ -13,19 +13,12 @@ import os
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal, get_args, get_type_hints
 
+from loopcore.errors import ConfigError  # its home is loopcore.errors; still importable from here
 from loopcore.optim_fields import SCHEDULE_FIELDS as SCHEDULE_READS
 
 PRECISIONS = ("fp32", "bf16", "bf16_full", "fp16", "fp64")
 REMATS = ("none", "blocks", "dots_saveable", "full")
 PRESETS = ("digits", "shakespeare", "debug")
-
-
-class ConfigError(ValueError):
-    """A config value that is not allowed: names the field, the value and what is allowed."""
-
-    def __init__(self, field_path: str, value: Any, allowed: str):
-        self.field_path, self.value, self.allowed = field_path, value, allowed
-        super().__init__(f"{field_path}={value!r} is not allowed: {allowed}")
 
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "rmsprop", "adagrad", "lion")

@@ -188,7 +188,7 @@ def set_torch_grads(model: Any, grads: Any) -> list:
 def jax_state(cfg: Config, splits: Any, init_params: Any = None):
     """jaxloop's fresh TrainState for cfg (call inside jax_mode(cfg.precision)); optionally other weights.
 
-    With init_params the state is built around them as jaxloop.task.init_state builds it around the
+    With init_params the state is built around them as jaxloop.task.run_state builds it around the
     model's own (the same rng, optimizer, policy and EMA), without drawing those first: a model's init is
     a compile of its own (the built-in models keep no variables besides params)."""
     from jaxloop.models import make_model
@@ -196,16 +196,18 @@ def jax_state(cfg: Config, splits: Any, init_params: Any = None):
     from jaxloop.optim import make_optimizer
     from jaxloop.precision import get_policy
     from jaxloop.state import TrainState
+    from jaxloop.step import cross_entropy_loss
     from jaxloop.task import create_train_state
 
     module = make_model(cfg.model, splits.num_classes, cfg.precision)
     if init_params is None:
         return create_train_state(cfg, module, splits.example_x)
     policy = get_policy(cfg.precision)
-    _, step_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))  # init_state's
+    _, step_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))  # jaxloop.init_state's
     params = jax.tree.map(lambda v: jnp.asarray(np.asarray(v), policy.param_dtype), init_params)
     return TrainState.create(model=LinenModel(module=module), params=params, model_state={}, rng=step_rng,
-                             policy=policy, tx=make_optimizer(cfg.optim, cfg.steps, policy), ema_decay=cfg.optim.ema_decay)
+                             policy=policy, tx=make_optimizer(cfg.optim, cfg.steps, policy), ema_decay=cfg.optim.ema_decay,
+                             loss=cross_entropy_loss)
 
 
 @contextlib.contextmanager

@@ -62,10 +62,9 @@ def test_jaxloops_step_pins_float32_matmuls_to_highest_and_the_users_own_code_ke
 
     assert jax.config.jax_default_matmul_precision is None  # this process's default, untouched by jaxloop
     batch = {"x": np.ones((4, 5), np.float32), "y": np.zeros(4, np.int32)}
-    records = [{"x": batch["x"][0], "y": batch["y"][0]}]
-    cfg = jaxloop.Config(steps=2)
-    state = jaxloop.init_state(cfg, jaxloop.Task(Proj(), _loss, records, records))
-    hlo = jax.jit(jaxloop.make_train_step(_loss)).lower(state, batch).as_text()
+    state = jaxloop.init_state(Proj(), _loss, batch, jaxloop.make_optimizer(jaxloop.Config().optim, 2,
+                                                                          jaxloop.get_policy("fp32")))
+    hlo = jaxloop.train_step.lower(state, batch).as_text()
     dots = [line for line in hlo.splitlines() if "dot_general" in line]
     assert dots and all("precision = [HIGHEST, HIGHEST]" in line for line in dots), dots
     own = jax.jit(lambda a, b: a @ b).lower(jnp.ones((4, 5)), jnp.ones((5, 3))).as_text()

@@ -23,7 +23,7 @@ from jaxloop.checkpoint import read_checkpoint
 from jaxloop.memory import Footprint, candidates, check_plan, supports_blocks
 from jaxloop.models import make_model
 from jaxloop.step import cross_entropy_loss, make_train_step, scan_steps
-from jaxloop.task import builtin_task, create_train_state, init_state
+from jaxloop.task import builtin_task, create_train_state, run_state
 from loopcore.cli import OutOfMemoryError
 from loopcore.config import Config, ConfigError, MemoryConfig, ModelConfig, OptimConfig, preset, replace
 from loopcore.records import read_records
@@ -96,7 +96,7 @@ class NnxMLP(nnx.Module):
 def _task_state(model):
     records = [{"x": np.zeros(12, np.float32), "y": np.int32(0)}]
     task = jaxloop.Task(model=model, loss=cross_entropy_loss, train=records, val=records)
-    return task, init_state(MLP_CFG, task)
+    return task, run_state(MLP_CFG, task)
 
 
 @pytest.mark.parametrize("remat", ["dots_saveable", "full"])
@@ -231,7 +231,7 @@ def _footprint(cfg: Config) -> Footprint:
     """The footprint of the loop's call (cfg.updates_per_call updates of K micro-batches) under cfg.memory."""
     task = builtin_task(cfg)
     splits = task.splits()
-    state = init_state(cfg, task, splits)
+    state = run_state(cfg, task, splits)
     n = cfg.updates_per_call * cfg.optim.accum_steps
     batch = splits.train.get(record_order(cfg, splits.num_train, 0, n).reshape(-1))
     chunk = {k: v.reshape((n, cfg.batch_size) + v.shape[1:]) for k, v in batch.items()}

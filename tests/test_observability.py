@@ -35,7 +35,7 @@ from jaxloop.report import main as report_main
 from loopcore.sources import encode, read_vocab
 from jaxloop.optim import skip_nonfinite_windows
 from jaxloop.state import TrainState
-from jaxloop.step import train_step
+from jaxloop.step import cross_entropy_loss, train_step
 from jaxloop.runner import run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -391,7 +391,7 @@ def _tiny_state(ema_decay: float, accum: int = 1):
     params = init_params(model, jax.random.PRNGKey(0), x)
     tx = skip_nonfinite_windows(optax.sgd(0.5), accum)  # K micro-batches per update
     return TrainState.create(apply_fn=model.apply, params=params, tx=tx, rng=jax.random.PRNGKey(1),
-                             ema_decay=ema_decay)
+                             ema_decay=ema_decay, loss=cross_entropy_loss)
 
 
 def _batch(i: int) -> dict:
