@@ -44,6 +44,39 @@ def test_each_public_name_is_imported_on_first_use():
     assert {"run", "Task", "Hook", "TrainState", "train_step", "make_optimizer", "Config"} <= set(got["names"])
 
 
+def test_config_and_errors_import_no_jax_tyro_or_torch():
+    """What a command line or a config file needs (jaxloop.Config, preset, from_dict, jaxloop.errors) stays
+    light: jax, tyro and torch are imported by none of it."""
+    got = _in_a_fresh_process(
+        "import json, sys, jaxloop, jaxloop.errors\n"
+        "jaxloop.Config, jaxloop.OptimConfig, jaxloop.preset, jaxloop.from_dict, jaxloop.read_vocab, jaxloop.ConfigError\n"
+        "jaxloop.errors.ConfigError, jaxloop.errors.NonFiniteError, jaxloop.errors.RecordError\n"
+        "print(json.dumps([m for m in ('jax', 'tyro', 'torch', 'flax', 'optax') if m in sys.modules]))\n")
+    assert got == [], f"jaxloop.Config and jaxloop.errors imported {got}"
+
+
+def test_every_public_name_resolves():
+    import jaxloop
+
+    missing = [n for n in jaxloop.__all__ if getattr(jaxloop, n, None) is None]
+    assert missing == [] and "errors" in jaxloop.__all__ and "init_state" in jaxloop.__all__
+
+
+def test_the_exceptions_are_one_class_each_wherever_they_are_imported_from():
+    """jaxloop.errors is their public home; their older import paths (loopcore.config, loopcore.cli) name
+    the same classes, so an `except` written against either catches what the loop raises."""
+    import jaxloop
+    import jaxloop.errors
+    import loopcore.cli
+    import loopcore.config
+
+    assert jaxloop.errors.ConfigError is jaxloop.ConfigError is loopcore.config.ConfigError is loopcore.cli.ConfigError
+    for n in ("NonFiniteError", "CheckpointWriteError", "OutOfMemoryError", "Interrupted", "UsageError", "EXIT_SIGNAL"):
+        assert getattr(jaxloop.errors, n) is getattr(loopcore.cli, n), n
+    assert issubclass(jaxloop.errors.RecordError, jaxloop.errors.ConfigError)
+    assert issubclass(jaxloop.errors.RunDirInUse, jaxloop.errors.ConfigError)
+
+
 class Proj(nn.Module):  # a user's model: its matmul names no precision
     @nn.compact
     def __call__(self, x, train=False):
