@@ -152,7 +152,8 @@ b64, K = 1, 1000 updates, log_every 10; `time.thread_time` / `process_time` per 
   all the same); the three JSON items
   9 ms. The loop now hands Orbax zero-copy NumPy views on one CPU process (`jaxloop.checkpoint._for_orbax`):
   `python benchmarks/bench_checkpoint.py --cpu --sizes mlp 512x6` (18:18Z, medians of 10 alternating
-  sync saves): digits MLP 97.8 -> 55.4 ms of CPU per save (0.57), GPT 19M params 889 -> 588 ms (0.66). To keep saves every 100 updates within the <= 1.10 goal, a save would have to cost
+  sync saves): digits MLP 97.8 -> 55.4 ms of CPU per save (0.57), GPT 19M params 889 -> 588 ms (0.66). To keep saves
+  every 100 updates within the <= 1.10 goal, a save would have to cost
   under ~4 ms of CPU; no Orbax configuration tried comes near (use_ocdbt=False 142 ms, zarr3 123 ms).
   Nor can any state: Orbax's floor, the same Checkpointer saving one leaf of 4 floats with the same JSON
   items, costs 21.0 ms of CPU per save (`python benchmarks/bench_checkpoint.py --cpu --sizes mlp`,

@@ -138,7 +138,8 @@ COLUMNS = ("row", "jaxloop", "reference", "unit", "ratio", "goal", "met")
 
 def table_cells(result: dict[str, Any]) -> list[list[str]]:
     mixed = result["machine"].get("quick") == "mixed"
-    return [[r["name"] + (f" [{r.get('mode')}]" if mixed else ""), _num(r["jax"]), _num(r["ref"]), r["unit"], _num(r["ratio"]), r["goal"] or "-", _met(r)]
+    return [[r["name"] + (f" [{r.get('mode')}]" if mixed else ""), _num(r["jax"]), _num(r["ref"]), r["unit"],
+             _num(r["ratio"]), r["goal"] or "-", _met(r)]
             for r in result["rows"]]
 
 

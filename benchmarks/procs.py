@@ -145,7 +145,8 @@ def compile_row(opts: Options) -> Row:
         r = run_child(args, threads=opts.threads).json()
         row.jax = r["compile_s"]
         row.goal, row.met = "<= 2 s", r["compile_s"] <= 2.0
-        row.notes = (f"lower {r['lower_s']:.2f} s + XLA {r['xla_s']:.2f} s; cpu {r['compile_cpu_s']:.2f} s; eval_step compile {r['eval_compile_s']:.2f} s; state "
+        row.notes = (f"lower {r['lower_s']:.2f} s + XLA {r['xla_s']:.2f} s; cpu {r['compile_cpu_s']:.2f} s; "
+                     f"eval_step compile {r['eval_compile_s']:.2f} s; state "
                      f"(init) {r['state_s']:.2f} s; imports {r['imports_s']:.2f} s")
         row.extra = r
         return row

@@ -276,7 +276,8 @@ class Evaluate(Action):
 
     def __init__(self, cadence: Cadence, evaluate: Callable[[TrainState], dict[str, float]], tracker: BestTracker,
                  metric: str):
-        self.every, self.cadence, self.evaluate, self.tracker, self.metric = cadence.eval_every, cadence, evaluate, tracker, metric
+        self.every, self.cadence, self.evaluate = cadence.eval_every, cadence, evaluate
+        self.tracker, self.metric = tracker, metric
 
     def at_step(self, run: RunContext, step: int, state: TrainState) -> None:
         if not self.cadence.evaluates(step) or run.evaluated_at == step:

@@ -7,7 +7,8 @@
         checkpoint["data"] = it.state()              # micro-batches consumed, not merely prefetched
 
 Worker invariance: every grain element is one whole (sharded) micro-batch (with `chunks()`, one
-call's micro-batches stacked), gathered from the deterministic `record_order`; workers only decide *who* computes a batch, never *what* is in it, so
+call's micro-batches stacked), gathered from the deterministic `record_order`; workers only decide *who* computes a
+batch, never *what* is in it, so
 data.workers = 0, 1, 2, ... give the same batches in the same order. The checkpointable state is the
 micro-batch position alone, so a run saved with one worker count resumes with any other.
 """

@@ -9,7 +9,8 @@ Progress (log.progress): ``bar`` is a tqdm bar on stderr (update, loss, lr, upda
 and evaluation lines are written above it); ``plain`` prints one line per logged update, thinned to at
 most about PLAIN_LINES lines per run (plus one at least every PLAIN_MAX_GAP_S seconds), so CI logs
 stay readable, each with the rate over the updates since the line before (metrics.jsonl keeps every
-record's own interval, which for updates run in one device call is the call's share); ``auto`` is ``bar`` when stderr is a terminal and ``plain`` otherwise; ``off`` prints
+record's own interval, which for updates run in one device call is the call's share); ``auto`` is ``bar`` when stderr
+is a terminal and ``plain`` otherwise; ``off`` prints
 no progress (messages such as early stopping are still printed).
 """
 
@@ -25,7 +26,7 @@ from typing import IO, Any
 
 from jaxloop.runinfo import format_bytes, format_duration, memory_bytes
 from loopcore.config import LogConfig
-from loopcore.layout import TB_DIR, RunLayout
+from loopcore.layout import RunLayout
 from loopcore.records import read_records
 PLAIN_LINES = 50
 """Plain progress prints about this many update lines per run (every log record on short runs)."""

@@ -4,7 +4,8 @@ A model is kept as (params, model_state) pytrees in the TrainState: params are w
 updates (Linen's "params" collection; NNX's nnx.Param variables), model_state everything else the
 model carries (Linen's other collections such as batch_stats; NNX's batch statistics and its own
 nnx.Rngs counters). `bind(params, model_state, train, rng, policy)` gives the callable a loss calls
-(`model(x, ...)`; a Linen one also has `model.params`) and, after the call, the updated model_state: a pure function of its inputs, so it
+(`model(x, ...)`; a Linen one also has `model.params`) and, after the call, the updated model_state: a pure function
+of its inputs, so it
 runs inside jit and grad. Losses have the signature `loss(model, batch, train) -> (scalar, aux dict)`.
 
 Linen: `model(*args, **kwargs)` is `module.apply(variables, *args, rngs={"dropout": rng}, **kwargs)`

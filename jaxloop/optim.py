@@ -129,7 +129,8 @@ def skip_nonfinite_windows(inner: optax.GradientTransformation, every_k: int = 1
             if not str(e).startswith(("cond branches must have equal output types",
                                       "cond branch outputs must have the same pytree structure")):
                 raise
-        return windowed(updates, state, params, jax.eval_shape(inner.update, updates, state.inner_state.inner_opt_state, params)[0])
+        shapes = jax.eval_shape(inner.update, updates, state.inner_state.inner_opt_state, params)[0]
+        return windowed(updates, state, params, shapes)
 
     def windowed(updates: Any, state: SkipWindowsState, params: Any, out_shape: Any) -> tuple[Any, SkipWindowsState]:
         ms = state.inner_state
@@ -164,7 +165,8 @@ def skip_nonfinite_windows(inner: optax.GradientTransformation, every_k: int = 1
             else:
                 skip = poisoned | ~sum_of_squares_finite(g)
                 new_updates, new_inner = jax.lax.cond(skip, keep, run, None)
-            closed = ms._replace(mini_step=jnp.zeros_like(ms.mini_step), acc_grads=ms.acc_grads if k == 1 else zeros(ms.acc_grads),
+            closed = ms._replace(mini_step=jnp.zeros_like(ms.mini_step),
+                                 acc_grads=ms.acc_grads if k == 1 else zeros(ms.acc_grads),
                                  gradient_step=ms.gradient_step + (~skip).astype(ms.gradient_step.dtype),
                                  inner_opt_state=new_inner)
             return new_updates, closed, skip

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxloop.runinfo import format_bytes, format_duration
-from loopcore.layout import CHECKPOINT_DIR, METRICS_FILE, PROFILE_DIR, REPORT_FILE, TB_DIR, RunLayout
+from loopcore.layout import CHECKPOINT_DIR, METRICS_FILE, PROFILE_DIR, TB_DIR, RunLayout
 from loopcore.records import read_records
 PLOTS = {"loss": "loss.png", "lr": "lr.png", "throughput": "throughput.png"}
 TIMING_ORDER = ("setup", "compile", "data_wait", "eval", "checkpoint", "log", "profile")

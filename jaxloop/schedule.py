@@ -46,7 +46,6 @@ from the previous one); parity_tests measure how far that drifts from these.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from bisect import bisect_right

@@ -1,9 +1,10 @@
 """train_step and eval_step: pure functions of (state, batch), and the multi-update call the loop jits.
 
 `train_step(state, batch) -> (state, metrics)` trains the loss the state carries (jaxloop.init_state's):
-a user's own model and loss as well as the built-in tasks' cross-entropy. One train_step consumes one micro-batch; the optimizer (jaxloop.optim) accumulates K of them into an
-update, skips non-finite windows and scales the fp16 loss, so the step itself only differentiates the
-loss and hands the gradients over. A loss is `loss(model, batch, train) -> (scalar, aux)`, with
+a user's own model and loss as well as the built-in tasks' cross-entropy. One train_step consumes one
+micro-batch; the optimizer (jaxloop.optim) accumulates K of them into an update, skips non-finite windows
+and scales the fp16 loss, so the step itself only differentiates the loss and hands the gradients over.
+A loss is `loss(model, batch, train) -> (scalar, aux)`, with
 `model` bound to the params being differentiated (see jaxloop.module).
 """
 

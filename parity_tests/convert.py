@@ -52,13 +52,13 @@ from loopcore.sources import Splits, load_splits, write_vocab
 
 def _adam_and_schedule(opt_state: Any) -> tuple[Any, Any]:
     """(the ScaleByAdamState, the schedule's count) inside jaxloop's optimizer state."""
-    import jax
     import optax
 
     from jaxloop.optim import INJECTED, find_state
 
     # the schedule's own clock: inject_hyperparams keeps the wrapped schedule's state by hyperparameter name
-    return find_state(opt_state, optax.ScaleByAdamState), find_state(opt_state, INJECTED).hyperparams_states["learning_rate"].count
+    count = find_state(opt_state, INJECTED).hyperparams_states["learning_rate"].count
+    return find_state(opt_state, optax.ScaleByAdamState), count
 
 
 def _get(tree: Any, path: tuple[str, ...]) -> Any:
@@ -236,7 +236,8 @@ def torch_to_jax(src: str | Path, dst: str | Path) -> int:
     best = payload.get("extra", {}).get("best", {"best": None, "best_step": None, "since_best": 0})
     with jax_mode(cfg.precision):
         jstate = jax_state_from_torch(cfg, splits, tstate)
-        ckpt = Checkpointer(cfg.checkpoint, dst, config=to_dict(cfg), metadata={"converted_from": "torch_ref", "source": str(src), "step": step})
+        ckpt = Checkpointer(cfg.checkpoint, dst, config=to_dict(cfg),
+                            metadata={"converted_from": "torch_ref", "source": str(src), "step": step})
         try:
             ckpt.save(step, jstate, {"loader": loader_state, "best": best}, metrics=metrics)
         finally:

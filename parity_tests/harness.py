@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -155,8 +156,8 @@ def optax_adamw(cfg: Config) -> Any:
     from jaxloop.schedule import make_schedule
 
     o = cfg.optim
-    adamw = optax.adamw(make_schedule(cfg.optim, cfg.steps), b1=o.b1, b2=o.b2, eps=o.eps, eps_root=0.0, weight_decay=o.weight_decay,
-                        mask=decay_mask)
+    adamw = optax.adamw(make_schedule(cfg.optim, cfg.steps), b1=o.b1, b2=o.b2, eps=o.eps, eps_root=0.0,
+                        weight_decay=o.weight_decay, mask=decay_mask)
     return optax.MultiSteps(optax.chain(optax.clip_by_global_norm(o.clip_norm), adamw), every_k_schedule=o.accum_steps)
 
 

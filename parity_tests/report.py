@@ -230,9 +230,11 @@ def _headline(checks: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
 
     rows = [
         ("rate of every update, float64 (60 schedules)", *worst(("schedule fp64 (60",))),
-        ("one AdamW update, float64", *worst(("one update fp64: AdamW step",), ("one update fp64: train_step vs train_update, params",))),
-        ("300-update trajectories, float64 (loss, params)", *worst(("trajectory fp64 mlp: loss",), ("trajectory fp64 mlp: params",),
-                                                                   ("trajectory fp64 gpt: loss",), ("trajectory fp64 gpt: params",))),
+        ("one AdamW update, float64",
+         *worst(("one update fp64: AdamW step",), ("one update fp64: train_step vs train_update, params",))),
+        ("300-update trajectories, float64 (loss, params)",
+         *worst(("trajectory fp64 mlp: loss",), ("trajectory fp64 mlp: params",),
+                ("trajectory fp64 gpt: loss",), ("trajectory fp64 gpt: params",))),
         ("300-update trajectories, float32 GELU/tanh (loss, params)",
          *worst(("trajectory fp32 mlp (gelu): loss",), ("trajectory fp32 mlp (gelu): params",),
                 ("trajectory fp32 mlp (tanh): loss",), ("trajectory fp32 mlp (tanh): params",),
@@ -242,7 +244,8 @@ def _headline(checks: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
         ("the same, float32 (loss, params)", *_worst_matching(checks, ("optimizer ", "schedule "),
                                                                 ("fp32: loss", "fp32: params"))),
         ("resumed and converted runs across frameworks, float64",
-         *worst(("resume fp64: resumed runs, jaxloop vs torch_ref, loss",), ("resume fp64: resumed runs, jaxloop vs torch_ref, final",),
+         *worst(("resume fp64: resumed runs, jaxloop vs torch_ref, loss",),
+                ("resume fp64: resumed runs, jaxloop vs torch_ref, final",),
                 ("convert torch->jax", "losses"), ("convert jax->torch", "losses"))),
     ]
     return [(what, _fmt(m), _fmt(t)) for what, m, t in rows]

@@ -19,7 +19,6 @@ import subprocess
 import sys
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from loopcore.config import preset, to_dict

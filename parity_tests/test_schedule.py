@@ -15,7 +15,6 @@ accumulation 1 to 8, init_lr and end_lr zero or not), each run for steps + 3 upd
 
 from __future__ import annotations
 
-import math
 
 import jax
 import jax.numpy as jnp
@@ -147,7 +146,8 @@ def test_both_rates_equal_the_closed_form_oracle(runs, parity):
 
 def test_float32_rate_is_within_two_ulps_of_the_rate_itself(runs, parity):
     """Mutant caught: jaxloop's previous schedule (optax.warmup_cosine_decay_schedule evaluated in float32)
-    measured 172 ulps of the value here (run as a mutant; in the early warmup and late in the cosine, where 0.5 * (1 + cos) cancels);
+    measured 172 ulps of the value here (run as a mutant; in the early warmup and late in the cosine, where 0.5 * (1
+    + cos) cancels);
     the same sin^2 formula evaluated in float32 on the device, 4.0 ulps. Both fail this check."""
     worst, where = 0.0, None
     for r in runs:

@@ -21,7 +21,7 @@ from loopcore.config import preset
 from loopcore.sources import MicroBatchGather, load_splits
 from jaxloop.optim import skip_nonfinite_windows
 from jaxloop.step import cross_entropy_loss, train_step
-from parity_tests.harness import (F32_EPS, QUIET, curve_rel_diff, flat_params, gpt_cfg, host, jax_mode, jax_run, jax_state,
+from parity_tests.harness import (QUIET, curve_rel_diff, flat_params, gpt_cfg, host, jax_mode, jax_run, jax_state,
                                   mlp_cfg, model, torch_run, tree_rel_diff, ulps_of_value)
 from torch_ref.models import export_jax_params
 from torch_ref.state import create_train_state as torch_state
@@ -106,7 +106,6 @@ def test_float32_smooth_activation_losses_and_params_agree_to_1e5(preset, name, 
                  curve_rel_diff(j.losses, t.losses), 1e-5, "float32 rounding accumulated over 300 updates")
     parity.check(f"trajectory fp32 {preset} ({act}): params after 300 updates, relative",
                  tree_rel_diff(j.params, t.params)[0], 1e-5, "same")
-    cfg = request.getfixturevalue(preset)[0]
     parity.check(f"trajectory fp32 {preset} ({act}): lr metric vs torch lr, float32 ulps of the rate",
                  float(np.max(ulps_of_value(j.lrs, t.lrs))), 0.5,
                  "jaxloop's float32 rate is the float64 rate rounded once (test_schedule)")
@@ -114,14 +113,16 @@ def test_float32_smooth_activation_losses_and_params_agree_to_1e5(preset, name, 
 
 def stock_optax_adamw(cfg):
     """optax by default: chain(clip_by_global_norm, optax.adamw(schedule, b1, b2, eps, weight_decay, mask))
-    averaged over K micro-batches (skip_nonfinite_windows, as the loop's), optax's own bias corrections (jaxloop's schedule: test_schedule checks it)."""
+    averaged over K micro-batches (skip_nonfinite_windows, as the loop's), optax's own bias corrections (jaxloop's
+    schedule: test_schedule checks it)."""
     import optax
 
     from jaxloop.optim import decay_mask
     from jaxloop.schedule import make_schedule
 
     o = cfg.optim
-    adamw = optax.adamw(make_schedule(cfg.optim, cfg.steps), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask)
+    adamw = optax.adamw(make_schedule(cfg.optim, cfg.steps), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
+                        mask=decay_mask)
     return skip_nonfinite_windows(optax.chain(optax.clip_by_global_norm(o.clip_norm), adamw), o.accum_steps)
 
 

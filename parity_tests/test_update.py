@@ -189,7 +189,8 @@ def test_one_train_step_and_one_train_update_end_in_the_same_params(fp64, parity
         new, metrics = train_step(jax.tree.map(jnp.copy, state), batch)  # train_step donates its input
         params, loss, norm = host(new.params), float(metrics["loss"]), float(metrics["grad_norm"])
     m = train_update(tstate, [_torch_batch(batch)], clip="optax")
-    parity.check("one update fp64: train_step vs train_update, params after", tree_rel_diff(params, export_jax_params(tstate.model))[0],
+    parity.check("one update fp64: train_step vs train_update, params after",
+                 tree_rel_diff(params, export_jax_params(tstate.model))[0],
                  1e-12, "gradient, clip and AdamW above, end to end")
     parity.check("one update fp64: train_step vs train_update, loss and grad_norm",
                  max(abs(loss - m["loss"]) / m["loss"], abs(norm - m["grad_norm"]) / m["grad_norm"]), 1e-12,

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import pytest
 
 from benchmarks.__main__ import COLUMNS, main, markdown, merge, print_table, registry, run
 from benchmarks.common import Options

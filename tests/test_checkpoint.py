@@ -170,7 +170,8 @@ def test_a_cpu_state_is_handed_to_orbax_as_numpy_views_of_its_own_buffers(tmp_pa
     # Mutants seen failing: the async hand-over, or the sync save, given the jax.Arrays themselves.
     handed = []
     save = Checkpointer._save
-    monkeypatch.setattr(Checkpointer, "_save", lambda self, step, state, *a: (handed.append(state), save(self, step, state, *a))[1])
+    monkeypatch.setattr(Checkpointer, "_save",
+                        lambda self, step, state, *a: (handed.append(state), save(self, step, state, *a))[1])
     cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)),
                  checkpoint=CheckpointConfig(async_save=async_save))
     state = _small_state(cfg)

@@ -398,7 +398,7 @@ def test_no_hang_at_exit_with_workers_left_open():
 
 def test_sources_imports_neither_jax_nor_grain():
     # torch_ref imports loopcore.sources; it must not pull in jax or grain.
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         import importlib.abc, sys
         class Block(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):

@@ -36,7 +36,8 @@ def test_the_flag_is_recognised_by_its_whole_name(flags: str, named: bool):
     assert names_flag(flags) is named
 
 
-@pytest.mark.parametrize("flags", ["--xla_gpu_deterministic_ops=false", "--xla_cpu_enable_fast_math=false --xla_gpu_deterministic_ops"])
+@pytest.mark.parametrize("flags", ["--xla_gpu_deterministic_ops=false",
+                                   "--xla_cpu_enable_fast_math=false --xla_gpu_deterministic_ops"])
 def test_a_users_own_setting_stands(monkeypatch: pytest.MonkeyPatch, flags: str):
     # as if jax had not started: only the user's own flag can then stop the request
     monkeypatch.setattr("jax._src.xla_bridge.backends_are_initialized", lambda: False)

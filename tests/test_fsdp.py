@@ -29,7 +29,8 @@ GPT = ("--preset", "shakespeare", "--data.path", TEXT, "--steps", "4", "--batch_
        "--optim.warmup_steps", "1", "--optim.ema_decay", "0.9",
        "--log.progress", "off", "--log.no-report", "--log.no-tensorboard")
 # The digits MLP, with matrices big enough to shard; compiles in a second or two.
-MLP = ("--preset", "debug", "--updates_per_call", "1", "--model.hidden", "128", "128", "--optim.ema_decay", "0.9", "--log.progress", "off")
+MLP = ("--preset", "debug", "--updates_per_call", "1", "--model.hidden", "128", "128", "--optim.ema_decay", "0.9",
+       "--log.progress", "off")
 LAYOUTS = {"fsdp4": ("--distributed.fsdp", "4"), "fsdp2xdata2": ("--distributed.fsdp", "2"),
            "fsdp1": ("--distributed.fsdp", "1")}
 

@@ -12,7 +12,6 @@ import flax.linen as nn
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-import pytest
 
 import jaxloop
 from jaxloop.dispatch import Dispatcher

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from loopcore.config import ConfigError
-from loopcore.lock import HOLDER_FILE, LOCK_FILE, Holder, RunDirInUse, RunLock, StaleLockWarning, read_holder
+from loopcore.lock import HOLDER_FILE, LOCK_FILE, RunDirInUse, RunLock, StaleLockWarning, read_holder
 from loopcore.records import read_records
 
 

@@ -11,9 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -24,7 +22,6 @@ from jaxloop.memory import Footprint, candidates, check_plan, supports_blocks
 from jaxloop.models import make_model
 from jaxloop.step import cross_entropy_loss, make_train_step, scan_steps
 from jaxloop.task import builtin_task, create_train_state, run_state
-from loopcore.cli import OutOfMemoryError
 from loopcore.config import Config, ConfigError, MemoryConfig, ModelConfig, OptimConfig, preset, replace
 from loopcore.records import read_records
 from loopcore.sources import record_order
@@ -245,7 +242,7 @@ def test_an_update_over_the_budget_is_re_planned_before_the_first_update(tmp_pat
     budget = (one.total + two.total) // 2
     summary = jaxloop.run(_gpt_run_cfg(tmp_path / "fit", text_file, budget=budget))
     err = capsys.readouterr().err
-    assert "re-planned to split 2, remat none" in err and f"of memory.budget (plan: split 1, remat none)" in err
+    assert "re-planned to split 2, remat none" in err and "of memory.budget (plan: split 1, remat none)" in err
     assert summary["memory"]["plan"] == {"split": 2, "remat": "none"}
     assert summary["memory"]["footprint"]["total"] <= budget
     (replan,) = summary["memory"]["replans"]

@@ -228,7 +228,8 @@ def test_resume_truncates_metrics_and_purges_tensorboard(tmp_path):
     for s in range(1, 7):
         logger.train({"step": s, "loss": 10.0 + s, "lr": 0.1})
     logger.close()
-    logger = RunLogger(tmp_path, cfg.log, log_every=cfg.log_every, start_step=3, total_steps=6)  # resumed from the checkpoint at 3
+    # resumed from the checkpoint at 3
+    logger = RunLogger(tmp_path, cfg.log, log_every=cfg.log_every, start_step=3, total_steps=6)
     for s in range(4, 7):
         logger.train({"step": s, "loss": 20.0 + s, "lr": 0.1})
     logger.close()

@@ -36,7 +36,8 @@ def test_command_prints_the_mapping_and_the_table_of_a_shipped_example():
     assert re.search(r"\nlayers\.0\.self_attn\.in_proj_weight +blocks/0/attn/qkv/kernel +transpose +order\n", out)
     assert re.search(r"\ngradients, every tensor +fp64 +\S+ +1\.00e-09 +yes ", out) and "why this tolerance" in out
     assert "trajectory" not in out
-    n = 7 + len(training.update_configs(1.0))  # output, loss and every layer in eval and train, gradients; an update row per config
+    # output, loss and every layer in eval and train, gradients; an update row per config
+    n = 7 + len(training.update_configs(1.0))
     assert out.strip().endswith(f"vs a Flax NNX port: {n} of {n} checks within tolerance")
 
 
@@ -107,7 +108,8 @@ def test_a_missing_file_exits_2(tmp_path, capsys):
 
 def test_a_missing_factory_exits_2_naming_the_functions_there(ports, capsys):
     code, _, err = _main(capsys, f"{ports}:make")
-    assert code == 2 and "has no function 'make'; functions it defines: ['fl', 'flax_rejects', 'good', 'tl', 'torch_net', 'torch_rejects', 'wrong_width']" in err
+    assert code == 2 and ("has no function 'make'; functions it defines: ['fl', 'flax_rejects', 'good', 'tl', "
+                          "'torch_net', 'torch_rejects', 'wrong_width']") in err
 
 
 def test_weights_that_do_not_map_exit_2_naming_the_parameter_and_the_candidates(ports, capsys):

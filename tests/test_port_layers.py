@@ -29,7 +29,8 @@ def _diff(torch_name, start, end, out, inp):
 
 
 def test_first_divergence_with_a_clean_input_is_this_layer():
-    diffs = [_diff("a.x", 1, 0, 1e-16, 0.0), _diff("a.y", 2, 1, 1e-3, 1e-16), _diff("a.z", 3, 2, 1e-2, 1e-3), _diff("a", 0, 3, 1e-2, 0.0)]
+    diffs = [_diff("a.x", 1, 0, 1e-16, 0.0), _diff("a.y", 2, 1, 1e-3, 1e-16), _diff("a.z", 3, 2, 1e-2, 1e-3),
+             _diff("a", 0, 3, 1e-2, 0.0)]
     div = first_divergence(diffs, 1e-10)
     assert div.layer.torch == "a.y" and div.clean_input
 
@@ -98,7 +99,8 @@ class Inner(torch.nn.Module):
 
 def test_the_module_that_raised_is_the_innermost_one_running():
     tm = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Sequential(Inner()))
-    with pinned("fp32"), pytest.raises(ModelError, match=r"torch model rejects the batch: module '1\.0' \(Inner\) raised ValueError: inner refuses"):
+    refused = r"torch model rejects the batch: module '1\.0' \(Inner\) raised ValueError: inner refuses"
+    with pinned("fp32"), pytest.raises(ModelError, match=refused):
         capture_torch(tm, lambda m, b: m(b["x"]).sum(), {"x": np.ones((2, 3), np.float32)}, False, "fp32")
 
     class Bad(nn.Module):
@@ -106,7 +108,8 @@ def test_the_module_that_raised_is_the_innermost_one_running():
         def __call__(self, x):
             return nn.Dense(3, name="proj")(x.reshape(7, -1))
 
-    with pinned("fp32"), pytest.raises(ModelError, match=r"Flax model rejects the batch: the root module \(Bad\) raised TypeError"):
+    refused = r"Flax model rejects the batch: the root module \(Bad\) raised TypeError"
+    with pinned("fp32"), pytest.raises(ModelError, match=refused):
         flax_model(Bad(), lambda m, b, train: (m(b["x"]).sum(), {}), {"x": np.ones((2, 3), np.float32)})
 
 

@@ -75,7 +75,8 @@ def _nhwc(loss):
 
 def test_conv_weight_oihw_becomes_kernel_hwio():
     torch.manual_seed(0)
-    tm = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 5, (3, 2), stride=2, padding=(1, 0)))
+    tm = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
+                             torch.nn.Conv2d(4, 5, (3, 2), stride=2, padding=(1, 0)))
     report = _forward_agrees(tm, ConvNet(), _batch((2, 3, 8, 8), (2, 5, 4, 4)), flax_loss=_nhwc(_mse_flax))
     assert {e.layout for e in report.mapping.entries if e.flax.endswith("kernel")} == {"OIHW->HWIO"}
 

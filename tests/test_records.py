@@ -57,7 +57,8 @@ WIDE = dict(x=np.zeros(5, np.float32), y=np.int32(0))
     ("train", 57, WIDE, ": key 'x' has shape (5,) float32, expected shape (4,) float32 (as 99 of the 100 records checked have)"),
     ("train", 99, dict(x=np.zeros(4, np.float64), y=np.int32(0)),
      ": key 'x' has shape (4,) float64, expected shape (4,) float32 (as 99 of the 100 records checked have)"),
-    ("train", 31, dict(x=np.zeros(4, np.float32)), " has keys ['x'], expected ['x', 'y'] (as 99 of the 100 records checked have)"),
+    ("train", 31, dict(x=np.zeros(4, np.float32)),
+     " has keys ['x'], expected ['x', 'y'] (as 99 of the 100 records checked have)"),
     ("val", 12, WIDE, ": key 'x' has shape (5,) float32, expected shape (4,) float32 (as 39 of the 40 records checked have)"),
 ], ids=["train-first", "train-middle", "train-last-dtype", "train-missing-key", "val-middle"])
 def test_a_bad_record_of_an_in_memory_split_is_named_before_anything_is_written(tmp_path, split, index, bad, expected):

@@ -351,7 +351,8 @@ def between(div: Divergence, tcap: Capture, fcap: Capture, precision: str) -> li
         out += [x for x in (activation_between(pt, pf_t, nt, nf_t, precision),
                             attention_between(pt, pf_t, nt, nf_t, heads, precision)) if x]
     for name, c in fcap.calls.items():
-        if (div.layer.flax == "" or name.startswith(div.layer.flax)) and c.output_dtype and c.output_dtype not in ("float64", "float32"):
+        if ((div.layer.flax == "" or name.startswith(div.layer.flax)) and c.output_dtype
+                and c.output_dtype not in ("float64", "float32")):
             out.append(f"the Flax module {name} computes in {c.output_dtype}")
             break
     if not out:

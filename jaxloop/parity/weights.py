@@ -9,7 +9,8 @@ with a known layout change:
 | transformers' Conv1D (GPT-2)       | weight (in, out) -> kernel (in, out); bias     | as is                          |
 | Conv1d/2d/3d                       | weight (O, I, *k) -> kernel (*k, I, O); bias   | OIHW -> HWIO                   |
 | ConvTranspose1d/2d/3d              | weight (I, O, *k) -> kernel                    | (*k, I, O) flipped for Flax's   |
-|                                    |                                                | transpose_kernel=False; (*k, O, I) for True |
+|                                    |                                                | transpose_kernel=False;        |
+|                                    |                                                | (*k, O, I) for True            |
 | LayerNorm, GroupNorm, RMSNorm      | weight -> scale; bias                          | as is                          |
 | BatchNorm*, InstanceNorm*          | weight -> scale; bias; running_mean -> mean,   | as is; num_batches_tracked     |
 |                                    | running_var -> var (batch_stats / BatchStat)   | dropped                        |
@@ -184,7 +185,8 @@ def _rule(mod: Any, n: str, shape: tuple[int, ...]) -> tuple[str, tuple[str, ...
     if _is(mod, "MultiheadAttention"):
         m = re.fullmatch(r"(in_proj|q_proj|k_proj|v_proj)_(weight|bias)", n)
         if m:
-            return m.group(1), ("kernel" if m.group(2) == "weight" else "bias",), ("transpose" if m.group(2) == "weight" else "as is",)
+            weight = m.group(2) == "weight"
+            return m.group(1), ("kernel" if weight else "bias",), ("transpose" if weight else "as is",)
         return "", (n,), ("as is",)
     if n == "bias":
         return "", ("bias",), ("as is",)
@@ -508,7 +510,8 @@ def _explain(slot: TorchSlot, tt: TorchTensor, fslots: list[FlaxSlot], entries: 
     """Why a torch tensor found no Flax leaf: what the Flax module mapped to (or named like) its module
     lacks (e.g. a dropped bias: use_bias=False), or the unmapped Flax leaves of a fitting shape."""
     mapped = {e.flax_module for e in entries.values() if e.torch_module == slot.module}
-    same = [f for f in fslots if f.module in mapped] or [f for f in fslots if _name_match(_tokens(slot.module), _tokens(f.module))]
+    same = ([f for f in fslots if f.module in mapped]
+            or [f for f in fslots if _name_match(_tokens(slot.module), _tokens(f.module))])
     if len(same) == 1:
         f = same[0]
         leaves = {leaf: shape for leaf, (_, shape, _) in f.leaves.items()}
@@ -520,7 +523,8 @@ def _explain(slot: TorchSlot, tt: TorchTensor, fslots: list[FlaxSlot], entries: 
     cands = [name for name, shape in left if shape in shapes]
     if cands:
         return f"; candidates (unmapped Flax leaves of this shape in some layout): {cands[:8]}"
-    return f"; no unmapped Flax leaf has its shape in any layout; unmapped Flax leaves: {[f'{n} {s}' for n, s in left][:8] or 'none'}"
+    unmapped = [f"{n} {s}" for n, s in left][:8] or "none"
+    return f"; no unmapped Flax leaf has its shape in any layout; unmapped Flax leaves: {unmapped}"
 
 
 def _explain_flax(f: FlaxSlot, name: str, shape: tuple[int, ...], entries: dict[str, Entry],
