@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loopcore.config import Config, ConfigError, changed_fields, from_dict, resume_conflicts, to_dict
 from loopcore.atomic import atomic_write_text, is_temporary
+from loopcore.config import Config, ConfigError, changed_fields, from_dict, resume_conflicts, to_dict
 from loopcore.layout import CHECKPOINT_DIR, DAMAGED_DIR, HOOKS_DIR, MARKER_FILE, PROFILE_DIR, TB_DIR, RunLayout  # noqa: F401  (CHECKPOINT_DIR: re-exported)
 from loopcore.lock import is_lock_file
 from loopcore.records import RecordsError, check_records

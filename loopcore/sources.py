@@ -44,6 +44,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from loopcore.atomic import atomic_write_text
 from loopcore.config import Config, ConfigError
 from loopcore.layout import VOCAB_FILE
 
@@ -505,10 +506,8 @@ def write_vocab(run_dir: str, splits: Splits) -> str | None:
         return None
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, VOCAB_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"vocab": list(splits.vocab), "unk": UNK if UNK in splits.vocab else None}, f, ensure_ascii=False)
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps({"vocab": list(splits.vocab), "unk": UNK if UNK in splits.vocab else None},
+                                       ensure_ascii=False))
     return path
 
 
