@@ -406,9 +406,11 @@ def _release_signal_waiters(wait_s: float = 10.0) -> None:
 
     A save whose step directory cannot be created (a read-only checkpoints/, say) leaves Orbax's commit
     threads, which are not daemons, waiting for its "directory created" signals until Orbax's coordination
-    timeout (300 s), and the process cannot exit meanwhile. Each thread still waiting for a signal is
-    cancelled and its signals sent: it wakes, sees it was cancelled and ends without writing. Threads whose
-    signals came (a committing save) are left alone. Orbax's private API, so any failure here is ignored:
+    timeout (300 s), and the process cannot exit meanwhile. Each thread still waiting for a signal is sent
+    its signals: it wakes, tries its write into the step directory that is not there, fails at once and
+    ends (the Checkpointer keeps Orbax's reports of that off the console; cancelling the threads instead
+    leaves their coroutines never awaited, a warning each at exit). Threads whose signals came (a
+    committing save) are left alone. Orbax's private API, so any failure here is ignored:
     the threads then time out as before.
     """
     try:
@@ -430,7 +432,6 @@ def _release_signal_waiters(wait_s: float = 10.0) -> None:
         while quiet < 2 and time.monotonic() < deadline:
             found = waiting()
             for thread in found:
-                thread.cancel()
                 future.set_signals(thread._receive_signals, operation_id=thread._operation_id)
             for thread in found:
                 thread.join(max(0.0, deadline - time.monotonic()))

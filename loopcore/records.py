@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loopcore.atomic import atomic_write_text
+from loopcore.atomic import TMP_SUFFIX, atomic_write_text
 from loopcore.layout import METRICS_FILE, RunLayout  # noqa: F401  (METRICS_FILE: re-exported)
 
 
@@ -65,6 +65,8 @@ def rewrite_for_resume(run_dir: str | Path, start_step: int) -> list[dict[str, A
     the file atomically (a kill at any instant leaves the old file or the new one whole); the kept records."""
     path = RunLayout(Path(run_dir)).metrics
     kept = [r for r in read_records(run_dir) if kept_on_resume(r, start_step)]
+    for stale in path.parent.glob(f".{path.name}.*{TMP_SUFFIX}"):  # what rewrites killed before left (the
+        stale.unlink(missing_ok=True)                              # caller holds the run_dir: none is running)
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
     return kept
 
