@@ -225,10 +225,10 @@ def _entry_bytes(blob: bytes, stored: Any) -> bytes:
 
 def _read_entry(data: bytes) -> tuple[bytes, Any]:
     """(executable bytes, output structure) of an entry; ValueError for any other file (no pickle is read here)."""
-    magic, header, blob = data.split(b"\n", 2)
-    if magic != FORMAT.encode():
+    parts = data.split(b"\n", 2)
+    if len(parts) != 3 or parts[0] != FORMAT.encode():
         raise ValueError(f"not a {FORMAT} entry")
-    return blob, json.loads(header)["outputs"]
+    return parts[2], json.loads(parts[1])["outputs"]
 
 
 class LoadedCall:
