@@ -437,7 +437,7 @@ def _release_signal_waiters(wait_s: float = 10.0) -> None:
                 thread.join(max(0.0, deadline - time.monotonic()))
             quiet = 0 if found else quiet + 1
             time.sleep(0.1)
-    except Exception:  # noqa: BLE001 - best effort, see the docstring
+    except Exception:  # noqa: BLE001, S110 - best effort, see the docstring
         pass
 
 

@@ -3,8 +3,8 @@ resuming into it, the same for both loops.
 
 Rules, checked before anything is written: a run writes only into its own directory (missing, empty, marked
 with MARKER_FILE when a run started there, or laid out as an earlier version's run); resume=never needs an
-empty or new run_dir; resume=must needs a checkpoint; a resumed run may not change a field that alters the trajectory (steps only with
-allow_steps_change). Every resume is recorded in resumes.jsonl with the fields it changed.
+empty or new run_dir; resume=must needs a checkpoint; a resumed run may not change a field that alters the
+trajectory (steps only with allow_steps_change). Every resume is recorded in resumes.jsonl with the fields it changed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from loopcore.atomic import atomic_write_text, is_temporary
 from loopcore.config import Config, ConfigError, changed_fields, from_dict, resume_conflicts, to_dict
-from loopcore.layout import CHECKPOINT_DIR, DAMAGED_DIR, HOOKS_DIR, MARKER_FILE, PROFILE_DIR, TB_DIR, RunLayout  # noqa: F401  (CHECKPOINT_DIR: re-exported)
+from loopcore.layout import CHECKPOINT_DIR, DAMAGED_DIR, HOOKS_DIR, MARKER_FILE, PROFILE_DIR, TB_DIR, RunLayout
 from loopcore.lock import is_lock_file
 from loopcore.records import RecordsError, check_records
 

@@ -523,7 +523,7 @@ def _check_labels(path: str, y_train: np.ndarray, y_val: np.ndarray, rows_train:
         raise ConfigError("data.path", path, f"class indices as labels: {where('train', i, rows_train, 'y')} has label "
                           f"{int(y_train[i])}, but no training record has label {missing} (labels seen from 0: "
                           f"{seen}); labels are 0 .. num_classes - 1, each with training records")
-    unseen = np.flatnonzero((y_val >= num_classes))
+    unseen = np.flatnonzero(y_val >= num_classes)
     if len(unseen):
         i = int(unseen[0])
         raise ConfigError("data.path", path, f"validation labels the training split has: "

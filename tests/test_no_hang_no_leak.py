@@ -33,7 +33,10 @@ def test_data_workers_their_resource_tracker_and_shared_memory_die_with_a_sigkil
                             "--steps", "1000000", "--data.workers", "2"], stderr=subprocess.DEVNULL)
     try:
         main = psutil.Process(run.pid)
-        workers = lambda: [p for p in main.children() if "spawn_main" in " ".join(p.cmdline())]  # noqa: E731
+
+        def workers() -> list[psutil.Process]:
+            return [p for p in main.children() if "spawn_main" in " ".join(p.cmdline())]
+
         _wait_for(lambda: len(workers()) == 2 and (tmp_path / "run" / "metrics.jsonl").exists()
                   and os.path.getsize(tmp_path / "run" / "metrics.jsonl") > 0, 120, "two workers feeding the run")
         children = main.children(recursive=True)  # the workers and multiprocessing's resource tracker
