@@ -384,6 +384,7 @@ class Checkpointer:
             failed = self._failed
             try:
                 if failed is not None:
+                    _release_signal_waiters()
                     try:
                         self.manager.wait_until_finished()
                     except Exception:  # noqa: BLE001 - the failure is reported already
@@ -393,9 +394,51 @@ class Checkpointer:
                 if failed is None:  # a failed save was reported already; its leftovers are not news
                     raise
             finally:
+                if failed is not None:
+                    _release_signal_waiters()  # ... and those the failed save's last coroutines started since
                 logging.getLogger("absl").removeFilter(self._orbax_errors)
             if failed is not None:
                 raise write_error(failed.__cause__ or failed, self.directory, self._handed) from failed.__cause__
+
+
+def _release_signal_waiters(wait_s: float = 10.0) -> None:
+    """End Orbax's commit threads left waiting by a failed save (one line, exit 3, within seconds).
+
+    A save whose step directory cannot be created (a read-only checkpoints/, say) leaves Orbax's commit
+    threads, which are not daemons, waiting for its "directory created" signals until Orbax's coordination
+    timeout (300 s), and the process cannot exit meanwhile. Each thread still waiting for a signal is sent
+    its signals: it wakes, tries its write into the step directory that is not there, fails at once and
+    ends (the Checkpointer keeps Orbax's reports of that off the console; cancelling the threads instead
+    leaves their coroutines never awaited, a warning each at exit). Threads whose signals came (a
+    committing save) are left alone. Orbax's private API, so any failure here is ignored:
+    the threads then time out as before.
+    """
+    try:
+        import threading
+
+        from orbax.checkpoint._src.futures import future, signaling_client
+
+        client = signaling_client.get_signaling_client()
+        key = future.AwaitableSignalsContract.get_unique_awaitable_singal_key
+
+        def waiting() -> list[Any]:
+            return [t for t in threading.enumerate() if isinstance(t, future._SignalingThread) and t.is_alive()
+                    and any(client.key_value_try_get(key(signal, t._operation_id)) is None
+                            for signal in t._receive_signals)]
+
+        # the failed save's remaining threads may still be starting (Orbax's own background thread makes
+        # them): released until two looks, 0.1 s apart, find none waiting
+        deadline, quiet = time.monotonic() + wait_s, 0
+        while quiet < 2 and time.monotonic() < deadline:
+            found = waiting()
+            for thread in found:
+                future.set_signals(thread._receive_signals, operation_id=thread._operation_id)
+            for thread in found:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            quiet = 0 if found else quiet + 1
+            time.sleep(0.1)
+    except Exception:  # noqa: BLE001, S110 - best effort, see the docstring
+        pass
 
 
 class DiskSpaceWarning(UserWarning):

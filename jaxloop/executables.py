@@ -15,10 +15,14 @@ enter the computation, and which call it is), each argument's path, type (shape,
 and sharding with its devices, the jax, jaxlib, flax, optax and numpy versions, the backend, devices
 and host CPU, XLA flags and jax's configuration. A user's own model or loss is code outside those
 sources, so the loop only uses this for the built-in tasks (a user task goes through JAX's cache).
-An entry that cannot be read is compiled afresh and replaced; one that loads but fails on its first run
-is deleted, with the error (LoadedCall); one that cannot be written (outputs whose structure does not
-pickle, say) is simply not stored. Only fresh compiles are stored: where JAX's
-persistent cache answers a miss, the call is compiled once more without it (see _persistent_cache_off).
+An entry is data: a format line, the output structure as JSON, and jax's serialized executable, read
+through an unpickler that may name only jax's classes and dtypes (_DataOnlyUnpickler), so a planted
+pickle payload is refused, not run. The compiled code itself is machine code: the directory is trusted
+like the code a run imports (docs/speed.md). An entry that cannot be read is compiled afresh and replaced;
+one that loads but fails on its first run is deleted, with the error (LoadedCall); one that cannot be
+written (outputs whose structure plain containers do not describe, say) is simply not stored. Only fresh
+compiles are stored: where JAX's persistent cache answers a miss, the call is compiled once more without
+it (see _persistent_cache_off).
 The directory is kept under MAX_BYTES: each store deletes the least recently used entries beyond it
 (a load marks its entry used), as JAX's cache does with jax_compilation_cache_max_size.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import io
 import json
 import logging
 import os
@@ -45,7 +50,7 @@ from jax.experimental import serialize_executable
 
 log = logging.getLogger(__name__)
 
-FORMAT = "jaxloop-executable-2"
+FORMAT = "jaxloop-executable-3"  # 3: no pickle around the entry (2 pickled it whole)
 SOURCE_PACKAGES = ("jaxloop", "loopcore")
 STATE = "<args[0]>"  # stands for the first argument's tree in a stored output structure
 # An option set to its default value: the same code, but another key for jit's in-process compile cache,
@@ -127,27 +132,104 @@ def fingerprint(context: Any, args: tuple, function: Any = None) -> str:
 
 
 def _stored_outputs(out_tree: Any, args: tuple) -> Any:
-    """The output structure in a picklable form: plain containers with 0 leaves, and STATE where the
-    output holds the first argument's tree (a TrainState carries its optimizer's functions, which do
-    not pickle); None where that does not describe it."""
+    """The output structure as JSON-able data (_encode): STATE where the output holds the first argument's tree (a
+    TrainState carries its optimizer's functions, which no data format holds); None where plain containers
+    (tuple, list, dict with string keys, None) and leaves do not describe it."""
     placeholder = jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves)
     state = jax.tree.structure(args[0])
-    if isinstance(placeholder, tuple) and not hasattr(placeholder, "_fields"):
-        stored = tuple(STATE if jax.tree.structure(p) == state else p for p in placeholder)
-    else:
-        stored = placeholder
     try:
-        if _output_tree(pickle.loads(pickle.dumps(stored)), args) == out_tree:
+        if isinstance(placeholder, tuple) and not hasattr(placeholder, "_fields"):
+            stored = {"tuple": [STATE if jax.tree.structure(p) == state else _encode(p) for p in placeholder]}
+        else:
+            stored = _encode(placeholder)
+        if _output_tree(json.loads(json.dumps(stored)), args) == out_tree:
             return stored
-    except (pickle.PicklingError, AttributeError, TypeError):
+    except (TypeError, ValueError, KeyError):
         pass
     return None
 
 
+def _encode(tree: Any) -> Any:
+    """A pytree of plain containers as JSON data: {"tuple": [...]}, {"list": [...]}, {"dict": [[key, ...], ...]},
+    {"none": 0}, and 0 for a leaf; raises TypeError for anything else (a namedtuple, a dataclass, a non-string key)."""
+    if tree is None:
+        return {"none": 0}
+    if isinstance(tree, tuple) and not hasattr(tree, "_fields"):
+        return {"tuple": [_encode(t) for t in tree]}
+    if type(tree) is list:
+        return {"list": [_encode(t) for t in tree]}
+    if type(tree) is dict and all(isinstance(k, str) for k in tree):
+        return {"dict": [[k, _encode(v)] for k, v in tree.items()]}
+    if jax.tree.structure(tree).num_nodes == 1 and jax.tree.structure(tree).num_leaves == 1:
+        return 0
+    raise TypeError(f"{type(tree).__name__} is not a plain container")
+
+
+def _decode(data: Any) -> Any:
+    """The placeholder tree _encode described (the inverse; ValueError for anything it does not write)."""
+    if data == 0:
+        return 0
+    if isinstance(data, dict) and len(data) == 1:
+        (kind, value), = data.items()
+        if kind == "none":
+            return None
+        if kind == "tuple" and isinstance(value, list):
+            return tuple(_decode(v) for v in value)
+        if kind == "list" and isinstance(value, list):
+            return [_decode(v) for v in value]
+        if kind == "dict" and isinstance(value, list):
+            return {str(k): _decode(v) for k, v in value}
+    raise ValueError(f"not an output structure: {str(data)[:80]}")
+
+
 def _output_tree(stored: Any, args: tuple) -> Any:
-    if isinstance(stored, tuple) and not hasattr(stored, "_fields"):
-        stored = tuple(args[0] if p == STATE else p for p in stored)
-    return jax.tree.structure(stored)
+    if isinstance(stored, dict) and list(stored) == ["tuple"]:
+        tree = tuple(args[0] if p == STATE else _decode(p) for p in stored["tuple"])
+    else:
+        tree = _decode(stored)
+    return jax.tree.structure(tree)
+
+
+# What a stored executable's bytes may name (jax serializes an executable with pickle, its devices and the
+# compiled code by reference): jax's and jaxlib's classes and their _unpickle_* helpers, NumPy arrays and dtypes. Anything
+# else (os.system, builtins.eval, ...) is refused before it is called: a planted entry is not executed that way.
+_ALLOWED_MODULES = ("jax", "jaxlib")
+_ALLOWED = {("numpy", "dtype"), ("numpy", "ndarray"), ("jax", "P"), ("numpy._core.multiarray", "_reconstruct"),
+            ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
+            ("numpy.core.multiarray", "scalar")}
+
+
+class _DataOnlyUnpickler(serialize_executable._JaxPjrtUnpickler):
+    """jax's unpickler of executables, restricted to _ALLOWED_MODULES' classes (see above)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED or module.startswith(("numpy.dtypes", "ml_dtypes")):
+            return super().find_class(module, name)
+        if module.split(".")[0] in _ALLOWED_MODULES:
+            found = super().find_class(module, name)
+            if isinstance(found, type) or name.startswith("_unpickle"):
+                return found
+        raise pickle.UnpicklingError(f"a stored executable may not name {module}.{name}")
+
+
+def _deserialize(blob: bytes, in_tree: Any, out_tree: Any) -> jax.stages.Compiled:
+    """serialize_executable.deserialize_and_load through _DataOnlyUnpickler (its body, jax 0.10-0.12)."""
+    backend = jax.devices()[0].client
+    unloaded, args_info_flat, no_kwargs = _DataOnlyUnpickler(io.BytesIO(blob), backend).load()
+    return jax.stages.Compiled(unloaded.load(), [], in_tree.unflatten(args_info_flat), out_tree, no_kwargs=no_kwargs)
+
+
+def _entry_bytes(blob: bytes, stored: Any) -> bytes:
+    """An entry: the format line, the output structure as one line of JSON, then jax's serialized executable."""
+    return FORMAT.encode() + b"\n" + json.dumps({"outputs": stored}).encode() + b"\n" + blob
+
+
+def _read_entry(data: bytes) -> tuple[bytes, Any]:
+    """(executable bytes, output structure) of an entry; ValueError for any other file (no pickle is read here)."""
+    parts = data.split(b"\n", 2)
+    if len(parts) != 3 or parts[0] != FORMAT.encode():
+        raise ValueError(f"not a {FORMAT} entry")
+    return parts[2], json.loads(parts[1])["outputs"]
 
 
 class LoadedCall:
@@ -178,8 +260,8 @@ class LoadedCall:
 
 
 def _load(path: Path, args: tuple) -> LoadedCall:
-    blob, stored = pickle.loads(path.read_bytes())
-    compiled = serialize_executable.deserialize_and_load(blob, jax.tree.structure((args, {})), _output_tree(stored, args))
+    blob, stored = _read_entry(path.read_bytes())
+    compiled = _deserialize(blob, jax.tree.structure((args, {})), _output_tree(stored, args))
     try:
         os.utime(path)  # used now: eviction goes by modification time, least recent first
     except OSError:
@@ -222,7 +304,7 @@ def _store(path: Path, compiled: jax.stages.Compiled, args: tuple) -> bool:
             return False
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as f:
-            f.write(pickle.dumps((blob, stored)))
+            f.write(_entry_bytes(blob, stored))
         os.replace(f.name, path)  # readers see the whole entry or none
     except Exception as e:  # noqa: BLE001
         log.warning("jaxloop: compiled call not stored in %s: %s: %s", path.parent, type(e).__name__, e)

@@ -27,7 +27,7 @@ from typing import IO, Any
 from jaxloop.runinfo import format_bytes, format_duration, memory_bytes
 from loopcore.config import LogConfig
 from loopcore.layout import RunLayout
-from loopcore.records import read_records
+from loopcore.records import rewrite_for_resume
 PLAIN_LINES = 50
 """Plain progress prints about this many update lines per run (every log record on short runs)."""
 PLAIN_MAX_GAP_S = 60.0
@@ -196,9 +196,7 @@ class RunLogger:
         self._tb = None
         self.peak_mem_bytes: int | None = None
         if writes:
-            kept = [r for r in read_records(run_dir) if r.get("step", 0) <= start_step]
-            with open(self.path, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in kept)
+            kept = rewrite_for_resume(run_dir, start_step)  # atomic: a kill inside loses no earlier record
             self._file = open(self.path, "a")  # noqa: SIM115 - closed in close()
             mems = [r["mem_bytes"] for r in kept if r.get("kind") == "train" and r.get("mem_bytes") is not None]
             self.peak_mem_bytes = max(mems) if mems else None

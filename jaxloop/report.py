@@ -13,6 +13,7 @@ is not a run directory.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import statistics
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxloop.runinfo import format_bytes, format_duration
+from loopcore.atomic import atomic_write_bytes, atomic_write_text
 from loopcore.layout import CHECKPOINT_DIR, METRICS_FILE, PROFILE_DIR, TB_DIR, RunLayout
 from loopcore.records import read_records
 PLOTS = {"loss": "loss.png", "lr": "lr.png", "throughput": "throughput.png"}
@@ -274,7 +276,7 @@ def plot_loss(run: Run, path: Path, best: dict[str, Any]) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[-1].set_xlabel("update")
-    fig.savefig(path)
+    save_figure(fig, path)
 
 
 def _schedule_line(optim: dict[str, Any], steps: Any) -> str:
@@ -298,7 +300,7 @@ def plot_lr(run: Run, path: Path) -> None:
     ax.set_ylabel("learning rate")
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     ax.grid(alpha=0.3)
-    fig.savefig(path)
+    save_figure(fig, path)
 
 
 def plot_throughput(run: Run, path: Path) -> Any:
@@ -321,7 +323,7 @@ def plot_throughput(run: Run, path: Path) -> Any:
     axes[1].set_title("Where an update's time goes")
     axes[1].grid(alpha=0.3)
     axes[1].legend(fontsize=8)
-    fig.savefig(path)
+    save_figure(fig, path)
     return fig
 
 
@@ -503,10 +505,15 @@ def write_report(run_dir: str | Path) -> Path:
         plot_throughput(run, run.run_dir / PLOTS["throughput"])
         plots["lr"], plots["throughput"] = PLOTS["lr"], PLOTS["throughput"]
     path = RunLayout(run.run_dir).report
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(render(run, plots))
-    tmp.replace(path)
+    atomic_write_text(path, render(run, plots))
     return path
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """A plot of the report as a PNG, replaced atomically (a reader, or a kill, sees the old or the new one)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -95,8 +95,9 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
     check_plan(cfg.memory, cfg.batch_size, task.model)
     rd = RunDir(cfg, writes=is_primary())
     rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # a refusal here writes nothing
-    lock = hold_run_dir(cfg)  # one run per run_dir; released at any exit (the kernel's flock, and here)
+    lock = None
     try:
+        lock = hold_run_dir(cfg)  # one run per run_dir; released at any exit (the kernel's flock, and here)
         return _run_held(cfg, task, splits, rd, builtin, hooks, t_start)
     except OSError as e:  # a full disk met outside a checkpoint save: one line too (exit status 3)
         if e.errno != errno.ENOSPC:

@@ -93,6 +93,9 @@ def _read_config_file(path: str) -> dict:
             text = f.read()
     except OSError as e:
         raise ConfigError("--config", path, f"a readable YAML or JSON file ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError("--config", path, f"a UTF-8 text file (byte {e.object[e.start]:#04x} at offset {e.start} "
+                          "is not UTF-8)") from None
     try:
         if path.endswith(".json"):
             data = json.loads(text)

@@ -417,8 +417,13 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
     _choice("precision", cfg.precision, PRECISIONS)
     _choice("resume", cfg.resume, ("auto", "never", "must"))
     _positive_int("steps", cfg.steps)
+    if cfg.steps > MAX_STEPS:
+        raise ConfigError("steps", cfg.steps, f"an integer in [1, {MAX_STEPS}] (the learning-rate schedule is a "
+                          f"table of one float64 rate per update: {MAX_STEPS * 8 // 2**20} MiB at the bound)")
     _positive_int("batch_size", cfg.batch_size)
     _nonneg_int("seed", cfg.seed)
+    if cfg.seed > MAX_SEED:
+        raise ConfigError("seed", cfg.seed, f"an integer in [0, 2**63 - 1 = {MAX_SEED}]")
     _nonneg_int("eval_every", cfg.eval_every)
     _positive_int("log_every", cfg.log_every)
     _nonneg_int("updates_per_call", cfg.updates_per_call)
@@ -626,6 +631,13 @@ def _nonneg_float(name: str, v: Any) -> None:
     _float(name, v)
     if v < 0:
         raise ConfigError(name, v, "a number >= 0")
+
+
+MAX_STEPS = 100_000_000
+"""The most updates a run may have: the schedule's table (jaxloop.schedule.rates) holds a float64 rate per
+update on the host and its float32 copy on the device (1.2 GB together at the bound)."""
+MAX_SEED = 2**63 - 1
+"""The largest seed: jax's PRNG keys and the record order's SeedSequence take it as a 64-bit integer."""
 
 
 def _positive_int(name: str, v: Any) -> None:

@@ -8,6 +8,7 @@
       tb/              TensorBoard events               profile/       jax.profiler traces
       hooks/           images logged by hooks           report.md, *.png      the run report
       .lock            the run's flock (loopcore.lock)  .lock.holder.json     who holds it, until when
+      .jaxloop-run     written first, when the run starts: this directory is a run's (loopcore.run_dir)
 
 Both loops, the report, the sampler, --init_from and the converters read a run through `RunLayout`,
 never through a file name of their own. Imports nothing.
@@ -34,6 +35,7 @@ TB_DIR = "tb"
 PROFILE_DIR = "profile"
 HOOKS_DIR = "hooks"
 REPORT_FILE = "report.md"
+MARKER_FILE = ".jaxloop-run"
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class RunLayout:
     profile = property(lambda self: self.root / PROFILE_DIR)
     hooks = property(lambda self: self.root / HOOKS_DIR)
     report = property(lambda self: self.root / REPORT_FILE)
+    marker = property(lambda self: self.root / MARKER_FILE)
 
     def plot(self, name: str) -> Path:
         """One of the report's figures (`loss`, `lr`, `throughput`): run_dir/<name>.png."""

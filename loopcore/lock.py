@@ -32,6 +32,7 @@ from typing import Any
 
 import filelock
 
+from loopcore.atomic import atomic_write_text
 from loopcore.config import ConfigError
 from loopcore.layout import HOLDER_FILE, LOCK_FILE, RunLayout
 
@@ -45,7 +46,7 @@ SETTLE_S = 5.0
 
 def is_lock_file(name: str) -> bool:
     """Whether a file of run_dir is the lock's (the lock file, the holder record or its temporary)."""
-    return name in LOCK_FILES or name.startswith(HOLDER_FILE + ".")
+    return name in LOCK_FILES or name.startswith((HOLDER_FILE + ".", f".{HOLDER_FILE}."))
 
 
 class RunDirInUse(ConfigError):
@@ -163,9 +164,7 @@ class RunLock:
 
     def _write(self, holder: Holder) -> None:
         """Replace the holder record atomically (a reader never sees half of it)."""
-        tmp = self.layout.holder.with_name(f"{HOLDER_FILE}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(holder)) + "\n")
-        os.replace(tmp, self.layout.holder)
+        atomic_write_text(self.layout.holder, json.dumps(asdict(holder)) + "\n")  # a failed write leaves no temporary
 
     def _renew(self) -> None:
         """Heartbeat: extend the lease every lease_s / 3 until released."""

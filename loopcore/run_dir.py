@@ -1,20 +1,27 @@
 """The run directory: its files (config, metadata, resumes, summary) and the rules for starting or
 resuming into it, the same for both loops.
 
-Rules, checked before anything is written: resume=never needs an empty or new run_dir; resume=must
-needs a checkpoint; a resumed run may not change a field that alters the trajectory (steps only with
-allow_steps_change). Every resume is recorded in resumes.jsonl with the fields it changed.
+Rules, checked before anything is written: a run writes only into its own directory (missing, empty, marked
+with MARKER_FILE when a run started there, or laid out as an earlier version's run); resume=never needs an
+empty or new run_dir; resume=must needs a checkpoint; a resumed run may not change a field that alters the
+trajectory (steps only with allow_steps_change). Every resume is recorded in resumes.jsonl with the fields it changed.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
+from loopcore.atomic import atomic_write_text, is_temporary
 from loopcore.config import Config, ConfigError, changed_fields, from_dict, resume_conflicts, to_dict
-from loopcore.layout import CHECKPOINT_DIR, RunLayout  # noqa: F401  (CHECKPOINT_DIR: re-exported)
+from loopcore.layout import CHECKPOINT_DIR, DAMAGED_DIR, HOOKS_DIR, MARKER_FILE, PROFILE_DIR, TB_DIR, RunLayout
 from loopcore.lock import is_lock_file
+from loopcore.records import RecordsError, check_records
+
+FOREIGN_SHOWN = 4
+"""A run_dir refused for holding other files names this many of them."""
 
 
 def ways_forward(run_dir: Path) -> str:
@@ -40,8 +47,22 @@ class RunDir:
     def check(self, has_checkpoint: bool) -> dict[str, Any] | None:
         """Apply the rules; the config saved with the checkpointed run being resumed, if any."""
         cfg, run_dir = self.cfg, self.path
-        saved = json.loads(self.layout.config.read_text()) if self.layout.config.exists() else None
-        if cfg.resume == "never" and run_dir.exists() and any(not is_lock_file(p.name) for p in run_dir.iterdir()):
+        foreign = self.foreign_files()
+        if foreign:
+            shown = ", ".join(foreign[:FOREIGN_SHOWN]) + (f" and {len(foreign) - FOREIGN_SHOWN} more"
+                                                         if len(foreign) > FOREIGN_SHOWN else "")
+            raise ConfigError("run_dir", str(run_dir), f"a missing or empty directory, or a run directory of "
+                              f"jaxloop's own ({run_dir} holds other files: {shown}; a run writes config.json, "
+                              "summary.json, ... there): choose another --run_dir")
+        saved = self._saved_config() if has_checkpoint and cfg.resume != "never" else None
+        if has_checkpoint and cfg.resume != "never":
+            try:
+                check_records(run_dir)
+            except RecordsError as e:
+                raise ConfigError("run_dir", str(run_dir), f"a run directory whose records a resume can keep ({e}; "
+                                  "repair or delete that line, or choose another --run_dir)") from None
+        if cfg.resume == "never" and run_dir.exists() and any(not is_lock_file(p.name) and p.name != MARKER_FILE
+                                                              for p in run_dir.iterdir()):
             raise ConfigError("resume", "never", f"an empty or new run_dir ({run_dir} is not empty; "
                               "use --resume auto to continue it or choose another --run_dir)")
         if cfg.resume == "must" and not has_checkpoint:
@@ -58,11 +79,50 @@ class RunDir:
         self.saved = saved if has_checkpoint else None
         return self.saved
 
+    def foreign_files(self) -> list[str]:
+        """The files that make run_dir not this run's to write (sorted): none when it is missing, empty (but for
+        the lock's files and atomic writes' temporaries), marked as a run's (MARKER_FILE), or laid out as a run
+        of an earlier version, made before the marker (config.json beside metrics.jsonl or checkpoints/)."""
+        try:
+            names = sorted(p.name for p in self.path.iterdir())
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        names = [n for n in names if not is_lock_file(n) and not is_temporary(n) and not self._empty_own_dir(n)]
+        layout = self.layout
+        if (not names or MARKER_FILE in names
+                or (layout.config.is_file() and (layout.metrics.is_file() or layout.checkpoints.is_dir()))):
+            return []
+        return names
+
+    def _empty_own_dir(self, name: str) -> bool:
+        """An empty directory of the run's layout made beforehand (checkpoints/ as a mount point, say)."""
+        path = self.path / name
+        return name in (CHECKPOINT_DIR, DAMAGED_DIR, TB_DIR, PROFILE_DIR, HOOKS_DIR) and path.is_dir() and not any(
+            path.iterdir())
+
+    def _saved_config(self) -> dict[str, Any] | None:
+        """The config.json of the run being resumed (None if it has none); a ConfigError if it cannot be read."""
+        path = self.layout.config
+        if not path.exists():
+            return None
+        try:
+            saved = json.loads(path.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            why = f"{type(e).__name__}: {e}".splitlines()[0]
+            raise ConfigError("run_dir", str(self.path), f"a run directory whose config.json can be read ({path} "
+                              f"is damaged: {why}); restore it from a copy, or choose another --run_dir") from None
+        if not isinstance(saved, dict):
+            raise ConfigError("run_dir", str(self.path), f"a run directory whose config.json holds a config ({path} "
+                              f"holds a {type(saved).__name__}); restore it from a copy, or choose another --run_dir")
+        return saved
+
     def start(self, metadata: dict[str, Any] | None = None) -> None:
-        """Create the directory and write config.json (and metadata.json)."""
+        """Create the directory, mark it as a run's (MARKER_FILE, first) and write config.json (and metadata.json)."""
         if not self.writes:
             return
         self.path.mkdir(parents=True, exist_ok=True)
+        if not self.layout.marker.exists():
+            atomic_write_text(self.layout.marker, json.dumps({"created": time.time()}) + "\n")
         self.write_json(self.layout.config, to_dict(self.cfg))
         if metadata is not None:
             self.write_json(self.layout.metadata, metadata)
@@ -84,7 +144,8 @@ class RunDir:
             self.write_json(self.layout.summary, summary)
 
     def write_json(self, path: Path, obj: Any) -> None:
-        path.write_text(json.dumps(obj, indent=2) + "\n")
+        """Replace a JSON file of the run atomically (loopcore.atomic)."""
+        atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
 def read_config(run_dir: str | Path | RunLayout) -> Config:

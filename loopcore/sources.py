@@ -37,13 +37,17 @@ import json
 from collections import Counter
 import math
 import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from loopcore.atomic import atomic_write_text
 from loopcore.config import Config, ConfigError
 from loopcore.layout import VOCAB_FILE
 
@@ -451,10 +455,14 @@ def _load_npz(key: tuple[str, int, int], val_fraction: float) -> Splits:
 
     def check(xk: str, yk: str) -> tuple[np.ndarray, np.ndarray]:
         x, y = arrays[xk], arrays[yk]
-        if x.ndim < 1 or y.ndim < 1:
-            raise ConfigError(
-                field, path, f"{xk} and {yk} with a leading record axis (got shapes {x.shape}, {y.shape})"
-            )
+        if x.ndim != 2:
+            fix = (f"{xk}[:, None] if each record is one number" if x.ndim == 1 else
+                   f"flatten each record's features: {xk}.reshape(len({xk}), -1)")
+            raise ConfigError(field, path, f"{xk} of shape (records, features), 2 dimensions (got shape {x.shape}; "
+                              f"{fix})")
+        if y.ndim != 1:
+            raise ConfigError(field, path, f"{yk} of shape (records,), one integer label per record (got shape "
+                              f"{y.shape}; {yk}.reshape(-1) gives it if each record has one label)")
         if len(x) != len(y):
             raise ConfigError(field, path, f"{xk} and {yk} with the same number of records (got {len(x)} and {len(y)})")
         if len(x) == 0:
@@ -480,10 +488,11 @@ def _load_npz(key: tuple[str, int, int], val_fraction: float) -> Splits:
                 f"got {x_val.shape[1:]}/{y_val.shape[1:]})",
             )
         x_train, y_train = x, y
+        rows_train, rows_val = np.arange(len(x)), np.arange(len(x_val))
     else:
-        tr, va = _fixed_split(len(x), val_fraction, path)
-        x_train, y_train, x_val, y_val = x[tr], y[tr], x[va], y[va]
-    num_classes = int(max(y_train.max(), y_val.max())) + 1
+        rows_train, rows_val = _fixed_split(len(x), val_fraction, path)
+        x_train, y_train, x_val, y_val = x[rows_train], y[rows_train], x[rows_val], y[rows_val]
+    num_classes = _check_labels(path, y_train, y_val, rows_train, rows_val, "y_val" in arrays)
     return Splits(
         source="npz",
         train=ArrayRecords(x_train, y_train),
@@ -491,6 +500,36 @@ def _load_npz(key: tuple[str, int, int], val_fraction: float) -> Splits:
         num_classes=num_classes,
         example_x=np.zeros((1,) + x.shape[1:], np.float32),
     )
+
+
+def _check_labels(path: str, y_train: np.ndarray, y_val: np.ndarray, rows_train: np.ndarray, rows_val: np.ndarray,
+                  own_val: bool) -> int:
+    """The class count of an npz's labels (1 + the largest training label), or a ConfigError naming the split,
+    record index and label of the first record that breaks the rules (docs/data.md): the training labels are
+    the class indices 0 .. num_classes - 1, every one of them present (a label beyond a class no record has, a
+    1000 among labels 0..3, is not a class index), and every validation label is a class the training split has
+    (one seen only in validation cannot be learned)."""
+    num_classes = int(y_train.max()) + 1
+    present = np.zeros(num_classes, bool)
+    present[y_train] = True
+
+    def where(split: str, i: int, rows: np.ndarray, key: str) -> str:
+        return f"record {i} of the {split} split ({key}[{int(rows[i])}] in {path})"
+
+    if not present.all():
+        missing = int(np.flatnonzero(~present)[0])
+        i = int(np.flatnonzero(y_train > missing)[0])
+        seen = f"0..{missing - 1}" if missing else "none below it"
+        raise ConfigError("data.path", path, f"class indices as labels: {where('train', i, rows_train, 'y')} has label "
+                          f"{int(y_train[i])}, but no training record has label {missing} (labels seen from 0: "
+                          f"{seen}); labels are 0 .. num_classes - 1, each with training records")
+    unseen = np.flatnonzero(y_val >= num_classes)
+    if len(unseen):
+        i = int(unseen[0])
+        raise ConfigError("data.path", path, f"validation labels the training split has: "
+                          f"{where('val', i, rows_val, 'y_val' if own_val else 'y')} has label {int(y_val[i])}, "
+                          f"a class seen only in validation (training labels are 0..{num_classes - 1})")
+    return num_classes
 
 
 # ----------------------------------------------------------------------------- vocabulary file
@@ -505,10 +544,8 @@ def write_vocab(run_dir: str, splits: Splits) -> str | None:
         return None
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, VOCAB_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"vocab": list(splits.vocab), "unk": UNK if UNK in splits.vocab else None}, f, ensure_ascii=False)
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps({"vocab": list(splits.vocab), "unk": UNK if UNK in splits.vocab else None},
+                                       ensure_ascii=False))
     return path
 
 
@@ -632,13 +669,38 @@ class ChunkGather:
         return self.gather.chunk(self.start + self.first + (i - 1) * self.size, self.size)
 
 
-def loader_worker_init(*_: Any) -> None:
-    """Run first in every loader worker process: keep it off accelerators and absl-flag safe.
+PARENT_WATCH_S = 0.5
+"""A loader worker checks this often whether the process that started it is still alive."""
 
-    Sets JAX_PLATFORMS=cpu (and jax's config, if the spawned worker imported jax through the parent's
-    main module) so a worker can never initialise a GPU/TPU, and marks absl flags as parsed when no
-    one parsed them (scripts not run through absl.app), so flag reads cannot raise in the worker.
+
+def die_with_parent(interval_s: float = PARENT_WATCH_S) -> threading.Thread:
+    """In a worker process: a daemon thread that SIGKILLs this process once its parent is gone (re-parented).
+
+    A main process killed by SIGKILL runs no cleanup, and grain's workers (spawned processes) would live on
+    (hundreds of MB each), with multiprocessing's resource tracker and the workers' shared-memory segments
+    (the tracker unlinks those once the last worker is gone). PR_SET_PDEATHSIG is tied to the thread that
+    started the worker, not the process, hence a watch; it ends with the worker.
     """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while parent != 1 and os.getppid() == parent:
+            time.sleep(interval_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, name="jaxloop-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def loader_worker_init(*_: Any) -> None:
+    """Run first in every loader worker process: die with the parent, keep off accelerators, absl-flag safe.
+
+    Starts die_with_parent. Sets JAX_PLATFORMS=cpu (and jax's config, if the spawned worker imported jax
+    through the parent's main module) so a worker can never initialise a GPU/TPU, and marks absl flags as
+    parsed when no one parsed them (scripts not run through absl.app), so flag reads cannot raise in the worker.
+    """
+    die_with_parent()
     os.environ["JAX_PLATFORMS"] = "cpu"
     jax = sys.modules.get("jax")
     if jax is not None and hasattr(jax, "config"):

@@ -195,9 +195,9 @@ def _config(src: Path, dst: Path) -> Config:
 
 def _copy_records(src: Path, dst: Path, step: int) -> None:
     """The source's metrics.jsonl records up to the converted update (what a resume would keep)."""
-    from loopcore.records import read_records
+    from loopcore.records import kept_on_resume, read_records
 
-    kept = [r for r in read_records(src) if r.get("step", 0) < step or (r.get("step", 0) == step and r.get("updated", True))]
+    kept = [r for r in read_records(src) if kept_on_resume(r, step)]
     (dst / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
 
 

@@ -39,6 +39,10 @@ BAD_FLAGS = [
     (["--distributed.num_processes", "2"], "distributed.coordinator=''"),
     (["--distributed.num_processes", "2", "--distributed.process_id", "2", "--distributed.coordinator", "h:1"],
      "distributed.process_id=2"),
+    (["--seed", "99999999999999999999"], "seed=99999999999999999999 is not allowed: an integer in [0, 2**63 - 1"),
+    (["--steps", "99999999999999999999"], "steps=99999999999999999999 is not allowed: an integer in [1, 100000000]"),
+    (["--steps", "3000000000"], ("steps=3000000000 is not allowed: an integer in [1, 100000000] (the learning-rate "
+                                 "schedule is a table of one float64 rate per update: 762 MiB at the bound)")),
 ]
 
 
@@ -52,6 +56,133 @@ def test_bad_flag_gives_one_line_exit_2_and_writes_nothing(argv, expected, tmp_p
     assert len(err) == 1, err
     assert err[0].startswith("jaxloop.train: error: ") and expected in err[0], err[0]
     assert list(tmp_path.iterdir()) == [], "nothing is created on bad input"
+
+
+def _npz(path: Path, **arrays) -> None:
+    """An .npz of 100 records of 4 features and labels 0..3, with `arrays` replacing or adding some."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    base = {"x": rng.normal(size=(100, 4)).astype(np.float32), "y": rng.integers(0, 4, 100)}
+    np.savez(path, **{**base, **{k: v(base) if callable(v) else v for k, v in arrays.items()}})
+
+
+def _label(y, i, value):
+    y = y.copy()
+    y[i] = value
+    return y
+
+
+def _resumable(tmp_path: Path, damage) -> list[str]:
+    """A run_dir as an interrupted run leaves it (its marker, config.json, metrics.jsonl, a checkpoint), then
+    `damage(run_dir)`; the arguments that resume it (run from tmp_path)."""
+    from loopcore.run_dir import RunDir
+
+    argv = ["--preset", "debug", "--run_dir", "run"]
+    RunDir(parse_config(argv)).start()
+    (tmp_path / "run" / "checkpoints" / "10").mkdir(parents=True)
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps({"kind": "train", "step": s}) + "\n"
+                                                            for s in range(1, 11)))
+    damage(tmp_path / "run")
+    return argv
+
+
+NPZ = ["--data.source", "npz", "--data.path", "d.npz"]
+
+
+def _config_not_utf8(d: Path) -> list[str]:
+    (d / "bad.yaml").write_bytes(b"steps: 5\n# caf\xe9\n")
+    return ["--config", "bad.yaml"]
+
+
+def _npz_y_column(d: Path) -> list[str]:
+    _npz(d / "d.npz", y=lambda b: b["y"][:, None])
+    return NPZ
+
+
+def _npz_x_1d(d: Path) -> list[str]:
+    _npz(d / "d.npz", x=lambda b: b["x"][:, 0])
+    return NPZ
+
+
+def _npz_x_3d(d: Path) -> list[str]:
+    _npz(d / "d.npz", x=lambda b: b["x"].reshape(100, 2, 2))
+    return NPZ
+
+
+def _npz_label_1000(d: Path) -> list[str]:
+    _npz(d / "d.npz", y=lambda b: _label(b["y"], 57, 1000))
+    return NPZ
+
+
+def _npz_class_only_in_val(d: Path) -> list[str]:
+    _npz(d / "d.npz", y=lambda b: b["y"] % 3, x_val=lambda b: b["x"][:10], y_val=lambda b: b["y"][:10] % 3 + 1)
+    return NPZ
+
+
+def _users_own_folder(d: Path) -> list[str]:
+    (d / "mine").mkdir()
+    (d / "mine" / "config.json").write_text("{}")
+    (d / "mine" / "summary.json").write_text("{}")
+    return ["--run_dir", "mine"]
+
+
+def _metrics_not_utf8(d: Path) -> list[str]:
+    def damage(run: Path) -> None:
+        metrics = run / "metrics.jsonl"
+        metrics.write_bytes(metrics.read_bytes().replace(b'"step": 3', b'"step": 3, "n\xff": 1'))
+
+    return _resumable(d, damage)
+
+
+def _config_truncated(d: Path) -> list[str]:
+    def damage(run: Path) -> None:
+        (run / "config.json").write_bytes((run / "config.json").read_bytes()[:100])
+
+    return _resumable(d, damage)
+
+
+# (name, make(tmp_path) -> argv (creating the input files), the text or texts the one-line message must hold): bad input
+# held in files. Nothing may be written: every file in tmp_path keeps its bytes and no file appears.
+BAD_FILES = [
+    ("config file not UTF-8", _config_not_utf8,
+     "is not allowed: a UTF-8 text file (byte 0xe9 at offset 14 is not UTF-8)"),
+    ("npz y of shape (N, 1)", _npz_y_column,
+     "y of shape (records,), one integer label per record (got shape (100, 1); y.reshape(-1) gives it"),
+    ("npz x of 1 dimension", _npz_x_1d,
+     "x of shape (records, features), 2 dimensions (got shape (100,); x[:, None] if each record is one number)"),
+    ("npz x of 3 dimensions", _npz_x_3d,
+     "(got shape (100, 2, 2); flatten each record's features: x.reshape(len(x), -1))"),
+    ("npz label 1000 among classes 0..3", _npz_label_1000,
+     ("record 46 of the train split (y[57] in ", "d.npz) has label 1000, but no training record has label 4")),
+    ("npz class seen only in validation", _npz_class_only_in_val,
+     ("record 3 of the val split (y_val[3] in ", "d.npz) has label 3, a class seen only in validation")),
+    ("run_dir holding the user's own files", _users_own_folder,
+     ("holds other files: config.json, summary.json; a run writes config.json, summary.json, ... there): "
+      "choose another --run_dir")),
+    ("metrics.jsonl not UTF-8 on resume", _metrics_not_utf8,
+     "metrics.jsonl line 3: byte 0xff at column 32 is not UTF-8 text; repair or delete that line"),
+    ("config.json truncated on resume", _config_truncated, "config.json is damaged: JSONDecodeError"),
+]
+
+
+@pytest.mark.parametrize("make,expected", [b[1:] for b in BAD_FILES], ids=[b[0] for b in BAD_FILES])
+def test_bad_input_in_a_file_gives_one_line_exit_2_and_writes_nothing(make, expected, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = make(tmp_path)
+    before = _snapshot(tmp_path)
+    from jaxloop.train import main
+
+    assert _exit_code(main, [*argv, "--log.progress", "off"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("jaxloop.train: error: "), err[0]
+    assert all(part in err[0] for part in ((expected,) if isinstance(expected, str) else expected)), err[0]
+    assert _snapshot(tmp_path) == before, "nothing is written on bad input"
+
+
+def _snapshot(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
 
 
 def _exit_code(main, argv) -> int:

@@ -290,12 +290,13 @@ def test_npz_without_x_val_splits_by_fixed_permutation(tmp_path):
 
 
 def test_npz_with_x_val_uses_it(tmp_path):
-    x, y = np.ones((12, 2, 2), np.float32), np.arange(12) % 4
-    xv, yv = np.zeros((5, 2, 2), np.float32), np.array([0, 1, 2, 3, 5])
+    # (a validation label must be a class the training split has, and x is (records, features): docs/data.md)
+    x, y = np.ones((12, 4), np.float32), np.arange(12) % 4
+    xv, yv = np.zeros((5, 4), np.float32), np.array([0, 1, 2, 3, 3])
     np.savez(tmp_path / "d.npz", x=x, y=y, x_val=xv, y_val=yv)
     s = load_splits(npz_cfg(tmp_path / "d.npz"))
-    assert s.num_train == 12 and s.num_val == 5 and s.num_classes == 6
-    assert np.array_equal(s.val.get(np.arange(5))["y"], yv) and s.example_x.shape == (1, 2, 2)
+    assert s.num_train == 12 and s.num_val == 5 and s.num_classes == 4
+    assert np.array_equal(s.val.get(np.arange(5))["y"], yv) and s.example_x.shape == (1, 4)
 
 
 # ----------------------------------------------------------------------------- bad input

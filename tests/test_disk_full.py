@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from jaxloop.checkpoint import committed_steps, is_disk_full, write_error
+from loopcore.layout import MARKER_FILE
 from loopcore.records import read_records
 
 # ~0.95 MB a checkpoint (a 64-256-256-10 MLP: params, Adam's moments, the accumulator), one every 10 updates,
@@ -139,6 +140,7 @@ def test_a_full_disk_met_outside_a_checkpoint_save_is_one_line_and_exit_status_3
     from jaxloop import runner, train
 
     (tmp_path / "checkpoints" / "40").mkdir(parents=True)
+    (tmp_path / MARKER_FILE).write_text("{}\n")  # a run's directory (loopcore.run_dir)
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "metrics.jsonl"))
@@ -149,3 +151,27 @@ def test_a_full_disk_met_outside_a_checkpoint_save_is_one_line_and_exit_status_3
     assert re.fullmatch(rf"jaxloop\.train: error: {tmp_path}/metrics\.jsonl could not be written: the disk is full "
                         r"\(No space left on device\); [\d.]+ (B|KiB|MiB|GiB) free there; the last good checkpoint "
                         r"is update 40, which a rerun resumes from", line), line
+
+
+def _fill(mount: Path) -> None:
+    """Write until not one more byte fits (tmpfs allocates whole pages: smaller and smaller chunks)."""
+    with open(mount / "filler", "wb", buffering=0) as f:
+        for chunk in (1 << 20, 1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    f.write(b"\0" * chunk)
+            except OSError:
+                pass
+
+
+def test_a_disk_full_at_the_start_is_one_line_exit_3_and_leaves_no_temporary(tmpfs, capsys):
+    # the first write of a run is the lock's holder record: it used to leave .lock.holder.json.PID.tmp behind
+    from jaxloop import train
+
+    _fill(tmpfs)
+    run_dir = tmpfs / "run"
+    assert train.main(["--preset", "debug", "--run_dir", str(run_dir), "--log.progress", "off"]) == 3
+    line = capsys.readouterr().err.strip()
+    assert re.fullmatch(rf"jaxloop\.train: error: {run_dir} could not be written: the disk is full \(No space left on "
+                        r"device\); 0 B free there; no checkpoint was completed; a rerun starts afresh", line), line
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]  # the lock file itself: empty, and kept by design

@@ -422,3 +422,33 @@ def test_the_compiled_call_rule_is_its_own_not_the_resume_rule() -> None:
     seeded = _cfg(seed=7)
     assert resume_conflicts(to_dict(base), seeded) != [], "seed is not resume-safe"
     assert compiled_context(seeded, "train x1") == compiled_context(base, "train x1"), "but not compiled"
+
+
+class Planted:
+    """A pickle payload: unpickling it calls builtins.exec, which creates the file `ran`."""
+
+    def __init__(self, ran: Path) -> None:
+        self.ran = ran
+
+    def __reduce__(self) -> tuple:
+        return (exec, (f"open({str(self.ran)!r}, 'w').close()",))
+
+
+def test_a_planted_pickle_is_refused_not_executed_and_the_call_compiled_afresh(tmp_path: Path) -> None:
+    # An entry is data (a format line, JSON, jax's executable bytes read by an unpickler that may name only
+    # jax's classes and dtypes): neither a whole-file pickle (the former format) nor a payload in place of
+    # the executable's bytes runs. Each is taken for an unreadable entry: compiled again and replaced.
+    import pickle
+
+    ran = tmp_path / "ran"
+    args = (fresh_state(), BATCH)
+    compile_cached(jax.jit(fresh(step)), args, tmp_path, {})
+    (entry,) = tmp_path.glob("*.exe")
+    header = entry.read_bytes().split(b"\n", 2)[:2]
+    payload = pickle.dumps(Planted(ran))
+    for planted in (payload, b"\n".join([*header, payload])):
+        entry.write_bytes(planted)
+        compiled = compile_cached(jax.jit(fresh(step)), args, tmp_path, {})
+        assert not ran.exists(), "the planted pickle ran"
+        assert float(compiled(*args)[1]["loss"]) > 0
+        assert entry.read_bytes() != planted, "the planted entry is replaced by the fresh compile"

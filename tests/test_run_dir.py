@@ -40,3 +40,54 @@ def test_both_ways_forward_are_accepted(tmp_path):
     again = parse_config(["--config", str(run_dir / CONFIG_FILE)])
     assert resume_conflicts(to_dict(saved.cfg), again) == []
     assert RunDir(again).check(has_checkpoint=True) == to_dict(saved.cfg)
+
+
+def _cfg(run_dir, *argv: str):
+    return parse_config(["--preset", "debug", "--run_dir", str(run_dir), *argv])
+
+
+def test_a_new_run_marks_its_directory_and_may_start_again_in_it(tmp_path):
+    run_dir = tmp_path / "run"
+    rd = RunDir(_cfg(run_dir))
+    rd.check(has_checkpoint=False)
+    rd.start()
+    assert rd.layout.marker.is_file()  # written first: a run killed before config.json still owns its directory
+    (run_dir / "notes.txt").write_text("the user's notes in the run's own directory")
+    assert RunDir(_cfg(run_dir)).check(has_checkpoint=False) is None
+
+
+def test_a_folder_holding_other_files_is_refused_naming_a_few_of_them(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for name in ("config.json", "summary.json", "a.txt", "b.txt", "c.txt"):
+        (folder / name).write_text("{}")
+    with pytest.raises(ConfigError) as refused:
+        RunDir(_cfg(folder)).check(has_checkpoint=False)
+    assert "holds other files: a.txt, b.txt, c.txt, config.json and 1 more" in str(refused.value)
+    assert sorted(p.name for p in folder.iterdir()) == ["a.txt", "b.txt", "c.txt", "config.json", "summary.json"]
+
+
+@pytest.mark.parametrize("beside", ["metrics.jsonl", "checkpoints/10"])
+def test_a_run_directory_of_an_earlier_version_without_a_marker_still_resumes(tmp_path, beside):
+    # made before the marker existed: recognised by its layout (config.json beside metrics.jsonl or checkpoints/)
+    run_dir = tmp_path / "run"
+    rd = RunDir(_cfg(run_dir))
+    rd.start()
+    rd.layout.marker.unlink()
+    has_checkpoint = beside.startswith("checkpoints")
+    if has_checkpoint:
+        (run_dir / beside).mkdir(parents=True)
+    else:
+        (run_dir / beside).write_text("")
+    again = RunDir(_cfg(run_dir))
+    assert again.check(has_checkpoint=has_checkpoint) == (to_dict(again.cfg) if has_checkpoint else None)
+    again.start()
+    assert again.layout.marker.is_file()  # marked from now on
+
+
+def test_an_empty_checkpoints_directory_made_beforehand_is_no_foreign_file(tmp_path):
+    # e.g. a mount point for a bucket, made before the first run
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    assert RunDir(_cfg(tmp_path / "run")).foreign_files() == []
+    (tmp_path / "run" / "checkpoints" / "x").write_text("")
+    assert RunDir(_cfg(tmp_path / "run")).foreign_files() == ["checkpoints"]

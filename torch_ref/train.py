@@ -36,7 +36,7 @@ from loopcore.lock import RunLock
 from loopcore.outcome import COMPLETED, EARLY_STOPPING, early_stopping_message, final_evaluation_due, signal_stop
 from loopcore.outcome import summary as run_summary
 from loopcore.run_dir import RunDir
-from loopcore.records import BestTracker, read_records
+from loopcore.records import BestTracker, read_records, rewrite_for_resume
 from loopcore.sources import Splits, load_splits, write_vocab
 from torch_ref.checkpoint import CheckpointManager
 from torch_ref.data import make_train_loader, make_val_loader
@@ -84,12 +84,7 @@ class RunLogger:
     def __init__(self, cfg: Config, run_dir: Path, start_step: int):
         self.cfg = cfg
         self.path = RunLayout(run_dir).metrics
-        # Records after the checkpoint are logged again by the resumed run. A skipped update's record
-        # carries the count of updates before it, so one at start_step came after the checkpoint.
-        kept = [r for r in read_records(run_dir) if r.get("step", 0) < start_step
-                or (r.get("step", 0) == start_step and r.get("updated", True))]
-        with open(self.path, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
+        rewrite_for_resume(run_dir, start_step)  # loopcore.records: the records a resume keeps, atomically
         self._file = open(self.path, "a", buffering=1)
         self._print = cfg.log.progress != "off"
 
