@@ -28,6 +28,7 @@ from jaxloop.dispatch import Compiler, Dispatcher
 from jaxloop.distributed import (abstract_sharded, barrier, check_divisible, create_sharded, is_primary, make_mesh,
                                  shard_batch, to_host)
 from jaxloop.evaluate import Evaluator
+from jaxloop.identity import check_init_from, check_same_model, this_model
 from jaxloop.init_from import init_params_from
 from jaxloop.logger import RunLogger
 from jaxloop.loop import train, updates_per_call
@@ -40,6 +41,7 @@ from jaxloop.step import make_train_step, scan_steps
 from jaxloop.task import Task, builtin_task, check_own_optimizer, init_state
 from loopcore.cadence import MAX_UPDATES_PER_CALL, Cadence
 from loopcore.cli import CheckpointWriteError, Interrupted, OutOfMemoryError
+from loopcore.identity import read_model_record, write_model_record
 from loopcore.config import NOT_COMPILED, Config, MemoryConfig, compiled_fields, to_dict, validate
 from loopcore.lock import RunDirInUse, RunLock
 from loopcore.outcome import final_evaluation_due, summary as run_summary
@@ -122,11 +124,14 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
     """run() once run_dir is held: write it, restore or build the state, train; after an out-of-memory error
     at run time (Replan), reload the last checkpoint and train on under the smaller plan."""
     rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # again, held: a killed holder may have saved
+    model = check_model_identity(cfg, task, splits, rd, builtin)  # another model: refused, nothing written
     barrier("jaxloop: run_dir checked")  # nothing is written before every process has read run_dir
     metadata = run_metadata(cfg)
     rd.start(metadata)
     if rd.writes:
         write_vocab(str(rd.path), splits)
+        if read_model_record(rd.layout) != model:  # a new run's, or a run from before model.json
+            write_model_record(rd.layout, model)
 
     timings = Timings()
     mesh = make_mesh(cfg.distributed)  # (data, fsdp): the state is sharded over fsdp, the batch over both
@@ -169,6 +174,15 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
 
         write_report(rd.path)
     return summary
+
+
+def check_model_identity(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool) -> dict[str, Any]:
+    """This run's model record (jaxloop.identity), once a resume with another model and an --init_from of
+    another model's shapes are refused (ConfigError, worded for the command line when `builtin`)."""
+    model = this_model(cfg, task, splits)
+    check_same_model(cfg, rd.layout, model, flags=builtin)
+    check_init_from(cfg, model)
+    return model
 
 
 def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, ckpt: Checkpointer, timings: Timings,

@@ -2,6 +2,7 @@
 
     run_dir/
       config.json      the resolved config             metadata.json  what produced the run
+      model.json       the trained state's structure (every leaf's path, shape, dtype; the model's class)
       metrics.jsonl    train, eval and hook records     summary.json   the end-of-run summary
       resumes.jsonl    one line per resume              vocab.json     a text source's vocabulary
       checkpoints/     Orbax (jaxloop) or torch files   checkpoints_damaged/  steps moved aside
@@ -10,18 +11,20 @@
       .lock            the run's flock (loopcore.lock)  .lock.holder.json     who holds it, until when
 
 Both loops, the report, the sampler, --init_from and the converters read a run through `RunLayout`,
-never through a file name of their own. Imports nothing.
+never through a file name of their own. Imports nothing of the project.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 CONFIG_FILE = "config.json"
 METADATA_FILE = "metadata.json"
+MODEL_FILE = "model.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 RESUMES_FILE = "resumes.jsonl"
@@ -52,6 +55,7 @@ class RunLayout:
 
     config = property(lambda self: self.root / CONFIG_FILE)
     metadata = property(lambda self: self.root / METADATA_FILE)
+    model = property(lambda self: self.root / MODEL_FILE)
     metrics = property(lambda self: self.root / METRICS_FILE)
     summary = property(lambda self: self.root / SUMMARY_FILE)
     resumes = property(lambda self: self.root / RESUMES_FILE)
@@ -75,3 +79,23 @@ class RunLayout:
             return json.loads(path.read_text())
         except (OSError, ValueError):
             return None
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Replace `path` with `text` all at once: written to a temporary file beside it, fsynced, renamed over
+    it (and the directory fsynced), so a reader or a crash sees the old file or the new one, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
