@@ -23,14 +23,11 @@ from loopcore.config import ConfigError
 
 def init_params_from(path: str | Path, target_params: Any) -> Any:
     """target_params replaced by the params of the newest checkpoint under `path` (see the module doc)."""
-    import warnings
-
     from jaxloop.checkpoint import read_checkpoint
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "latest" never falls back, and a damaged step is skipped
-            _, _, saved = read_checkpoint(path, "latest", follow_x64=False)  # cast to the target's dtypes below
+        # a damaged step (unreadable, or failing its digest) is skipped with a warning, the previous one read
+        _, _, saved = read_checkpoint(path, "latest", follow_x64=False)  # cast to the target's dtypes below
     except FileNotFoundError:
         raise FileNotFoundError(f"init_from: {path} holds no checkpoint") from None
     params = saved["params"]
