@@ -101,12 +101,13 @@ def verify(restored: dict[str, Any], recorded: dict[str, Any] | None, directory:
            cast: frozenset[str] = frozenset()) -> None:
     """Raise DamagedCheckpointError when what was restored of a step (its `state`, and `data` if read) differs
     from the digest recorded with it, or the state is not finite. `cast`: leaves the reader converted to
-    another dtype on purpose (not comparable). No digest recorded: one warning, and only the finite check."""
+    another dtype on purpose (not comparable). No digest recorded: one warning, and only the finite check
+    (which is all a checkpoint of several processes gets: each held only its shards)."""
     state = restored["state"]
     if recorded is None:
         warnings.warn(f"the checkpoints in {directory} carry no digest (written by an older jaxloop): "
                       "restored without checking their bytes", UnverifiedCheckpointWarning, stacklevel=3)
-    else:
+    elif recorded.get("algorithm") == DIGEST_ALGORITHM:
         now = leaf_digests(state)
         saved = recorded.get("state") or {}
         bad = [p for p in sorted(set(now) | set(saved)) if p not in cast and now.get(p) != saved.get(p)]
@@ -541,9 +542,7 @@ def restore(manager: ocp.CheckpointManager, step: int, target: Any, data: bool =
     except Exception:
         settle_failed_read()
         raise
-    recorded = dict(out["digest"]) if has_digest else None
-    if recorded is None or recorded.get("algorithm") == DIGEST_ALGORITHM:  # else several processes: none kept
-        verify(dict(out), recorded, directory, cast)
+    verify(dict(out), dict(out["digest"]) if has_digest else None, directory, cast)
     return out
 
 

@@ -10,6 +10,8 @@ the EMA decay.
 from __future__ import annotations
 
 import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -21,6 +23,10 @@ from flax import struct
 from jaxloop.module import LinenModel, NnxModel
 from jaxloop.optim import for_the_loop, updates_applied
 from jaxloop.precision import Policy, get_policy
+
+
+HASH_THREADS = 8
+"""At most this many threads hash a checkpoint's leaves (leaf_digests)."""
 
 
 class TrainState(struct.PyTreeNode):
@@ -113,13 +119,22 @@ def hash_array(h: Any, leaf: Any) -> None:
 
 def leaf_digests(tree: Any) -> dict[str, str]:
     """{leaf path ("params/Dense_0/kernel"): sha256 of its dtype, shape and bytes} for every leaf of `tree`:
-    what a checkpoint records of its state, checked leaf by leaf on restore (jaxloop.checkpoint)."""
-    out = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    what a checkpoint records of its state, checked leaf by leaf on restore (jaxloop.checkpoint).
+    Leaves are hashed on up to HASH_THREADS threads (hashlib releases the GIL over large buffers)."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+
+    def one(leaf: Any) -> str:
         h = hashlib.sha256()
         hash_array(h, leaf)
-        out[leaf_path(path)] = h.hexdigest()
-    return out
+        return h.hexdigest()
+
+    threads = min(len(flat), os.cpu_count() or 1, HASH_THREADS)
+    if threads <= 1:
+        digests = [one(leaf) for _, leaf in flat]
+    else:
+        with ThreadPoolExecutor(threads, thread_name_prefix="jaxloop-digest") as pool:
+            digests = list(pool.map(one, [leaf for _, leaf in flat]))
+    return {leaf_path(path): digest for (path, _), digest in zip(flat, digests)}
 
 
 def leaf_path(path: Any) -> str:
