@@ -41,8 +41,8 @@ from jaxloop.step import make_train_step, scan_steps
 from jaxloop.task import Task, builtin_task, check_own_optimizer, init_state
 from loopcore.cadence import MAX_UPDATES_PER_CALL, Cadence
 from loopcore.cli import CheckpointWriteError, Interrupted, OutOfMemoryError
-from loopcore.identity import read_model_record, write_model_record
 from loopcore.config import NOT_COMPILED, Config, MemoryConfig, compiled_fields, to_dict, validate
+from loopcore.identity import read_model_record, write_model_record
 from loopcore.lock import RunDirInUse, RunLock
 from loopcore.outcome import final_evaluation_due, summary as run_summary
 from loopcore.records import BestTracker
