@@ -635,10 +635,11 @@ def saved_structure(directory: str | Path) -> dict[str, Any] | None:
     model.json was written. None when no checkpoint's metadata reads."""
     for step in reversed(committed_steps(directory)):
         try:
-            meta = _state_metadata(Path(directory) / str(step))
+            record = model_record(_state_metadata(Path(directory) / str(step)))
         except Exception:  # noqa: BLE001 - unreadable metadata: the restore will call it damaged
             continue
-        return model_record(meta)
+        if record["leaves"]:  # Orbax reads a missing state item as an empty tree
+            return record
     return None
 
 

@@ -78,9 +78,10 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
     check_plan(cfg.memory, cfg.batch_size, task.model)
     rd = RunDir(cfg, writes=is_primary())
     rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # a refusal here writes nothing
+    model = check_model_identity(cfg, task, splits, rd, builtin)  # another model: refused, nothing written
     lock = hold_run_dir(cfg)  # one run per run_dir; released at any exit (the kernel's flock, and here)
     try:
-        return _run_held(cfg, task, splits, rd, builtin, hooks, t_start)
+        return _run_held(cfg, task, splits, rd, builtin, hooks, t_start, model)
     except OSError as e:  # a full disk met outside a checkpoint save: one line too (exit status 3)
         if e.errno != errno.ENOSPC:
             raise
@@ -120,11 +121,12 @@ class Replan(Exception):
 
 
 def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool, hooks: Sequence[act.Action],
-              t_start: float) -> dict[str, Any]:
+              t_start: float, model: dict[str, Any]) -> dict[str, Any]:
     """run() once run_dir is held: write it, restore or build the state, train; after an out-of-memory error
-    at run time (Replan), reload the last checkpoint and train on under the smaller plan."""
+    at run time (Replan), reload the last checkpoint and train on under the smaller plan. `model`: the
+    model record of the state trained (loopcore.identity), written to run_dir/model.json."""
     rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # again, held: a killed holder may have saved
-    model = check_model_identity(cfg, task, splits, rd, builtin)  # another model: refused, nothing written
+    check_same_model(cfg, rd.layout, model, flags=builtin)  # again, held
     barrier("jaxloop: run_dir checked")  # nothing is written before every process has read run_dir
     metadata = run_metadata(cfg)
     rd.start(metadata)

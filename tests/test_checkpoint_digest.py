@@ -128,16 +128,18 @@ def test_moments_restored_huge_fall_back_to_the_previous_checkpoint_instead_of_s
     assert _losses(run_dir) == _losses(reference)
 
 
-def test_init_from_a_run_of_another_size_is_one_line_exit_2_and_nothing_written(reference, tmp_path):
+def test_init_from_a_run_of_another_size_is_one_line_exit_2_and_nothing_written(reference, tmp_path, capsys):
+    # jaxloop.train's main, in-process as the bad-flag table runs it (tests/test_cli.py)
     # mutant seen failing: check_init_from() not called (a traceback from init_params_from, after config.json)
+    from jaxloop.train import main
+
     run_dir = tmp_path / "wider"
-    refused = _train(run_dir, "--model.hidden", "64", "--init_from", str(reference))
-    assert refused.returncode == 2, refused.stderr
-    assert refused.stderr.strip().splitlines() == [
+    assert main(["--run_dir", str(run_dir), *ARGS, "--model.hidden", "64", "--init_from", str(reference)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
         f"jaxloop.train: error: init_from={str(reference)!r} is not allowed: a run of this model's shapes; these "
         "params differ: params/hidden_0/bias: (32,) there, (64,) now; params/hidden_0/kernel: (64, 32) there, "
         "(64, 64) now; params/out/kernel: (32, 10) there, (64, 10) now"]
-    assert not run_dir.exists() or not [p for p in run_dir.iterdir() if not p.name.startswith(".lock")]
+    assert not run_dir.exists(), "nothing is written, not even the run_dir's lock"
 
 
 # ----------------------------------------------------------------------------- the Checkpointer alone
