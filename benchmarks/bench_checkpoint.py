@@ -11,7 +11,13 @@ and 1.3 GiB) with jaxloop's Checkpointer, as the loop saves, in one run:
    memory bandwidth, and the step after a save allocating fresh buffers instead of donating. Rounds
    are long enough for a background save to finish within the next round.
 
-3. cpu (`--cpu`): the process CPU seconds a committed (sync) save costs, the state handed to Orbax as
+3. restore: the median time `Checkpointer.restore_latest` takes to read the synchronous save back into
+   the state (with its digest checked, where the code checks one), and the digest's own cost: computing
+   a save's (`checkpoint_digest`, in the hand-over thread for an async save) and a restore's check
+   (`leaf_digests` of the restored state). The same script runs against an older checkout (before
+   digests) for the before/after comparison: it then prints the restore time alone.
+
+4. cpu (`--cpu`): the process CPU seconds a committed (sync) save costs, the state handed to Orbax as
    jax.Arrays or as the zero-copy NumPy views the loop hands it on one CPU process, alternating (each
    goes first every other round).
    Size `mlp` is the digits MLP's state (36 small leaves), where Orbax's fixed costs dominate; a third
@@ -116,6 +122,7 @@ def measure(d_model: int, n_layers: int, rounds: int) -> None:
                  for mode in ("async", "sync")}
         try:
             blocked, committed = measure_blocked(ckpts, state, rounds)
+            restore_s = measure_restore(ckpts["sync"], state, rounds)
             lost, step_ms, steps_per_round = measure_lost(ckpts, state, rounds, statistics.median(blocked["sync"]))
         finally:
             for ckpt in ckpts.values():
@@ -125,6 +132,12 @@ def measure(d_model: int, n_layers: int, rounds: int) -> None:
         print(f"{m:5s}: blocked median {1e3 * med[m]:8.1f} ms  (save committed after median "
               f"{1e3 * statistics.median(committed[m]):8.1f} ms; rounds {', '.join(f'{1e3 * t:.0f}' for t in blocked[m])} ms)")
     print(f"ratio async/sync blocked time: {med['async'] / med['sync']:.3f}  (goal <= 0.1)")
+    print(f"restore: median {1e3 * statistics.median(restore_s):.1f} ms "
+          f"(rounds {', '.join(f'{1e3 * t:.0f}' for t in restore_s)} ms)")
+    digest = measure_digest(state, rounds)
+    if digest is not None:
+        print(f"digest: save {1e3 * digest[0]:.1f} ms (the hand-over thread's, for an async save), restore check "
+              f"{1e3 * digest[1]:.1f} ms (medians)")
     print(f"loop of donating steps ({step_ms:.1f} ms each, a save every {steps_per_round}): wall time lost per save "
           f"sync {1e3 * lost['sync']:.1f} ms, async {1e3 * lost['async']:.1f} ms; "
           f"ratio async/sync lost time: {lost['async'] / lost['sync']:.3f}")
@@ -145,6 +158,38 @@ def measure_blocked(ckpts: dict[str, Checkpointer], state: TrainState, rounds: i
                 blocked[mode].append(t1 - t0)
                 committed[mode].append(t2 - t0)
     return blocked, committed
+
+
+def measure_restore(ckpt: Checkpointer, state: TrainState, rounds: int) -> list[float]:
+    """Seconds per restore_latest of the last committed save, into a target like the loop's."""
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        restored = ckpt.restore_latest(state)
+        jax.block_until_ready(restored.state)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def measure_digest(state: TrainState, rounds: int) -> tuple[float, float] | None:
+    """Median seconds of a save's digest (over the NumPy views a CPU save hands Orbax) and of a restore's
+    check (over the state's arrays); None for code without digests."""
+    import jaxloop.checkpoint as checkpoint
+
+    if not hasattr(checkpoint, "checkpoint_digest"):
+        return None
+    from jaxloop.state import leaf_digests
+
+    views = checkpoint._for_orbax(state, checkpoint._host_views(state))  # noqa: SLF001
+    save, check = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        checkpoint.checkpoint_digest(views, {"position": 1})
+        t1 = time.perf_counter()
+        leaf_digests(state)
+        save.append(t1 - t0)
+        check.append(time.perf_counter() - t1)
+    return statistics.median(save), statistics.median(check)
 
 
 def _bump(state: TrainState) -> TrainState:

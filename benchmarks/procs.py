@@ -310,7 +310,11 @@ def checkpoint_row(opts: Options) -> Row:
         row.check("<=", 0.1)
         lost = re.findall(r"ratio async/sync lost time: ([0-9.\-]+)", c.stdout)
         sizes = re.findall(r"state: ([0-9.]+M params, \d+ MiB)", c.stdout)
-        row.notes = f"worst over sizes ({', '.join(sizes)}); figures of the largest; lost-time ratios {', '.join(lost)}"
+        restore = re.findall(r"restore: median ([0-9.]+) ms", c.stdout)
+        digest = re.findall(r"digest: save ([0-9.]+) ms .*restore check ([0-9.]+) ms", c.stdout)
+        row.notes = (f"worst over sizes ({', '.join(sizes)}); figures of the largest; lost-time ratios {', '.join(lost)}; "
+                     f"restore ms {', '.join(restore)}; digest ms per save / restore check "
+                     f"{', '.join(f'{a} / {b}' for a, b in digest)}")
         row.extra = {"stdout": c.stdout[-3000:]}
         return row
     except Exception as e:  # noqa: BLE001

@@ -3,7 +3,14 @@
 Retention is Orbax's AnyPreservationPolicy of LatestN(keep_last), BestN(keep_best by best_metric) and
 EveryNSteps(keep_every): the newest checkpoint is never deleted (unlike max_to_keep + best_fn, orbax
 #526). Restores go against the fresh state as target, so optimizer states come back as their own types.
-A damaged step (a file missing or truncated) is moved aside with a warning and the previous one is used.
+A damaged step (a file missing or truncated, an array or data position that fails its digest, a non-finite
+state) is moved aside with a warning and the previous one is used.
+
+Every checkpoint carries a digest of what it holds (item `digest`: sha256 of each state leaf's dtype, shape
+and bytes, jaxloop.state.leaf_digests, and of the data position's JSON), computed from the arrays as handed
+to Orbax (the hand-over thread of an async save: off the loop's path) and committed with the step. Every
+restore (resume, load_model, --init_from, sampling) checks it; a checkpoint written before digests is
+restored with a one-time warning that it is unverified.
 
 An async save blocks the loop only while the state is protected from the next train_step, which
 donates its buffers: on CPU, zero-copy NumPy views hold them (JAX does not donate a buffer that has
@@ -32,6 +39,8 @@ import contextlib
 import copy
 import errno
 import gc
+import hashlib
+import json
 import logging
 import os
 import re
@@ -55,16 +64,61 @@ from loopcore.config import CheckpointConfig, Config
 from loopcore.layout import DAMAGED_DIR, RunLayout
 from jaxloop.distributed import barrier, is_primary
 from jaxloop.memory import size
-from jaxloop.state import TrainState
+from jaxloop.state import TrainState, leaf_digests, leaf_path, model_record
 
 
-ITEMS = ("state", "data", "config", "metadata")
+ITEMS = ("state", "data", "config", "metadata", "digest")
 SPACE_MARGIN = 2
 """Warn when the free space holds fewer than this many checkpoints of the last one's size (one more save)."""
 
 
 class NonFiniteStateError(RuntimeError):
     """Raised instead of saving a state that holds NaN or Inf."""
+
+
+class DamagedCheckpointError(ValueError):
+    """A restored checkpoint whose arrays or data position fail its digest, or whose state is not finite."""
+
+
+class UnverifiedCheckpointWarning(UserWarning):
+    """A checkpoint written before jaxloop recorded digests was restored without a check of its bytes."""
+
+
+DIGEST_ALGORITHM = "sha256"
+
+
+def data_digest(data: dict[str, Any]) -> str:
+    """sha256 of a data position as its canonical JSON (what the `data` item holds, restored or not)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def checkpoint_digest(state: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint records of itself: each state leaf's digest and the data position's."""
+    return {"algorithm": DIGEST_ALGORITHM, "state": leaf_digests(state), "data": data_digest(data)}
+
+
+def verify(restored: dict[str, Any], recorded: dict[str, Any] | None, directory: Path,
+           cast: frozenset[str] = frozenset()) -> None:
+    """Raise DamagedCheckpointError when what was restored of a step (its `state`, and `data` if read) differs
+    from the digest recorded with it, or the state is not finite. `cast`: leaves the reader converted to
+    another dtype on purpose (not comparable). No digest recorded: one warning, and only the finite check
+    (which is all a checkpoint of several processes gets: each held only its shards)."""
+    state = restored["state"]
+    if recorded is None:
+        warnings.warn(f"the checkpoints in {directory} carry no digest (written by an older jaxloop): "
+                      "restored without checking their bytes", UnverifiedCheckpointWarning, stacklevel=3)
+    elif recorded.get("algorithm") == DIGEST_ALGORITHM:
+        now = leaf_digests(state)
+        saved = recorded.get("state") or {}
+        bad = [p for p in sorted(set(now) | set(saved)) if p not in cast and now.get(p) != saved.get(p)]
+        if bad:
+            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+            raise DamagedCheckpointError(f"the state leaf {bad[0]}{more} does not match the checkpoint's digest")
+        if "data" in restored and data_digest(dict(restored["data"])) != recorded.get("data"):
+            raise DamagedCheckpointError("the data position does not match the checkpoint's digest")
+    floats = [x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    if floats and not bool(_finite(floats)):
+        raise DamagedCheckpointError("the restored state holds NaN or Inf")
 
 
 @dataclass
@@ -320,6 +374,10 @@ class Checkpointer:
             data=ocp.args.JsonSave(data),
             config=ocp.args.JsonSave(self.config),
             metadata=ocp.args.JsonSave(self.metadata),
+            # read from the arrays handed to Orbax (host views, or a device copy), before it holds them;
+            # several processes hold only their shards of the state: no digest there
+            digest=ocp.args.JsonSave(checkpoint_digest(state, data) if jax.process_count() == 1 else
+                                     {"algorithm": None, "why": "several processes: each holds part of the state"}),
         )
         self._handed.append(step)
         self.manager.save(step, args=args, metrics=metrics, force=True)
@@ -510,17 +568,25 @@ class _AbandonedTaskReport(logging.Filter):
         return not ("exception was never retrieved" in message or "destroyed but it is pending" in message)
 
 
-def restore(manager: ocp.CheckpointManager, step: int, target: Any, data: bool = False) -> dict[str, Any]:
+def restore(manager: ocp.CheckpointManager, step: int, target: Any, data: bool = False,
+            cast: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The one Orbax restore of jaxloop: the state of `step` against `target` (a TrainState to resume,
-    or an abstract tree to read), with the data position and metadata when `data`."""
+    or an abstract tree to read), with the data position and metadata when `data`; checked against the
+    step's digest (`verify`: DamagedCheckpointError; `cast`: leaves the target converts on purpose)."""
     items = {"state": ocp.args.StandardRestore(target)}
     if data:
         items.update(data=ocp.args.JsonRestore(), metadata=ocp.args.JsonRestore())
+    directory = Path(manager.directory)
+    has_digest = (directory / str(step) / "digest").is_dir()
+    if has_digest:
+        items["digest"] = ocp.args.JsonRestore()
     try:
-        return manager.restore(step, args=ocp.args.Composite(**items))
+        out = manager.restore(step, args=ocp.args.Composite(**items))
     except Exception:
         settle_failed_read()
         raise
+    verify(dict(out), dict(out["digest"]) if has_digest else None, directory, cast)
+    return out
 
 
 def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None = None,
@@ -568,16 +634,56 @@ def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None
         sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         for step in [first] + [s for s in steps if s != first]:
             try:
-                with ocp.StandardCheckpointer() as reader:
-                    meta = reader.metadata(directory / str(step) / "state").item_metadata
+                meta = _state_metadata(directory / str(step))
                 abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, jax.dtypes.canonicalize_dtype(m.dtype),
                                                                        sharding=sharding), meta)
-                return int(step), chosen, restore(manager, step, abstract)["state"]
+                # float64 leaves read as float32 (follow_x64=False, x64 off) are converted: their digest cannot match
+                cast = frozenset(leaf_path(p) for p, m in jax.tree_util.tree_flatten_with_path(meta)[0]
+                                 if jax.dtypes.canonicalize_dtype(m.dtype) != m.dtype)
+                return int(step), chosen, restore(manager, step, abstract, cast=cast)["state"]
             except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
-                warnings.warn(f"checkpoint at update {step} could not be read ({type(e).__name__}); "
+                warnings.warn(f"checkpoint at update {step} could not be read ({_root_cause(e)}); "
                               "trying the next newest", stacklevel=2)
                 chosen = "latest"
     raise FileNotFoundError(f"no checkpoint of {run_dir} could be read")
+
+
+def _state_metadata(step_dir: Path) -> Any:
+    """Orbax's metadata tree of a step's state (shapes and dtypes, no arrays read). Orbax's warning that the
+    item has no _CHECKPOINT_METADATA of its own (the step directory holds it) is kept off the console."""
+    quiet = _MessageFilter("Metadata file does not exist")
+    absl = logging.getLogger("absl")
+    absl.addFilter(quiet)
+    try:
+        with ocp.StandardCheckpointer() as reader:
+            return reader.metadata(step_dir / "state").item_metadata
+    finally:
+        absl.removeFilter(quiet)
+
+
+class _MessageFilter(logging.Filter):
+    """Drops the records whose message contains `text`."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+def saved_structure(directory: str | Path) -> dict[str, Any] | None:
+    """The model record (jaxloop.state.model_record; the class unknown) of the newest committed checkpoint
+    in `directory` whose metadata reads, from Orbax's metadata alone: the identity of a run from before
+    model.json was written. None when no checkpoint's metadata reads."""
+    for step in reversed(committed_steps(directory)):
+        try:
+            record = model_record(_state_metadata(Path(directory) / str(step)))
+        except Exception:  # noqa: BLE001 - unreadable metadata: the restore will call it damaged
+            continue
+        if record["leaves"]:  # Orbax reads a missing state item as an empty tree
+            return record
+    return None
 
 
 def load_model(run_dir: str | Path, model: Any, which: str = "best") -> Any:

@@ -28,6 +28,7 @@ from jaxloop.dispatch import Compiler, Dispatcher
 from jaxloop.distributed import (abstract_sharded, barrier, check_divisible, create_sharded, is_primary, make_mesh,
                                  shard_batch, to_host)
 from jaxloop.evaluate import Evaluator
+from jaxloop.identity import check_init_from, check_same_model, this_model
 from jaxloop.init_from import init_params_from
 from jaxloop.logger import RunLogger
 from jaxloop.loop import train, updates_per_call
@@ -41,6 +42,7 @@ from jaxloop.task import Task, builtin_task, check_own_optimizer, run_state
 from loopcore.cadence import MAX_UPDATES_PER_CALL, Cadence
 from loopcore.errors import CheckpointWriteError, Interrupted, OutOfMemoryError
 from loopcore.config import NOT_COMPILED, Config, MemoryConfig, compiled_fields, to_dict, validate
+from loopcore.identity import read_model_record, write_model_record
 from loopcore.lock import RunDirInUse, RunLock
 from loopcore.outcome import final_evaluation_due, summary as run_summary
 from loopcore.records import BestTracker
@@ -95,10 +97,11 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
     check_plan(cfg.memory, cfg.batch_size, task.model)
     rd = RunDir(cfg, writes=is_primary())
     rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # a refusal here writes nothing
+    model = check_model_identity(cfg, task, splits, rd, builtin)  # another model: refused, nothing written
     lock = None
     try:
         lock = hold_run_dir(cfg)  # one run per run_dir; released at any exit (the kernel's flock, and here)
-        return _run_held(cfg, task, splits, rd, builtin, hooks, t_start)
+        return _run_held(cfg, task, splits, rd, builtin, hooks, t_start, model)
     except OSError as e:  # a full disk met outside a checkpoint save: one line too (exit status 3)
         if e.errno != errno.ENOSPC:
             raise
@@ -138,15 +141,19 @@ class Replan(Exception):
 
 
 def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool, hooks: Sequence[act.Action],
-              t_start: float) -> RunResult:
+              t_start: float, model: dict[str, Any]) -> RunResult:
     """run() once run_dir is held: write it, restore or build the state, train; after an out-of-memory error
-    at run time (Replan), reload the last checkpoint and train on under the smaller plan."""
+    at run time (Replan), reload the last checkpoint and train on under the smaller plan. `model`: the
+    model record of the state trained (loopcore.identity), written to run_dir/model.json."""
     rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # again, held: a killed holder may have saved
+    check_same_model(cfg, rd.layout, model, flags=builtin)  # again, held
     barrier("jaxloop: run_dir checked")  # nothing is written before every process has read run_dir
     metadata = run_metadata(cfg)
     rd.start(metadata)
     if rd.writes:
         write_vocab(str(rd.path), splits)
+        if read_model_record(rd.layout) != model:  # a new run's, or a run from before model.json
+            write_model_record(rd.layout, model)
 
     timings = Timings()
     mesh = make_mesh(cfg.distributed)  # (data, fsdp): the state is sharded over fsdp, the batch over both
@@ -189,6 +196,15 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
 
         write_report(rd.path)
     return RunResult(state=state, summary=summary)
+
+
+def check_model_identity(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool) -> dict[str, Any]:
+    """This run's model record (jaxloop.identity), once a resume with another model and an --init_from of
+    another model's shapes are refused (ConfigError, worded for the command line when `builtin`)."""
+    model = this_model(cfg, task, splits)
+    check_same_model(cfg, rd.layout, model, flags=builtin)
+    check_init_from(cfg, model)
+    return model
 
 
 def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, ckpt: Checkpointer, timings: Timings,

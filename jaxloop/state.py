@@ -10,6 +10,8 @@ differentiates), the optimizer, the precision policy and the EMA decay.
 from __future__ import annotations
 
 import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -21,6 +23,10 @@ from flax import struct
 from jaxloop.module import LinenModel, LossFn, NnxModel, is_nnx
 from jaxloop.optim import SkipWindowsState, find_state, for_the_loop, updates_applied
 from jaxloop.precision import Policy, get_policy
+
+
+HASH_THREADS = 8
+"""At most this many threads hash a checkpoint's leaves (leaf_digests)."""
 
 
 class TrainState(struct.PyTreeNode):
@@ -128,8 +134,51 @@ def state_digest(state: TrainState) -> str:
     """
     h = hashlib.sha256()
     for path, leaf in jax.tree_util.tree_flatten_with_path((state.params, state.model_state, state.opt_state))[0]:
-        a = np.asarray(jax.device_get(leaf))
         h.update(jax.tree_util.keystr(path).encode())
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(np.ascontiguousarray(a).tobytes())
+        hash_array(h, leaf)
     return h.hexdigest()
+
+
+def hash_array(h: Any, leaf: Any) -> None:
+    """Feed one array's dtype, shape and bytes to the hash `h` (the one encoding of every jaxloop digest).
+    A jax.Array is read to the host (a whole-array copy when it is sharded or on an accelerator)."""
+    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
+        leaf = jax.random.key_data(leaf)  # typed PRNG keys: their raw key bits
+    a = np.asarray(jax.device_get(leaf))
+    h.update(f"{a.dtype.str}{a.shape}".encode())
+    h.update(np.ascontiguousarray(a).data if a.size else b"")
+
+
+def leaf_digests(tree: Any) -> dict[str, str]:
+    """{leaf path ("params/Dense_0/kernel"): sha256 of its dtype, shape and bytes} for every leaf of `tree`:
+    what a checkpoint records of its state, checked leaf by leaf on restore (jaxloop.checkpoint).
+    Leaves are hashed on up to HASH_THREADS threads (hashlib releases the GIL over large buffers)."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+
+    def one(leaf: Any) -> str:
+        h = hashlib.sha256()
+        hash_array(h, leaf)
+        return h.hexdigest()
+
+    threads = min(len(flat), os.cpu_count() or 1, HASH_THREADS)
+    if threads <= 1:
+        digests = [one(leaf) for _, leaf in flat]
+    else:
+        with ThreadPoolExecutor(threads, thread_name_prefix="jaxloop-digest") as pool:
+            digests = list(pool.map(one, [leaf for _, leaf in flat]))
+    return {leaf_path(path): digest for (path, _), digest in zip(flat, digests)}
+
+
+def leaf_path(path: Any) -> str:
+    """A key path as names joined by "/" ("opt_state/inner_state/0/mu/Dense_0/kernel"): the one spelling of
+    a leaf in the model record, the checkpoint digests and the messages that name a leaf."""
+    return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+
+
+def model_record(state: Any, model: Any = None) -> dict[str, Any]:
+    """The structure of a TrainState (or its jax.eval_shape): every leaf's path, shape and dtype, in the
+    state's order, and the class name of `model` (the user's module): the model half of a run's identity,
+    kept in run_dir/model.json (loopcore.identity)."""
+    leaves = [[leaf_path(path), list(leaf.shape), str(leaf.dtype)]
+              for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]]
+    return {"model": None if model is None else type(model).__name__, "leaves": leaves}

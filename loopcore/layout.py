@@ -2,6 +2,7 @@
 
     run_dir/
       config.json      the resolved config             metadata.json  what produced the run
+      model.json       the trained state's structure (every leaf's path, shape, dtype; the model's class)
       metrics.jsonl    train, eval and hook records     summary.json   the end-of-run summary
       resumes.jsonl    one line per resume              vocab.json     a text source's vocabulary
       checkpoints/     Orbax (jaxloop) or torch files   checkpoints_damaged/  steps moved aside
@@ -11,7 +12,7 @@
       .jaxloop-run     written first, when the run starts: this directory is a run's (loopcore.run_dir)
 
 Both loops, the report, the sampler, --init_from and the converters read a run through `RunLayout`,
-never through a file name of their own. Imports nothing.
+never through a file name of their own. Imports nothing of the project.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 CONFIG_FILE = "config.json"
 METADATA_FILE = "metadata.json"
+MODEL_FILE = "model.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 RESUMES_FILE = "resumes.jsonl"
@@ -54,6 +56,7 @@ class RunLayout:
 
     config = property(lambda self: self.root / CONFIG_FILE)
     metadata = property(lambda self: self.root / METADATA_FILE)
+    model = property(lambda self: self.root / MODEL_FILE)
     metrics = property(lambda self: self.root / METRICS_FILE)
     summary = property(lambda self: self.root / SUMMARY_FILE)
     resumes = property(lambda self: self.root / RESUMES_FILE)
