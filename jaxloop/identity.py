@@ -11,7 +11,7 @@ import jax
 
 from jaxloop.checkpoint import Checkpointer, saved_structure
 from jaxloop.state import model_record
-from jaxloop.task import Task, init_state
+from jaxloop.task import Task, run_state
 from loopcore.config import Config, ConfigError
 from loopcore.identity import check_model, first_differences, model_differences, read_model_record
 from loopcore.layout import RunLayout
@@ -20,7 +20,7 @@ from loopcore.sources import Splits
 
 def this_model(cfg: Config, task: Task, splits: Splits) -> dict[str, Any]:
     """The model record of the state this run trains (shapes only: nothing is computed)."""
-    return model_record(jax.eval_shape(lambda: init_state(cfg, task, splits)), task.model)
+    return model_record(jax.eval_shape(lambda: run_state(cfg, task, splits)), task.model)
 
 
 def check_same_model(cfg: Config, layout: RunLayout, now: dict[str, Any], flags: bool) -> None:

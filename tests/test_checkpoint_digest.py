@@ -97,10 +97,10 @@ def _set_moment(step_dir: Path, value: float) -> None:
     import orbax.checkpoint as ocp
 
     from loopcore.run_dir import read_config
-    from jaxloop.task import builtin_task, init_state
+    from jaxloop.task import builtin_task, run_state
 
     cfg = read_config(step_dir.parent.parent)
-    target = jax.eval_shape(lambda: init_state(cfg, builtin_task(cfg)))
+    target = jax.eval_shape(lambda: run_state(cfg, builtin_task(cfg)))
     with ocp.StandardCheckpointer() as io:
         state = io.restore(step_dir / "state", target)
         mu = state.opt_state.inner_state.inner_opt_state[2].inner_state[0].mu

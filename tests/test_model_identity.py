@@ -151,6 +151,7 @@ def test_differences_name_shapes_dtypes_and_leaves_present_on_one_side_only():
 def test_a_fresh_start_replaces_the_record_of_a_run_killed_before_its_first_checkpoint(tmp_path):
     # with no checkpoint there is nothing to resume: the record is replaced, not compared
     # (mutant seen failing: the record written only when missing)
+    (tmp_path / ".jaxloop-run").write_text("{}\n")  # the killed run had started (its marker is written first)
     (tmp_path / "model.json").write_text(json.dumps({"model": "Old", "leaves": []}))
     jaxloop.run(_cfg(tmp_path), _task(Net()))
     assert json.loads((tmp_path / "model.json").read_text())["model"] == "Net"
