@@ -34,6 +34,7 @@ from jaxloop.loop import train, updates_per_call
 from jaxloop.memory import Fit, candidates, check_plan, describe_plan, is_out_of_memory, plan_dict, supports_blocks
 from jaxloop.optim import optimizer_metrics
 from jaxloop.runinfo import Profiler, Timings, run_metadata
+from jaxloop.schedule import steps_change_line
 from jaxloop.setup import configure_process
 from jaxloop.state import state_digest
 from jaxloop.step import make_train_step, scan_steps
@@ -44,7 +45,7 @@ from loopcore.config import NOT_COMPILED, Config, MemoryConfig, compiled_fields,
 from loopcore.lock import RunDirInUse, RunLock
 from loopcore.outcome import final_evaluation_due, summary as run_summary
 from loopcore.records import BestTracker
-from loopcore.run_dir import RunDir
+from loopcore.run_dir import RunDir, resume_by_name
 from loopcore.sources import Splits, write_vocab
 
 
@@ -64,8 +65,11 @@ def compiled_context(cfg: Config, name: str) -> dict[str, Any]:
 
 def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ()) -> dict[str, Any]:
     """Train `task` (default: the preset's built-in task) according to cfg, with research code's `hooks`
-    (jaxloop.Hook) among the loop's periodic actions; returns the summary written to run_dir/summary.json."""
+    (jaxloop.Hook) among the loop's periodic actions; returns the summary written to run_dir/summary.json.
+    `Config(run_dir=DIR)` alone resumes the run saved in DIR with its own config (loopcore.run_dir); a run
+    that has already ended writes nothing and returns its summary, with `already_complete` True."""
     t_start = time.perf_counter()
+    cfg = resume_by_name(cfg)
     validate(cfg, check_paths=task is None)  # bad input: a ConfigError before anything is set or written
     configure_process(cfg)
     builtin = task is None
@@ -76,6 +80,9 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
     check_plan(cfg.memory, cfg.batch_size, task.model)
     rd = RunDir(cfg, writes=is_primary())
     rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # a refusal here writes nothing
+    ended = rd.finished()
+    if ended is not None:  # a finished run started again: nothing to do, nothing written (not even the lock)
+        return {**ended, "already_complete": True}
     lock = hold_run_dir(cfg)  # one run per run_dir; released at any exit (the kernel's flock, and here)
     try:
         return _run_held(cfg, task, splits, rd, builtin, hooks, t_start)
@@ -151,8 +158,8 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
             planned = replace(cfg, memory=memory)
             compiler = Compiler(executables_dir(cfg, builtin), compiled_fields(planned, NOT_COMPILED))
             try:
-                summary = _train(planned, task, splits, state, restored, ckpt, timings, mesh, compiler, list(hooks),
-                                 rd, replans)
+                summary, signum = _train(planned, task, splits, state, restored, ckpt, timings, mesh, compiler,
+                                         list(hooks), rd, replans)
                 break
             except Replan as e:
                 memory, replans = e.memory, e.replans
@@ -163,19 +170,32 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
             ckpt.close()  # awaits the last async save and surfaces its errors
     summary["timings_s"] = timings.as_dict()
     summary["wall_time_s"] = time.perf_counter() - t_start
-    rd.write_summary(summary)
+    summary = keep_timing_of_updates(summary, rd.layout.read_json(rd.layout.summary))
+    rd.write_summary(summary)  # a stopped run's too: its report says where it stopped
     if cfg.log.report and rd.writes:
         from jaxloop.report import write_report
 
         write_report(rd.path)
+    if signum is not None:
+        raise Interrupted(signum, step=summary["final_step"], run_dir=cfg.run_dir)
     return summary
+
+
+def keep_timing_of_updates(summary: dict[str, Any], previous: Any) -> dict[str, Any]:
+    """An invocation that ran no update (resumed at its end) keeps the wall time, rate and timings of the
+    summary before it, which measured the updates; any other summary is returned as is."""
+    if summary["updates_this_run"] or not isinstance(previous, dict):
+        return summary
+    kept = {k: previous[k] for k in ("wall_time_s", "updates_per_s", "timings_s") if k in previous}
+    return {**summary, **kept}
 
 
 def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, ckpt: Checkpointer, timings: Timings,
            mesh: Any, compiler: Compiler, hooks: list[act.Action], rd: RunDir,
-           replans: list[dict[str, Any]]) -> dict[str, Any]:
+           replans: list[dict[str, Any]]) -> tuple[dict[str, Any], int | None]:
     """The host loop over this run's dispatcher and actions, from `state` (restored or fresh) to the end, under
-    the memory plan cfg.memory (and those the dispatcher re-plans to); Replan on an out-of-memory error."""
+    the memory plan cfg.memory (and those the dispatcher re-plans to); Replan on an out-of-memory error.
+    Returns the summary and the signal that stopped the run (None: it was not stopped by one)."""
     run_dir = rd.path
     step = restored.step if restored is not None else 0
     cadence = Cadence.of(cfg)
@@ -214,6 +234,10 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
             if action.key is not None and action.key in restored.data:
                 action.load_state_dict(restored.data[action.key])
         logger.message(resume_line(restored))
+        moved = steps_change_line(cfg.optim, int(rd.saved.get("steps", cfg.steps)), cfg.steps, step) \
+            if rd.saved is not None else None
+        if moved:
+            logger.message(moved)
     try:
         try:
             state = train(state, step, dispatcher, actions, run, per_call)
@@ -224,7 +248,7 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
         if final_evaluation_due(run.last_eval, run.stop_reason):  # e.g. a run resumed at its end
             run.last_eval = evaluator(state)
         summary = run_summary(
-            final_step=int(state.step), stop_reason=run.stop_reason, final=run.last_eval, tracker=tracker,
+            final_step=int(state.step), updates_this_run=int(state.step) - step, stop_reason=run.stop_reason, final=run.last_eval, tracker=tracker,
             metric=cfg.checkpoint.best_metric, checkpoint_step=ckpt.best_step(), updates_per_s=run.clock.updates_per_s,
             skipped=int(optimizer_metrics(state.opt_state)["skipped"]),
             digest=state_digest(to_host(state)),  # shards held by other processes too
@@ -235,9 +259,7 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
         batches.close()
         loader.close()
         logger.close()
-    if signals.signal is not None:
-        raise Interrupted(signals.signal)
-    return summary
+    return summary, signals.signal
 
 
 def resume_line(restored: Any) -> str:

@@ -217,6 +217,25 @@ def describe(optim: OptimConfig, steps: int) -> str:
     return f"{optim.schedule} over {steps} updates ({fields})"
 
 
+def title_lines(text: str, width: int = 95) -> str:
+    """A plot title wrapped to lines of at most `width` characters (8-point text in a 7-inch figure)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
+def steps_change_line(optim: OptimConfig, old_steps: int, new_steps: int, step: int) -> str | None:
+    """A warning for a resume that changes `steps` (--allow_steps_change): the rate of update `step` under
+    the saved steps and under the new ones, when they differ (None otherwise, and for plateau)."""
+    if old_steps == new_steps or optim.schedule == "plateau":
+        return None
+    before, after = rates(optim, old_steps)[min(step, old_steps)], rates(optim, new_steps)[min(step, new_steps)]
+    if before == after:
+        return None
+    return (f"warning: steps {old_steps} -> {new_steps} moves the learning rate at update {step}: "
+            f"{before:.3g} -> {after:.3g} (the schedule is that of {new_steps} steps from here on)")
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m jaxloop.schedule`: print (and plot) the schedule of a train command's config."""
     from loopcore.cli import EXIT_BAD_INPUT, UsageError, parse_config
@@ -257,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         ax.plot(np.arange(cfg.steps), table[:cfg.steps], lw=1.5)
         ax.set_xlabel("update (0-based)")
         ax.set_ylabel("learning rate")
-        ax.set_title(describe(cfg.optim, cfg.steps), fontsize=8)
+        ax.set_title(title_lines(describe(cfg.optim, cfg.steps)), fontsize=8)  # wrapped: fits the figure
         fig.tight_layout()
         fig.savefig(plot, dpi=110)
         plt.close(fig)
