@@ -228,7 +228,8 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     dispatcher = Dispatcher(scan_steps(make_train_step(task.loss, cfg.memory)), batches, K, compiler, timings,
                             on_compiled=run.clock.restart, memory=cfg.memory,
                             steps_of=lambda plan: scan_steps(make_train_step(task.loss, plan)),
-                            batch_size=cfg.batch_size, blocks=supports_blocks(state.model), on_fitted=memory.fitted)
+                            batch_size=cfg.batch_size, blocks=supports_blocks(state.model), on_fitted=memory.fitted,
+                            on_compile=CompileLines(logger, cfg))
     if restored is not None:
         for action in actions:
             if action.key is not None and action.key in restored.data:
@@ -260,6 +261,27 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
         loader.close()
         logger.close()
     return summary, signals.signal
+
+
+class CompileLines:
+    """The lines around compiling a training call (silence at the start reads as a hang): what is compiled
+    and where the next run finds it, before; how long it took, or that it was loaded, after."""
+
+    def __init__(self, logger: RunLogger, cfg: Config):
+        self.logger, self.cfg = logger, cfg
+
+    def __call__(self, n: int, compiled: Any, seconds: float) -> None:
+        from jaxloop.executables import LoadedCall
+
+        if compiled is None:
+            cache = (f"the next run of this config loads it from the cache ({self.cfg.compile_cache})"
+                     if self.cfg.compile_cache else "compile_cache is off: every run compiles it")
+            self.logger.message(f"compiling the training call ({n} update(s) of batch {self.cfg.batch_size} per "
+                                f"device call); {cache}...")
+        elif isinstance(compiled, LoadedCall):
+            self.logger.message(f"loaded the compiled training call from the cache in {seconds:.1f}s")
+        else:
+            self.logger.message(f"compiled in {seconds:.1f}s")
 
 
 def resume_line(restored: Any) -> str:
