@@ -236,6 +236,23 @@ def steps_change_line(optim: OptimConfig, old_steps: int, new_steps: int, step: 
             f"{before:.3g} -> {after:.3g} (the schedule is that of {new_steps} steps from here on)")
 
 
+def plot_schedule(optim: OptimConfig, steps: int, path: str) -> Any:
+    """A PNG of the rate of every update, titled with `describe` wrapped to fit the figure; returns it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3.5))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ax.plot(np.arange(steps), rates(optim, steps)[:steps], lw=1.5)
+    ax.set_xlabel("update (0-based)")
+    ax.set_ylabel("learning rate")
+    ax.set_title(title_lines(describe(optim, steps)), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return fig
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m jaxloop.schedule`: print (and plot) the schedule of a train command's config."""
     from loopcore.cli import EXIT_BAD_INPUT, UsageError, parse_config
@@ -267,19 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     for u in updates:
         print(f"{u:>8}  {table[min(u, cfg.steps)]:.6g}")
     if plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        ax.plot(np.arange(cfg.steps), table[:cfg.steps], lw=1.5)
-        ax.set_xlabel("update (0-based)")
-        ax.set_ylabel("learning rate")
-        ax.set_title(title_lines(describe(cfg.optim, cfg.steps)), fontsize=8)  # wrapped: fits the figure
-        fig.tight_layout()
-        fig.savefig(plot, dpi=110)
-        plt.close(fig)
+        plot_schedule(cfg.optim, cfg.steps, plot)
         print(f"plotted to {plot}")
     return 0
 

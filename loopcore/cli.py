@@ -158,7 +158,7 @@ def finish(prog: str, cfg: Config, run: Callable[[], dict[str, Any]],
         return next(status for kind, status in failures if isinstance(e, kind))
     except Interrupted as e:
         saved = f" at update {e.step}" if e.step is not None else ""
-        print(f"{prog}: {e} received: saved{saved} and stopped; resume with: "
+        print(f"{prog}: {e} received: saved and stopped{saved}; resume with: "
               f"{resume_command(prog, e.run_dir or cfg.run_dir)}", file=sys.stderr)
         return EXIT_SIGNAL[e.signum]
     if announce():

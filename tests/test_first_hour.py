@@ -134,3 +134,59 @@ def test_a_run_shorter_than_log_every_draws_its_losses_and_step_times(tmp_path):
     assert len(train_line.get_xdata()) == 1 and train_line.get_marker() not in (None, "None", "", " ")
     step_time = plot_throughput(r, tmp_path / "tp.png").axes[1].lines[0]
     assert len(step_time.get_xdata()) == 1 and step_time.get_marker() not in (None, "None", "", " ")
+
+
+def test_the_schedule_plot_title_fits_the_figure(tmp_path):
+    # the longest description (one_cycle's) in 8-point type; mutant (title_lines returns the text as is): clipped
+    from jaxloop.schedule import plot_schedule
+
+    cfg = parse_config(["--optim.schedule", "one_cycle", "--optim.three_phase"], check_paths=False)
+    fig = plot_schedule(cfg.optim, cfg.steps, str(tmp_path / "s.png"))
+    title = fig.axes[0].title.get_window_extent(fig.canvas.get_renderer())
+    assert 0 <= title.x0 and title.x1 <= fig.bbox.x1, (title, fig.bbox)
+
+
+class _Run:
+    """What SignalStop reads of the run: the run_dir and a logger taking messages."""
+
+    run_dir = "runs/x"
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self.logger = self
+
+    def message(self, text: str) -> None:
+        self.messages.append(text)
+
+
+def test_a_second_ctrl_c_under_the_cli_ends_at_once(monkeypatch):
+    # the watcher's two calls, as two ^C give them; mutant (no second-signal branch): no exit
+    import signal
+
+    from jaxloop import actions
+
+    exits = []
+    monkeypatch.setattr(actions, "exit_now", lambda status, line: exits.append((status, line)))
+    stop, run_ctx = actions.SignalStop(), _Run()
+    stop._run, stop.cli, stop.trained, stop.stops_after = run_ctx, True, True, 40
+    stop._acknowledge(signal.SIGINT)
+    assert run_ctx.messages == ["SIGINT received: stopping after update 40: saving...; Ctrl-C again to stop at "
+                                "once without saving"] and exits == []
+    stop._acknowledge(signal.SIGINT)
+    assert exits == [(130, "second SIGINT: stopped at once without saving (the run resumes from its last "
+                           "checkpoint); resume with: python -m jaxloop.train --run_dir runs/x")]
+
+
+def test_fsdp_beyond_one_cpu_device_names_xla_flags():
+    # mutant (cpu_devices_hint returns ""): the message says "one of 1" and nothing more
+    import jax
+
+    from jaxloop.distributed import check_divisible
+
+    if jax.device_count() != 1 or jax.default_backend() != "cpu":
+        pytest.fail("this test process must see one CPU device (tests run without XLA_FLAGS device counts)")
+    with pytest.raises(ConfigError) as e:
+        check_divisible(parse_config(["--distributed.fsdp", "2"], check_paths=False))
+    assert str(e.value) == ("distributed.fsdp=2 is not allowed: a divisor of the device count (1): one of 1 (on a "
+                            "CPU, XLA_FLAGS=--xla_force_host_platform_device_count=2 before the command gives 2 CPU "
+                            "devices)")

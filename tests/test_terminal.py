@@ -130,7 +130,7 @@ def test_ctrl_c_while_training_is_acknowledged_saves_and_the_next_run_resumes(tm
     assert time.monotonic() - sent < ACK_S
     assert term.wait(120) == 130
     saved = int(ack.group(1))
-    assert _last_line(term) == (f"jaxloop.train: SIGINT received: saved at update {saved} and stopped; "
+    assert _last_line(term) == (f"jaxloop.train: SIGINT received: saved and stopped at update {saved}; "
                                 f"resume with: python -m jaxloop.train --run_dir {run_dir}")
     assert "Traceback" not in term.text()
     summary = json.loads((run_dir / "summary.json").read_text())  # a stopped run gets its summary and report
