@@ -40,11 +40,11 @@ def stopped(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def resumed(stopped, tmp_path_factory):
-    """A copy of `stopped` resumed by name from the command line (with the report on: a log.* flag, which a
-    resume may change): its directory, exit status and stderr."""
+    """A copy of `stopped` resumed by name from the command line, with flags a resume may change (the report
+    on, another log_every: not the digits defaults either): its directory, exit status and stderr."""
     run_dir = tmp_path_factory.mktemp("resumed") / "r"
     shutil.copytree(stopped, run_dir)
-    status, err = _cli("--run_dir", str(run_dir), "--log.report")
+    status, err = _cli("--run_dir", str(run_dir), "--log.report", "--log_every", "2")
     return run_dir, status, err
 
 
