@@ -43,7 +43,7 @@ from jaxloop.state import TrainState
 from loopcore.cadence import Cadence, due
 from loopcore.cli import EXIT_SIGNAL, NonFiniteError
 from loopcore.config import ConfigError
-from loopcore.interrupt import CLI_SESSION, exit_now, watch_signals
+from loopcore.interrupt import CLI_SESSION, Session, watch_signals
 from loopcore.outcome import COMPLETED, EARLY_STOPPING, early_stopping_message, signal_stop
 from loopcore.records import BestTracker
 
@@ -185,11 +185,11 @@ class SignalStop(Action):
         self.stops_after: int | None = None  # the last update dispatched: the run stops and saves there
         self._scope: contextlib.ExitStack | None = None
         self._run: RunContext | None = None
-        self.cli = False
+        self.session: Session | None = None
 
     def start(self, run: RunContext, step: int) -> None:
         self._run, self.stops_after = run, step
-        self.cli = CLI_SESSION.get()  # read here: the watcher thread runs in a context of its own
+        self.session = CLI_SESSION.get()  # read here: the watcher thread runs in a context of its own
         self._scope = contextlib.ExitStack()
         self._scope.enter_context(watch_signals(self._acknowledge, handler=self._on_signal))
 
@@ -200,13 +200,13 @@ class SignalStop(Action):
         """On the watcher thread, the moment a signal arrives: say what happens next (or end at once)."""
         self.received += 1
         self.signal = self.signal or signum
-        name, cli = signal.Signals(signum).name, self.cli
+        name, cli = signal.Signals(signum).name, self.session is not None
         resume = f"resume with: python -m jaxloop.train --run_dir {shlex.quote(self._run.run_dir)}"
         if cli and not self.trained:
-            exit_now(EXIT_SIGNAL[signum], f"{name} received while compiling (nothing trained in this run yet): "
+            self.session.exit(EXIT_SIGNAL[signum], f"{name} received while compiling (nothing trained in this run yet): "
                      f"stopped at once; {resume}")
         if cli and self.received > 1 and signum == signal.SIGINT:
-            exit_now(EXIT_SIGNAL[signum], f"second {name}: stopped at once without saving (the run resumes from "
+            self.session.exit(EXIT_SIGNAL[signum], f"second {name}: stopped at once without saving (the run resumes from "
                      f"its last checkpoint); {resume}")
         if self.received == 1:
             again = "; Ctrl-C again to stop at once without saving" if cli else ""

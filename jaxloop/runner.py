@@ -42,6 +42,7 @@ from jaxloop.task import Task, builtin_task, check_own_optimizer, init_state
 from loopcore.cadence import MAX_UPDATES_PER_CALL, Cadence
 from loopcore.cli import CheckpointWriteError, Interrupted, OutOfMemoryError
 from loopcore.config import NOT_COMPILED, Config, MemoryConfig, compiled_fields, to_dict, validate
+from loopcore.interrupt import on_abrupt_exit
 from loopcore.lock import RunDirInUse, RunLock
 from loopcore.outcome import final_evaluation_due, summary as run_summary
 from loopcore.records import BestTracker
@@ -85,7 +86,8 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
         return {**ended, "already_complete": True}
     lock = hold_run_dir(cfg)  # one run per run_dir; released at any exit (the kernel's flock, and here)
     try:
-        return _run_held(cfg, task, splits, rd, builtin, hooks, t_start)
+        with on_abrupt_exit(lock.release if lock is not None else None):  # a Ctrl-C while compiling: no stale record
+            return _run_held(cfg, task, splits, rd, builtin, hooks, t_start)
     except OSError as e:  # a full disk met outside a checkpoint save: one line too (exit status 3)
         if e.errno != errno.ENOSPC:
             raise

@@ -9,9 +9,10 @@ traceback, no interpreter teardown racing XLA's threads).
     with watch_signals(lambda signum: ..., handler=...):    # the scope: previous handlers restored after
         ...
 
-`CLI_SESSION` says whether the command line owns the process (`python -m jaxloop.train`): there a
-Ctrl-C before the first update ends the process at once; under research code (jaxloop.run in a notebook)
-nothing ends the process. Imports no jax.
+`CLI_SESSION` holds the command line's Session when it owns the process (`python -m jaxloop.train`):
+there a Ctrl-C before the first update ends the process at once (Session.exit: the cleanups registered
+with `on_abrupt_exit`, such as releasing the run_dir's lock record, run first); under research code
+(jaxloop.run in a notebook) it is None and nothing ends the process. Imports no jax.
 """
 
 from __future__ import annotations
@@ -25,8 +26,37 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-CLI_SESSION: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxloop_cli_session", default=False)
-"""True within the CLI's `cli_session()`: the command line, not research code, owns the process."""
+class Session:
+    """The command line's ownership of the process: how it ends abruptly (after its cleanups)."""
+
+    def __init__(self) -> None:
+        self.cleanups: list[Callable[[], None]] = []
+
+    def exit(self, status: int, line: str) -> None:
+        """Run the cleanups (newest first; a failing one is passed over), then exit_now(status, line)."""
+        for cleanup in reversed(list(self.cleanups)):
+            with contextlib.suppress(Exception):
+                cleanup()
+        exit_now(status, line)
+
+
+CLI_SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar("jaxloop_cli_session", default=None)
+"""The CLI's Session within `cli_session()` (None elsewhere): the command line, not research code, owns the
+process. A watcher thread has a context of its own: read it on the main thread and keep it."""
+
+
+@contextlib.contextmanager
+def on_abrupt_exit(cleanup: Callable[[], None] | None) -> Iterator[None]:
+    """Within: `cleanup` runs if the CLI's session ends the process at once (nothing, outside the CLI)."""
+    session = CLI_SESSION.get()
+    if session is None or cleanup is None:
+        yield
+        return
+    session.cleanups.append(cleanup)
+    try:
+        yield
+    finally:
+        session.cleanups.remove(cleanup)
 
 WATCHED = (signal.SIGINT, signal.SIGTERM)
 
@@ -90,11 +120,13 @@ def cli_session(prog: str) -> Iterator[None]:
     setup, the first compile) or after it ends prints one line and exits 130 / 143 at once."""
     from loopcore.cli import EXIT_SIGNAL
 
+    session = Session()
+
     def stop(signum: int) -> None:
-        exit_now(EXIT_SIGNAL[signum], f"{prog}: {signal.Signals(signum).name} received outside the training "
+        session.exit(EXIT_SIGNAL[signum], f"{prog}: {signal.Signals(signum).name} received outside the training "
                  "loop (setup, or the summary after it): stopped at once; checkpoints already saved are kept")
 
-    token = CLI_SESSION.set(True)
+    token = CLI_SESSION.set(session)
     try:
         with watch_signals(stop):
             yield

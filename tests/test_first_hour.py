@@ -165,10 +165,13 @@ def test_a_second_ctrl_c_under_the_cli_ends_at_once(monkeypatch):
 
     from jaxloop import actions
 
+    from loopcore.interrupt import Session
+
     exits = []
-    monkeypatch.setattr(actions, "exit_now", lambda status, line: exits.append((status, line)))
+    session = Session()
+    monkeypatch.setattr(session, "exit", lambda status, line: exits.append((status, line)))
     stop, run_ctx = actions.SignalStop(), _Run()
-    stop._run, stop.cli, stop.trained, stop.stops_after = run_ctx, True, True, 40
+    stop._run, stop.session, stop.trained, stop.stops_after = run_ctx, session, True, 40
     stop._acknowledge(signal.SIGINT)
     assert run_ctx.messages == ["SIGINT received: stopping after update 40: saving...; Ctrl-C again to stop at "
                                 "once without saving"] and exits == []
