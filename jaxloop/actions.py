@@ -203,11 +203,11 @@ class SignalStop(Action):
         name, cli = signal.Signals(signum).name, self.session is not None
         resume = f"resume with: python -m jaxloop.train --run_dir {shlex.quote(self._run.run_dir)}"
         if cli and not self.trained:
-            self.session.exit(EXIT_SIGNAL[signum], f"{name} received while compiling (nothing trained in this run yet): "
-                     f"stopped at once; {resume}")
+            self.session.exit(EXIT_SIGNAL[signum], f"{name} received while compiling (nothing trained in this run "
+                              f"yet): stopped at once; {resume}")
         if cli and self.received > 1 and signum == signal.SIGINT:
-            self.session.exit(EXIT_SIGNAL[signum], f"second {name}: stopped at once without saving (the run resumes from "
-                     f"its last checkpoint); {resume}")
+            self.session.exit(EXIT_SIGNAL[signum], f"second {name}: stopped at once without saving (the run resumes "
+                              f"from its last checkpoint); {resume}")
         if self.received == 1:
             again = "; Ctrl-C again to stop at once without saving" if cli else ""
             self._run.logger.message(f"{name} received: stopping after update {self.stops_after}: saving...{again}")

@@ -17,7 +17,7 @@ from typing import Any
 from loopcore.cli import EXIT_SIGNAL, finish, parse_or_exit
 from loopcore.interrupt import cli_session
 
-__all__ = ["main", "run"]
+__all__ = ["main", "run"]  # noqa: F822  (run: the module's __getattr__, imported on first use)
 
 PROG = "jaxloop.train"
 

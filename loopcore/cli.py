@@ -1,8 +1,10 @@
 """Command line -> validated Config, shared by `python -m jaxloop.train` and `python -m torch_ref.train`.
 
 Order of precedence: preset defaults < config file (--config FILE, YAML or JSON) < flags. Flags are the
-dotted field paths (`--optim.peak_lr 3e-4`; `--optim.peak-lr` works too), parsed by tyro. Every error
-becomes one line on stderr naming the field, the value and what is allowed, and exit status 2.
+dotted field paths (`--optim.peak_lr 3e-4`; `--optim.peak-lr` works too), parsed by tyro. A run_dir
+that holds a saved config replaces the preset's defaults (resume by name: `--run_dir DIR` alone). Every
+error becomes one line on stderr naming the field, the value and what is allowed (an unknown flag: the
+closest known one), and exit status 2.
 Imports no jax.
 """
 

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+
 class Session:
     """The command line's ownership of the process: how it ends abruptly (after its cleanups)."""
 

@@ -164,7 +164,6 @@ def test_a_second_ctrl_c_under_the_cli_ends_at_once(monkeypatch):
     import signal
 
     from jaxloop import actions
-
     from loopcore.interrupt import Session
 
     exits = []
@@ -193,3 +192,16 @@ def test_fsdp_beyond_one_cpu_device_names_xla_flags():
     assert str(e.value) == ("distributed.fsdp=2 is not allowed: a divisor of the device count (1): one of 1 (on a "
                             "CPU, XLA_FLAGS=--xla_force_host_platform_device_count=2 before the command gives 2 CPU "
                             "devices)")
+
+
+def test_an_invocation_that_ran_no_update_keeps_the_former_wall_time_and_rate():
+    # a run resumed at its end (killed after its last save, before its summary) ran 0 updates: its own wall
+    # time (1.4 s) and rate (0) would replace the run's; mutant (summary returned as is): fails
+    from jaxloop.runner import keep_timing_of_updates
+
+    previous = {"final_step": 500, "wall_time_s": 2.88, "updates_per_s": 310.0, "timings_s": {"compile": 0.8}}
+    now = {"final_step": 500, "updates_this_run": 0, "wall_time_s": 1.45, "updates_per_s": 0.0, "timings_s": {}}
+    kept = keep_timing_of_updates(now, previous)
+    assert (kept["wall_time_s"], kept["updates_per_s"], kept["timings_s"]) == (2.88, 310.0, {"compile": 0.8})
+    ran = {**now, "updates_this_run": 100}
+    assert keep_timing_of_updates(ran, previous) == ran  # an invocation that trained reports its own

@@ -105,8 +105,8 @@ def test_ctrl_c_while_compiling_stops_at_once_in_one_line(tmp_path):
     # Mutant (SignalStop without the watcher thread): nothing is printed until the compile and the
     # first call end, and the run trains on to its first save: fails on the ACK_S bound.
     run_dir = tmp_path / "r"
-    flags = ("--preset", "shakespeare", "--data.path", str(TEXT), "--model.n_layers", "1", "--steps", "4", "--optim.warmup_steps", "0",
-             "--eval_every", "0", "--compile_cache", "")
+    flags = ("--preset", "shakespeare", "--data.path", str(TEXT), "--model.n_layers", "1", "--steps", "4",
+             "--optim.warmup_steps", "0", "--eval_every", "0", "--compile_cache", "")
     term = _train(run_dir, *flags)
     term.read_until(r"compiling the training call \(\d+ update\(s\) of batch 32 per device call\); compile_cache "
                     r"is off: every run compiles it\.\.\.", 300)
