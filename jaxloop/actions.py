@@ -175,8 +175,8 @@ class SignalStop(Action):
 
     The signal is acknowledged at once (loopcore.interrupt's watcher thread: the main thread may be waiting
     on the device or compiling), naming the update the run will stop and save after. Under the CLI
-    (loopcore.interrupt.CLI_SESSION) a signal before the first call finished (setup, the first compile:
-    nothing trained in this run yet) ends the process at once, and so does a second SIGINT."""
+    (loopcore.interrupt.CLI_SESSION), in one process, a signal before the first call finished (setup, the
+    first compile: nothing trained in this run yet) ends the process at once, and so does a second SIGINT."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
@@ -189,7 +189,9 @@ class SignalStop(Action):
 
     def start(self, run: RunContext, step: int) -> None:
         self._run, self.stops_after = run, step
-        self.session = CLI_SESSION.get()  # read here: the watcher thread runs in a context of its own
+        # read here: the watcher thread runs in a context of its own. Several processes stop together only
+        # through poll's agreement: none of them ends alone (the others would wait in a collective)
+        self.session = CLI_SESSION.get() if jax.process_count() == 1 else None
         self._scope = contextlib.ExitStack()
         self._scope.enter_context(watch_signals(self._acknowledge, handler=self._on_signal))
 
