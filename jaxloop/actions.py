@@ -24,6 +24,8 @@ with a `key` keeps a JSON state in every checkpoint's data item (state_dict / lo
 
 from __future__ import annotations
 
+import contextlib
+import shlex
 import signal
 import time
 from collections.abc import Callable
@@ -41,6 +43,7 @@ from jaxloop.state import TrainState
 from loopcore.cadence import Cadence, due
 from loopcore.errors import EXIT_SIGNAL, NonFiniteError
 from loopcore.config import ConfigError
+from loopcore.interrupt import CLI_SESSION, Session, watch_signals
 from loopcore.outcome import COMPLETED, EARLY_STOPPING, early_stopping_message, signal_stop
 from loopcore.records import BestTracker
 
@@ -168,22 +171,54 @@ class Action:
 
 class SignalStop(Action):
     """SIGINT / SIGTERM end the run after the calls already dispatched, with a save (exit 130 / 143). With
-    several processes they agree once per call, so that all dispatch and stop alike."""
+    several processes they agree once per call, so that all dispatch and stop alike.
+
+    The signal is acknowledged at once (loopcore.interrupt's watcher thread: the main thread may be waiting
+    on the device or compiling), naming the update the run will stop and save after. Under the CLI
+    (loopcore.interrupt.CLI_SESSION), in one process, a signal before the first call finished (setup, the
+    first compile: nothing trained in this run yet) ends the process at once, and so does a second SIGINT."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
-        self._previous: dict[int, Any] = {}
+        self.received = 0
+        self.trained = False  # a call of this run finished: there is something new to save
+        self.stops_after: int | None = None  # the last update dispatched: the run stops and saves there
+        self._scope: contextlib.ExitStack | None = None
+        self._run: RunContext | None = None
+        self.session: Session | None = None
 
     def start(self, run: RunContext, step: int) -> None:
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._on_signal) for s in EXIT_SIGNAL}
+        self._run, self.stops_after = run, step
+        # read here: the watcher thread runs in a context of its own. Several processes stop together only
+        # through poll's agreement: none of them ends alone (the others would wait in a collective)
+        self.session = CLI_SESSION.get() if jax.process_count() == 1 else None
+        self._scope = contextlib.ExitStack()
+        self._scope.enter_context(watch_signals(self._acknowledge, handler=self._on_signal))
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        self.signal = signum  # finish the calls dispatched, save, then exit
+        self.signal = self.signal or signum  # finish the calls dispatched, save, then exit
+
+    def _acknowledge(self, signum: int) -> None:
+        """On the watcher thread, the moment a signal arrives: say what happens next (or end at once)."""
+        self.received += 1
+        self.signal = self.signal or signum
+        name, cli = signal.Signals(signum).name, self.session is not None
+        resume = f"resume with: python -m jaxloop.train --run_dir {shlex.quote(self._run.run_dir)}"
+        if cli and not self.trained:
+            self.session.exit(EXIT_SIGNAL[signum], f"{name} received while compiling (nothing trained in this run "
+                              f"yet): stopped at once; {resume}")
+        if cli and self.received > 1 and signum == signal.SIGINT:
+            self.session.exit(EXIT_SIGNAL[signum], f"second {name}: stopped at once without saving (the run resumes "
+                              f"from its last checkpoint); {resume}")
+        if self.received == 1:
+            again = "; Ctrl-C again to stop at once without saving" if cli else ""
+            self._run.logger.message(f"{name} received: stopping after update {self.stops_after}: saving...{again}")
+
+    def before_dispatch(self, run: RunContext, step: int, n: int) -> None:
+        self.stops_after = step + n
 
     def poll(self, run: RunContext) -> None:
+        self.trained = True
         seen = self.signal  # read once: the handler may set it at any moment
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
@@ -196,9 +231,9 @@ class SignalStop(Action):
             run.stop(signal_stop(seen))
 
     def close(self, run: RunContext) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._previous = {}
+        if self._scope is not None:
+            self._scope.close()
+            self._scope = None
 
 
 class NonFiniteStreak(Action):

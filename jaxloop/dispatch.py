@@ -83,14 +83,16 @@ class Dispatcher:
                  timings: Timings, on_compiled: Callable[[], None] = lambda: None, *,
                  memory: MemoryConfig | None = None, steps_of: Callable[[MemoryConfig], Any] | None = None,
                  batch_size: int = 0, blocks: bool = False,
-                 on_fitted: Callable[[Fit, int, int], None] = lambda fitted, n, step: None):
+                 on_fitted: Callable[[Fit, int, int], None] = lambda fitted, n, step: None,
+                 on_compile: Callable[[int, Any, float], None] = lambda n, compiled, seconds: None):
         """memory: the plan `steps` were built under, to fit each call to the device (None: no check);
         steps_of(plan) builds the steps of another plan; batch_size and blocks bound the plans tried
-        (jaxloop.memory.candidates); on_fitted(fit, n, step) hears of each call fitted, before it runs."""
+        (jaxloop.memory.candidates); on_fitted(fit, n, step) hears of each call fitted, before it runs;
+        on_compile(n, compiled, seconds) of each call's compiling: before (compiled None) and after it."""
         self.steps, self.batches, self.accum_steps = steps, batches, accum_steps
         self.compiler, self.timings, self.on_compiled = compiler, timings, on_compiled
         self.memory, self.steps_of, self.batch_size, self.blocks = memory, steps_of, batch_size, blocks
-        self.on_fitted = on_fitted
+        self.on_fitted, self.on_compile = on_fitted, on_compile
         self.compiled: dict[int, Any] = {}
 
     def ready(self, n: int) -> bool:
@@ -117,6 +119,8 @@ class Dispatcher:
         """The call running n updates, compiled on first use (its own compile time is timed) and, with a
         memory plan, fitted to the device's memory (re-planned if it does not fit)."""
         if n not in self.compiled:
+            self.on_compile(n, None, 0.0)
+            t0 = time.perf_counter()
             with self.timings("compile"):
                 if self.memory is None:
                     compiled = self._compile(n, state, chunk, None)
@@ -130,6 +134,7 @@ class Dispatcher:
                     compiled = fitted.compiled
                     self.on_fitted(fitted, n, step)
                 self.compiled[n] = compiled
+            self.on_compile(n, compiled, time.perf_counter() - t0)
             self.on_compiled()
         return self.compiled[n]
 

@@ -65,6 +65,15 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def cpu_devices_hint(wanted: int) -> str:
+    """On a CPU backend of one device, how to get `wanted` devices from one machine (XLA's host-platform
+    device count, set before jax starts); empty elsewhere (the user has set it, or has accelerators)."""
+    if jax.default_backend() != "cpu" or jax.device_count() != 1:
+        return ""
+    return (f" (on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count={wanted} before the command gives "
+            f"{wanted} CPU devices)")
+
+
 def check_divisible(cfg: Config) -> None:
     """distributed.fsdp must divide the device count; micro-batches (and validation batches) must split
     evenly over all devices (data x fsdp)."""
@@ -72,7 +81,7 @@ def check_divisible(cfg: Config) -> None:
     f = cfg.distributed.fsdp
     if n % f:
         raise ConfigError("distributed.fsdp", f, f"a divisor of the device count ({n}): one of "
-                          f"{', '.join(map(str, _divisors(n)))}")
+                          f"{', '.join(map(str, _divisors(n)))}{cpu_devices_hint(f)}")
     for field, size in (("batch_size", cfg.batch_size), ("data.eval_batch_size", cfg.data.eval_batch_size)):
         if size % n:
             raise ConfigError(field, size, f"a multiple of the device count ({n})")

@@ -5,12 +5,13 @@ can be compared bit for bit. A resumed run first truncates metrics.jsonl to the 
 update it resumes from and tells TensorBoard to purge later events (purge_step), so a resumed run's
 files read the same as an uninterrupted run's.
 
-Progress (log.progress): ``bar`` is a tqdm bar on stderr (update, loss, lr, updates/s, ETA; messages
-and evaluation lines are written above it); ``plain`` prints one line per logged update, thinned to at
+Progress (log.progress) is shown once per device call (the loop's flush), never for each of a call's
+records in a burst: ``bar`` is a tqdm bar on stderr (update, loss, lr, updates/s, ETA; messages
+and evaluation lines are written above it); ``plain`` prints the last due record of a call, thinned to at
 most about PLAIN_LINES lines per run (plus one at least every PLAIN_MAX_GAP_S seconds), so CI logs
-stay readable, each with the rate over the updates since the line before (metrics.jsonl keeps every
-record's own interval, which for updates run in one device call is the call's share); ``auto`` is ``bar`` when stderr
-is a terminal and ``plain`` otherwise; ``off`` prints
+stay readable, each with the rate over the updates since the line before and an ETA from the wall-clock
+rate between calls (metrics.jsonl keeps every record's own interval, which for updates run in one device
+call is the call's share); ``auto`` is ``bar`` when stderr is a terminal and ``plain`` otherwise; ``off`` prints
 no progress (messages such as early stopping are still printed).
 """
 
@@ -87,6 +88,7 @@ class Progress:
         self._first: tuple[int, float] | None = None
         self._since_line = [0, 0.0]  # updates and seconds (from the records' step_ms) since the last line
         self._last_step = start
+        self._pending: tuple[dict[str, Any], float] | None = None  # the record the next flush() shows
 
     def _new_bar(self, step: int) -> Any:
         from tqdm import tqdm
@@ -102,7 +104,8 @@ class Progress:
         )
 
     def eta_s(self, step: int, updates_per_s: float | None) -> float | None:
-        """Seconds to `total` at the wall-clock rate seen so far (evaluation and saving included)."""
+        """Seconds to `total` at the wall-clock rate seen so far (evaluation and saving included), measured
+        from one progress update (one device call) to the next, never between the records of one call."""
         now = time.perf_counter()
         if self._first is None:
             self._first = (step, now)
@@ -124,31 +127,44 @@ class Progress:
         return n / seconds if seconds > 0 else float(record.get("updates_per_s", 0.0))
 
     def train(self, record: dict[str, Any]) -> None:
+        """A train record: shown at the next `flush()` (the loop flushes once per device call), so that the
+        updates of one call make one progress update and the ETA is timed between calls."""
+        step = int(record["step"])
+        rate = self._smoothed_rate(record, step)
+        if self.mode == "bar":
+            self._pending = (record, rate)
+        elif self.mode == "plain":
+            if step >= self._next_line or step >= self.total:
+                while self._next_line <= step:
+                    self._next_line += self._cadence
+                self._pending = (record, rate)
+            elif time.perf_counter() - self._last_line_t >= PLAIN_MAX_GAP_S and self._pending is None:
+                self._pending = (record, rate)
+
+    def flush(self) -> None:
+        """Show the last record due since the previous flush: one line (or bar update) per device call."""
+        pending, self._pending = self._pending, None  # taken once: a signal's message may flush from its thread
+        if pending is None:
+            return
+        record, rate = pending
         step = int(record["step"])
         eta = self.eta_s(step, record.get("updates_per_s"))
-        rate = self._smoothed_rate(record, step)
         if self.mode == "bar":
             first = self._bar is None
             if first:
                 self._bar = self._new_bar(step)
             self._bar.set_postfix_str(f"loss {record['loss']:.4f}, lr {record.get('lr', math.nan):.2e}", refresh=first)
             self._bar.update(step - self._bar.n)
-        elif self.mode == "plain":
-            now = time.perf_counter()
-            due = (step >= self._next_line or step >= self.total or now - self._last_line_t >= PLAIN_MAX_GAP_S)
-            if not due:
-                return
-            while self._next_line <= step:
-                self._next_line += self._cadence
-            self._last_line_t = now
-            pct = 100.0 * step / self.total if self.total else 100.0
-            self._since_line = [0, 0.0]
-            line = (f"update {step}/{self.total} ({pct:.0f}%) loss {record['loss']:.4f} "
-                    f"lr {record.get('lr', math.nan):.2e} "
-                    f"{rate:.1f} updates/s ETA {format_duration(eta)}")
-            if record.get("mem_bytes") is not None:
-                line += f" mem {format_bytes(record['mem_bytes'])}"
-            self._print(line)
+            return
+        self._last_line_t = time.perf_counter()
+        pct = 100.0 * step / self.total if self.total else 100.0
+        self._since_line = [0, 0.0]
+        line = (f"update {step}/{self.total} ({pct:.0f}%) loss {record['loss']:.4f} "
+                f"lr {record.get('lr', math.nan):.2e} "
+                f"{rate:.1f} updates/s ETA {format_duration(eta)}")
+        if record.get("mem_bytes") is not None:
+            line += f" mem {format_bytes(record['mem_bytes'])}"
+        self._print(line)
 
     def eval(self, record: dict[str, Any]) -> None:
         if self.mode == "off":
@@ -158,6 +174,7 @@ class Progress:
 
     def message(self, text: str) -> None:
         """A line that does not break the bar (tqdm.write above it)."""
+        self.flush()  # the progress it follows first
         if self._bar is not None:
             self._bar.write(text, file=self.stream)
         else:
@@ -167,6 +184,7 @@ class Progress:
         print(text, file=self.stream, flush=True)
 
     def close(self) -> None:
+        self.flush()
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -232,6 +250,7 @@ class RunLogger:
         thread holding it then can keep the loop waiting for milliseconds)."""
         if self._file is not None:
             self._file.flush()
+        self._progress.flush()
 
     def message(self, text: str) -> None:
         self._progress.message(text)

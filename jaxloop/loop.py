@@ -55,6 +55,9 @@ def train(state: TrainState, step: int, dispatcher: Dispatcher, actions: Sequenc
                 state, ending = done.state, run.ends(done.step)
                 for action in actions:
                     state = action.at_step(run, done.step, state) or state
+                if not run.ends(done.step):  # a signal that came during the actions stops here, not a call later
+                    for action in actions:
+                        action.poll(run)
                 if run.ends(done.step) and not ending:  # a stop decided here: the actions before it see the end too
                     for action in actions:
                         state = action.at_step(run, done.step, state) or state

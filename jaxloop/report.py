@@ -244,12 +244,19 @@ def _mark_events(ax, run: Run, best: dict[str, Any]) -> None:
                    label=f"best {best['metric']} (update {best['step']})")
 
 
-def plot_loss(run: Run, path: Path, best: dict[str, Any]) -> None:
+def _marker(x: list[int]) -> str | None:
+    """Points marked on a short series: a line of one point draws nothing (a run shorter than log_every
+    logs only its last update)."""
+    return "." if len(x) <= 60 else None
+
+
+def plot_loss(run: Run, path: Path, best: dict[str, Any]) -> Any:
+    """loss.png: the train loss of each logged update, the validation metrics; returns the figure."""
     has_acc = any("val_acc" in r for r in run.evals)
     fig, axes = _figure(2 if has_acc else 1)
     ax = axes[0]
     x, y = _series(run.train, "loss")
-    ax.plot(x, y, color="tab:blue", linewidth=1, label="train loss (mean over logged interval)")
+    ax.plot(x, y, color="tab:blue", linewidth=1, marker=_marker(x), label="train loss (of each logged update)")
     for key, style in (("val_loss", dict(color="tab:orange", marker="o")),
                        ("ema_val_loss", dict(color="tab:red", marker="s", linestyle="--"))):
         x, y = _series(run.evals, key)
@@ -277,6 +284,7 @@ def plot_loss(run: Run, path: Path, best: dict[str, Any]) -> None:
         ax.legend(fontsize=8)
     axes[-1].set_xlabel("update")
     save_figure(fig, path)
+    return fig
 
 
 def _schedule_line(optim: dict[str, Any], steps: Any) -> str:
@@ -294,7 +302,7 @@ def _schedule_line(optim: dict[str, Any], steps: Any) -> str:
 def plot_lr(run: Run, path: Path) -> None:
     fig, (ax,) = _figure(1)
     x, y = _series(run.train, "lr")
-    ax.plot(x, y, color="tab:purple", marker="." if len(x) <= 60 else None, linewidth=1.2)
+    ax.plot(x, y, color="tab:purple", marker=_marker(x), linewidth=1.2)
     ax.set_title("Learning rate applied at each logged update (read back from the optimizer)")
     ax.set_xlabel("update")
     ax.set_ylabel("learning rate")
@@ -309,15 +317,16 @@ def plot_throughput(run: Run, path: Path) -> Any:
     key, label = ("tokens_per_s", "tokens/s") if any("tokens_per_s" in r for r in run.train) else (
         "samples_per_s", "samples/s")
     x, y = _series(run.train, key)
-    axes[0].plot(x, y, color="tab:green", linewidth=1, marker="." if len(x) <= 60 else None)
+    axes[0].plot(x, y, color="tab:green", linewidth=1, marker=_marker(x))
     axes[0].set_ylabel(label)
-    axes[0].set_title(f"Throughput ({label} over each logged interval)\n({RATE_BASIS})", fontsize=10)
+    axes[0].set_title(f"Throughput ({label}, measured per device call: a call's updates share its time)\n"
+                      f"({RATE_BASIS})", fontsize=10)
     axes[0].grid(alpha=0.3)
     for k, color, lab in (("step_ms", "tab:blue", "step time (ms/update)"),
                           ("data_wait_ms", "tab:orange", "data wait (ms/update)")):
         x, y = _series(run.train, k)
         if x:
-            axes[1].plot(x, y, color=color, linewidth=1, label=lab)
+            axes[1].plot(x, y, color=color, linewidth=1, marker=_marker(x), label=lab)
     axes[1].set_ylabel("ms per update")
     axes[1].set_xlabel("update")
     axes[1].set_title("Where an update's time goes")

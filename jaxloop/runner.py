@@ -35,6 +35,7 @@ from jaxloop.loop import train, updates_per_call
 from jaxloop.memory import Fit, candidates, check_plan, describe_plan, is_out_of_memory, plan_dict, supports_blocks
 from jaxloop.optim import optimizer_metrics
 from jaxloop.runinfo import Profiler, Timings, run_metadata
+from jaxloop.schedule import steps_change_line
 from jaxloop.setup import configure_process
 from jaxloop.state import TrainState, state_digest
 from jaxloop.step import make_train_step, scan_steps
@@ -43,10 +44,11 @@ from loopcore.cadence import MAX_UPDATES_PER_CALL, Cadence
 from loopcore.errors import CheckpointWriteError, Interrupted, OutOfMemoryError
 from loopcore.config import NOT_COMPILED, Config, MemoryConfig, compiled_fields, to_dict, validate
 from loopcore.identity import read_model_record, write_model_record
+from loopcore.interrupt import on_abrupt_exit
 from loopcore.lock import RunDirInUse, RunLock
 from loopcore.outcome import final_evaluation_due, summary as run_summary
 from loopcore.records import BestTracker
-from loopcore.run_dir import RunDir
+from loopcore.run_dir import RunDir, resume_by_name
 from loopcore.sources import Splits, write_vocab
 
 
@@ -70,7 +72,7 @@ class RunResult(Mapping[str, Any]):
     it reads as a dict does (`result["final"]["val_loss"]`). `result.state.user_model()` gives the trained
     model as its user wrote it (Linen variables, or the NNX module); jaxloop.train_step trains it on."""
 
-    state: TrainState
+    state: TrainState | None
     summary: dict[str, Any]
 
     def __getitem__(self, key: str) -> Any:
@@ -85,8 +87,12 @@ class RunResult(Mapping[str, Any]):
 
 def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ()) -> RunResult:
     """Train `task` (default: the preset's built-in task) according to cfg, with research code's `hooks`
-    (jaxloop.Hook) among the loop's periodic actions; returns the trained state and the summary (RunResult)."""
+    (jaxloop.Hook) among the loop's periodic actions; returns the trained state and the summary written to
+    run_dir/summary.json (RunResult). `Config(run_dir=DIR)` alone resumes the run saved in DIR with its own
+    config (loopcore.run_dir); a run that has already ended writes nothing and returns its summary, with
+    `already_complete` True (and no state: jaxloop.load_model reads it back)."""
     t_start = time.perf_counter()
+    cfg = resume_by_name(cfg)
     validate(cfg, check_paths=task is None)  # bad input: a ConfigError before anything is set or written
     configure_process(cfg)
     builtin = task is None
@@ -98,10 +104,14 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
     rd = RunDir(cfg, writes=is_primary())
     rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # a refusal here writes nothing
     model = check_model_identity(cfg, task, splits, rd, builtin)  # another model: refused, nothing written
+    ended = rd.finished()
+    if ended is not None:  # a finished run started again: nothing to do, nothing written (not even the lock)
+        return RunResult(state=None, summary={**ended, "already_complete": True})
     lock = None
     try:
         lock = hold_run_dir(cfg)  # one run per run_dir; released at any exit (the kernel's flock, and here)
-        return _run_held(cfg, task, splits, rd, builtin, hooks, t_start, model)
+        with on_abrupt_exit(lock.release if lock is not None else None):  # a Ctrl-C while compiling: no stale record
+            return _run_held(cfg, task, splits, rd, builtin, hooks, t_start, model)
     except OSError as e:  # a full disk met outside a checkpoint save: one line too (exit status 3)
         if e.errno != errno.ENOSPC:
             raise
@@ -178,8 +188,8 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
             planned = replace(cfg, memory=memory)
             compiler = Compiler(executables_dir(cfg, builtin), compiled_fields(planned, NOT_COMPILED))
             try:
-                summary, state = _train(planned, task, splits, state, restored, ckpt, timings, mesh, compiler, list(hooks),
-                                 rd, replans)
+                summary, state, signum = _train(planned, task, splits, state, restored, ckpt, timings, mesh, compiler,
+                                                list(hooks), rd, replans)
                 break
             except Replan as e:
                 memory, replans = e.memory, e.replans
@@ -190,11 +200,14 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
             ckpt.close()  # awaits the last async save and surfaces its errors
     summary["timings_s"] = timings.as_dict()
     summary["wall_time_s"] = time.perf_counter() - t_start
-    rd.write_summary(summary)
+    summary = keep_timing_of_updates(summary, rd.layout.read_json(rd.layout.summary))
+    rd.write_summary(summary)  # a stopped run's too: its report says where it stopped
     if cfg.log.report and rd.writes:
         from jaxloop.report import write_report
 
         write_report(rd.path)
+    if signum is not None:
+        raise Interrupted(signum, step=summary["final_step"], run_dir=cfg.run_dir)
     return RunResult(state=state, summary=summary)
 
 
@@ -207,12 +220,21 @@ def check_model_identity(cfg: Config, task: Task, splits: Splits, rd: RunDir, bu
     return model
 
 
+def keep_timing_of_updates(summary: dict[str, Any], previous: Any) -> dict[str, Any]:
+    """An invocation that ran no update (resumed at its end) keeps the wall time, rate and timings of the
+    summary before it, which measured the updates; any other summary is returned as is."""
+    if summary["updates_this_run"] or not isinstance(previous, dict):
+        return summary
+    kept = {k: previous[k] for k in ("wall_time_s", "updates_per_s", "timings_s") if k in previous}
+    return {**summary, **kept}
+
+
 def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, ckpt: Checkpointer, timings: Timings,
            mesh: Any, compiler: Compiler, hooks: list[act.Action], rd: RunDir,
-           replans: list[dict[str, Any]]) -> tuple[dict[str, Any], Any]:
+           replans: list[dict[str, Any]]) -> tuple[dict[str, Any], Any, int | None]:
     """The host loop over this run's dispatcher and actions, from `state` (restored or fresh) to the end, under
-    the memory plan cfg.memory (and those the dispatcher re-plans to): the summary and the trained state;
-    Replan on an out-of-memory error."""
+    the memory plan cfg.memory (and those the dispatcher re-plans to); Replan on an out-of-memory error.
+    Returns the summary, the trained state and the signal that stopped the run (None: not stopped by one)."""
     run_dir = rd.path
     step = restored.step if restored is not None else 0
     cadence = Cadence.of(cfg)
@@ -245,12 +267,17 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     dispatcher = Dispatcher(scan_steps(make_train_step(task.loss, cfg.memory)), batches, K, compiler, timings,
                             on_compiled=run.clock.restart, memory=cfg.memory,
                             steps_of=lambda plan: scan_steps(make_train_step(task.loss, plan)),
-                            batch_size=cfg.batch_size, blocks=supports_blocks(state.model), on_fitted=memory.fitted)
+                            batch_size=cfg.batch_size, blocks=supports_blocks(state.model), on_fitted=memory.fitted,
+                            on_compile=CompileLines(logger, cfg))
     if restored is not None:
         for action in actions:
             if action.key is not None and action.key in restored.data:
                 action.load_state_dict(restored.data[action.key])
         logger.message(resume_line(restored))
+        moved = steps_change_line(cfg.optim, int(rd.saved.get("steps", cfg.steps)), cfg.steps, step) \
+            if rd.saved is not None else None
+        if moved:
+            logger.message(moved)
     try:
         try:
             state = train(state, step, dispatcher, actions, run, per_call)
@@ -261,8 +288,9 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
         if final_evaluation_due(run.last_eval, run.stop_reason):  # e.g. a run resumed at its end
             run.last_eval = evaluator(state)
         summary = run_summary(
-            final_step=int(state.step), stop_reason=run.stop_reason, final=run.last_eval, tracker=tracker,
-            metric=cfg.checkpoint.best_metric, checkpoint_step=ckpt.best_step(), updates_per_s=run.clock.updates_per_s,
+            final_step=int(state.step), updates_this_run=int(state.step) - step, stop_reason=run.stop_reason,
+            final=run.last_eval, tracker=tracker, metric=cfg.checkpoint.best_metric, checkpoint_step=ckpt.best_step(),
+            updates_per_s=run.clock.updates_per_s,
             skipped=int(optimizer_metrics(state.opt_state)["skipped"]),
             digest=state_digest(to_host(state)),  # shards held by other processes too
             peak_mem_bytes=logger.peak_mem_bytes)
@@ -272,9 +300,30 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
         batches.close()
         loader.close()
         logger.close()
-    if signals.signal is not None:
-        raise Interrupted(signals.signal)
-    return summary, state
+    return summary, state, signals.signal
+
+
+class CompileLines:
+    """The lines around compiling a training call (silence at the start reads as a hang): what is compiled
+    and where the next run finds it, before; how long it took, or that it was loaded, after."""
+
+    def __init__(self, logger: RunLogger, cfg: Config):
+        self.logger, self.cfg = logger, cfg
+
+    def __call__(self, n: int, compiled: Any, seconds: float) -> None:
+        from jaxloop.executables import LoadedCall
+
+        if compiled is None:
+            cache = (f"the next run of this config loads it from the cache ({self.cfg.compile_cache})"
+                     if self.cfg.compile_cache else "compile_cache is off: every run compiles it")
+            self.logger.message(f"compiling the training call ({n} update(s) of batch {self.cfg.batch_size} per "
+                                f"device call); {cache}...")
+        elif isinstance(compiled, LoadedCall):
+            self.logger.message(f"loaded the compiled training call from the cache in {seconds:.1f}s")
+        else:
+            self.logger.message(f"compiled in {seconds:.1f}s")
+
+
 
 
 def resume_line(restored: Any) -> str:

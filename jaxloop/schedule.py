@@ -216,6 +216,42 @@ def describe(optim: OptimConfig, steps: int) -> str:
     return f"{optim.schedule} over {steps} updates ({fields})"
 
 
+def title_lines(text: str, width: int = 95) -> str:
+    """A plot title wrapped to lines of at most `width` characters (8-point text in a 7-inch figure)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
+def steps_change_line(optim: OptimConfig, old_steps: int, new_steps: int, step: int) -> str | None:
+    """A warning for a resume that changes `steps` (--allow_steps_change): the rate of update `step` under
+    the saved steps and under the new ones, when they differ (None otherwise, and for plateau)."""
+    if old_steps == new_steps or optim.schedule == "plateau":
+        return None
+    before, after = rates(optim, old_steps)[min(step, old_steps)], rates(optim, new_steps)[min(step, new_steps)]
+    if before == after:
+        return None
+    return (f"warning: steps {old_steps} -> {new_steps} moves the learning rate at update {step}: "
+            f"{before:.3g} -> {after:.3g} (the schedule is that of {new_steps} steps from here on)")
+
+
+def plot_schedule(optim: OptimConfig, steps: int, path: str) -> Any:
+    """A PNG of the rate of every update, titled with `describe` wrapped to fit the figure; returns it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3.5))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ax.plot(np.arange(steps), rates(optim, steps)[:steps], lw=1.5)
+    ax.set_xlabel("update (0-based)")
+    ax.set_ylabel("learning rate")
+    ax.set_title(title_lines(describe(optim, steps)), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return fig
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m jaxloop.schedule`: print (and plot) the schedule of a train command's config."""
     from loopcore.cli import EXIT_BAD_INPUT, UsageError, parse_config
@@ -247,19 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     for u in updates:
         print(f"{u:>8}  {table[min(u, cfg.steps)]:.6g}")
     if plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        ax.plot(np.arange(cfg.steps), table[:cfg.steps], lw=1.5)
-        ax.set_xlabel("update (0-based)")
-        ax.set_ylabel("learning rate")
-        ax.set_title(describe(cfg.optim, cfg.steps), fontsize=8)
-        fig.tight_layout()
-        fig.savefig(plot, dpi=110)
-        plt.close(fig)
+        plot_schedule(cfg.optim, cfg.steps, plot)
         print(f"plotted to {plot}")
     return 0
 

@@ -10,24 +10,45 @@ call was finished and saved. docs/faults.md lists every fault.
 
 from __future__ import annotations
 
+import signal
 import sys
+from typing import Any
 
-from jaxloop.runner import run
-from loopcore.cli import finish, parse_or_exit
+from loopcore.cli import EXIT_SIGNAL, finish, parse_or_exit
+from loopcore.interrupt import cli_session
 
-__all__ = ["main", "run"]
+__all__ = ["main", "run"]  # noqa: F822  (run: the module's __getattr__, imported on first use)
+
+PROG = "jaxloop.train"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse, build, run; returns the exit status."""
-    cfg = parse_or_exit(sys.argv[1:] if argv is None else argv, "jaxloop.train")
+    """Parse, build, run; returns the exit status. Ctrl-C is answered from the first line (loopcore.interrupt):
+    jax is imported inside the session, so that even an interrupted import ends in one line."""
+    with cli_session(PROG):
+        try:
+            cfg = parse_or_exit(sys.argv[1:] if argv is None else argv, PROG)
+            from jaxloop.runner import run
 
-    def announce() -> bool:
-        from jaxloop.distributed import is_primary
+            def announce() -> bool:
+                from jaxloop.distributed import is_primary
 
-        return is_primary()  # process 0 reports
+                return is_primary()  # process 0 reports
 
-    return finish("jaxloop.train", cfg, lambda: run(cfg), announce=announce)
+            return finish(PROG, cfg, lambda: run(cfg), announce=announce)
+        except KeyboardInterrupt:  # raised by code of its own (the session's handler raises none): one line
+            print(f"{PROG}: interrupted: stopped", file=sys.stderr)
+            return EXIT_SIGNAL[signal.SIGINT]
+
+
+def __getattr__(name: str) -> Any:
+    """`jaxloop.train.run` (jaxloop.runner.run), imported on first use: `python -m jaxloop.train` imports
+    jax only once its Ctrl-C handling is in place."""
+    if name == "run":
+        from jaxloop.runner import run
+
+        return run
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

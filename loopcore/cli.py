@@ -1,19 +1,26 @@
 """Command line -> validated Config, shared by `python -m jaxloop.train` and `python -m torch_ref.train`.
 
 Order of precedence: preset defaults < config file (--config FILE, YAML or JSON) < flags. Flags are the
-dotted field paths (`--optim.peak_lr 3e-4`; `--optim.peak-lr` works too), parsed by tyro. Every error
-becomes one line on stderr naming the field, the value and what is allowed, and exit status 2.
+dotted field paths (`--optim.peak_lr 3e-4`; `--optim.peak-lr` works too), parsed by tyro. A run_dir
+that holds a saved config replaces the preset's defaults (resume by name: `--run_dir DIR` alone). Every
+error becomes one line on stderr naming the field, the value and what is allowed (an unknown flag: the
+closest known one), and exit status 2.
 Imports no jax.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import difflib
 import io
 import json
 import re
+import shlex
 import sys
+import typing
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import tyro
@@ -22,20 +29,70 @@ from loopcore.config import Config, ConfigError, from_dict, preset, validate
 from loopcore.errors import (  # noqa: F401  (the exceptions' home is loopcore.errors, free of tyro; kept importable here)
     EXIT_BAD_INPUT, EXIT_CHECKPOINT_WRITE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_SIGNAL, CheckpointWriteError,
     Interrupted, NonFiniteError, OutOfMemoryError, UsageError)
+from loopcore.layout import REPORT_FILE
+from loopcore.run_dir import saved_config
 
 
 def parse_config(argv: Sequence[str], prog: str = "jaxloop.train", check_paths: bool = True) -> Config:
-    """Parse and validate argv; raise ConfigError or UsageError (never SystemExit, except for --help)."""
+    """Parse and validate argv; raise ConfigError or UsageError (never SystemExit, except for --help).
+
+    Resume by name: when the run_dir named (by flag, config file or preset) holds a saved config.json, that
+    config is the base instead of the preset's defaults, so `--run_dir DIR` alone resumes DIR's run; the
+    flags given are then checked against it as any resume's are (loopcore.run_dir)."""
     argv = list(argv)
-    preset_name = _take_option(argv, "--preset", keep=True) or "digits"
+    check_flags(argv)
+    preset_flag = _take_option(argv, "--preset", keep=True)
     config_file = _take_option(argv, "--config", keep=False)
-    base = preset(preset_name)
-    if config_file:
-        base = from_dict(_read_config_file(config_file), base)
-        if base.preset != preset_name and "--preset" not in " ".join(argv):
-            base = from_dict(_read_config_file(config_file), preset(base.preset))
+    file_fields = _read_config_file(config_file) if config_file else {}
+    wanted_preset = preset_flag or file_fields.get("preset")
+    base = preset(wanted_preset or "digits")
+    run_dir = _take_option(argv, "--run_dir", keep=True) or _take_option(argv, "--run-dir", keep=True) \
+        or file_fields.get("run_dir") or base.run_dir
+    resume = _take_option(argv, "--resume", keep=True) or file_fields.get("resume") or "auto"
+    stored = saved_config(str(run_dir)) if resume != "never" else None
+    if stored is not None and wanted_preset in (None, stored.preset):
+        base = stored
+    base = from_dict(file_fields, base)
     cfg = _tyro_parse(argv, base, prog)
     return validate(cfg, check_paths=check_paths)
+
+
+def check_flags(argv: Sequence[str]) -> None:
+    """UsageError for the first flag that names no field, with the closest known flag (`did you mean`)."""
+    known = known_flags()
+    for arg in argv:
+        if not arg.startswith("--"):
+            continue
+        name = arg.split("=", 1)[0]
+        spelled = "--" + name[2:].replace("-", "_")
+        if spelled in known:
+            continue
+        close = difflib.get_close_matches(spelled, sorted(known), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else " (see --help)"
+        raise UsageError(f"unknown flag {name}{hint}")
+
+
+def known_flags() -> set[str]:
+    """Every flag the CLI takes, spelled with underscores: the dotted fields (bools also as --no_...),
+    --preset, --config, --help."""
+    flags = {"--help", "--config"}
+    for path, hint in _field_paths(Config):
+        flags.add(f"--{path}")
+        if hint is bool:
+            head, _, last = path.rpartition(".")
+            flags.add(f"--{head + '.' if head else ''}no_{last}")
+    return flags
+
+
+def _field_paths(cls: type, prefix: str = "") -> list[tuple[str, Any]]:
+    hints = typing.get_type_hints(cls)
+    out: list[tuple[str, Any]] = []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += _field_paths(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            out.append((f"{prefix}{f.name}", hints[f.name]))
+    return out
 
 
 def parse_or_exit(argv: Sequence[str], prog: str) -> Config:
@@ -43,8 +100,18 @@ def parse_or_exit(argv: Sequence[str], prog: str) -> Config:
     try:
         return parse_config(argv, prog)
     except (ConfigError, UsageError) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {cli_text(e)}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
+
+
+def cli_text(error: BaseException) -> str:
+    """An error's message in the CLI's terms (flags, not Config arguments: ConfigError.cli_message)."""
+    return getattr(error, "cli_message", None) or str(error)
+
+
+def resume_command(prog: str, run_dir: str) -> str:
+    """The command that continues the run saved in run_dir."""
+    return f"python -m {prog} --run_dir {shlex.quote(str(run_dir))}"
 
 
 def finish(prog: str, cfg: Config, run: Callable[[], dict[str, Any]],
@@ -58,16 +125,30 @@ def finish(prog: str, cfg: Config, run: Callable[[], dict[str, Any]],
     try:
         summary = run()
     except tuple(kind for kind, _ in failures) as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {cli_text(e)}", file=sys.stderr)
         return next(status for kind, status in failures if isinstance(e, kind))
     except Interrupted as e:
-        print(f"{prog}: {e} received: saved and stopped", file=sys.stderr)
+        saved = f" at update {e.step}" if e.step is not None else ""
+        print(f"{prog}: {e} received: saved and stopped{saved}; resume with: "
+              f"{resume_command(prog, e.run_dir or cfg.run_dir)}", file=sys.stderr)
         return EXIT_SIGNAL[e.signum]
     if announce():
-        final = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items())
-        print(f"done: {summary['final_step']} updates in {summary['wall_time_s']:.1f}s; {final}; "
-              f"outputs in {cfg.run_dir}", file=sys.stderr)
+        print(done_line(summary, cfg.run_dir), file=sys.stderr)
     return 0
+
+
+def done_line(summary: dict[str, Any], run_dir: str) -> str:
+    """The last line of a run: the updates this invocation ran apart from the run's total, or, for a run
+    that had already ended, that it is complete and where its report is."""
+    final = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items())
+    total = summary["final_step"]
+    if summary.get("already_complete"):
+        report = Path(run_dir) / REPORT_FILE
+        where = f"report: {report}" if report.exists() else f"outputs in {run_dir}"
+        return f"already complete: this run ended at update {total} ({summary['stop_reason']}); {final}; {where}"
+    this = summary.get("updates_this_run", total)
+    count = f"{this} updates" if this == total else f"{this} updates this time ({total} in all)"
+    return f"done: {count} in {summary['wall_time_s']:.1f}s; {final}; outputs in {run_dir}"
 
 
 def _take_option(argv: list[str], name: str, keep: bool) -> str | None:
@@ -111,6 +192,13 @@ def _read_config_file(path: str) -> dict:
     return data
 
 
+DESCRIPTION = """Train a jaxloop run. Flags are the dotted field paths below (--optim.peak_lr 3e-4).
+
+--config FILE  a YAML or JSON file of fields (nested mappings or the config.json a run saves); precedence:
+               --preset's defaults < --config FILE < flags.
+--run_dir DIR  alone resumes the run saved in DIR with its own config; flags given with it are checked
+               against that config (those that would change the run are refused, naming them)."""
+
 _BOX = re.compile(r"[╭╮╰╯│─]+")
 
 
@@ -131,7 +219,7 @@ def _tyro_parse(argv: list[str], base: Config, prog: str) -> Config:
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            return tyro.cli(Config, default=base, args=argv, prog=prog, use_underscores=True)
+            return tyro.cli(Config, default=base, args=argv, prog=prog, use_underscores=True, description=DESCRIPTION)
     except SystemExit as e:
         if e.code in (0, None):
             raise

@@ -7,6 +7,7 @@ validated once, at the edge (`validate`), and saved with every run (`to_dict` / 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -281,7 +282,8 @@ class Config:
     host waits for the device once per call: larger calls cost less, smaller ones answer a signal sooner."""
     precision: Literal["fp32", "bf16", "bf16_full", "fp16", "fp64"] = "fp32"
     """fp32; bf16: matmuls in bf16, the rest fp32 (torch.autocast's way); bf16_full: the whole model in bf16;
-    fp16: as bf16 with fp16 matmuls and a dynamic loss scale; fp64 (needs JAX_ENABLE_X64, for parity)."""
+    fp16: as bf16 with fp16 matmuls and a dynamic loss scale; fp64: float64 throughout (the run turns on JAX's
+    64-bit mode itself; for parity)."""
     resume: Literal["auto", "never", "must"] = "auto"
     """auto: resume from run_dir if it holds a checkpoint; never: start fresh; must: fail without one."""
     allow_steps_change: bool = False
@@ -358,7 +360,7 @@ def from_dict(d: dict[str, Any], base: Config | None = None, _cls: type = Config
         name = key.replace("-", "_")
         path = f"{_path}{name}"
         if name not in known:
-            raise ConfigError(path, value, f"a known field ({', '.join(sorted(known))})")
+            raise ConfigError(path, value, f"a known field{_did_you_mean(name, known, _path)}")
         current = getattr(base, name)
         if is_dataclass(current):
             if not isinstance(value, dict):
@@ -367,6 +369,14 @@ def from_dict(d: dict[str, Any], base: Config | None = None, _cls: type = Config
         else:
             updates[name] = _coerce(path, value, hints[name])
     return replace(base, **updates)
+
+
+def _did_you_mean(name: str, known: set[str], section: str) -> str:
+    """"; did you mean optim.peak_lr?" for the closest known field, else the section's fields listed."""
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {section}{close[0]}?"
+    return f" of {section.rstrip('.') or 'the config'} ({', '.join(sorted(known))})"
 
 
 def _coerce(path: str, value: Any, hint: Any) -> Any:

@@ -16,11 +16,15 @@ EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 class ConfigError(ValueError):
-    """A config value that is not allowed: names the field, the value and what is allowed."""
+    """A config value that is not allowed: names the field, the value and what is allowed (the CLI's wording
+    in `cli_message`, the Python API's in str(error) where the two differ)."""
 
-    def __init__(self, field_path: str, value: Any, allowed: str):
+    def __init__(self, field_path: str, value: Any, allowed: str, python: str | None = None):
         self.field_path, self.value, self.allowed = field_path, value, allowed
-        super().__init__(f"{field_path}={value!r} is not allowed: {allowed}")
+        # where the way forward names flags, `python` words it in Config arguments for jaxloop.run's callers:
+        # str(error) is that wording, and the CLI prints cli_message
+        self.cli_message = f"{field_path}={value!r} is not allowed: {allowed}"
+        super().__init__(f"{field_path}={value!r} is not allowed: {python}" if python else self.cli_message)
 
 
 class NonFiniteError(RuntimeError):
@@ -37,10 +41,11 @@ class OutOfMemoryError(RuntimeError):
 
 
 class Interrupted(Exception):
-    """A SIGINT or SIGTERM arrived; the loop finished the update, saved, and stops with EXIT_SIGNAL[signum]."""
+    """A SIGINT or SIGTERM arrived; the loop finished the update, saved, and stops with EXIT_SIGNAL[signum].
+    `step`: the update saved; `run_dir`: the run's directory (for the line that says how to go on)."""
 
-    def __init__(self, signum: int):
-        self.signum = signum
+    def __init__(self, signum: int, step: int | None = None, run_dir: str | None = None):
+        self.signum, self.step, self.run_dir = signum, step, run_dir
         super().__init__(signal.Signals(signum).name)
 
 

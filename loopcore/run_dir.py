@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +19,45 @@ from loopcore.atomic import atomic_write_text, is_temporary
 from loopcore.config import Config, ConfigError, changed_fields, from_dict, resume_conflicts, to_dict
 from loopcore.layout import CHECKPOINT_DIR, DAMAGED_DIR, HOOKS_DIR, MARKER_FILE, PROFILE_DIR, TB_DIR, RunLayout
 from loopcore.lock import is_lock_file
+from loopcore.outcome import EARLY_STOPPING
 from loopcore.records import RecordsError, check_records
 
 FOREIGN_SHOWN = 4
 """A run_dir refused for holding other files names this many of them."""
 
 
-def ways_forward(run_dir: Path) -> str:
+def ways_forward(run_dir: Path, python: bool = False) -> str:
     """The two ways past a resume refused for a changed config: train the new settings in a new run_dir
-    (from scratch, or from this run's weights), or continue this run with the settings it was saved with."""
+    (from scratch, or from this run's weights), or continue this run with the settings it was saved with;
+    in flags (the CLI) or, `python`, in Config arguments (jaxloop.run)."""
+    if python:
+        return (f"To train with the new settings, start a new run: Config(run_dir=NEW_DIR, ...) (add "
+                f"init_from={str(run_dir)!r} to start from this run's weights); to continue this run, resume it "
+                f"with its own settings: Config(run_dir={str(run_dir)!r}) alone, or keep the saved values of "
+                f"the fields that differ")
     return (f"To train with the new settings, start a new run: --run_dir NEW_DIR (add --init_from {run_dir} to "
-            f"start from this run's weights); to continue this run, resume it with its own settings: drop the "
-            f"changed flags, or pass --config {RunLayout(run_dir).config}")
+            f"start from this run's weights); to continue this run, resume it with its own settings: "
+            f"--run_dir {run_dir} alone, or drop the changed flags")
+
+
+def saved_config(run_dir: str) -> Config | None:
+    """The config saved in run_dir (its config.json), as the base of a resume by name: its run_dir is the
+    one given (the directory may have moved) and the per-launch fields (resume, allow_steps_change,
+    init_from) are at their defaults. None when run_dir holds no readable config (a new run; a damaged
+    file is the run_dir rules' to report)."""
+    try:
+        saved = from_dict(json.loads(RunLayout(Path(run_dir).expanduser()).config.read_text()))
+    except (OSError, ValueError):  # ValueError: a JSON error or a ConfigError
+        return None
+    return replace(saved, run_dir=run_dir, resume="auto", allow_steps_change=False, init_from="")
+
+
+def resume_by_name(cfg: Config) -> Config:
+    """Python's resume by name: `Config(run_dir=DIR)`, every other field at its default, resumes the run
+    saved in DIR with its own config; any other cfg (or a DIR with no saved config) is returned as is."""
+    if cfg != replace(Config(), run_dir=cfg.run_dir):
+        return cfg
+    return saved_config(cfg.run_dir) or cfg
 
 
 class RunDir:
@@ -64,18 +92,28 @@ class RunDir:
         if cfg.resume == "never" and run_dir.exists() and any(not is_lock_file(p.name) and p.name != MARKER_FILE
                                                               for p in run_dir.iterdir()):
             raise ConfigError("resume", "never", f"an empty or new run_dir ({run_dir} is not empty; "
-                              "use --resume auto to continue it or choose another --run_dir)")
+                              "use --resume auto to continue it or choose another --run_dir)",
+                              python=f"an empty or new run_dir ({run_dir} is not empty; use resume=\"auto\" to "
+                              "continue it or choose another Config(run_dir=...))")
         if cfg.resume == "must" and not has_checkpoint:
             raise ConfigError("resume", "must", f"a run_dir holding a checkpoint ({run_dir} has none)")
         if cfg.init_from and has_checkpoint and cfg.resume != "never":
             raise ConfigError("init_from", cfg.init_from, f"empty when the run resumes ({run_dir} holds a checkpoint; "
-                              "drop --init_from to resume it, or choose another --run_dir)")
+                              "drop --init_from to resume it, or choose another --run_dir)",
+                              python=f"empty when the run resumes ({run_dir} holds a checkpoint; leave init_from "
+                              "out to resume it, or choose another Config(run_dir=...))")
         if has_checkpoint and saved is not None:
             conflicts = resume_conflicts(saved, cfg)
             if conflicts:
-                raise ConfigError("resume", cfg.resume, "a config that matches the checkpointed run; these "
-                                  f"fields differ: {'; '.join(conflicts)} (steps may change with --allow_steps_change). "
-                                  + ways_forward(run_dir))
+                steps_changed = any(c.startswith("steps:") for c in conflicts)
+
+                def steps_hint(flag: str) -> str:
+                    return f" (steps may change with {flag})" if steps_changed else ""
+                differ = f"a config that matches the checkpointed run; these fields differ: {'; '.join(conflicts)}"
+                raise ConfigError("resume", cfg.resume,
+                                  f"{differ}{steps_hint('--allow_steps_change')}. " + ways_forward(run_dir),
+                                  python=f"{differ}{steps_hint('allow_steps_change=True')}. "
+                                  + ways_forward(run_dir, python=True))
         self.saved = saved if has_checkpoint else None
         return self.saved
 
@@ -115,6 +153,19 @@ class RunDir:
             raise ConfigError("run_dir", str(self.path), f"a run directory whose config.json holds a config ({path} "
                               f"holds a {type(saved).__name__}); restore it from a copy, or choose another --run_dir")
         return saved
+    def finished(self) -> dict[str, Any] | None:
+        """The summary of the run saved here when it has already ended (its `steps` reached, or early
+        stopping) and its newest checkpoint is that end: a re-run has nothing to do and must write nothing.
+        None otherwise (a new, stopped, killed or lengthened run)."""
+        cfg = self.cfg
+        summary = self.layout.read_json(self.layout.summary) if cfg.resume != "never" else None
+        if not isinstance(summary, dict) or not isinstance(summary.get("final_step"), int):
+            return None
+        end = summary["final_step"]
+        steps = sorted(int(p.name) for p in self.checkpoints.iterdir() if p.name.isdigit()) \
+            if self.checkpoints.is_dir() else []
+        ended = end >= cfg.steps or summary.get("stop_reason") == EARLY_STOPPING
+        return summary if ended and steps and steps[-1] == end else None
 
     def start(self, metadata: dict[str, Any] | None = None) -> None:
         """Create the directory, mark it as a run's (MARKER_FILE, first) and write config.json (and metadata.json)."""

@@ -265,7 +265,9 @@ def test_plain_progress_lines_when_not_a_terminal(debug_run):
     assert "\r" not in err  # no bar redraws in a CI log
     lines = err.splitlines()
     updates = [ln for ln in lines if ln.startswith("update ")]
-    assert [int(re.match(r"update (\d+)/20 ", ln).group(1)) for ln in updates] == list(range(1, 21))
+    # one line per device call (calls end on the evaluation and checkpoint cadence: 10 and 20), not a
+    # burst of one line per record of the call
+    assert [int(re.match(r"update (\d+)/20 ", ln).group(1)) for ln in updates] == [10, 20]
     assert re.fullmatch(r"update 20/20 \(100%\) loss \d+\.\d{4} lr \S+ [\d.]+ updates/s ETA 0:00:00 mem [\d.]+ [KMG]iB",
                         updates[-1])
     assert sum(ln.startswith("eval at update ") for ln in lines) == 2
@@ -312,6 +314,7 @@ def test_plain_progress_thins_long_runs(tmp_path):
     logger = _logger(tmp_path, "plain", out, total=5000)
     for s in range(1, 5001):
         logger.train({"step": s, "loss": 1.0, "lr": 1e-3, "updates_per_s": 1e6})
+        logger.flush()  # the loop flushes once per device call: here, calls of one update
     logger.close()
     steps = [int(m) for m in re.findall(r"^update (\d+)/5000", out.getvalue(), flags=re.M)]
     assert 45 <= len(steps) <= 55 and steps[0] == 1 and steps[-1] == 5000
@@ -327,12 +330,34 @@ def test_plain_progress_shows_the_rate_since_the_previous_line_and_the_records_k
     for s in range(1, 501):
         step_ms = 9.0 if s % 10 == 1 else 0.1  # 9.9 ms per 10 updates: 1010.1 updates/s on average
         logger.train({"step": s, "loss": 1.0, "lr": 1e-3, "updates_per_s": 1e3 / step_ms, "step_ms": step_ms})
+        logger.flush()
     logger.close()
     rates = [float(m) for m in re.findall(r"([\d.]+) updates/s", out.getvalue())]
     # lines at updates 1, 10, 20, ...: the first shows record 1, the second updates 2-10 (all 0.1 ms)
     assert rates[:2] == [pytest.approx(1e3 / 9.0, abs=0.05), pytest.approx(1e4)]
     assert all(r == pytest.approx(1010.1, rel=1e-3) for r in rates[2:]), rates[:5]
     assert {r["updates_per_s"] for r in read_records(tmp_path)} == {1e3 / 9.0, 1e3 / 0.1}, "the JSONL keeps each"
+
+
+def test_plain_progress_is_one_line_per_call_with_an_eta_timed_between_calls(tmp_path, monkeypatch):
+    # Calls of 10 updates, 1 s apart on the wall clock: their 10 records arrive in a burst. One line per
+    # call, and the ETA from the rate between calls (10 updates/s: 80 updates to go at update 20 = 8 s).
+    # Mutant (the ETA timed from record to record, as before): "ETA 0:00:00". Mutant (a line per record): 20 lines.
+    import jaxloop.logger as logger_module
+
+    clock = [0.0]
+    monkeypatch.setattr(logger_module.time, "perf_counter", lambda: clock[0])
+    out = io.StringIO()
+    logger = _logger(tmp_path, "plain", out, total=100)
+    for call in range(2):
+        clock[0] = float(call)
+        for s in range(10 * call + 1, 10 * call + 11):
+            logger.train({"step": s, "loss": 1.0, "lr": 1e-3, "updates_per_s": 1000.0, "step_ms": 1.0})
+        logger.flush()
+    logger.close()
+    lines = out.getvalue().splitlines()
+    assert [ln.split(" (")[0] for ln in lines] == ["update 10/100", "update 20/100"]
+    assert "updates/s ETA 0:00:08" in lines[1]
 
 
 def test_a_resumed_run_says_where_it_resumed_from(tmp_path):

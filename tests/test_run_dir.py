@@ -23,10 +23,43 @@ def test_a_changed_config_is_refused_naming_both_ways_forward(tmp_path):
     changed = RunDir(parse_config(["--preset", "debug", "--run_dir", str(run_dir), "--seed", "3"]))
     with pytest.raises(ConfigError) as refused:
         changed.check(has_checkpoint=True)
-    message = str(refused.value)
+    message = refused.value.cli_message  # what the CLI prints
     assert "seed: 0 -> 3" in message
     assert "--run_dir NEW_DIR" in message and f"--init_from {run_dir}" in message
-    assert f"--config {run_dir / CONFIG_FILE}" in message
+    assert f"--run_dir {run_dir} alone" in message
+    assert "allow_steps_change" not in message  # steps did not change: no hint about it
+
+
+def test_the_python_api_refusal_names_config_arguments_not_flags(tmp_path):
+    # jaxloop.run's callers read str(error): Config arguments (mutant: the CLI wording as str: fails)
+    run_dir = tmp_path / "run"
+    _saved_run(tmp_path)
+    changed = RunDir(parse_config(["--preset", "debug", "--run_dir", str(run_dir), "--seed", "3"]))
+    with pytest.raises(ConfigError) as refused:
+        changed.check(has_checkpoint=True)
+    message = str(refused.value)
+    assert "seed: 0 -> 3" in message and "--" not in message
+    assert "Config(run_dir=NEW_DIR" in message and f"init_from={str(run_dir)!r}" in message
+    assert f"Config(run_dir={str(run_dir)!r}) alone" in message
+
+
+def test_the_steps_hint_comes_only_when_steps_changed(tmp_path):
+    run_dir = tmp_path / "run"
+    _saved_run(tmp_path)
+    changed = RunDir(parse_config(["--preset", "debug", "--run_dir", str(run_dir), "--steps", "30"]))
+    with pytest.raises(ConfigError) as refused:
+        changed.check(has_checkpoint=True)
+    assert "steps: 20 -> 30 (steps may change with --allow_steps_change)" in refused.value.cli_message
+    assert "(steps may change with allow_steps_change=True)" in str(refused.value)
+
+
+def test_resume_never_on_a_used_run_dir_is_worded_per_caller(tmp_path):
+    _saved_run(tmp_path)
+    refused_run = RunDir(parse_config(["--preset", "debug", "--run_dir", str(tmp_path / "run"), "--resume", "never"]))
+    with pytest.raises(ConfigError) as refused:
+        refused_run.check(has_checkpoint=True)
+    assert "--resume auto" in refused.value.cli_message and "--run_dir" in refused.value.cli_message
+    assert 'resume="auto"' in str(refused.value) and "Config(run_dir=...)" in str(refused.value)
 
 
 def test_both_ways_forward_are_accepted(tmp_path):
