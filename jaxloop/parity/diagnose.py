@@ -181,9 +181,16 @@ def missing_bias(tc: Call, fc: Call, leaves: dict[str, np.ndarray], precision: s
 def compute_dtype(tc: Call, fc: Call, precision: str) -> str | None:
     want = "float64" if precision == "fp64" else "float32"
     if fc.output_dtype and fc.output_dtype != want:
-        return (f"the Flax layer computes in {fc.output_dtype} (torch in {tc.output_dtype or want}): its dtype or "
-                "param_dtype is set (bf16/fp16 matmuls are a mixed-precision choice, not a port): leave them None "
-                "for the check")
+        field = _attr(fc.module, "dtype")
+        if field is not None and str(np.dtype(field)) == fc.output_dtype:
+            fix = (f"its dtype field is {fc.output_dtype}" + (" (Hugging Face's Flax modules default to jnp.float32 and "
+                   "pass their dtype to every submodule)" if fc.output_dtype == "float32" else "")
+                   + f": build it with dtype=jnp.{want} for the check (the check pins the top module's dtype "
+                   "field itself; this layer has its own)")
+        else:
+            fix = ("its dtype or param_dtype is set (bf16/fp16 matmuls are a mixed-precision choice, not a port): "
+                   "leave them None for the check")
+        return f"the Flax layer computes in {fc.output_dtype} (torch in {tc.output_dtype or want}): {fix}"
     return None
 
 
