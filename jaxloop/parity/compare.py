@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxloop.parity import diagnose, layers, training, weights
+from jaxloop.parity import diagnose, evidence, layers, training, weights
 from jaxloop.parity.flaxside import FlaxModel, attention_dropout_off, batch_to_jax, flax_model, pin_dtype
 from jaxloop.parity.measures import curve_rel_diff, rel_diff, scaled_diffs, whole_rel_diff, worst
 from jaxloop.parity.port import Batch, Port, flax_output_loss, torch_output_loss
@@ -128,7 +128,8 @@ def _mapping(tm: Any, fm: FlaxModel, tcap: layers.Capture, flax_loss: Callable, 
     leaves = fm.leaves()
     fslots = weights.flax_slots(fm.kinds(), {k: tuple(v.shape) for k, v in leaves.items()}, fm.kind)
     weights.set_orders(tslots, fslots, tcap.order(), {n: (c.start, c.type, c.module) for n, c in fcap.calls.items()})
-    return weights.map_slots(tslots, fslots, tied, dropped, overrides, rename)
+    decide = evidence.layout_by_output(tcap, state_dict(tm), fm.kind, p)
+    return weights.map_slots(tslots, fslots, tied, dropped, overrides, rename, decide)
 
 
 def _module_leaves(mapping: weights.Mapping, fm: FlaxModel, flax_module: str) -> dict[str, str]:
