@@ -162,7 +162,8 @@ def _forward(report: Report, mode: str, mapping: weights.Mapping, fm: FlaxModel,
     div = layers.first_divergence(diffs, t.value)
     if div is not None:
         flax_leaves = fm.leaves()
-        div.diagnoses = diagnose.diagnose(div, tcap, fcap, flax_leaves, _module_leaves(mapping, fm, div.layer.flax), p)
+        div.diagnoses = diagnose.diagnose(div, tcap, fcap, flax_leaves, _module_leaves(mapping, fm, div.layer.flax), p,
+                                          diffs)
         report.divergences[f"{p} {mode}"] = div
 
 

@@ -117,7 +117,7 @@ def tensors_in(obj: Any) -> list[Any]:
 
 def to_numpy(t: Any) -> np.ndarray:
     t = t.detach().cpu()
-    if t.dtype in (__import__("torch").bfloat16,):  # numpy has no bfloat16: float32 holds it exactly
+    if t.dtype == require_torch().bfloat16:  # numpy has no bfloat16: float32 holds it exactly
         t = t.float()
     return t.numpy().copy()
 

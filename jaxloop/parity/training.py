@@ -163,8 +163,7 @@ class UpdateResult:
 def updates(torch_module: Any, fm: FlaxModel, mapping: Mapping, grads: dict[str, np.ndarray], precision: str,
             configs: list[tuple[str, OptimConfig, int]], n: int = 3) -> list[UpdateResult]:
     """`n` updates of each config's optimizer on both sides, from the same params with the same gradients
-    (`varied` from update to update). jaxloop's side is one jitted call per update for all configs (one
-    compilation instead of one per config)."""
+    (`varied` from update to update). jaxloop's side: one jitted update per config."""
     torch = require_torch()
     kinds = fm.kinds()
     leaves = fm.leaves()
@@ -173,10 +172,13 @@ def updates(torch_module: Any, fm: FlaxModel, mapping: Mapping, grads: dict[str,
     torch_grads = [mapping.to_torch({**leaves, **g}) for g in per_update]
     txs = [jax_optimizer(o, steps, precision) for _, o, steps in configs]
 
-    @jax.jit
+    # one jitted update per config: thirteen small compilations cost less than one of all thirteen together
+    # (XLA's compile time grows faster than the graph)
+    jitted = [jax.jit(lambda g, state, p, tx=tx: tx.update(g, state, p)) for tx in txs]
+
     def step_all(g: Any, states: list, params: list) -> tuple[list, list]:
-        out = [tx.update(g, state, p) for tx, state, p in zip(txs, states, params)]
-        return [optax.apply_updates(p, u) for p, (u, _) in zip(params, out)], [state for _, state in out]
+        out = [fn(g, state, p) for fn, state, p in zip(jitted, states, params)]
+        return [apply_updates(p, u) for p, (u, _) in zip(params, out)], [state for _, state in out]
 
     params = [fm.params] * len(configs)
     states = [tx.init(fm.params) for tx in txs]
@@ -201,6 +203,9 @@ def updates(torch_module: Any, fm: FlaxModel, mapping: Mapping, grads: dict[str,
             if not d <= results[i].diff:
                 results[i].diff, results[i].where = d, w
     return results
+
+
+apply_updates = jax.jit(optax.apply_updates)
 
 
 def step_per_update(scheduler: Any) -> None:

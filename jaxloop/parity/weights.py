@@ -29,7 +29,8 @@ paths agree once separators, case and a leading wrapper (e.g. `transformer.`) ar
 (3) by structure: the remaining slots of the same signature pair up in execution order (the forward
 hooks' and interceptors' first-call order; a module never called takes its nearest called
 ancestor's place). Where a square weight fits a Flax leaf both as is and transposed (a Conv1D, a module of
-the user's own), the layout is decided by evidence: the one under which the Flax module, applied alone
+the user's own) and the Flax module's type does not say (a Flax Dense is (in, out); Hugging Face's
+FlaxConv1D is not one), the layout is decided by evidence: the one under which the Flax module, applied alone
 to the torch module's captured input, reproduces its captured output; when none or both do, a
 MappingError names the tensor and the override that settles it. Tensors sharing storage in torch (tied weights) map once; a Flax model with a
 separate leaf for the tied copy gets it too, and the mapping notes that the port is untied. An
@@ -150,7 +151,9 @@ def _is(module: Any, *names: str) -> bool:
 
 def torch_slots(module: Any) -> tuple[list[TorchSlot], dict[str, str], list[str]]:
     """(slots, tied: {alias key: canonical key}, dropped keys) of a torch module's state_dict."""
-    import torch
+    from jaxloop.parity.torchside import require_torch
+
+    torch = require_torch()
 
     torch_sd = module.state_dict(keep_vars=True)
     canonical: dict[Any, str] = {}
@@ -270,6 +273,8 @@ def _assign(t: TorchSlot, f: FlaxSlot, partial: bool = False, decide: Decide | N
         out.append((tt, leaf, fits))
     if len(used) != len(f.leaves) or not out:
         return None
+    if _flax_dense(f.obj) and t.type == "Conv1D":  # both (in, out) by definition: nothing to decide
+        out = [(tt, leaf, ["as is"] if "as is" in fits else fits) for tt, leaf, fits in out]
     ambiguous = [(tt, leaf, fits) for tt, leaf, fits in out if len(fits) > 1]
     if not ambiguous:
         return [(tt, leaf, fits[0]) for tt, leaf, fits in out]
@@ -286,6 +291,16 @@ def _assign(t: TorchSlot, f: FlaxSlot, partial: bool = False, decide: Decide | N
     return (f"torch {tt.key} {tt.shape} ({t.type}) fits Flax {f.leaves[leaf][0]} {f.leaves[leaf][1]} in more than one "
             f"layout {fits} and the mapper will not guess: {why}; give the layout in overrides, e.g. "
             f"{{'{f.leaves[leaf][0]}': ('{tt.key}', '{fits[1]}')}}")
+
+
+def _flax_dense(obj: Any) -> bool:
+    """A Flax Dense (Linen nn.Dense, NNX nnx.Linear, or a subclass): its kernel is (in, out) by definition."""
+    if obj is None:
+        return False
+    from flax import linen as nn
+    from flax import nnx
+
+    return isinstance(obj, (nn.Dense, nnx.Linear))
 
 
 @dataclass
