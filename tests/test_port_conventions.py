@@ -245,3 +245,26 @@ def test_a_batch_norm_using_the_other_statistics_is_diagnosed_at_the_layer(runni
     div = report.divergences[f"{precision} {mode}"]
     assert (div.layer.torch, div.clean_input) == ("1", True)
     assert says in " ".join(div.diagnoses), div.describe()
+
+
+# ----------------------------------------------------------------------------- a module computing below the check
+
+
+class Typed(nn.Module):
+    """A port with a `dtype` field passed to its layers, float32 by default (as Hugging Face's Flax modules)."""
+
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3, dtype=self.dtype, name="out")(jnp.tanh(nn.Dense(6, dtype=self.dtype, name="hidden")(x)))
+
+
+def test_a_modules_float32_dtype_field_is_pinned_for_the_float64_check_with_a_note():
+    torch.manual_seed(0)
+    tm = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+    batch = {"x": np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)}
+    report = compare(tm, Typed(), batch, precisions=("fp64",), checks=("forward", "gradients"))
+    report.assert_ok()  # float32 arithmetic would differ from torch's float64 by ~1e-8
+    assert report.notes == ["[fp64] Typed computes in float32 (its dtype field (Hugging Face default)); pinned to "
+                            "dtype=float64 for the fp64 check: the check compares the port, not a precision choice"]
