@@ -5,10 +5,13 @@ dtype=float32 (pinned by the check, with a note); the real differences are found
 (ResNet's running variance, RegNet's BatchNorm on running statistics while training); planted
 changes on the Flax side only (LayerNorm eps, the activation, conv padding) are localised.
 
-Each family is checked once per module (forward, train-mode buffers, gradients; BERT also the update
-check, which compares jaxloop's optimizer with torch's on a port's tree and is the same for every
-family: tests/test_port_examples.py runs it on three more ports). Planted changes: a float64 forward
-pass (a convention moves a layer by 1e-6 or more, float64 rounding by 1e-16).
+Each family is checked once per module: forward (eval and train mode, every paired layer), train-mode
+buffers and gradients, in both precisions. The update check (jaxloop's optimizer against torch's on the
+port's own gradients, 13 configs) is left to docs/porting.md's table, which measures it on every family
+(`python -m jaxloop.parity examples/ports/hf_flax.py:FAMILY --no-trajectory`), and to
+tests/test_port_examples.py: compiling 13 optimizers per precision would double this module's time.
+Planted changes: a float64 forward pass (a convention moves a layer by 1e-6 or more, float64 rounding
+by 1e-16).
 """
 
 from __future__ import annotations
@@ -32,13 +35,12 @@ FAMILIES = ["bert", "vit", "gpt2", "resnet"]
 
 @pytest.fixture(scope="module")
 def reports():
-    """family -> its report, each checked once (forward, buffers, gradients; BERT also the update check)."""
+    """family -> its report, each checked once (forward, buffers, gradients)."""
     cache = {}
 
     def get(family):
         if family not in cache:
-            checks = ("forward", "gradients", "update") if family == "bert" else ("forward", "gradients")
-            cache[family] = check(hf_flax.make(family), checks=checks, update_steps=2)
+            cache[family] = check(hf_flax.make(family), checks=("forward", "gradients"))
         return cache[family]
     return get
 
@@ -50,11 +52,6 @@ def test_each_correct_port_passes_every_check_in_both_precisions(reports, family
     assert rows and all(r.passed for r in rows), report.text(mapping=False)
     assert {r.precision for r in rows} == {"fp64", "fp32"}
     assert {"gradients, every tensor", "gradients, whole tree"} <= {r.check for r in rows}
-
-
-def test_the_update_check_passes_on_bert_in_both_precisions(reports):
-    rows = [r for r in reports("bert").rows if r.check.startswith("update")]
-    assert len(rows) == 26 and all(r.passed for r in rows)
 
 
 def test_the_default_dropout_is_on_in_the_models_checked():

@@ -40,7 +40,9 @@ class Family:
 
 
 def _roberta_positions(ids: Any, mask: Any, config: Any) -> Any:
-    from transformers.models.roberta.modeling_flax_roberta import create_position_ids_from_input_ids
+    from transformers.models.roberta.modeling_flax_roberta import (
+        create_position_ids_from_input_ids,
+    )
 
     return create_position_ids_from_input_ids(ids, config.pad_token_id)
 

@@ -23,13 +23,30 @@ from typing import Any
 import numpy as np
 
 from jaxloop.parity import diagnose, evidence, layers, training, weights
-from jaxloop.parity.flaxside import FlaxModel, attention_dropout_off, batch_to_jax, flax_model, pin_dtype
-from jaxloop.parity.measures import curve_rel_diff, rel_diff, scaled_diffs, whole_rel_diff, worst
+from jaxloop.parity.flaxside import (
+    FlaxModel,
+    attention_dropout_off,
+    batch_to_jax,
+    flax_model,
+    pin_dtype,
+)
+from jaxloop.parity.measures import (
+    curve_rel_diff,
+    rel_diff,
+    scaled_diffs,
+    whole_rel_diff,
+    worst,
+)
 from jaxloop.parity.port import Batch, Port, flax_output_loss, torch_output_loss
 from jaxloop.parity.precision import check_precisions, pinned, settings
 from jaxloop.parity.report import Report, Row
 from jaxloop.parity.tolerances import tolerance
-from jaxloop.parity.torchside import functional_dropout_off, prepared, require_torch, state_dict
+from jaxloop.parity.torchside import (
+    functional_dropout_off,
+    prepared,
+    require_torch,
+    state_dict,
+)
 
 CHECKS = ("forward", "gradients", "update")
 SCALE = ("; each tensor against max(its norm, its share of the whole tree's norm): a tensor whose exact value is "

@@ -138,13 +138,22 @@ def batch_to_jax(batch: dict[str, Any], precision: str) -> dict[str, jax.Array]:
             for k, v in batch.items()}
 
 
+def is_dropout(module: Any) -> bool:
+    """A Linen module that drops at random in training: nn.Dropout, or a stochastic-depth module (a class
+    named *DropPath, as Hugging Face's BEiT's: its first argument is returned, the identity it is in eval
+    mode)."""
+    from flax import linen as nn
+
+    return isinstance(module, nn.Dropout) or type(module).__name__.endswith("DropPath")
+
+
 def no_dropout(loss: LossFn) -> LossFn:
-    """The loss with every Linen nn.Dropout an identity, in train mode too (its calls intercepted; this acts
-    while tracing, so under jit too). NNX models get their nnx.Dropout rates set to 0 in flax_model."""
+    """The loss with every Linen nn.Dropout (and DropPath: `is_dropout`) an identity, in train mode too (its
+    calls intercepted; this acts while tracing, so under jit too). NNX models get their nnx.Dropout rates set to 0 in flax_model."""
     from flax import linen as nn
 
     def identity_dropout(next_fun: Callable, args: tuple, kwargs: dict, context: Any) -> Any:
-        if isinstance(context.module, nn.Dropout) and context.method_name == "__call__":
+        if is_dropout(context.module) and context.method_name == "__call__":
             return args[0] if args else kwargs["inputs"]
         return next_fun(*args, **kwargs)
 

@@ -34,14 +34,16 @@ def dtype_of(precision: str) -> Any:
 
 
 def zero_dropout(module: Any) -> None:
-    """Dropout off in train mode too: every torch Dropout module's p and nn.MultiheadAttention's
-    attention dropout set to 0 (masks cannot match across frameworks)."""
+    """Dropout off in train mode too: every torch Dropout module's p, nn.MultiheadAttention's attention
+    dropout and a DropPath's (stochastic depth) drop_prob set to 0 (masks cannot match across frameworks)."""
     torch = require_torch()
     for m in module.modules():
         if isinstance(m, torch.nn.modules.dropout._DropoutNd):  # noqa: SLF001 (the base of every Dropout*)
             m.p = 0.0
         if isinstance(m, torch.nn.MultiheadAttention):
             m.dropout = 0.0
+        if type(m).__name__.endswith("DropPath") and isinstance(getattr(m, "drop_prob", None), float):
+            m.drop_prob = 0.0  # stochastic depth (timm's and transformers' DropPath)
 
 
 _DROPOUTS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
