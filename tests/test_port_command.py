@@ -36,8 +36,8 @@ def test_command_prints_the_mapping_and_the_table_of_a_shipped_example():
     assert re.search(r"\nlayers\.0\.self_attn\.in_proj_weight +blocks/0/attn/qkv/kernel +transpose +order\n", out)
     assert re.search(r"\ngradients, every tensor +fp64 +\S+ +1\.00e-09 +yes ", out) and "why this tolerance" in out
     assert "trajectory" not in out
-    # output, loss and every layer in eval and train, gradients; an update row per config
-    n = 7 + len(training.update_configs(1.0))
+    n = 8 + len(training.update_configs(1.0))  # output, loss and every layer in eval and train, gradients (every tensor,
+    # whole tree); an update row per config
     assert out.strip().endswith(f"vs a Flax NNX port: {n} of {n} checks within tolerance")
 
 
@@ -85,6 +85,16 @@ PORTS = textwrap.dedent('''
 
     def flax_rejects():
         return Port(torch_net(), Reshaping(), X, tl, fl)
+
+    def as_tuple():
+        return torch_net(), Net(), X, tl, fl
+
+    def swapped():
+        return Port(Net(), torch_net(), X, tl, fl)
+
+    def exits():
+        import sys
+        sys.exit(0)
 ''')
 
 
@@ -108,8 +118,8 @@ def test_a_missing_file_exits_2(tmp_path, capsys):
 
 def test_a_missing_factory_exits_2_naming_the_functions_there(ports, capsys):
     code, _, err = _main(capsys, f"{ports}:make")
-    assert code == 2 and ("has no function 'make'; functions it defines: ['fl', 'flax_rejects', 'good', 'tl', "
-                          "'torch_net', 'torch_rejects', 'wrong_width']") in err
+    assert code == 2 and ("has no function 'make'; functions it defines: ['as_tuple', 'exits', 'fl', 'flax_rejects', "
+                          "'good', 'swapped', 'tl', 'torch_net', 'torch_rejects', 'wrong_width']") in err
 
 
 def test_weights_that_do_not_map_exit_2_naming_the_parameter_and_the_candidates(ports, capsys):
@@ -127,6 +137,20 @@ def test_a_batch_torch_rejects_exits_2_naming_the_module(ports, capsys):
 def test_a_batch_flax_rejects_exits_2_naming_the_module(ports, capsys):
     code, _, err = _main(capsys, f"{ports}:flax_rejects")
     assert code == 2 and "error: the Flax model rejects the batch: the root module" in err and "reshape" in err
+
+
+EXPECTED = "expected a jaxloop.parity.Port(torch_module, flax_module, batch, torch_loss, flax_loss)"
+
+
+@pytest.mark.parametrize("factory, says", [
+    ("as_tuple", "returned a tuple; " + EXPECTED),
+    ("swapped", "returned a Port with torch and Flax swapped (torch_module is a Flax Net, flax_module a torch "
+                "Sequential); " + EXPECTED),
+    ("exits", "called sys.exit(0) instead of returning a jaxloop.parity.Port("),
+])
+def test_a_factory_returning_something_else_exits_2_in_one_line_naming_what_was_expected(ports, capsys, factory, says):
+    code, out, err = _main(capsys, f"{ports}:{factory}")  # not 1 (a failed check) nor a silent 0
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and says in err, err
 
 
 def test_without_torch_the_command_says_how_to_install_it(ports, capsys, monkeypatch):

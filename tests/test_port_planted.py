@@ -55,13 +55,16 @@ def test_batch_norm_momentum_in_torchs_convention_is_found_in_the_running_statis
     report = forward_check(resnet.make(bn_momentum=0.1))  # torch's 0.1 written as Flax's momentum
     assert report.divergences == {}  # the forward pass uses batch statistics: only the buffers differ
     (row,) = [r for r in report.rows if r.check.startswith("buffers")]
-    assert not row.passed and row.where == "batch_stats/embedder/embedder/normalization/mean"
+    assert not row.passed and row.where.startswith("batch_stats/") and row.where.endswith("/normalization/mean")
     (note,) = [n for n in report.notes if "buffers of torch" in n]
     assert "resnet.embedder.embedder.normalization" in note and "pass momentum=0.9 to the Flax BatchNorm" in note
 
 
-def test_flax_batch_norms_biased_running_variance_is_diagnosed():
-    report = forward_check(resnet.make(batch_norm="flax"))  # flax.linen.BatchNorm: biased batch variance
+@pytest.mark.parametrize("precision", ["fp64", "fp32"])
+def test_flax_batch_norms_biased_running_variance_is_diagnosed(precision):
+    # flax.linen.BatchNorm: biased batch variance; in float32 too, where n/(n-1) (n = 512) moves the running
+    # variance by 2e-4 of a tenth, within float32's CLOSE: the closer of the two recomputed updates decides
+    report = check(resnet.make(batch_norm="flax"), precisions=(precision,), checks=("forward",))
     (row,) = [r for r in report.rows if r.check.startswith("buffers")]
     assert not row.passed and row.where.endswith("/var")
     (note,) = [n for n in report.notes if "buffers of torch" in n]

@@ -189,17 +189,32 @@ class Bare(torch.nn.Module):
 
 
 class BarePort(nn.Module):
+    """Bare's port: x @ w, x @ w.T (the weight stored the other way round), or a port that computes
+    something else (tanh), under which no layout reproduces torch's output."""
+
+    form: str = "as is"
+
     @nn.compact
     def __call__(self, x):
-        return x @ self.param("w", nn.initializers.zeros, (6, 6))
+        w = self.param("w", nn.initializers.zeros, (6, 6))
+        return {"as is": x @ w, "transpose": x @ w.T, "tanh": jnp.tanh(x @ w)}[self.form]
 
 
-def test_a_square_weight_of_an_unknown_module_is_ambiguous_until_overridden():
+@pytest.mark.parametrize("form", ["as is", "transpose"])
+def test_a_square_weight_takes_the_layout_that_reproduces_the_captured_torch_output(form):
+    torch.manual_seed(0)
+    report = _forward_agrees(Bare(), BarePort(form), _batch((5, 6), (5, 6)))
+    assert [(e.flax, e.layout) for e in report.mapping.entries] == [("params/w", form)]
+
+
+def test_a_square_weight_no_layout_explains_is_refused_naming_it_until_overridden():
     torch.manual_seed(0)
     b = _batch((5, 6), (5, 6))
-    with pytest.raises(MappingError, match=r"more than one layout .*overrides"):
-        compare(Bare(), BarePort(), b, _mse_torch, _mse_flax, precisions=("fp64",), checks=("forward",))
-    report = _forward_agrees(Bare(), BarePort(), b, overrides={"w": ("w", "as is")})  # "params/" may be left out
+    with pytest.raises(MappingError, match=r"torch w \(6, 6\) \(Bare\) fits Flax params/w \(6, 6\) in more than one "
+                       r"layout .*will not guess: .*reproduces its output under no layout .*overrides"):
+        compare(Bare(), BarePort("tanh"), b, _mse_torch, _mse_flax, precisions=("fp64",), checks=("forward",))
+    report = compare(Bare(), BarePort("tanh"), b, _mse_torch, _mse_flax, precisions=("fp64",), checks=("forward",),
+                     overrides={"w": ("w", "as is")})  # "params/" may be left out
     assert [(e.flax, e.how) for e in report.mapping.entries] == [("params/w", "override")]
 
 

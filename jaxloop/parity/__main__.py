@@ -42,6 +42,8 @@ def load_factory(spec: str) -> Any:
     sys.modules[module_name] = module
     try:
         loader.loader.exec_module(module)
+    except SystemExit as e:  # a script's sys.exit at import: not a silent status
+        raise BadInput(f"importing {path} called sys.exit({e.code!r}); a factory file defines FACTORY and exits nowhere") from e
     except Exception as e:  # the user's file failed to import
         raise BadInput(f"importing {path} failed: {type(e).__name__}: {e}") from e
     factory = getattr(module, name, None)
@@ -52,20 +54,45 @@ def load_factory(spec: str) -> Any:
     return factory
 
 
+EXPECTED = "a jaxloop.parity.Port(torch_module, flax_module, batch, torch_loss, flax_loss)"
+
+
 def port_of(value: Any, spec: str) -> Any:
+    """The factory's Port, its two modules each of the framework its field names (a dict of Port's fields
+    is taken too); anything else is bad input naming what was expected."""
     from jaxloop.parity.port import Port
 
-    if isinstance(value, Port):
-        return value
     if isinstance(value, dict):
         try:
-            return Port(**value)
+            value = Port(**value)
         except TypeError as e:
-            raise BadInput(f"{spec} returned a dict that is not a Port's fields: {e}") from e
-    if isinstance(value, (tuple, list)) and 3 <= len(value) <= 5:
-        return Port(*value)
-    raise BadInput(f"{spec} returned {type(value).__name__}; expected a jaxloop.parity.Port(torch_module, flax_module, "
-                   "batch, torch_loss, flax_loss)")
+            raise BadInput(f"{spec} returned a dict that is not a Port's fields ({e}); expected {EXPECTED}") from e
+    if not isinstance(value, Port):
+        raise BadInput(f"{spec} returned a {type(value).__name__}; expected {EXPECTED}")
+    t, f = _framework(value.torch_module), _framework(value.flax_module)
+    if (t, f) == ("Flax", "torch"):
+        raise BadInput(f"{spec} returned a Port with torch and Flax swapped (torch_module is a Flax "
+                       f"{type(value.torch_module).__name__}, flax_module a torch {type(value.flax_module).__name__}); expected {EXPECTED}")
+    if t != "torch":
+        raise BadInput(f"{spec} returned a Port whose torch_module is a {type(value.torch_module).__name__}, not a "
+                       f"torch.nn.Module; expected {EXPECTED}")
+    if f != "Flax":
+        raise BadInput(f"{spec} returned a Port whose flax_module is a {type(value.flax_module).__name__}, not a Flax "
+                       f"Linen or NNX module; expected {EXPECTED}")
+    return value
+
+
+def _framework(module: Any) -> str:
+    import flax.linen as nn
+    from flax import nnx
+
+    from jaxloop.parity.torchside import require_torch
+
+    if isinstance(module, require_torch().nn.Module):
+        return "torch"
+    if isinstance(module, (nn.Module, nnx.Module)):
+        return "Flax"
+    return "neither"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         factory = load_factory(args.factory)
         try:
             made = factory()
+        except SystemExit as e:  # not the check's status: the factory never returned
+            raise BadInput(f"{args.factory} called sys.exit({e.code!r}) instead of returning {EXPECTED}") from e
         except Exception as e:  # the user's factory failed
             raise BadInput(f"{args.factory} raised {type(e).__name__}: {e}") from e
         port = port_of(made, args.factory)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxloop.parity.layers import Call, Capture, Divergence
+from jaxloop.parity.layers import Call, Capture, Divergence, LayerDiff
 from jaxloop.parity.measures import rel_diff
 
 CLOSE = {"fp64": 1e-9, "fp32": 1e-4}
@@ -55,9 +55,9 @@ def _to_flax_layout(t: np.ndarray, f: np.ndarray) -> np.ndarray | None:
 def at_layer(tc: Call, fc: Call, leaves: dict[str, np.ndarray], precision: str) -> list[str]:
     """Diagnoses of a layer whose input agrees and whose output does not; `leaves` are the Flax module's
     own variables by leaf name (kernel, bias, scale...)."""
-    out = [d for d in (norm_eps(tc, fc), conv_geometry(tc, fc), transposed_kernel(tc, fc, leaves, precision),
-                       missing_bias(tc, fc, leaves, precision), compute_dtype(tc, fc, precision),
-                       matmul_precision(fc)) if d]
+    out = [d for d in (norm_eps(tc, fc), batch_norm_statistics(tc, fc, leaves, precision), conv_geometry(tc, fc),
+                       transposed_kernel(tc, fc, leaves, precision), missing_bias(tc, fc, leaves, precision),
+                       compute_dtype(tc, fc, precision), matmul_precision(fc)) if d]
     if not out:
         out.append(f"no known convention explains it; compare the two definitions: torch {_describe_torch(tc.module)}, "
                    f"Flax {_describe_flax(fc.module)}")
@@ -70,6 +70,56 @@ def norm_eps(tc: Call, fc: Call) -> str | None:
         return None
     default = " (Flax's LayerNorm/BatchNorm default is 1e-6, torch's 1e-5)" if float(fe) == 1e-6 else ""
     return f"{tc.type} eps: torch {te:g}, Flax epsilon={fe:g}{default}: pass epsilon={te:g} to the Flax module"
+
+
+def batch_norm_statistics(tc: Call, fc: Call, leaves: dict[str, np.ndarray], precision: str) -> str | None:
+    """Which statistics each side's BatchNorm normalised with, recomputed from the captured input: the
+    batch's (train mode) or the running ones (eval mode); a diagnosis when they differ."""
+    if "BatchNorm" not in tc.type or tc.input is None or tc.output is None or fc.output is None:
+        return None
+    if not {"mean", "var"} <= leaves.keys():
+        return None
+    x = np.asarray(tc.input, np.float64)
+    if x.ndim < 2 or x.shape[1] != leaves["mean"].shape[0]:
+        return None
+    axes = tuple(i for i in range(x.ndim) if i != 1)
+    shape = [1] * x.ndim
+    shape[1] = x.shape[1]
+    eps = float(_attr(tc.module, "eps") or 1e-5)
+    scale = leaves.get("scale", np.ones(x.shape[1])).reshape(shape)
+    bias = leaves.get("bias", np.zeros(x.shape[1])).reshape(shape)
+
+    def normalised(mean: np.ndarray, var: np.ndarray) -> np.ndarray:
+        return (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps) * scale + bias
+
+    options = {"the batch's statistics (train mode)": normalised(x.mean(axes), x.var(axes)),
+               "its running statistics (eval mode)": normalised(leaves["mean"], leaves["var"])}
+    f_out = _to_torch_layout_of(fc.output, tc.output)
+    t, f = _which_value(options, tc.output, precision), _which_value(options, f_out, precision)
+    if t is None or f is None or t == f:
+        return None
+    fix = ("the Flax BatchNorm got use_running_average=True while training: a `train`/`deterministic` flag not "
+           "passed down to it (or to the module holding it)" if f.startswith("its running") else
+           "the Flax BatchNorm got use_running_average=False in eval mode: pass use_running_average=not train")
+    return f"BatchNorm statistics: torch normalised with {t}, Flax with {f}: {fix}"
+
+
+def _which_value(options: dict[str, np.ndarray], y: np.ndarray | None, precision: str) -> str | None:
+    if y is None:
+        return None
+    diffs = {k: rel_diff(v, y) for k, v in options.items() if np.shape(v) == np.shape(y)}
+    if not diffs:
+        return None
+    best = min(diffs, key=diffs.get)
+    return best if diffs[best] <= CLOSE[precision] else None
+
+
+def _to_torch_layout_of(f: np.ndarray, t: np.ndarray) -> np.ndarray | None:
+    if f.shape == t.shape:
+        return f
+    if f.ndim >= 3 and np.moveaxis(f, -1, 1).shape == t.shape:
+        return np.moveaxis(f, -1, 1)
+    return None
 
 
 def _explicit_pads(padding: Any, in_spatial: tuple[int, ...], kernel: tuple[int, ...], strides: tuple[int, ...],
@@ -181,9 +231,16 @@ def missing_bias(tc: Call, fc: Call, leaves: dict[str, np.ndarray], precision: s
 def compute_dtype(tc: Call, fc: Call, precision: str) -> str | None:
     want = "float64" if precision == "fp64" else "float32"
     if fc.output_dtype and fc.output_dtype != want:
-        return (f"the Flax layer computes in {fc.output_dtype} (torch in {tc.output_dtype or want}): its dtype or "
-                "param_dtype is set (bf16/fp16 matmuls are a mixed-precision choice, not a port): leave them None "
-                "for the check")
+        field = _attr(fc.module, "dtype")
+        if field is not None and str(np.dtype(field)) == fc.output_dtype:
+            fix = (f"its dtype field is {fc.output_dtype}" + (" (Hugging Face's Flax modules default to jnp.float32 and "
+                   "pass their dtype to every submodule)" if fc.output_dtype == "float32" else "")
+                   + f": build it with dtype=jnp.{want} for the check (the check pins the top module's dtype "
+                   "field itself; this layer has its own)")
+        else:
+            fix = ("its dtype or param_dtype is set (bf16/fp16 matmuls are a mixed-precision choice, not a port): "
+                   "leave them None for the check")
+        return f"the Flax layer computes in {fc.output_dtype} (torch in {tc.output_dtype or want}): {fix}"
     return None
 
 
@@ -232,6 +289,7 @@ ACTIVATIONS: dict[str, Any] = {
     "GELU, exact (erf)": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
     "GELU, tanh approximation": lambda x: 0.5 * x * (1.0 + np.tanh(_SQRT_2_PI * (x + 0.044715 * x**3))),
     "SiLU": lambda x: x / (1.0 + np.exp(-x)),
+    "GELU, tanh with 1.702 (gelu_fast)": lambda x: 0.5 * x * (1.0 + np.tanh(0.7978845608 * x * (1.0 + 0.044715 * x * x))),
     "quick GELU (x sigmoid(1.702 x))": lambda x: x / (1.0 + np.exp(-1.702 * x)),
     "tanh": np.tanh,
     "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
@@ -239,11 +297,15 @@ ACTIVATIONS: dict[str, Any] = {
 
 
 def _which(fns: dict[str, Any], x: np.ndarray, y: np.ndarray, precision: str) -> str | None:
-    for name, fn in fns.items():
-        with np.errstate(over="ignore"):
-            if _close(y, fn(np.asarray(x, np.float64)), precision):
-                return name
-    return None
+    """The candidate closest to y (relative difference within CLOSE), or None: the closest, not the first
+    within reach (in float32, GELU's erf and tanh forms can both come within CLOSE of one side)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        diffs = {name: rel_diff(fn(np.asarray(x, np.float64)), y) for name, fn in fns.items() if np.shape(x) == np.shape(y)}
+    diffs = {k: v for k, v in diffs.items() if not math.isnan(v)}
+    if not diffs:
+        return None
+    name = min(diffs, key=diffs.get)
+    return name if diffs[name] <= CLOSE[precision] else None
 
 
 def activation_between(prev_t: np.ndarray | None, prev_f: np.ndarray | None, next_t: np.ndarray | None,
@@ -258,8 +320,8 @@ def activation_between(prev_t: np.ndarray | None, prev_f: np.ndarray | None, nex
     hint = ""
     if {t, f} == {"GELU, exact (erf)", "GELU, tanh approximation"}:
         hint = (": torch's F.gelu and nn.GELU() are exact (erf) unless approximate='tanh' (transformers' "
-                "'gelu_new' is tanh); Flax's nn.gelu defaults to approximate=True (tanh): pass approximate="
-                f"{t != 'GELU, exact (erf)'}")
+                "'gelu_new' and Flax's 'gelu_new' are tanh, its 'gelu' erf); Flax's nn.gelu defaults to "
+                f"approximate=True (tanh): pass approximate={t != 'GELU, exact (erf)'}")
     return f"activation: torch applies {t}, Flax {f}{hint}"
 
 
@@ -372,15 +434,33 @@ def _to_torch_layout(f: np.ndarray | None, t: np.ndarray | None) -> np.ndarray |
     return None
 
 
+def inside_container(div: Divergence, diffs: list[LayerDiff], tcap: Capture, fcap: Capture, precision: str) -> list[str]:
+    """A container (a module holding a layer and more code) whose input agrees and whose output does not,
+    while the last paired module inside it agrees: what its own code does after that module (an
+    activation such as Hugging Face's `intermediate`: dense, then the activation)."""
+    name = div.layer.torch
+    inner = [d for d in diffs if name == "" or d.torch.startswith(name + ".")]
+    inner = [d for d in inner if d.torch != name and d.out_diff <= div.tolerance]
+    if not inner:
+        return []
+    last = max(inner, key=lambda d: d.end)
+    pt, pf = tcap.calls[last.torch].output, fcap.calls[last.flax].output
+    nt, nf = tcap.calls[name].output, fcap.calls[div.layer.flax].output
+    found = activation_between(pt, _to_torch_layout(pf, pt), nt, _to_torch_layout(nf, nt), precision)
+    return [f"{found} (inside {name or 'the model'}, after {last.torch})"] if found else []
+
+
 def diagnose(div: Divergence, tcap: Capture, fcap: Capture, flax_leaves: dict[str, np.ndarray],
-             module_leaves: dict[str, str], precision: str) -> list[str]:
+             module_leaves: dict[str, str], precision: str, diffs: list[LayerDiff] | None = None) -> list[str]:
     """The diagnoses of a divergence; `module_leaves` maps each leaf name of the diverging Flax module
-    (kernel, bias...) to its full Flax name."""
+    (kernel, bias...) to its full Flax name; `diffs` (every paired module) lets a container's own code be
+    diagnosed after the last module inside it that agrees."""
     tc, fc = tcap.calls[div.layer.torch], fcap.calls[div.layer.flax]
     if div.clean_input:
         leaves = {leaf: np.asarray(flax_leaves[full], np.float64) for leaf, full in module_leaves.items()}
         found = [x for x in (mha_container(tc, fcap, div.layer.flax, precision),) if x]
-        return found + at_layer(tc, fc, leaves, precision) if not found else found
+        found += inside_container(div, diffs or [], tcap, fcap, precision)
+        return found if found else at_layer(tc, fc, leaves, precision)
     return between(div, tcap, fcap, precision)
 
 
@@ -414,10 +494,12 @@ def batch_norm_update(tm: Any, fmod: Any, x: np.ndarray | None, old: dict[str, n
         return float(np.dot(step, full) / np.dot(full, full)) if np.dot(full, full) else math.nan
 
     def variance_kind(new_var: np.ndarray, a: float) -> str | None:
-        for label, v in (("unbiased", var_b * n / (n - 1)), ("biased", var_b)):
-            if _close(new_var, (1 - a) * old["var"] + a * v, precision):
-                return label
-        return None
+        # the closer of the two (they differ by a n/(n-1) - a, within float32's CLOSE for large n): in
+        # every precision, when the closer one is within CLOSE and the other at least 3 times as far
+        d = {label: rel_diff(new_var, (1 - a) * old["var"] + a * v)
+             for label, v in (("unbiased", var_b * n / (n - 1)), ("biased", var_b))}
+        best, other = sorted(d, key=d.get)
+        return best if d[best] <= CLOSE[precision] and d[other] >= 3 * d[best] else None
 
     at, af = fraction(new_t["mean"]), fraction(new_f["mean"])
     if not out and not math.isnan(at) and not math.isnan(af) and abs(at - af) > 1e-6:

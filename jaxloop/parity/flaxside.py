@@ -9,7 +9,10 @@ Linen's batch_stats, NNX's BatchStat); NNX's random-number state is neither.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import inspect
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -69,6 +72,31 @@ def policy(precision: str) -> Policy:
     return get_policy(precision)
 
 
+def pin_dtype(module: Any, precision: str) -> tuple[Any, str | None]:
+    """(the module computing in the checked precision, a note) when its own `dtype` field computes below it
+    (Hugging Face's Flax modules default to dtype=jnp.float32 and pass it to every submodule; a bf16
+    choice is mixed precision, not the port): a Linen clone, or the attribute set on an NNX copy.
+    Layers with a dtype of their own are left alone (the check names them at the first divergence)."""
+    want = np.dtype(np_dtype(precision))
+    dtype = getattr(module, "dtype", None)
+    try:
+        have = np.dtype(dtype) if dtype is not None else None
+    except TypeError:
+        return module, None
+    if have is None or not np.issubdtype(have, np.floating) or have.itemsize >= want.itemsize:
+        return module, None
+    hf_default = " (Hugging Face default)" if have == np.float32 else ""
+    note = (f"{type(module).__name__} computes in {have} (its dtype field{hf_default}); "
+            f"pinned to dtype={want} for the {precision} check: the check compares the port, not a precision choice")
+    if is_nnx(module):
+        from flax import nnx
+
+        module = nnx.merge(*nnx.split(module))
+        module.dtype = want.type
+        return module, note
+    return module.clone(dtype=want.type), note
+
+
 def flax_model(module: Any, loss: LossFn, batch: dict[str, Any]) -> FlaxModel:
     """Linen: the variables' structure from one (abstract) call of the loss on the batch, as jaxloop's
     LinenModel.init makes them, filled with zeros; NNX: the module split as jaxloop splits it."""
@@ -111,13 +139,23 @@ def batch_to_jax(batch: dict[str, Any], precision: str) -> dict[str, jax.Array]:
             for k, v in batch.items()}
 
 
+def is_dropout(module: Any) -> bool:
+    """A Linen module that drops at random in training: nn.Dropout, or a stochastic-depth module (a class
+    named *DropPath, as Hugging Face's BEiT's: its first argument is returned, the identity it is in eval
+    mode)."""
+    from flax import linen as nn
+
+    return isinstance(module, nn.Dropout) or type(module).__name__.endswith("DropPath")
+
+
 def no_dropout(loss: LossFn) -> LossFn:
-    """The loss with every Linen nn.Dropout an identity, in train mode too (its calls intercepted; this acts
-    while tracing, so under jit too). NNX models get their nnx.Dropout rates set to 0 in flax_model."""
+    """The loss with every Linen nn.Dropout (and DropPath: `is_dropout`) an identity, in train mode too (its
+    calls intercepted; this acts while tracing, so under jit too). NNX models get their nnx.Dropout rates set
+    to 0 in flax_model."""
     from flax import linen as nn
 
     def identity_dropout(next_fun: Callable, args: tuple, kwargs: dict, context: Any) -> Any:
-        if isinstance(context.module, nn.Dropout) and context.method_name == "__call__":
+        if is_dropout(context.module) and context.method_name == "__call__":
             return args[0] if args else kwargs["inputs"]
         return next_fun(*args, **kwargs)
 
@@ -126,6 +164,50 @@ def no_dropout(loss: LossFn) -> LossFn:
             return loss(model, batch, train)
 
     return loss_without_dropout
+
+
+@contextlib.contextmanager
+def attention_dropout_off() -> Iterator[None]:
+    """While checking: Flax's functional attention dropout off. `dot_product_attention_weights` (Linen's and
+    NNX's) draws its own dropout mask from `dropout_rate` and `deterministic` (Hugging Face's Flax
+    attentions call it directly; no nn.Dropout module to intercept): every reference to it in a loaded
+    module is replaced by one that forces dropout_rate=0 and deterministic=True. Restored on exit."""
+    import flax.linen.attention as linen_attention
+
+    originals = [linen_attention.dot_product_attention_weights]
+    try:
+        import flax.nnx.nn.attention as nnx_attention
+
+        originals.append(nnx_attention.dot_product_attention_weights)
+    except ImportError:  # pragma: no cover - flax always has nnx from 0.8 on
+        pass
+    patched: list[tuple[Any, str, Any]] = []
+
+    def without_dropout(original: Callable) -> Callable:
+        signature = inspect.signature(original)
+
+        def weights(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.arguments["dropout_rate"] = 0.0
+            bound.arguments["deterministic"] = True
+            return original(*bound.args, **bound.kwargs)
+        return weights
+
+    replacement = {id(f): without_dropout(f) for f in originals}
+    try:
+        for module in list(sys.modules.values()):
+            try:
+                items = list(vars(module).items())
+            except TypeError:
+                continue
+            for name, value in items:
+                if id(value) in replacement and any(value is f for f in originals):
+                    patched.append((module, name, value))
+                    setattr(module, name, replacement[id(value)])
+        yield
+    finally:
+        for module, name, value in reversed(patched):
+            setattr(module, name, value)
 
 
 # ----------------------------------------------------------------------------- naming

@@ -177,7 +177,7 @@ def _run_linen(fm: FlaxModel, params: Any, model_state: Any, loss: Callable, bat
                enter: Callable, leave: Callable) -> tuple[Any, Any]:
     from flax import linen as nn
 
-    from jaxloop.parity.flaxside import policy
+    from jaxloop.parity.flaxside import is_dropout, policy
 
     def interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) -> Any:
         method = context.method_name
@@ -187,7 +187,7 @@ def _run_linen(fm: FlaxModel, params: Any, model_state: Any, loss: Callable, bat
         name = "/".join(str(p) for p in mod.path)
         key = name if method == "__call__" else f"{name}:{method}"
         enter(key, type(mod).__name__, mod, args, kwargs)
-        if isinstance(mod, nn.Dropout) and method == "__call__":
+        if is_dropout(mod) and method == "__call__":
             out = args[0] if args else kwargs["inputs"]
         else:
             out = next_fun(*args, **kwargs)

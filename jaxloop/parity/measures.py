@@ -4,6 +4,10 @@ torch_ref) and the port check (a researcher's PyTorch model against its Flax tra
 - `rel_diff(a, b)`: ||a - b||_2 / ||b||_2 of one tensor as a whole (an elementwise ratio is meaningless
   for entries that pass through zero); 0 when equal, inf when b is zero and a is not.
 - `tree_rel_diff(a, b)`: the largest `rel_diff` over the tensors of two trees, and which tensor.
+- `scaled_diffs(a, b)`: each tensor's ||a - b||_2 against a scale that cannot vanish, max(||b||_2, the
+  tensor's share of the whole tree's norm); `whole_rel_diff(a, b)`: the trees as one vector. For
+  gradients, params and updates, where a tensor's true value can be zero (an attention key bias's
+  gradient: softmax ignores a constant added to every score of a query).
 - `curve_rel_diff(a, b)`: max over u of |a_u - b_u| / |b_u| (losses, rates).
 - `abs_diff`, `ulps_of_value`: absolute and float32-ulp differences.
 
@@ -95,6 +99,43 @@ def tensor_rel_diffs(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
             raise ValueError(f"{key}: shapes {np.shape(a[key])} and {np.shape(b[key])}")
         out[key] = rel_diff(a[key], b[key])
     return out
+
+
+def tensor_floor(b: dict[str, Any]) -> dict[str, float]:
+    """{name: ||b||_tree sqrt(size / total size)}: the norm a tensor of this size would have if the tree's
+    norm were spread evenly over its entries. Rounding in a tensor whose exact value is zero (or cancels)
+    is set by the magnitudes of the terms that cancel, which are those of the rest of the tree, not by
+    the tensor's own (vanishing) norm; a difference this size is as large, relative to the training it
+    drives, as the same relative difference in a typical tensor."""
+    sizes = {k: np.size(v) for k, v in b.items()}
+    total = sum(sizes.values())
+    norm = math.sqrt(sum(float(np.sum(np.square(np.asarray(v, np.float64)))) for v in b.values()))
+    return {k: norm * math.sqrt(sizes[k] / total) if total else 0.0 for k in b}
+
+
+def scaled_diffs(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    """Each tensor's ||a - b||_2 / max(||b||_2, tensor_floor(b)): `rel_diff` for a tensor of typical size or
+    larger; for a tensor whose true value vanishes (a key bias's gradient), its difference measured
+    against the whole tree's scale (an exactly zero tree: 0 when equal, inf otherwise)."""
+    tensor_rel_diffs(a, b)  # the same names and shapes
+    floors = tensor_floor(b)
+    out = {}
+    for key in a:
+        x, y = same_length(a[key], b[key])
+        d = float(np.linalg.norm((x - y).ravel()))
+        scale = max(float(np.linalg.norm(y.ravel())), floors[key])
+        out[key] = 0.0 if d == 0.0 else (d / scale if scale else (math.nan if math.isnan(d) else math.inf))
+    return out
+
+
+def whole_rel_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """||a - b||_2 / ||b||_2 of all the tensors of two trees as one vector."""
+    tensor_rel_diffs(a, b)
+    d = math.sqrt(sum(float(np.sum(np.square(np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64)))) for k in a))
+    n = math.sqrt(sum(float(np.sum(np.square(np.asarray(b[k], np.float64)))) for k in b))
+    if d == 0.0:
+        return 0.0
+    return d / n if n else (math.nan if math.isnan(d) else math.inf)
 
 
 def worst(diffs: dict[str, float]) -> tuple[float, str]:

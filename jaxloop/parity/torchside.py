@@ -4,7 +4,9 @@ dropout off, batches and outputs converted. Nothing here runs at `import jaxloop
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -32,14 +34,48 @@ def dtype_of(precision: str) -> Any:
 
 
 def zero_dropout(module: Any) -> None:
-    """Dropout off in train mode too: every torch Dropout module's p and nn.MultiheadAttention's
-    attention dropout set to 0 (masks cannot match across frameworks)."""
+    """Dropout off in train mode too: every torch Dropout module's p, nn.MultiheadAttention's attention
+    dropout and a DropPath's (stochastic depth) drop_prob set to 0 (masks cannot match across frameworks)."""
     torch = require_torch()
     for m in module.modules():
         if isinstance(m, torch.nn.modules.dropout._DropoutNd):  # noqa: SLF001 (the base of every Dropout*)
             m.p = 0.0
         if isinstance(m, torch.nn.MultiheadAttention):
             m.dropout = 0.0
+        if type(m).__name__.endswith("DropPath") and isinstance(getattr(m, "drop_prob", None), float):
+            m.drop_prob = 0.0  # stochastic depth (timm's and transformers' DropPath)
+
+
+_DROPOUTS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
+
+
+@contextlib.contextmanager
+def functional_dropout_off() -> Iterator[None]:
+    """While checking: torch.nn.functional's dropouts are identities and scaled_dot_product_attention runs
+    with dropout_p=0, whatever probability a module passes (transformers' attentions keep theirs as plain
+    numbers and call these functions, no Dropout module to zero). Restored on exit."""
+    torch = require_torch()
+    F = torch.nn.functional
+    saved = {name: getattr(F, name) for name in (*_DROPOUTS, "scaled_dot_product_attention")}
+
+    def identity(input: Any, *args: Any, **kwargs: Any) -> Any:
+        return input
+
+    def sdpa(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > 4:
+            args = (*args[:4], 0.0, *args[5:])
+        else:
+            kwargs["dropout_p"] = 0.0
+        return saved["scaled_dot_product_attention"](*args, **kwargs)
+
+    try:
+        for name in _DROPOUTS:
+            setattr(F, name, identity)
+        F.scaled_dot_product_attention = sdpa
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(F, name, fn)
 
 
 def prepared(module: Any, precision: str) -> Any:
@@ -83,7 +119,7 @@ def tensors_in(obj: Any) -> list[Any]:
 
 def to_numpy(t: Any) -> np.ndarray:
     t = t.detach().cpu()
-    if t.dtype in (__import__("torch").bfloat16,):  # numpy has no bfloat16: float32 holds it exactly
+    if t.dtype == require_torch().bfloat16:  # numpy has no bfloat16: float32 holds it exactly
         t = t.float()
     return t.numpy().copy()
 

@@ -26,7 +26,7 @@ import numpy as np
 import optax
 
 from jaxloop.parity.flaxside import FlaxModel, batch_to_jax, no_dropout, policy
-from jaxloop.parity.measures import tensor_rel_diffs, worst
+from jaxloop.parity.measures import scaled_diffs, whole_rel_diff, worst
 from jaxloop.parity.torchside import batch_to_torch, require_torch, to_numpy
 from jaxloop.parity.weights import LAYOUTS, Mapping
 from loopcore.config import Config, OptimConfig
@@ -163,8 +163,7 @@ class UpdateResult:
 def updates(torch_module: Any, fm: FlaxModel, mapping: Mapping, grads: dict[str, np.ndarray], precision: str,
             configs: list[tuple[str, OptimConfig, int]], n: int = 3) -> list[UpdateResult]:
     """`n` updates of each config's optimizer on both sides, from the same params with the same gradients
-    (`varied` from update to update). jaxloop's side is one jitted call per update for all configs (one
-    compilation instead of one per config)."""
+    (`varied` from update to update). jaxloop's side: one jitted update per config."""
     torch = require_torch()
     kinds = fm.kinds()
     leaves = fm.leaves()
@@ -173,10 +172,13 @@ def updates(torch_module: Any, fm: FlaxModel, mapping: Mapping, grads: dict[str,
     torch_grads = [mapping.to_torch({**leaves, **g}) for g in per_update]
     txs = [jax_optimizer(o, steps, precision) for _, o, steps in configs]
 
-    @jax.jit
+    # one jitted update per config: thirteen small compilations cost less than one of all thirteen together
+    # (XLA's compile time grows faster than the graph)
+    jitted = [jax.jit(lambda g, state, p, tx=tx: tx.update(g, state, p)) for tx in txs]
+
     def step_all(g: Any, states: list, params: list) -> tuple[list, list]:
-        out = [tx.update(g, state, p) for tx, state, p in zip(txs, states, params)]
-        return [optax.apply_updates(p, u) for p, (u, _) in zip(params, out)], [state for _, state in out]
+        out = [fn(g, state, p) for fn, state, p in zip(jitted, states, params)]
+        return [apply_updates(p, u) for p, (u, _) in zip(params, out)], [state for _, state in out]
 
     params = [fm.params] * len(configs)
     states = [tx.init(fm.params) for tx in txs]
@@ -197,10 +199,13 @@ def updates(torch_module: Any, fm: FlaxModel, mapping: Mapping, grads: dict[str,
             step_per_update(scheduler)
             jax_params = {k: v for k, v in replace(fm, params=params[i]).leaves().items() if kinds[k] == "param"}
             torch_params = to_flax_params(mapping, {k: to_numpy(p) for k, p in named.items()})
-            d, w = worst(tensor_rel_diffs(jax_params, torch_params))
+            d, w = worst(scaled_diffs(jax_params, torch_params))
             if not d <= results[i].diff:
                 results[i].diff, results[i].where = d, w
     return results
+
+
+apply_updates = jax.jit(optax.apply_updates)
 
 
 def step_per_update(scheduler: Any) -> None:
@@ -223,7 +228,8 @@ def _copy(module: Any) -> Any:
 class Trajectory:
     torch_losses: np.ndarray
     flax_losses: np.ndarray
-    param_diffs: np.ndarray  # per update: max over tensors
+    param_diffs: np.ndarray  # per update: max over tensors (measures.scaled_diffs)
+    whole_diffs: np.ndarray  # per update: the params as one vector (measures.whole_rel_diff)
     worst_tensor: str
     buffer_diff: float | None  # after the last update, max over buffers (None: no buffers)
     torch_params: dict[str, np.ndarray]
@@ -250,7 +256,7 @@ def trajectory(torch_module: Any, fm: FlaxModel, mapping: Mapping, torch_loss: C
     module = _copy(torch_module)
     optimizer, scheduler, clip = torch_optimizer(o, n, module)
     kinds = fm.kinds()
-    t_losses, f_losses, diffs = [], [], []
+    t_losses, f_losses, diffs, whole = [], [], [], []
     worst_tensor, worst_value = "", -1.0
     for u in range(n):
         b = batch_at(batches, example, u)
@@ -267,13 +273,15 @@ def trajectory(torch_module: Any, fm: FlaxModel, mapping: Mapping, torch_loss: C
         leaves = replace(fm, params=state.params, model_state=state.model_state).leaves()
         jp = {k: v for k, v in leaves.items() if kinds[k] == "param"}
         tp = to_flax_params(mapping, {k: to_numpy(p) for k, p in module.named_parameters()})
-        d, w = worst(tensor_rel_diffs(jp, tp))
+        d, w = worst(scaled_diffs(jp, tp))
         diffs.append(d)
+        whole.append(whole_rel_diff(jp, tp))
         if not d <= worst_value:
             worst_value, worst_tensor = d, w
     buffers = {k: v for k, v in leaves.items() if kinds[k] == "buffer"}
     buffer_diff = None
     if buffers:
         tb = mapping.to_flax({k: to_numpy(v) for k, v in module.state_dict().items()})
-        buffer_diff = worst(tensor_rel_diffs(buffers, {k: tb[k] for k in buffers}))[0]
-    return Trajectory(np.asarray(t_losses), np.asarray(f_losses), np.asarray(diffs), worst_tensor, buffer_diff, tp, jp)
+        buffer_diff = worst(scaled_diffs(buffers, {k: tb[k] for k in buffers}))[0]
+    return Trajectory(np.asarray(t_losses), np.asarray(f_losses), np.asarray(diffs), np.asarray(whole), worst_tensor,
+                      buffer_diff, tp, jp)

@@ -6,7 +6,8 @@ with a known layout change:
 | torch module                       | torch tensor -> Flax leaf                      | layout                         |
 |------------------------------------|------------------------------------------------|--------------------------------|
 | Linear (and subclasses)            | weight (out, in) -> kernel (in, out); bias     | transpose                      |
-| transformers' Conv1D (GPT-2)       | weight (in, out) -> kernel (in, out); bias     | as is                          |
+| transformers' Conv1D (GPT-2)       | weight (in, out) -> kernel (in, out); bias     | as is (a Dense port), or       |
+|                                    |                                                | transpose (HF's FlaxConv1D)    |
 | Conv1d/2d/3d                       | weight (O, I, *k) -> kernel (*k, I, O); bias   | OIHW -> HWIO                   |
 | ConvTranspose1d/2d/3d              | weight (I, O, *k) -> kernel                    | (*k, I, O) flipped for Flax's   |
 |                                    |                                                | transpose_kernel=False;        |
@@ -28,8 +29,12 @@ and rename rules ([(regex on torch keys, replacement giving the flax leaf)]); (2
 paths agree once separators, case and a leading wrapper (e.g. `transformer.`) are set aside;
 (3) by structure: the remaining slots of the same signature pair up in execution order (the forward
 hooks' and interceptors' first-call order; a module never called takes its nearest called
-ancestor's place). Tensors sharing storage in torch (tied weights) map once; a Flax model with a
-separate leaf for the tied copy gets it too, and the mapping notes that the port is untied. An
+ancestor's place). Where a square weight fits a Flax leaf both as is and transposed (a Conv1D, a module of
+the user's own) and the Flax module's type does not say (a Flax Dense is (in, out); Hugging Face's
+FlaxConv1D is not one), the layout is decided by evidence: the one under which the Flax module, applied alone
+to the torch module's captured input, reproduces its captured output; when none or both do, a
+MappingError names the tensor and the override that settles it. Tensors sharing storage in torch (tied
+weights) map once; a Flax model with a separate leaf for the tied copy gets it too, and the mapping notes that the port is untied. An
 unmatched or ambiguous tensor is a MappingError naming it and its candidates.
 """
 
@@ -147,7 +152,9 @@ def _is(module: Any, *names: str) -> bool:
 
 def torch_slots(module: Any) -> tuple[list[TorchSlot], dict[str, str], list[str]]:
     """(slots, tied: {alias key: canonical key}, dropped keys) of a torch module's state_dict."""
-    import torch
+    from jaxloop.parity.torchside import require_torch
+
+    torch = require_torch()
 
     torch_sd = module.state_dict(keep_vars=True)
     canonical: dict[Any, str] = {}
@@ -193,7 +200,8 @@ def _rule(mod: Any, n: str, shape: tuple[int, ...]) -> tuple[str, tuple[str, ...
     if _is(mod, "Linear") and n == "weight":
         return "", ("kernel",), ("transpose",)
     if type(mod).__name__ == "Conv1D" and n == "weight" and hasattr(mod, "nf"):  # transformers' Conv1D: (in, out)
-        return "", ("kernel",), ("as is",)
+        # a Flax Dense kernel is (in, out) too; Hugging Face's FlaxConv1D keeps (out, in): shape or evidence decides
+        return "", ("kernel",), ("as is", "transpose")
     if _is(mod, "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d") and n == "weight":
         return "", ("kernel",), ("IOHW->HWIO flipped", "OIHW->HWIO")
     if _is(mod, "Conv1d", "Conv2d", "Conv3d") and n == "weight":
@@ -229,10 +237,18 @@ def _tokens(name: str) -> list[str]:
     return [t for t in re.split(r"[./_\-]+", name.lower()) if t]
 
 
-def _assign(t: TorchSlot, f: FlaxSlot, partial: bool = False) -> list[tuple[TorchTensor, str, str]] | None | str:
+Decide = Callable[[TorchSlot, FlaxSlot, list[dict[str, tuple[str, str]]]], int | str]
+"""decide(torch slot, Flax slot, candidates [{flax leaf: (torch key, layout)}]) -> the index of the one
+candidate under which the Flax module reproduces the torch module's captured output, or why none can be
+chosen."""
+
+
+def _assign(t: TorchSlot, f: FlaxSlot, partial: bool = False, decide: Decide | None = None
+            ) -> list[tuple[TorchTensor, str, str]] | None | str:
     """[(tensor, leaf, layout)] when every tensor of t becomes exactly the leaves of f; None when they do
-    not fit; a message when they fit more than one way. `partial`: every leaf of f taken by some tensor
-    of t, tensors of t left over allowed (a module that lost its bias in the port)."""
+    not fit; a message when they fit more than one way and `decide` cannot choose by evidence. `partial`:
+    every leaf of f taken by some tensor of t, tensors of t left over allowed (a module that lost its
+    bias in the port)."""
     if len(t.tensors) < len(f.leaves) or (len(t.tensors) != len(f.leaves) and not partial):
         return None
     out = []
@@ -255,15 +271,38 @@ def _assign(t: TorchSlot, f: FlaxSlot, partial: bool = False) -> list[tuple[Torc
                 continue
             return None
         leaf, fits = options[0]
-        if len(fits) > 1:
-            return (f"torch {tt.key} {tt.shape} fits Flax {f.leaves[leaf][0]} in more than one layout {fits} (a "
-                    f"{t.type} module the mapper does not know): give the layout in overrides, e.g. "
-                    f"{{'{f.leaves[leaf][0]}': ('{tt.key}', '{fits[1]}')}}")
         used.add(leaf)
-        out.append((tt, leaf, fits[0]))
+        out.append((tt, leaf, fits))
     if len(used) != len(f.leaves) or not out:
         return None
-    return out
+    if _flax_dense(f.obj) and t.type == "Conv1D":  # both (in, out) by definition: nothing to decide
+        out = [(tt, leaf, ["as is"] if "as is" in fits else fits) for tt, leaf, fits in out]
+    ambiguous = [(tt, leaf, fits) for tt, leaf, fits in out if len(fits) > 1]
+    if not ambiguous:
+        return [(tt, leaf, fits[0]) for tt, leaf, fits in out]
+    import itertools
+
+    combos = list(itertools.product(*[fits for _, _, fits in out]))
+    why = "no evidence (the mapping was asked for without a forward pass)"
+    if decide is not None:
+        got = decide(t, f, [{f.leaves[leaf][0]: (tt.key, lay) for (tt, leaf, _), lay in zip(out, c)} for c in combos])
+        if isinstance(got, int):
+            return [(tt, leaf, lay) for (tt, leaf, _), lay in zip(out, combos[got])]
+        why = got
+    tt, leaf, fits = ambiguous[0]
+    return (f"torch {tt.key} {tt.shape} ({t.type}) fits Flax {f.leaves[leaf][0]} {f.leaves[leaf][1]} in more than one "
+            f"layout {fits} and the mapper will not guess: {why}; give the layout in overrides, e.g. "
+            f"{{'{f.leaves[leaf][0]}': ('{tt.key}', '{fits[1]}')}}")
+
+
+def _flax_dense(obj: Any) -> bool:
+    """A Flax Dense (Linen nn.Dense, NNX nnx.Linear, or a subclass): its kernel is (in, out) by definition."""
+    if obj is None:
+        return False
+    from flax import linen as nn
+    from flax import nnx
+
+    return isinstance(obj, (nn.Dense, nnx.Linear))
 
 
 @dataclass
@@ -336,7 +375,8 @@ function of the state_dict (numpy arrays) with the torch keys it consumes: (fn, 
 
 
 def map_slots(tslots: list[TorchSlot], fslots: list[FlaxSlot], tied: dict[str, str], dropped: list[str],
-              overrides: dict[str, Override] | None = None, rename: list[tuple[str, str]] | None = None) -> Mapping:
+              overrides: dict[str, Override] | None = None, rename: list[tuple[str, str]] | None = None,
+              decide: Decide | None = None) -> Mapping:
     """The Mapping of torch slots onto Flax slots (module doc); MappingError when incomplete or ambiguous."""
     flax_by_name = {name: (slot, leaf) for slot in fslots for leaf, (name, _, _) in slot.leaves.items()}
     tensor_by_key = {tt.key: (slot, tt) for slot in tslots for tt in slot.tensors}
@@ -416,8 +456,8 @@ def map_slots(tslots: list[TorchSlot], fslots: list[FlaxSlot], tied: dict[str, s
             continue
         named = [f for f in fslots if open_f(f) and _name_match(_tokens(t.module), _tokens(f.module))]
         named = [f for f in named if _tokens(f.module) == _tokens(t.module)] or named
-        fits = [(f, a) for f in named if (a := _assign(t, f)) is not None]
-        if not fits and len(named) == 1 and isinstance(a := _assign(t, named[0], partial=True), list):
+        fits = [(f, a) for f in named if (a := _assign(t, f, decide=decide)) is not None]
+        if not fits and len(named) == 1 and isinstance(a := _assign(t, named[0], partial=True, decide=decide), list):
             fits = [(named[0], a)]  # a port that dropped a tensor (e.g. the bias): the rest maps, the loss is named below
         if len(fits) == 1:
             f, a = fits[0]
@@ -429,7 +469,8 @@ def map_slots(tslots: list[TorchSlot], fslots: list[FlaxSlot], tied: dict[str, s
     for t in sorted(tslots, key=lambda s: (s.alias, s.order)):
         if not open_t(t):
             continue
-        fits = [(f, a) for f in sorted(fslots, key=lambda s: s.order) if open_f(f) and (a := _assign(t, f)) is not None]
+        fits = [(f, a) for f in sorted(fslots, key=lambda s: s.order)
+                if open_f(f) and (a := _assign(t, f, decide=decide)) is not None]
         if not fits:
             continue
         f, a = fits[0]
@@ -515,9 +556,24 @@ def _explain(slot: TorchSlot, tt: TorchTensor, fslots: list[FlaxSlot], entries: 
     if len(same) == 1:
         f = same[0]
         leaves = {leaf: shape for leaf, (_, shape, _) in f.leaves.items()}
-        wanted = tt.leaves[0]
-        hint = " (built with use_bias=False? the torch module has a bias)" if wanted == "bias" else ""
-        return f"; the Flax module {f.module or '(root)'} it maps to has {leaves}, no {wanted}{hint}"
+        wanted = next((leaf for leaf in tt.leaves if leaf in leaves), tt.leaves[0])
+        where = f"; the Flax module {f.module or '(root)'} it maps to"
+        if wanted not in leaves:
+            hint = " (built with use_bias=False? the torch module has a bias)" if wanted == "bias" else ""
+            return f"{where} has {leaves}, no {wanted}{hint}"
+        full, shape = f.leaves[wanted][0], leaves[wanted]
+        taken = [e.torch for e in entries.values() if e.flax == full]
+        if taken:
+            return f"{where} holds {wanted} {shape}, already mapped from torch {taken[0]}"
+        given = {lay: _shape_after(lay, tt.shape) for lay in tt.layouts}
+        if shape in given.values():
+            return (f"{where} holds {wanted} {shape}, which it fits, but the module's other tensors do not map "
+                    "(see the lines above for them)")
+        other = [lay for lay in LAYOUTS if _shape_after(lay, tt.shape) == shape]
+        fix = (f"it becomes {shape} in layout {other[0]!r}: map it with overrides={{'{full}': ('{tt.key}', '{other[0]}')}}"
+               if other else "no layout gives that shape: the port's module has other sizes")
+        return (f"{where} holds {wanted} {shape}, which {tt.key} {tt.shape} does not become in the layouts a "
+                f"{slot.type} takes ({', '.join(f'{k}: {v}' for k, v in given.items())}); {fix}")
     shapes = {_shape_after(lay, tt.shape) for lay in LAYOUTS} - {None}
     left = [(name, shape) for f in fslots for name, shape, kind in f.leaves.values() if name not in entries and kind == tt.kind]
     cands = [name for name, shape in left if shape in shapes]

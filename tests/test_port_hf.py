@@ -1,0 +1,130 @@
+"""The port check held to Hugging Face transformers' own Flax ports (4.57.x, the last release with Flax
+models; examples/ports/hf_flax.py builds each family from a tiny random config, no download): the
+correct ports pass every check in float64 and float32 with their default dropout and their default
+dtype=float32 (pinned by the check, with a note); the real differences are found and diagnosed
+(ResNet's running variance, RegNet's BatchNorm on running statistics while training); planted
+changes on the Flax side only (LayerNorm eps, the activation, conv padding) are localised.
+
+Each family is checked once per module: forward (eval and train mode, every paired layer), train-mode
+buffers and gradients, in both precisions. The update check (jaxloop's optimizer against torch's on the
+port's own gradients, 13 configs) is left to docs/porting.md's table, which measures it on every family
+(`python -m jaxloop.parity examples/ports/hf_flax.py:FAMILY --no-trajectory`), and to
+tests/test_port_examples.py: compiling 13 optimizers per precision would double this module's time.
+Planted changes: a float64 forward pass (a convention moves a layer by 1e-6 or more, float64 rounding
+by 1e-16).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxloop.parity import check
+
+pytestmark = pytest.mark.torch
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "ports"))
+
+import hf_flax  # noqa: E402
+
+FAMILIES = ["bert", "vit", "gpt2", "resnet"]
+
+
+@pytest.fixture(scope="module")
+def reports():
+    """family -> its report, each checked once (forward, buffers, gradients)."""
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            cache[family] = check(hf_flax.make(family), checks=("forward", "gradients"))
+        return cache[family]
+    return get
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_correct_port_passes_every_check_in_both_precisions(reports, family):
+    report = reports(family)
+    rows = report.rows if family != "resnet" else [r for r in report.rows if not r.check.startswith("buffers")]
+    assert rows and all(r.passed for r in rows), report.text(mapping=False)
+    assert {r.precision for r in rows} == {"fp64", "fp32"}
+    assert {"gradients, every tensor", "gradients, whole tree"} <= {r.check for r in rows}
+
+
+def test_the_default_dropout_is_on_in_the_models_checked():
+    assert hf_flax.config("bert").attention_probs_dropout_prob == 0.1  # Flax: dot_product_attention_weights
+    assert hf_flax.config("bert").hidden_dropout_prob == 0.1  # nn.Dropout
+    assert hf_flax.config("gpt2").attn_pdrop == 0.1
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_flax_modules_float32_dtype_is_pinned_in_the_float64_check_with_a_note(reports, family):
+    (note,) = [n for n in reports(family).notes if "pinned" in n]
+    assert note.startswith("[fp64] Flax") and "computes in float32" in note and "dtype=float64" in note
+
+
+@pytest.mark.parametrize("family", ["bert", "vit"])
+def test_the_key_biases_zero_gradient_passes_against_the_trees_scale(reports, family):
+    rows = [r for r in reports(family).rows if r.check == "gradients, every tensor"]
+    assert len(rows) == 2 and all(r.passed and "its share of the whole tree's norm" in r.reason for r in rows)
+
+
+def test_gpt2s_conv1d_maps_with_no_overrides_and_the_square_projection_by_its_output(reports):
+    layouts = {e.flax: e.layout for e in reports("gpt2").mapping.entries}
+    assert layouts["params/transformer/h/0/attn/c_attn/kernel"] == "transpose"  # (96, 32): the shape says so
+    assert layouts["params/transformer/h/0/attn/c_proj/kernel"] == "transpose"  # (32, 32): the captured output says so
+
+
+def test_resnets_running_variance_difference_is_found_and_diagnosed_in_both_precisions(reports):
+    report = reports("resnet")
+    assert [r.passed for r in report.rows if r.check.startswith("buffers")] == [False, False]
+    for p in ("fp64", "fp32"):
+        (note,) = [n for n in report.notes if n.startswith(f"[{p}] buffers of torch")]
+        assert "resnet.embedder.embedder.normalization" in note
+        assert "torch updates it with the unbiased batch variance, Flax with the biased one" in note
+
+
+def forward(port, mode="eval"):
+    report = check(port, precisions=("fp64",), checks=("forward",))
+    div = report.divergences[f"fp64 {mode}"]
+    return div, " ".join(div.diagnoses)
+
+
+def test_regnets_batch_norm_on_running_statistics_while_training_is_localised_and_diagnosed():
+    div, diagnosis = forward(hf_flax.make("regnet"), "train")  # HF's Flax RegNet Y-layer never passes `deterministic`
+    assert (div.layer.torch, div.clean_input) == ("regnet.encoder.stages.0.layers.0.layer.0.normalization", True)
+    assert "torch normalised with the batch's statistics (train mode), Flax with its running statistics" in diagnosis
+
+
+def test_a_planted_layer_norm_eps_is_localised_to_the_first_layer_norm():
+    div, diagnosis = forward(hf_flax.make("bert", flax_config={"layer_norm_eps": 1e-6}))
+    assert (div.layer.torch, div.layer.flax, div.clean_input) == ("embeddings.LayerNorm", "embeddings/LayerNorm", True)
+    assert "LayerNorm eps: torch 1e-12, Flax epsilon=1e-06" in diagnosis
+
+
+def test_a_planted_activation_is_diagnosed_inside_the_module_that_holds_it_with_a_layer():
+    div, diagnosis = forward(hf_flax.make("bert", flax_config={"hidden_act": "gelu_new"}))
+    assert (div.layer.torch, div.clean_input) == ("encoder.layer.0.intermediate", True)  # dense, then the activation
+    assert ("torch applies GELU, exact (erf), Flax GELU, tanh approximation" in diagnosis
+            and "after encoder.layer.0.intermediate.dense" in diagnosis)
+
+
+def test_a_planted_same_padding_is_localised_to_the_stem_conv(monkeypatch):
+    from flax import linen as nn
+    from transformers.models.resnet import modeling_flax_resnet as m
+
+    class SamePadding(m.FlaxResNetConvLayer):  # HF's layer, the stem's explicit padding k // 2 replaced by 'SAME'
+        def setup(self):
+            self.convolution = nn.Conv(self.out_channels, (self.kernel_size, self.kernel_size), strides=self.stride,
+                                       padding="SAME" if self.kernel_size == 7 else self.kernel_size // 2,
+                                       use_bias=False, dtype=self.dtype)
+            self.normalization = nn.BatchNorm(momentum=0.9, epsilon=1e-05, dtype=self.dtype)
+            self.activation_func = m.ACT2FN[self.activation] if self.activation is not None else m.Identity()
+
+    monkeypatch.setattr(m, "FlaxResNetConvLayer", SamePadding)  # the name HF's embedder builds its stem from
+    div, diagnosis = forward(hf_flax.make("resnet"))
+    assert (div.layer.torch, div.clean_input) == ("resnet.embedder.embedder.convolution", True)
+    assert "torch pads [(3, 3), (3, 3)]" in diagnosis and "Flax padding='SAME' pads [(2, 3), (2, 3)]" in diagnosis
