@@ -72,7 +72,8 @@ def port_of(value: Any, spec: str) -> Any:
     t, f = _framework(value.torch_module), _framework(value.flax_module)
     if (t, f) == ("Flax", "torch"):
         raise BadInput(f"{spec} returned a Port with torch and Flax swapped (torch_module is a Flax "
-                       f"{type(value.torch_module).__name__}, flax_module a torch {type(value.flax_module).__name__}); expected {EXPECTED}")
+                       f"{type(value.torch_module).__name__}, flax_module a torch {type(value.flax_module).__name__}); "
+                       f"expected {EXPECTED}")
     if t != "torch":
         raise BadInput(f"{spec} returned a Port whose torch_module is a {type(value.torch_module).__name__}, not a "
                        f"torch.nn.Module; expected {EXPECTED}")

@@ -34,8 +34,8 @@ the user's own) and the Flax module's type does not say (a Flax Dense is (in, ou
 FlaxConv1D is not one), the layout is decided by evidence: the one under which the Flax module, applied alone
 to the torch module's captured input, reproduces its captured output; when none or both do, a
 MappingError names the tensor and the override that settles it. Tensors sharing storage in torch (tied
-weights) map once; a Flax model with a separate leaf for the tied copy gets it too, and the mapping notes that the port is untied. An
-unmatched or ambiguous tensor is a MappingError naming it and its candidates.
+weights) map once; a Flax model with a separate leaf for the tied copy gets it too, and the mapping notes
+that the port is untied. An unmatched or ambiguous tensor is a MappingError naming it and its candidates.
 """
 
 from __future__ import annotations
