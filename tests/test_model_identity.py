@@ -121,6 +121,7 @@ def test_a_run_without_model_json_resumes_with_its_model_and_gains_the_record(tm
     jaxloop.run(_cfg(tmp_path), _task(Net()))
     record = (tmp_path / "model.json").read_text()
     (tmp_path / "model.json").unlink()
+    (tmp_path / "summary.json").unlink()  # killed before its end (a finished run re-run writes nothing at all)
     jaxloop.run(_cfg(tmp_path), _task(Net()))
     assert json.loads((tmp_path / "resumes.jsonl").read_text())["step"] == 4, "it resumed"
     assert (tmp_path / "model.json").read_text() == record
