@@ -33,6 +33,7 @@ from jaxloop.logger import RunLogger
 from jaxloop.loop import train, updates_per_call
 from jaxloop.memory import Fit, candidates, check_plan, describe_plan, is_out_of_memory, plan_dict, supports_blocks
 from jaxloop.optim import optimizer_metrics
+from jaxloop.precision import resolve_precision
 from jaxloop.runinfo import Profiler, Timings, run_metadata
 from jaxloop.setup import configure_process
 from jaxloop.state import state_digest
@@ -68,6 +69,7 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
     t_start = time.perf_counter()
     validate(cfg, check_paths=task is None)  # bad input: a ConfigError before anything is set or written
     configure_process(cfg)
+    cfg = resolve_precision(cfg)  # precision=auto: bf16 on an accelerator, fp32 on a CPU, recorded as chosen
     builtin = task is None
     task = builtin_task(cfg) if builtin else task  # bad data is a ConfigError before anything is written
     check_own_optimizer(cfg, task)
