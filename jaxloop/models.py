@@ -25,7 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxloop.attention import choose, dot_product_attention
+from jaxloop.attention import Choice, choose, dot_product_attention
 from loopcore.config import ModelConfig, padded_vocab
 
 ACTIVATIONS = {
@@ -189,18 +189,26 @@ def make_model(m: ModelConfig, num_classes: int, precision: str = "fp32") -> nn.
     precision policy decides the matmul dtype of autocast-like policies."""
     from jaxloop.precision import get_policy
 
-    policy = get_policy(precision)
-    mm_dtype = policy.matmul_dtype
+    mm_dtype = get_policy(precision).matmul_dtype
     if m.kind == "mlp":
         return MLP(hidden=tuple(m.hidden), classes=m.vocab_size or num_classes, activation=m.activation,
                    mm_dtype=mm_dtype)
-    attention = choose(m.attention, mm_dtype or policy.compute_dtype, m.d_model // m.n_heads, m.dropout)
+    attention = attention_choice(m, precision)
     return GPT(
         vocab_size=padded_vocab(m, num_classes), context=m.context, d_model=m.d_model, n_layers=m.n_layers,
         n_heads=m.n_heads, mlp_ratio=m.mlp_ratio, dropout=m.dropout,
         tie_embeddings=m.tie_embeddings, remat=m.remat, mm_dtype=mm_dtype,
         attention=attention.implementation, init_scheme=m.init,
     )
+
+
+def attention_choice(m: ModelConfig, precision: str) -> Choice:
+    """The attention implementation of the GPT that m names under `precision`, on jax's first device, and why
+    (model.attention=auto: cudnn where it runs; jaxloop.attention)."""
+    from jaxloop.precision import get_policy
+
+    policy = get_policy(precision)
+    return choose(m.attention, policy.matmul_dtype or policy.compute_dtype, m.d_model // m.n_heads, m.dropout)
 
 
 def init_params(model: nn.Module, rng: jax.Array, example_x: Any) -> Any:

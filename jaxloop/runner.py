@@ -28,6 +28,7 @@ from jaxloop.dispatch import Compiler, Dispatcher
 from jaxloop.distributed import (abstract_sharded, barrier, check_divisible, create_sharded, is_primary, make_mesh,
                                  shard_batch, to_host)
 from jaxloop.evaluate import Evaluator
+from jaxloop.flops import gpt_facts, mfu_inputs
 from jaxloop.init_from import init_params_from
 from jaxloop.logger import RunLogger
 from jaxloop.loop import train, updates_per_call
@@ -126,6 +127,8 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
     rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # again, held: a killed holder may have saved
     barrier("jaxloop: run_dir checked")  # nothing is written before every process has read run_dir
     metadata = run_metadata(cfg)
+    if builtin and cfg.model.kind == "gpt":  # attention chosen, FLOPs per token, peak (jaxloop.flops)
+        metadata["language_model"] = gpt_facts(cfg, splits.num_classes)
     rd.start(metadata)
     if rd.writes:
         write_vocab(str(rd.path), splits)
@@ -191,7 +194,8 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     signals = act.SignalStop()
     actions: list[act.Action] = [
         signals, act.NonFiniteStreak(cfg.max_bad_steps),
-        act.LogTrain(cadence, cfg.batch_size, cfg.model.context if splits.source == "text" else 0),
+        act.LogTrain(cadence, cfg.batch_size, cfg.model.context if splits.source == "text" else 0,
+                     **mfu_inputs(ckpt.metadata.get("language_model"))),
         act.Profile(Profiler(cfg.log.profile_start, cfg.log.profile_steps, logger.layout.profile, timings)),
         evaluate]
     if cfg.optim.schedule == "plateau":  # decides the rate of the next updates from each evaluation
