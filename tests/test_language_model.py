@@ -181,3 +181,16 @@ def test_report_states_mfu_with_its_count_and_peak(tiny_gpt2_run):
     md = (tiny_gpt2_run / "report.md").read_text()
     assert "- MFU: " in md and "6N + 12*L*T*d" in md and "measured" in md
     assert "- attention: xla" in md
+
+
+def test_sampling_a_padded_vocabulary_draws_only_the_vocabulary_s_ids():
+    # a 64-logit model over a 5-character vocabulary: at random init each draw would leave the vocabulary
+    # with probability ~59/64 if the padding's logits were drawn from
+    from jaxloop.sample import generate
+
+    vocab = tuple("abcde")
+    m = ModelConfig(kind="gpt", context=8, d_model=16, n_layers=1, n_heads=2, vocab_multiple=64)
+    model = make_model(m, len(vocab), "fp32")
+    params = init_params(model, jax.random.PRNGKey(0), np.zeros((1, 8), np.int32))
+    text = generate(model, params, vocab, "ab", length=40, temperature=1.0)
+    assert len(text) == 40 and set(text) <= set(vocab)

@@ -5,7 +5,12 @@ GPT: token + position embeddings, dropout, pre-LayerNorm blocks (x + attn(ln1(x)
 x + mlp(ln2(x))), final LayerNorm, and a head tied to the token embedding (x @ E^T) or untied (no bias).
 Attention: one qkv projection split [q | k | v], heads from a reshape, and torch's
 F.scaled_dot_product_attention (causal; dropout on the weights while training), the kernel torch users
-run; parity_tests hold jaxloop's attention (jaxloop.attention) to it.
+run; parity_tests hold jaxloop's attention (jaxloop.attention) to it in fp32 and fp64. Under
+torch.autocast (precision bf16, fp16) it is written out instead, as jaxloop's is, op by op: scores
+q.k^T in bf16, / sqrt(d), softmax in float32, weights in bf16, weights.v in bf16. SDPA's kernels round
+otherwise there (the scores stay float32; the CPU flash kernel rounds unnormalised weights), which moved
+parity_tests' bf16 trajectory check to 2.2e-5 against its bound of 9.5e-6 (0.25 x the frameworks' own
+bf16 gaps; docs/language-models.md, "Attention").
 LayerNorm eps is 1e-5 in both (torch's default; flax's own default would be 1e-6).
 
 Weights move between the two with `load_jax_params` / `export_jax_params`: Flax Dense kernels are
@@ -65,9 +70,21 @@ class CausalSelfAttention(nn.Module):
         h, d = self.n_heads, c // self.n_heads
         q, k, v = self.qkv(x).split(c, dim=-1)
         q, k, v = (a.reshape(b, t, h, d).transpose(1, 2) for a in (q, k, v))  # [B, H, T, D]
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.attn_drop.p if self.training else 0.0)
+        if torch.is_autocast_enabled(x.device.type):
+            y = self._autocast_attention(q, k, v)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               dropout_p=self.attn_drop.p if self.training else 0.0)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+    def _autocast_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention written out, under autocast: jaxloop's per-op roundings (the module doc)."""
+        t, d = q.shape[-2], q.shape[-1]
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d)
+        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).masked_fill(~causal, -math.inf)
+        weights = self.attn_drop(torch.softmax(scores, dim=-1).to(v.dtype))
+        return weights @ v
 
 
 class Block(nn.Module):
