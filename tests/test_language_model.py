@@ -194,3 +194,20 @@ def test_sampling_a_padded_vocabulary_draws_only_the_vocabulary_s_ids():
     params = init_params(model, jax.random.PRNGKey(0), np.zeros((1, 8), np.int32))
     text = generate(model, params, vocab, "ab", length=40, temperature=1.0)
     assert len(text) == 40 and set(text) <= set(vocab)
+
+
+def test_cli_cudnn_attention_on_a_cpu_is_one_line_exit_2_and_nothing_written(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "jaxloop.train", "--preset", "shakespeare", "--data.path",
+                          "tests/data/tinyshakespeare_60k.txt", "--model.attention", "cudnn", "--precision", "bf16",
+                          "--run_dir", str(run_dir)], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "model.attention='cudnn' is not allowed" in lines[0] and "cpu" in lines[0], out.stderr
+    assert not run_dir.exists()
