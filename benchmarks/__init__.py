@@ -72,6 +72,14 @@ torch_ref runs as it does in its own loop, i.e. with torch.use_deterministic_alg
   the JSON: `python -m benchmarks --only accel --out gpu.json` there, then
   `python -m benchmarks --from-json cpu.json gpu.json --markdown BENCHMARKS.md` (the header names the GPU
   machine beside its rows).
+- **gpt2.cpu**: benchmarks/bench_gpt2.py, the update of `--preset gpt2-small`'s model (124M: 12 x 768,
+  GPT-2's vocabulary padded to 50304, tied) at context 128, batch 2, fp32 on the CPU: tokens/s of jaxloop
+  / torch_ref eager (ratio > 1: jaxloop faster), torch.compile's in the notes; one update per block, three
+  rounds interleaved, the same initial weights and batches. No goal: the issue sets none for the CPU.
+- **gpt2.gpu**: on a GPU, GPT-2 small at context 1024, batch 16, bf16, model.attention=auto: tokens/s of
+  jaxloop / torch_ref eager (autocast), torch.compile's and every contender's MFU (6N + 12LTd against the
+  GPU's table peak, jaxloop.flops) in the notes; goal: jaxloop's MFU >= 45%. Without a GPU,
+  "unmeasured: no GPU lent to this task".
 """
 
 FINDINGS = """

@@ -29,13 +29,13 @@ from benchmarks.common import Options, Row, add_text_option, as_dict, machine, u
 # (--quick keeps one row per kind of measurement, on the smallest shapes: a smoke check, not a record)
 QUICK_SKIP = ("step.gpt64.k4", "step.gpt128.k1", "step.gpt128.k4", "eval.gpt128", "loop.mlp.k4", "loop.gpt64.k1",
               "loop.gpt64.k4", "startup.compile",
-              "memory.step.mlp", "memory.step.gpt128", "memory.plan", "checkpoint")
+              "memory.step.mlp", "memory.step.gpt128", "memory.plan", "checkpoint", "gpt2.cpu")
 FULL_SKIP = ("eval.gpt64",)  # the quick stand-in for eval.gpt128
 
 
 def registry() -> list[tuple[str, Callable[[Options], Row | list[Row]]]]:
     """(name, function) in run order; a function may return several rows (names share its prefix)."""
-    from benchmarks import plan, procs, step
+    from benchmarks import bench_gpt2, plan, procs, step
 
     rows: list[tuple[str, Callable[[Options], Any]]] = [("peak", step.matmul_peak)]
     for shape in ("mlp", "gpt64", "gpt128"):
@@ -60,6 +60,8 @@ def registry() -> list[tuple[str, Callable[[Options], Row | list[Row]]]]:
         ("data", procs.data_row),
         ("checkpoint", procs.checkpoint_row),
         ("accel", procs.accel_rows),
+        ("gpt2.cpu", bench_gpt2.cpu_row),
+        ("gpt2.gpu", bench_gpt2.gpu_row),
     ]
     return rows
 

@@ -36,6 +36,7 @@ import jax
 import numpy as np
 
 from jaxloop.dispatch import Finished
+from jaxloop.flops import Peak, device_memory
 from jaxloop.logger import RunLogger
 from jaxloop.optim import set_learning_rate
 from jaxloop.runinfo import Profiler, Timings, memory_bytes
@@ -257,10 +258,14 @@ class NonFiniteStreak(Action):
 class LogTrain(Action):
     """The train records due in each finished call (cadence.logs): metrics.jsonl, TensorBoard, progress.
     Rates are over the interval since the previous record; a call's time is shared evenly by its updates;
-    one memory reading per call (its records end at the same moment)."""
+    one memory reading per call (its records end at the same moment). With flops_per_token and a peak
+    (jaxloop.flops), each record has its MFU; where the device reports its memory limit, mem_util
+    (peak bytes in use / limit)."""
 
-    def __init__(self, cadence: Cadence, batch_size: int, tokens_per_sample: int = 0):
+    def __init__(self, cadence: Cadence, batch_size: int, tokens_per_sample: int = 0, flops_per_token: float = 0.0,
+                 peak: Peak | None = None):
         self.cadence, self.batch_size, self.tokens_per_sample = cadence, batch_size, tokens_per_sample
+        self.flops_per_token, self.peak = flops_per_token, peak
 
     def after_call(self, run: RunContext, done: Finished) -> None:
         m = done.metrics
@@ -269,8 +274,10 @@ class LogTrain(Action):
         if not logged:
             return
         with run.timings("log"):
-            mem = memory_bytes()
+            mem, device = memory_bytes(), device_memory()
             extra = {"mem_bytes": mem} if mem is not None else {}
+            if device and device["bytes_limit"] and "peak_bytes_in_use" in device:
+                extra["mem_util"] = device["peak_bytes_in_use"] / device["bytes_limit"]
             for i in logged:
                 run.logger.train({**self._record(run, int(applied[i]), done, i), **extra})
             run.logger.flush()
@@ -286,6 +293,8 @@ class LogTrain(Action):
         record["samples_per_s"] = record["updates_per_s"] * K * self.batch_size
         if self.tokens_per_sample:
             record["tokens_per_s"] = record["samples_per_s"] * self.tokens_per_sample
+            if self.flops_per_token and self.peak is not None:
+                record["mfu"] = self.peak.mfu(record["tokens_per_s"], self.flops_per_token)
         return record
 
 

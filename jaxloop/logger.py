@@ -37,9 +37,9 @@ PLAIN_MAX_GAP_S = 60.0
 # TensorBoard tag group of each record key (other train keys go under train/, eval keys under eval/).
 TAG_GROUPS = {
     "loss": "train", "lr": "train", "grad_norm": "train", "skipped": "train", "loss_scale": "train",
-    "updates_per_s": "throughput", "samples_per_s": "throughput", "tokens_per_s": "throughput",
+    "updates_per_s": "throughput", "samples_per_s": "throughput", "tokens_per_s": "throughput", "mfu": "throughput",
     "step_ms": "time", "data_wait_ms": "time",
-    "mem_bytes": "memory",
+    "mem_bytes": "memory", "mem_util": "memory",
 }
 
 

@@ -1,7 +1,8 @@
 """The built-in Flax models: an MLP for feature vectors (digits, .npz) and a character-level GPT.
 
-Both are written out layer by layer (no fused attention) so that torch_ref/models.py can mirror them
-exactly; parameter names are stable because torch_ref maps weights by them.
+Both are written out layer by layer so that torch_ref/models.py can mirror them exactly; parameter names
+are stable because torch_ref maps weights by them. The GPT's attention core is jaxloop.attention's:
+written out (xla), or cuDNN's fused kernel (cudnn) where model.attention chooses it.
 
 Precision. `mm_dtype` (set by make_model from the precision policy: bfloat16 for precision="bf16",
 None otherwise) makes the models cast op by op as torch.autocast does: the matmuls (Dense layers, the
@@ -24,7 +25,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from loopcore.config import ModelConfig
+from jaxloop.attention import Choice, choose, dot_product_attention
+from loopcore.config import ModelConfig, padded_vocab
 
 ACTIVATIONS = {
     "gelu": lambda x: nn.gelu(x, approximate=True),
@@ -55,13 +57,6 @@ def _matmul(x: jax.Array, w: jax.Array, dims: Any, mm_dtype: Any, bias: jax.Arra
     return y.astype(mm_dtype)
 
 
-def _einsum(spec: str, a: jax.Array, b: jax.Array, mm_dtype: Any) -> jax.Array:
-    if mm_dtype is None:
-        return jnp.einsum(spec, a, b, precision=HIGHEST)
-    return jnp.einsum(spec, a.astype(mm_dtype), b.astype(mm_dtype), precision=HIGHEST,
-                      preferred_element_type=jnp.float32).astype(mm_dtype)
-
-
 class Dense(nn.Module):
     """flax.linen.Dense's parameters (kernel (in, out), bias; same names, initialisers and float32
     param dtype, so the same initial values) computed by _matmul (mm_dtype: see the module doc)."""
@@ -83,9 +78,15 @@ LN_EPS = 1e-5  # torch.nn.LayerNorm's default; flax's is 1e-6
 INIT_STD = 0.02  # GPT-2 initialisation of GPT matrices and embeddings
 
 
-def _gpt_dense(features: int, name: str, mm_dtype: Any) -> Dense:
-    """A GPT matrix: Dense with GPT-2's normal(0.02) kernel initialisation."""
-    return Dense(features, kernel_init=nn.initializers.normal(INIT_STD), mm_dtype=mm_dtype, name=name)
+def _gpt_dense(features: int, name: str, mm_dtype: Any, std: float = INIT_STD) -> Dense:
+    """A GPT matrix: Dense with GPT-2's normal(0.02) kernel initialisation (or normal(std))."""
+    return Dense(features, kernel_init=nn.initializers.normal(std), mm_dtype=mm_dtype, name=name)
+
+
+def residual_std(init: str, n_layers: int) -> float:
+    """The init std of the matrices that write into the residual stream (attention's proj, mlp_proj):
+    0.02, or under model.init=gpt2 0.02 / sqrt(2 * n_layers) (GPT-2's paper, nanoGPT's and llm.c's init)."""
+    return INIT_STD / math.sqrt(2 * n_layers) if init == "gpt2" else INIT_STD
 
 
 class MLP(nn.Module):
@@ -104,9 +105,14 @@ class MLP(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
+    """One qkv projection split [q | k | v], heads from a reshape, causal attention by `attention` (xla or
+    cudnn: jaxloop.attention), the output projection (`proj_std`: its kernel's init std)."""
+
     n_heads: int
     dropout: float
     mm_dtype: Any = None
+    attention: str = "xla"
+    proj_std: float = INIT_STD
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
@@ -115,18 +121,9 @@ class CausalSelfAttention(nn.Module):
         dense = partial(_gpt_dense, mm_dtype=self.mm_dtype)
         q, k, v = jnp.split(dense(3 * c, "qkv")(x), 3, axis=-1)
         q, k, v = (a.reshape(b, t, h, d) for a in (q, k, v))
-        scores = _einsum("bqhd,bkhd->bhqk", q, k, self.mm_dtype)
-        if self.mm_dtype is None:
-            scores = scores / math.sqrt(d)
-        else:  # torch divides a bf16 tensor by a Python float in float32 and rounds once
-            scores = (scores.astype(jnp.float32) / math.sqrt(d)).astype(scores.dtype)
-        causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-        # softmax in at least float32 (bf16/fp16 compute), float64 under fp64
-        scores = jnp.where(causal, scores.astype(jnp.promote_types(scores.dtype, jnp.float32)), -jnp.inf)
-        weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        weights = nn.Dropout(self.dropout, deterministic=not train)(weights)
-        y = _einsum("bhqk,bkhd->bqhd", weights, v, self.mm_dtype).reshape(b, t, c)
-        return dense(c, "proj")(y)
+        drop = nn.Dropout(self.dropout, deterministic=not train)
+        y = dot_product_attention(q, k, v, self.attention, self.mm_dtype, dropout=drop).reshape(b, t, c)
+        return dense(c, "proj", std=self.proj_std)(y)
 
 
 class Block(nn.Module):
@@ -136,6 +133,8 @@ class Block(nn.Module):
     mlp_ratio: int
     dropout: float
     mm_dtype: Any = None
+    attention: str = "xla"
+    proj_std: float = INIT_STD
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
@@ -143,10 +142,10 @@ class Block(nn.Module):
         drop = nn.Dropout(self.dropout, deterministic=not train)
         dense = partial(_gpt_dense, mm_dtype=self.mm_dtype)
         # the residual stream keeps x's dtype (float32 under mm_dtype: a bf16 branch is promoted by the add)
-        x = x + drop(CausalSelfAttention(self.n_heads, self.dropout, self.mm_dtype, name="attn")(
-            nn.LayerNorm(epsilon=LN_EPS, name="ln1")(x), train))
+        x = x + drop(CausalSelfAttention(self.n_heads, self.dropout, self.mm_dtype, self.attention, self.proj_std,
+                                         name="attn")(nn.LayerNorm(epsilon=LN_EPS, name="ln1")(x), train))
         y = nn.LayerNorm(epsilon=LN_EPS, name="ln2")(x)
-        y = dense(c, "mlp_proj")(_act("gelu", dense(self.mlp_ratio * c, "mlp_fc")(y)))
+        y = dense(c, "mlp_proj", std=self.proj_std)(_act("gelu", dense(self.mlp_ratio * c, "mlp_fc")(y)))
         return x + drop(y)
 
 
@@ -163,6 +162,10 @@ class GPT(nn.Module):
     tie_embeddings: bool = True
     remat: bool = False
     mm_dtype: Any = None
+    attention: str = "xla"
+    """xla or cudnn (jaxloop.attention; make_model resolves model.attention=auto to one of them)."""
+    init_scheme: str = "normal"
+    """model.init: normal (every matrix normal(0.02)) or gpt2 (the residual projections at 0.02 / sqrt(2 L))."""
 
     @nn.compact
     def __call__(self, tokens: jax.Array, train: bool = False) -> jax.Array:
@@ -173,7 +176,8 @@ class GPT(nn.Module):
         x = nn.Dropout(self.dropout, deterministic=not train)(x)
         block = nn.remat(Block, static_argnums=(2,)) if self.remat else Block
         for i in range(self.n_layers):
-            x = block(self.n_heads, self.mlp_ratio, self.dropout, self.mm_dtype, name=f"block_{i}")(x, train)
+            x = block(self.n_heads, self.mlp_ratio, self.dropout, self.mm_dtype, self.attention,
+                      residual_std(self.init_scheme, self.n_layers), name=f"block_{i}")(x, train)
         x = nn.LayerNorm(epsilon=LN_EPS, name="ln_f")(x)
         if self.tie_embeddings:  # x @ E^T (flax's Embed.attend), a matmul
             return _matmul(x, tok.embedding, (((x.ndim - 1,), (1,)), ((), ())), self.mm_dtype)
@@ -185,15 +189,26 @@ def make_model(m: ModelConfig, num_classes: int, precision: str = "fp32") -> nn.
     precision policy decides the matmul dtype of autocast-like policies."""
     from jaxloop.precision import get_policy
 
-    classes = m.vocab_size or num_classes
     mm_dtype = get_policy(precision).matmul_dtype
     if m.kind == "mlp":
-        return MLP(hidden=tuple(m.hidden), classes=classes, activation=m.activation, mm_dtype=mm_dtype)
+        return MLP(hidden=tuple(m.hidden), classes=m.vocab_size or num_classes, activation=m.activation,
+                   mm_dtype=mm_dtype)
+    attention = attention_choice(m, precision)
     return GPT(
-        vocab_size=classes, context=m.context, d_model=m.d_model, n_layers=m.n_layers,
+        vocab_size=padded_vocab(m, num_classes), context=m.context, d_model=m.d_model, n_layers=m.n_layers,
         n_heads=m.n_heads, mlp_ratio=m.mlp_ratio, dropout=m.dropout,
         tie_embeddings=m.tie_embeddings, remat=m.remat, mm_dtype=mm_dtype,
+        attention=attention.implementation, init_scheme=m.init,
     )
+
+
+def attention_choice(m: ModelConfig, precision: str) -> Choice:
+    """The attention implementation of the GPT that m names under `precision`, on jax's first device, and why
+    (model.attention=auto: cudnn where it runs; jaxloop.attention)."""
+    from jaxloop.precision import get_policy
+
+    policy = get_policy(precision)
+    return choose(m.attention, policy.matmul_dtype or policy.compute_dtype, m.d_model // m.n_heads, m.dropout)
 
 
 def init_params(model: nn.Module, rng: jax.Array, example_x: Any) -> Any:

@@ -13,6 +13,7 @@ bf16_full: the whole model in bfloat16: params and floating inputs cast to bfloa
 fp16: as bf16 (autocast-like, op by op) with float16 matmuls, plus dynamic loss scaling with
       torch.amp.GradScaler's rule (jaxloop.optim.dynamic_loss_scale; its state in the optimizer's).
 fp64: everything float64 (needs jax x64), used by the parity suite.
+auto: bf16 on an accelerator, fp32 on a CPU (auto_precision; jaxloop.run records the one chosen in the config).
 
 float32 matmuls run at full float32 precision inside jaxloop's own computations: the train and eval steps
 trace under `pinned_matmuls()` (jax.default_matmul_precision("highest"): no TF32 or bf16 passes on
@@ -68,9 +69,21 @@ def pinned_matmuls() -> contextlib.AbstractContextManager:
     return jax.default_matmul_precision(MATMUL_PRECISION)
 
 
+def auto_precision() -> str:
+    """precision=auto: bf16 where jax's default backend is an accelerator (GPU, TPU), fp32 on a CPU."""
+    return "fp32" if jax.default_backend() == "cpu" else "bf16"
+
+
+def resolve_precision(cfg: Any) -> Any:
+    """cfg with precision=auto replaced by auto_precision() (call once jax may start its backend)."""
+    return dataclasses.replace(cfg, precision=auto_precision()) if cfg.precision == "auto" else cfg
+
+
 def get_policy(name: str) -> Policy:
-    """The policy for config.precision."""
+    """The policy for config.precision (auto: auto_precision()'s)."""
     f32 = jnp.float32
+    if name == "auto":
+        name = auto_precision()
     if name == "fp32":
         return Policy("fp32", f32, f32, f32)
     if name == "bf16":
@@ -83,7 +96,7 @@ def get_policy(name: str) -> Policy:
         if not jax.config.jax_enable_x64:
             raise ValueError("precision=fp64 needs 64-bit JAX: set JAX_ENABLE_X64=1")
         return Policy("fp64", jnp.float64, jnp.float64, jnp.float64)
-    raise ValueError(f"precision={name!r} is not allowed: one of fp32, bf16, bf16_full, fp16, fp64")
+    raise ValueError(f"precision={name!r} is not allowed: one of fp32, bf16, bf16_full, fp16, fp64, auto")
 
 
 def _cast_floating(tree: Any, dtype: Any) -> Any:

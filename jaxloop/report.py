@@ -175,8 +175,34 @@ def throughput(run: Run) -> dict[str, float | None]:
         vals = [r[key] for r in run.train if isinstance(r.get(key), (int, float))]
         return statistics.median(vals) if vals else None
 
-    return {"updates_per_s": updates_per_s, "samples_per_s": samples, "tokens_per_s": tokens,
+    lm = run.metadata.get("language_model") or {}
+    mfu = None
+    if tokens is not None and lm.get("peak") and lm.get("flops_per_token"):
+        p = lm["peak"]
+        mfu = tokens * float(lm["flops_per_token"]) / (float(p["flops_per_s"]) * int(p["devices"]))
+    return {"updates_per_s": updates_per_s, "samples_per_s": samples, "tokens_per_s": tokens, "mfu": mfu,
             "step_ms": median("step_ms"), "data_wait_ms": median("data_wait_ms")}
+
+
+def mfu_lines(run: Run, tp: dict[str, float | None]) -> list[str]:
+    """The report's MFU and attention lines of a built-in GPT run (metadata.json's language_model)."""
+    lm = run.metadata.get("language_model")
+    if not lm:
+        return []
+    n = lm.get("params", {})
+    count = (f"{float(lm['flops_per_token']) / 1e6:,.1f} MFLOP/token by {lm.get('flops_count')} "
+             f"(N = {n.get('matmul', 0):,} matmul parameters of {n.get('total', 0):,}; docs/language-models.md)")
+    p = lm.get("peak")
+    if tp.get("mfu") is not None and p:
+        out = [f"- MFU: {100 * tp['mfu']:.2f}% ({count}; peak {p['source']}, x {p['devices']} device(s))"]
+    else:
+        out = [f"- MFU: n/a (no peak FLOP/s known for this device; {count})"]
+    a = lm.get("attention") or {}
+    out.append(f"- attention: {a.get('used', 'n/a')} ({a.get('why', '')})")
+    utils = [r["mem_util"] for r in run.train if isinstance(r.get("mem_util"), (int, float))]
+    if utils:
+        out.append(f"- device memory: up to {100 * max(utils):.1f}% of the device's limit in use (memory_stats)")
+    return out
 
 
 def peak_memory(run: Run) -> int | None:
@@ -452,6 +478,7 @@ def render(run: Run, plots: dict[str, str]) -> str:
     lines.append(f"- samples/s: {_rate(tp['samples_per_s'], 1)}")
     if tp["tokens_per_s"] is not None:
         lines.append(f"- tokens/s: {_rate(tp['tokens_per_s'], 1)}")
+    lines += mfu_lines(run, tp)
     lines.append(f"- median step time: {_fmt(tp['step_ms'], 2)} ms/update; median data wait: "
                  f"{_fmt(tp['data_wait_ms'], 3)} ms/update")
     lines.append(f"- peak memory: {format_bytes(peak)}"

@@ -29,11 +29,13 @@ from jaxloop.distributed import (abstract_sharded, barrier, check_divisible, cre
                                  shard_batch, to_host)
 from jaxloop.evaluate import Evaluator
 from jaxloop.identity import check_init_from, check_same_model, this_model
+from jaxloop.flops import gpt_facts, mfu_inputs
 from jaxloop.init_from import init_params_from
 from jaxloop.logger import RunLogger
 from jaxloop.loop import train, updates_per_call
 from jaxloop.memory import Fit, candidates, check_plan, describe_plan, is_out_of_memory, plan_dict, supports_blocks
 from jaxloop.optim import optimizer_metrics
+from jaxloop.precision import resolve_precision
 from jaxloop.runinfo import Profiler, Timings, run_metadata
 from jaxloop.schedule import steps_change_line
 from jaxloop.setup import configure_process
@@ -95,6 +97,7 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
     cfg = resume_by_name(cfg)
     validate(cfg, check_paths=task is None)  # bad input: a ConfigError before anything is set or written
     configure_process(cfg)
+    cfg = resolve_precision(cfg)  # precision=auto: bf16 on an accelerator, fp32 on a CPU, recorded as chosen
     builtin = task is None
     task = builtin_task(cfg) if builtin else task  # bad data is a ConfigError before anything is written
     check_own_optimizer(cfg, task)
@@ -159,6 +162,8 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
     check_same_model(cfg, rd.layout, model, flags=builtin)  # again, held
     barrier("jaxloop: run_dir checked")  # nothing is written before every process has read run_dir
     metadata = run_metadata(cfg)
+    if builtin and cfg.model.kind == "gpt":  # attention chosen, FLOPs per token, peak (jaxloop.flops)
+        metadata["language_model"] = gpt_facts(cfg, splits.num_classes)
     rd.start(metadata)
     if rd.writes:
         write_vocab(str(rd.path), splits)
@@ -248,7 +253,8 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     signals = act.SignalStop()
     actions: list[act.Action] = [
         signals, act.NonFiniteStreak(cfg.max_bad_steps),
-        act.LogTrain(cadence, cfg.batch_size, cfg.model.context if splits.source == "text" else 0),
+        act.LogTrain(cadence, cfg.batch_size, cfg.model.context if splits.source == "text" else 0,
+                     **mfu_inputs(ckpt.metadata.get("language_model"))),
         act.Profile(Profiler(cfg.log.profile_start, cfg.log.profile_steps, logger.layout.profile, timings)),
         evaluate]
     if cfg.optim.schedule == "plateau":  # decides the rate of the next updates from each evaluation

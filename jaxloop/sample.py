@@ -67,11 +67,12 @@ def load_params(run_dir: str | Path, which: str = "best", cfg: Config | None = N
     return Loaded(step=step, which=chosen, params=state["params"], cfg=cfg)
 
 
-def make_generate(model: Any, context: int, length: int):
+def make_generate(model: Any, context: int, length: int, vocab: int | None = None):
     """A jitted generate(params, buf, n, key, temperature) -> int32 [length] of sampled ids.
 
     buf: int32 [context], the prompt's last ids left-aligned (padding after them is never attended to:
-    the model is causal); n: how many of buf are the prompt (1..context).
+    the model is causal); n: how many of buf are the prompt (1..context). vocab: only ids below it are
+    drawn (a model.vocab_multiple model has logits for ids the vocabulary lacks).
     """
     import jax
     import jax.numpy as jnp
@@ -79,7 +80,7 @@ def make_generate(model: Any, context: int, length: int):
     def generate(params, buf, n, key, temperature):
         def one(carry, k):
             buf, n = carry
-            logits = model.apply({"params": params}, buf[None], train=False)[0, n - 1].astype(jnp.float32)
+            logits = model.apply({"params": params}, buf[None], train=False)[0, n - 1, :vocab].astype(jnp.float32)
             drawn = jax.random.categorical(k, logits / jnp.maximum(temperature, 1e-6))
             nxt = jnp.where(temperature > 0, drawn, jnp.argmax(logits)).astype(jnp.int32)
             full = n >= context
@@ -145,7 +146,7 @@ def generate(model: Any, params: Any, vocab: Sequence[str], prompt: str, length:
     window = ids[-context:]
     buf = np.zeros(context, np.int32)
     buf[: len(window)] = window
-    out = make_generate(model, context, length)(params, jnp.asarray(buf), jnp.asarray(len(window), jnp.int32),
+    out = make_generate(model, context, length, len(vocab))(params, jnp.asarray(buf), jnp.asarray(len(window), jnp.int32),
                                                 jax.random.PRNGKey(seed), jnp.asarray(temperature, jnp.float32))
     return decode(np.asarray(out), vocab)
 

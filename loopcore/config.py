@@ -17,9 +17,10 @@ from typing import Any, Literal, get_args, get_type_hints
 from loopcore.errors import ConfigError  # its home is loopcore.errors; still importable from here
 from loopcore.optim_fields import SCHEDULE_FIELDS as SCHEDULE_READS
 
-PRECISIONS = ("fp32", "bf16", "bf16_full", "fp16", "fp64")
+PRECISIONS = ("fp32", "bf16", "bf16_full", "fp16", "fp64", "auto")
 REMATS = ("none", "blocks", "dots_saveable", "full")
-PRESETS = ("digits", "shakespeare", "debug")
+PRESETS = ("digits", "shakespeare", "debug", "gpt2-small")
+ATTENTIONS = ("auto", "xla", "cudnn")
 
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "rmsprop", "adagrad", "lion")
@@ -164,6 +165,16 @@ class ModelConfig:
     memory.remat=blocks (this field is the one torch_ref reads)."""
     vocab_size: int = 0
     """Output classes / vocabulary size; 0 = taken from the data."""
+    vocab_multiple: int = 1
+    """GPT: the vocabulary (vocab_size or the data's) rounded up to a multiple of this, for faster matmuls
+    (GPT-2's 50257 -> 50304 with 64, as nanoGPT and llm.c); the extra tokens never occur in the data."""
+    attention: Literal["auto", "xla", "cudnn"] = "auto"
+    """GPT attention: xla (written out, compiled by XLA), cudnn (jax.nn.dot_product_attention's cuDNN fused
+    kernel: an NVIDIA GPU, bf16/fp16, head dim a multiple of 8), auto (cudnn where it runs, else xla;
+    metadata.json records the choice). docs/language-models.md."""
+    init: Literal["normal", "gpt2"] = "normal"
+    """GPT initialisation: normal (matrices and embeddings normal(0.02), biases 0), gpt2 (as normal, with the
+    residual projections attn.proj and mlp_proj at 0.02 / sqrt(2 * n_layers), GPT-2's)."""
 
 
 @dataclass(frozen=True)
@@ -280,10 +291,11 @@ class Config:
     """Most updates the loop dispatches in one device call (one lax.scan); 0 = auto (up to 50). Every call
     ends on the evaluation, checkpoint and end cadences; logs come from the call's per-update metrics. The
     host waits for the device once per call: larger calls cost less, smaller ones answer a signal sooner."""
-    precision: Literal["fp32", "bf16", "bf16_full", "fp16", "fp64"] = "fp32"
+    precision: Literal["fp32", "bf16", "bf16_full", "fp16", "fp64", "auto"] = "fp32"
     """fp32; bf16: matmuls in bf16, the rest fp32 (torch.autocast's way); bf16_full: the whole model in bf16;
     fp16: as bf16 with fp16 matmuls and a dynamic loss scale; fp64: float64 throughout (the run turns on JAX's
-    64-bit mode itself; for parity)."""
+    64-bit mode itself; for parity); auto: bf16 on an accelerator, fp32 on a CPU (the run's config.json
+    records the one chosen)."""
     resume: Literal["auto", "never", "must"] = "auto"
     """auto: resume from run_dir if it holds a checkpoint; never: start fresh; must: fail without one."""
     allow_steps_change: bool = False
@@ -339,7 +351,26 @@ def preset(name: str) -> Config:
             data=DataConfig(source="text", val_fraction=0.1, eval_batch_size=32),
             checkpoint=CheckpointConfig(every=250),
         )
+    if name == "gpt2-small":
+        # GPT-2 small (124M with the padded vocabulary and tied embeddings) with nanoGPT's / llm.c's
+        # optimizer: AdamW 6e-4, betas (0.9, 0.95), decay 0.1, warmup then cosine to 6e-5, clip 1.0
+        return Config(
+            preset="gpt2-small", run_dir="runs/gpt2-small", steps=5000, batch_size=16, eval_every=250,
+            log_every=10, precision="auto",
+            optim=OptimConfig(peak_lr=6e-4, end_lr=6e-5, warmup_steps=700, weight_decay=0.1, b1=0.9, b2=0.95,
+                              clip_norm=1.0),
+            model=ModelConfig(kind="gpt", context=1024, d_model=768, n_layers=12, n_heads=12, mlp_ratio=4,
+                              dropout=0.0, tie_embeddings=True, vocab_multiple=64, attention="auto", init="gpt2"),
+            data=DataConfig(source="text", val_fraction=0.05, eval_batch_size=16),
+            checkpoint=CheckpointConfig(every=250),
+        )
     raise ConfigError("preset", name, f"one of {', '.join(PRESETS)}")
+
+
+def padded_vocab(m: ModelConfig, from_data: int) -> int:
+    """The GPT's vocabulary: model.vocab_size (or the data's, when 0) rounded up to model.vocab_multiple."""
+    size = m.vocab_size or from_data
+    return -(-size // m.vocab_multiple) * m.vocab_multiple
 
 
 # ----------------------------------------------------------------------------- (de)serialisation
@@ -481,6 +512,9 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError("model.dropout", m.dropout, "a number in [0, 1)")
     _nonneg_int("model.vocab_size", m.vocab_size)
+    _positive_int("model.vocab_multiple", m.vocab_multiple)
+    _choice("model.attention", m.attention, ATTENTIONS)
+    _choice("model.init", m.init, ("normal", "gpt2"))
     if (m.kind == "gpt") != (d.source == "text"):
         raise ConfigError("model.kind", m.kind, f"gpt exactly when data.source is text (it is {d.source})")
 

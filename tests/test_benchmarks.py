@@ -169,3 +169,12 @@ def test_benchmark_text_is_taken_by_path_with_a_clear_message_when_absent(tmp_pa
     (tmp_path / "t.txt").write_text("some text")
     monkeypatch.setenv(TEXT_ENV, str(tmp_path / "t.txt"))
     assert text_path() == tmp_path / "t.txt"
+
+
+def test_gpt2_gpu_row_without_a_gpu_says_unmeasured(monkeypatch):
+    from benchmarks import bench_gpt2
+
+    monkeypatch.setattr(bench_gpt2, "gpu_present", lambda: False)
+    row = bench_gpt2.gpu_row(Options(quick=True))
+    assert (row.status, row.notes) == ("unmeasured", "unmeasured: no GPU lent to this task")
+    assert {"gpt2.cpu", "gpt2.gpu"} <= {name for name, _ in registry()}

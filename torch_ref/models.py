@@ -3,8 +3,14 @@
 MLP: Linear layers with an activation between them (GELU is the tanh approximation, as in jaxloop).
 GPT: token + position embeddings, dropout, pre-LayerNorm blocks (x + attn(ln1(x)), then
 x + mlp(ln2(x))), final LayerNorm, and a head tied to the token embedding (x @ E^T) or untied (no bias).
-Attention is written out as in jaxloop (no fused kernel): one qkv projection split [q | k | v], heads
-from a reshape, scores / sqrt(d), a causal mask, softmax in (at least) float32, dropout on the weights.
+Attention: one qkv projection split [q | k | v], heads from a reshape, and torch's
+F.scaled_dot_product_attention (causal; dropout on the weights while training), the kernel torch users
+run; parity_tests hold jaxloop's attention (jaxloop.attention) to it in fp32 and fp64. Under
+torch.autocast (precision bf16, fp16) it is written out instead, as jaxloop's is, op by op: scores
+q.k^T in bf16, / sqrt(d), softmax in float32, weights in bf16, weights.v in bf16. SDPA's kernels round
+otherwise there (the scores stay float32; the CPU flash kernel rounds unnormalised weights), which moved
+parity_tests' bf16 trajectory check to 2.2e-5 against its bound of 9.5e-6 (0.25 x the frameworks' own
+bf16 gaps; docs/language-models.md, "Attention").
 LayerNorm eps is 1e-5 in both (torch's default; flax's own default would be 1e-6).
 
 Weights move between the two with `load_jax_params` / `export_jax_params`: Flax Dense kernels are
@@ -23,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from loopcore.config import Config
+from loopcore.config import Config, padded_vocab
 
 LN_EPS = 1e-5  # as jaxloop.models.LN_EPS
 INIT_STD = 0.02  # GPT-2 initialisation of GPT matrices and embeddings, as in jaxloop
@@ -63,17 +69,22 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         h, d = self.n_heads, c // self.n_heads
         q, k, v = self.qkv(x).split(c, dim=-1)
-        q, k, v = (a.reshape(b, t, h, d) for a in (q, k, v))
-        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d)
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        # Softmax in float32 when computing in bf16/fp16, in float64 under fp64: the scores are promoted
-        # to at least float32, as in jaxloop (promote_types), so fp64 scores are never rounded.
-        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
-        scores = scores.masked_fill(~causal, -math.inf)
-        weights = torch.softmax(scores, dim=-1).to(v.dtype)
-        weights = self.attn_drop(weights)
-        y = torch.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, t, c)
-        return self.proj(y)
+        q, k, v = (a.reshape(b, t, h, d).transpose(1, 2) for a in (q, k, v))  # [B, H, T, D]
+        if torch.is_autocast_enabled(x.device.type):
+            y = self._autocast_attention(q, k, v)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               dropout_p=self.attn_drop.p if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+    def _autocast_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention written out, under autocast: jaxloop's per-op roundings (the module doc)."""
+        t, d = q.shape[-2], q.shape[-1]
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d)
+        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).masked_fill(~causal, -math.inf)
+        weights = self.attn_drop(torch.softmax(scores, dim=-1).to(v.dtype))
+        return weights @ v
 
 
 class Block(nn.Module):
@@ -131,14 +142,13 @@ def make_model(cfg: Config, num_classes: int, example_x: Any) -> nn.Module:
     gives the MLP its input width.
     """
     m = cfg.model
-    classes = m.vocab_size or num_classes
     if m.kind == "mlp":
         in_features = int(np.prod(np.shape(example_x)[1:]))
-        model = MLP(in_features, tuple(m.hidden), classes, m.activation)
+        model = MLP(in_features, tuple(m.hidden), m.vocab_size or num_classes, m.activation)
     else:
-        model = GPT(classes, m.context, m.d_model, m.n_layers, m.n_heads, m.mlp_ratio, m.dropout,
-                    m.tie_embeddings, m.remat)
-    init_like_flax(model)
+        model = GPT(padded_vocab(m, num_classes), m.context, m.d_model, m.n_layers, m.n_heads, m.mlp_ratio,
+                    m.dropout, m.tie_embeddings, m.remat)
+    init_like_flax(model, m.init)
     return model
 
 
@@ -153,11 +163,11 @@ def _lecun_normal_(weight: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def init_like_flax(model: nn.Module) -> None:
+def init_like_flax(model: nn.Module, init: str = "normal") -> None:
     """The same distributions as jaxloop's initialisers (not the same numbers: those are transferred).
 
     MLP: lecun_normal kernels, zero biases. GPT: normal(0.02) embeddings and matrices, zero biases,
-    LayerNorm scale 1 and bias 0.
+    LayerNorm scale 1 and bias 0; init="gpt2" (model.init): attn.proj and mlp_proj at 0.02 / sqrt(2 L).
     """
     if isinstance(model, MLP):
         for layer in [*model.hidden, model.out]:
@@ -172,6 +182,11 @@ def init_like_flax(model: nn.Module) -> None:
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
+    if init == "gpt2":
+        std = INIT_STD / math.sqrt(2 * len(model.blocks))
+        for block in model.blocks:
+            nn.init.normal_(block.attn.proj.weight, mean=0.0, std=std)
+            nn.init.normal_(block.mlp_proj.weight, mean=0.0, std=std)
 
 
 # ----------------------------------------------------------------------------- jax <-> torch weights

@@ -81,6 +81,8 @@ class Policy:
 def get_policy(name: str) -> Policy:
     """The policy for config.precision."""
     f32, f64 = torch.float32, torch.float64
+    if name == "auto":  # as jaxloop's: bf16 on an accelerator (CUDA here), fp32 on a CPU
+        name = "bf16" if torch.cuda.is_available() else "fp32"
     if name == "fp32":
         return Policy("fp32", f32, f32, f32)
     if name == "bf16":
