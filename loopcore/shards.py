@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import json
+import mmap
 import os
 import re
 from dataclasses import dataclass, replace
@@ -50,7 +51,13 @@ class Shard:
         """The shard's tokens, memory-mapped read-only (nothing is read until indexed)."""
         if self.count == 0:
             return np.zeros(0, self.dtype)
-        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.count,))
+        tokens = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.count,))
+        mapping = getattr(tokens, "_mmap", None)  # numpy's mmap.mmap object
+        if mapping is not None and hasattr(mmap, "MADV_RANDOM"):
+            # windows are read at random offsets: no read-ahead around each page fault (tens of ms a fault
+            # on a busy machine, measured, instead of well under one)
+            mapping.madvise(mmap.MADV_RANDOM)
+        return tokens
 
     def part(self, start: int, stop: int) -> Shard:
         """Tokens start .. stop - 1 of this shard, as a shard."""
