@@ -3,8 +3,8 @@
 Token shards (data.source=tokens, three training shards so that record indices cross shard boundaries) are
 read by jaxloop's grain TrainLoader over loopcore.sources' index shuffle and by torch_ref's DataLoader over
 its own implementation of the documented shuffle (torch_ref.data.feistel_shuffle, pure-Python integers):
-every micro-batch's windows compared, with 0 and 2 workers, from the start and resumed mid-epoch from a
-loader state saved with 2 workers. The evaluation subset (eval_batches > 0): jaxloop.data.run_val_batches
+every micro-batch's windows compared, with 0 and 2 workers, from the start and resumed mid-epoch (jaxloop
+from a loader state saved with 2 workers). The evaluation subset (eval_batches > 0): jaxloop.data.run_val_batches
 against torch_ref.data.make_val_loader, for token windows and for a text file. Exact: token ids are integers.
 
 Mutants caught (run, seen to fail, reverted): torch_ref's shuffle with h = bit_length // 2 (floor) halves
@@ -65,17 +65,17 @@ def test_token_windows_come_in_the_same_order_in_both_loops_for_any_workers_and_
     splits = load_splits(_cfg(shards))
     assert splits.num_train == 34 + 1 + 67  # 20 micro-batches per epoch: COUNT crosses an epoch
     reference = _jax_windows(_cfg(shards), splits, 0, COUNT)
-    assert len({tuple(w) for w in reference.reshape(-1, CTX).tolist()}) == 100, "epoch 0 holds distinct windows"
+    assert len({tuple(w) for w in reference[:20].reshape(-1, CTX).tolist()}) == 100, "epoch 0: distinct windows"
+    # grain's worker processes get the records pickled and map the shards afresh (one 2-worker loader: its
+    # start-up is the slow part of this test); the state it saves resumes in-process
     with TrainLoader(splits, seed=5, batch_size=BATCH, workers=2) as loader:
-        for _ in range(RESUME):
-            next(loader)
+        assert (np.stack([next(loader)["x"] for _ in range(RESUME)]) == reference[:RESUME]).all()
         saved = loader.state()
+    assert (_jax_windows(_cfg(shards), splits, 0, COUNT - RESUME, saved) == reference[RESUME:]).all()
     for workers in (0, 2):
         cfg = _cfg(shards, workers)
         assert (_torch_windows(cfg, splits, 0, COUNT) == reference).all(), f"torch_ref, {workers} workers"
-        assert (_torch_windows(cfg, splits, RESUME, COUNT - RESUME) == reference[RESUME:]).all()
-        assert (_jax_windows(cfg, splits, 0, COUNT) == reference).all(), f"jaxloop, {workers} workers"
-        assert (_jax_windows(cfg, splits, 0, COUNT - RESUME, saved) == reference[RESUME:]).all()
+    assert (_torch_windows(_cfg(shards), splits, RESUME, COUNT - RESUME) == reference[RESUME:]).all()
 
 
 @pytest.mark.parametrize("source", ["tokens", "text"])

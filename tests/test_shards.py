@@ -257,8 +257,10 @@ def _tiny_run(tmp_path: Path, run_dir: Path) -> Config:
         write_shard(str(shards / "x_val_000000.bin"), tokens[2600:])
         _meta(shards, 97)
     base = preset("shakespeare")
-    return replace(base, run_dir=str(run_dir), steps=12, batch_size=4, eval_every=6, eval_batches=2,
-                   updates_per_call=1, compile_cache="",
+    # every update logged, one per call (the signal below stops the run where chosen); the runs share one
+    # compile cache (the second and third load their executables)
+    return replace(base, run_dir=str(run_dir), steps=12, batch_size=4, eval_every=6, eval_batches=2, log_every=1,
+                   updates_per_call=1, compile_cache=str(tmp_path / "cache"),
                    optim=replace(base.optim, warmup_steps=2),
                    model=ModelConfig(kind="gpt", context=16, d_model=32, n_layers=1, n_heads=2),
                    data=DataConfig(source="tokens", path=str(shards), eval_batch_size=4),
