@@ -70,12 +70,27 @@ def test_the_tokens_source_reads_what_prepare_wrote(tmp_path):
     assert splits.train.get([0])["x"][0].tolist() == train[:32].tolist()
 
 
-@pytest.mark.parametrize("case", ["not utf-8", "out holds shards", "vocab below 256", "no input"])
-def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, case):
+def test_pieces_are_cut_only_where_the_whole_text_would_split_its_words(tmp_path, monkeypatch):
+    # indented lines: a byte-level BPE's pre-tokenizer joins a newline to the spaces after it ("\n " + " x"),
+    # so a piece must not end before a line that starts with a space
+    lines = [f"def f{i}(x):\n    return x + {i}\n\n  # note {i}\n" for i in range(300)]
+    (tmp_path / "code.txt").write_text("".join(lines))
+    monkeypatch.setattr(prepare, "PIECE_BYTES", 256)
+    _run(str(tmp_path / "code.txt"), "--out", str(tmp_path / "out"), "--vocab", "1000")
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
+    train = _tokens(tmp_path / "out", "train")
+    assert train.tolist() == tok.encode(tok.decode(train.tolist()), add_special_tokens=False).ids
+
+
+@pytest.mark.parametrize("case, says", [("not utf-8", "UTF-8"), ("out holds shards", "--out"),
+                                        ("vocab below 256", "--vocab"), ("no input", "inputs")])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, case, says):
     out = tmp_path / "out"
     args = [str(TEXT), "--out", str(out), "--vocab", "300"]
     if case == "not utf-8":
-        (tmp_path / "bad.txt").write_bytes(b"caf\xe9\n")
+        (tmp_path / "bad.txt").write_bytes(b"some line\n" * 50 + b"caf\xe9\n" + b"more\n" * 10)
         args[0] = str(tmp_path / "bad.txt")
     elif case == "out holds shards":
         out.mkdir()
@@ -88,4 +103,5 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, case):
     proc = subprocess.run([sys.executable, "-m", "jaxloop.prepare", *args], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("jaxloop.prepare: error: ")
+    assert says in proc.stderr
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
