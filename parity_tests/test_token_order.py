@@ -50,7 +50,7 @@ def _cfg(path: Path, workers: int = 0, source: str = "tokens") -> Config:
 
 
 def _jax_windows(cfg: Config, splits, start: int, count: int, state: dict | None = None) -> np.ndarray:
-    kwargs = dict(seed=cfg.seed, batch_size=cfg.batch_size, workers=cfg.data.workers)
+    kwargs = {"seed": cfg.seed, "batch_size": cfg.batch_size, "workers": cfg.data.workers}
     loader = (TrainLoader.from_state(splits, state, **kwargs) if state is not None
               else TrainLoader(splits, position=start, **kwargs))
     with loader:

@@ -100,7 +100,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, case, says):
     else:
         args[0] = str(tmp_path / "*.txt")
     before = sorted(p.name for p in tmp_path.rglob("*"))
-    proc = subprocess.run([sys.executable, "-m", "jaxloop.prepare", *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "jaxloop.prepare", *args], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("jaxloop.prepare: error: ")
     assert says in proc.stderr
