@@ -23,13 +23,14 @@ GPT2_VOCAB = 50257
 
 
 def gpt2_cfg(context: int, batch: int, precision: str):
-    """--preset gpt2-small at this context, batch and precision, over the shipped text, with GPT-2's vocabulary."""
+    """--preset gpt2-small at this context, batch and precision, over the shipped text read as characters (the
+    update's time does not depend on which tokens it reads), with GPT-2's vocabulary."""
     from loopcore.config import preset
 
     base = preset("gpt2-small")
     return dataclasses.replace(base, batch_size=batch, precision=precision,
                                model=dataclasses.replace(base.model, context=context, vocab_size=GPT2_VOCAB),
-                               data=dataclasses.replace(base.data, path=str(text_path())))
+                               data=dataclasses.replace(base.data, source="text", path=str(text_path())))
 
 
 def _contenders(cfg, device: str, compile_torch: bool) -> tuple[dict[str, Any], list[str], Any]:

@@ -3,6 +3,7 @@
     python -m benchmarks.driver loop --shape gpt64 --accum 1 --steps 300 --reps 2 --dir D
     python -m benchmarks.driver compile [--cache DIR [--executables]]
     python -m benchmarks.driver stepmem --framework jax|torch --shape mlp --updates 20
+    python -m benchmarks.driver valloss --run_dir D     # a finished run's latest params, whole validation split
 """
 
 from __future__ import annotations
@@ -151,6 +152,32 @@ def stepmem(args: argparse.Namespace) -> dict:
     return {"s_per_update": fn(args.updates)}
 
 
+def valloss(args: argparse.Namespace) -> dict:
+    """The loss of a run's latest checkpoint over its whole validation split (eval_batches left out), averaged
+    over the records as the loop's evaluation averages them."""
+    import jax
+
+    from jaxloop.checkpoint import read_checkpoint
+    from jaxloop.data import eval_batch_size, val_batches
+    from jaxloop.step import eval_step
+    from jaxloop.task import builtin_task, init_state
+    from loopcore.config import from_dict
+    from loopcore.sources import load_splits
+
+    cfg = from_dict(json.loads((Path(args.run_dir) / "config.json").read_text()))
+    splits = load_splits(cfg)
+    task = builtin_task(cfg, splits)
+    _, _, saved = read_checkpoint(args.run_dir, "latest")
+    state = init_state(cfg, task, splits)
+    state = state.replace(params=jax.tree.map(lambda a, b: jax.numpy.asarray(b, a.dtype), state.params, saved["params"]))
+    t0 = time.perf_counter()
+    total = weight = 0.0
+    for batch in val_batches(splits, eval_batch_size(cfg)):
+        m = jax.device_get(eval_step(state, batch))
+        total, weight = total + float(m["loss"]) * float(m["weight"]), weight + float(m["weight"])
+    return {"val_loss": total / weight, "records": int(weight), "eval_s": time.perf_counter() - t0}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="mode", required=True)
@@ -169,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--shape", default="mlp")
     m.add_argument("--accum", type=int, default=1)
     m.add_argument("--updates", type=int, default=20)
+    v = sub.add_parser("valloss")
+    v.add_argument("--run_dir", required=True)
     args = p.parse_args(argv)
-    fn = {"loop": loop, "compile": compile_, "stepmem": stepmem}[args.mode]
+    fn = {"loop": loop, "compile": compile_, "stepmem": stepmem, "valloss": valloss}[args.mode]
     result = fn(args)
     sys.stdout.flush()
     print(json.dumps(result))

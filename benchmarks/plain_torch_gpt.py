@@ -160,9 +160,10 @@ def main() -> None:
 
     setup_s = time.perf_counter() - t_setup
     t_loop = time.perf_counter()
-    estimate_s = 0.0
+    estimate_s, estimates = 0.0, 0
     for it in range(a.iters):
         if it % a.eval_interval == 0:
+            estimates += 1
             t = time.perf_counter()
             print(f"step {it}: val loss {estimate_val_loss():.4f}", flush=True)
             estimate_s += time.perf_counter() - t
@@ -185,7 +186,8 @@ def main() -> None:
         "wall_s": time.perf_counter() - T_START,
         "iter_ms": 1e3 * loop_s / a.iters,  # the loop's time per iteration, its periodic estimates included
         "update_ms": 1e3 * (loop_s - estimate_s) / a.iters,  # per iteration, the estimates left out
-        "setup_s": setup_s, "loop_s": loop_s, "estimate_s": estimate_s, "final_eval_s": final_eval_s,
+        "setup_s": setup_s, "loop_s": loop_s, "estimate_s": estimate_s, "estimates": estimates,
+        "final_eval_s": final_eval_s,
     }), flush=True)
 
 

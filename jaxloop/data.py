@@ -35,6 +35,7 @@ from loopcore.sources import (
     MicroBatchGather,
     Splits,
     _batches_per_epoch,
+    eval_records,
     loader_worker_init,
     shard_slice,
     stack_batches,
@@ -271,28 +272,37 @@ def val_batches(
     batch_size: int,
     process_index: int | None = None,
     process_count: int | None = None,
+    records: np.ndarray | None = None,
 ) -> Iterator[Batch]:
-    """The whole validation split in order, in global batches of `batch_size` (eval_batch_size(cfg)).
+    """The whole validation split in order (or only `records`, in their order), in global batches of
+    `batch_size` (eval_batch_size(cfg)).
 
-    Every batch has the full (per-process) size: the last one is padded by repeating record 0 with
+    Every batch has the full (per-process) size: the last one is padded by repeating the first record with
     `weight` 0; real records have weight 1 (float32 [n]). Each record appears exactly once over all
     batches and processes; process p gets rows [p*n/P, (p+1)*n/P) of each global batch.
     """
     p, n = _process(process_index, process_count)
     size = int(batch_size)
     rows = shard_slice(size, p, n)  # ConfigError (batch_size) when size does not split over the processes
-    total = splits.num_val
+    total = splits.num_val if records is None else len(records)
     for start in range(0, total, size):
-        idx = np.arange(start, start + size, dtype=np.int64)
-        weight = (idx < total).astype(np.float32)
-        idx = np.where(idx < total, idx, 0)[rows]
-        batch = splits.val.get(idx)
+        pos = np.arange(start, start + size, dtype=np.int64)
+        weight = (pos < total).astype(np.float32)
+        pos = np.where(pos < total, pos, 0)[rows]
+        batch = splits.val.get(pos if records is None else np.asarray(records, np.int64)[pos])
         batch["weight"] = weight[rows]
         yield batch
 
 
+def run_val_batches(cfg: Config, splits: Splits) -> Iterator[Batch]:
+    """The batches a run's evaluation reads: val_batches over the whole split, or over cfg.eval_batches'
+    fixed, seeded subset (loopcore.sources.eval_records)."""
+    size = eval_batch_size(cfg)
+    return val_batches(splits, size, records=eval_records(cfg.seed, splits.num_val, cfg.eval_batches, size))
+
+
 def num_val_batches(splits: Splits, batch_size: int) -> int:
-    """How many batches val_batches yields."""
+    """How many batches val_batches yields over the whole split."""
     return -(-splits.num_val // batch_size)
 
 

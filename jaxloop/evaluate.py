@@ -1,4 +1,5 @@
-"""Validation: the whole validation split through one compiled eval step, averaged by record weight."""
+"""Validation: the whole validation split (or eval_batches' fixed subset) through one compiled eval step,
+averaged by record weight."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class Evaluator:
     the records (batches weighted by their `weight`, 0 for the padding of the last one), for the params
     and, when the state keeps one, their EMA (prefix ema_val_).
 
-    batches: a fresh pass over the split's host batches (jaxloop.data.val_batches); compile(jitted,
+    batches: a fresh pass over the split's host batches (jaxloop.data.run_val_batches); compile(jitted,
     args, name): how a call is compiled (jaxloop.dispatch.Compiler: cached on disk for built-in tasks).
     """
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxloop import actions as act
 from jaxloop.checkpoint import Checkpointer, disk_full_line
-from jaxloop.data import DevicePrefetcher, eval_batch_size, train_loader, val_batches
+from jaxloop.data import DevicePrefetcher, run_val_batches, train_loader
 from jaxloop.dispatch import Compiler, Dispatcher
 from jaxloop.distributed import (abstract_sharded, barrier, check_divisible, create_sharded, is_primary, make_mesh,
                                  shard_batch, to_host)
@@ -248,12 +248,12 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     run = act.RunContext(cfg.steps, cfg.optim.accum_steps, logger, timings, act.Throughput(step, time.perf_counter()),
                          str(run_dir))
     tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
-    evaluator = Evaluator(task.eval_loss(), lambda: val_batches(splits, eval_batch_size(cfg)), mesh, compiler)
+    evaluator = Evaluator(task.eval_loss(), lambda: run_val_batches(cfg, splits), mesh, compiler)
     evaluate = act.Evaluate(cadence, evaluator, tracker, cfg.checkpoint.best_metric)
     signals = act.SignalStop()
     actions: list[act.Action] = [
         signals, act.NonFiniteStreak(cfg.max_bad_steps),
-        act.LogTrain(cadence, cfg.batch_size, cfg.model.context if splits.source == "text" else 0,
+        act.LogTrain(cadence, cfg.batch_size, cfg.model.context if splits.source in ("text", "tokens") else 0,
                      **mfu_inputs(ckpt.metadata.get("language_model"))),
         act.Profile(Profiler(cfg.log.profile_start, cfg.log.profile_steps, logger.layout.profile, timings)),
         evaluate]

@@ -181,10 +181,11 @@ class ModelConfig:
 class DataConfig:
     """Where the records come from and how the loader feeds them."""
 
-    source: Literal["digits", "text", "npz"] = "digits"
-    """digits (scikit-learn's bundled 8x8 digits), text (a UTF-8 file, characters), npz (x, y arrays)."""
+    source: Literal["digits", "text", "npz", "tokens"] = "digits"
+    """digits (scikit-learn's bundled 8x8 digits), text (a UTF-8 file, characters), npz (x, y arrays), tokens
+    (token shards: llm.c's format or nanoGPT's .bin, memory-mapped; docs/data.md)."""
     path: str = ""
-    """File for the text or npz source."""
+    """File for the text or npz source; for tokens one shard, a directory of shards or a glob."""
     val_fraction: float = 0.2
     """Fraction of records held out for validation (npz: ignored when x_val/y_val exist)."""
     workers: int = 0
@@ -284,7 +285,11 @@ class Config:
     batch_size: int = 64
     """Global micro-batch size (records per micro-batch, over all processes)."""
     eval_every: int = 100
-    """Validate over the whole validation split every this many updates (0 = only at the end)."""
+    """Validate over the whole validation split (or eval_batches' subset) every this many updates (0 = only
+    at the end)."""
+    eval_batches: int = 0
+    """Evaluate a fixed, seeded subset of this many validation batches (data.eval_batch_size records each), the
+    same at every evaluation (nanoGPT's eval_iters, Lightning's limit_val_batches); 0 = the whole split."""
     log_every: int = 10
     """Record metrics every this many updates."""
     updates_per_call: int = 0
@@ -361,8 +366,10 @@ def preset(name: str) -> Config:
                               clip_norm=1.0),
             model=ModelConfig(kind="gpt", context=1024, d_model=768, n_layers=12, n_heads=12, mlp_ratio=4,
                               dropout=0.0, tie_embeddings=True, vocab_multiple=64, attention="auto", init="gpt2"),
-            data=DataConfig(source="text", val_fraction=0.05, eval_batch_size=16),
-            checkpoint=CheckpointConfig(every=250),
+            # token shards (python -m jaxloop.prepare, or llm.c's / nanoGPT's own) given by --data.path; 200
+            # validation batches per evaluation, as nanoGPT's eval_iters estimates (the same batches every time)
+            data=DataConfig(source="tokens", val_fraction=0.05, eval_batch_size=16),
+            eval_batches=200, checkpoint=CheckpointConfig(every=250),
         )
     raise ConfigError("preset", name, f"one of {', '.join(PRESETS)}")
 
@@ -466,6 +473,7 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
     if cfg.seed > MAX_SEED:
         raise ConfigError("seed", cfg.seed, f"an integer in [0, 2**63 - 1 = {MAX_SEED}]")
     _nonneg_int("eval_every", cfg.eval_every)
+    _nonneg_int("eval_batches", cfg.eval_batches)
     _positive_int("log_every", cfg.log_every)
     _nonneg_int("updates_per_call", cfg.updates_per_call)
     _positive_int("max_bad_steps", cfg.max_bad_steps)
@@ -515,10 +523,10 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
     _positive_int("model.vocab_multiple", m.vocab_multiple)
     _choice("model.attention", m.attention, ATTENTIONS)
     _choice("model.init", m.init, ("normal", "gpt2"))
-    if (m.kind == "gpt") != (d.source == "text"):
-        raise ConfigError("model.kind", m.kind, f"gpt exactly when data.source is text (it is {d.source})")
+    if (m.kind == "gpt") != (d.source in ("text", "tokens")):
+        raise ConfigError("model.kind", m.kind, f"gpt exactly when data.source is text or tokens (it is {d.source})")
 
-    _choice("data.source", d.source, ("digits", "text", "npz"))
+    _choice("data.source", d.source, ("digits", "text", "npz", "tokens"))
     _float("data.val_fraction", d.val_fraction)
     if not 0.0 < d.val_fraction < 1.0:
         raise ConfigError("data.val_fraction", d.val_fraction, "a number in (0, 1)")
@@ -527,6 +535,8 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
     _nonneg_int("data.eval_batch_size", d.eval_batch_size)
     if d.source in ("text", "npz") and not d.path:
         raise ConfigError("data.path", d.path, f"the path of a {d.source} file (data.source={d.source})")
+    if d.source == "tokens" and not d.path:
+        raise ConfigError("data.path", d.path, "a token shard, a directory of shards or a glob (data.source=tokens)")
     if d.source == "digits" and d.path:
         raise ConfigError("data.path", d.path, "empty when data.source is digits")
 
@@ -568,6 +578,10 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
     if check_paths:
         if d.source in ("text", "npz"):
             _readable_file("data.path", d.path)
+        if d.source == "tokens":
+            from loopcore.shards import shard_paths
+
+            shard_paths(d.path)  # ConfigError when it names no file
         _writable_dir("run_dir", cfg.run_dir)
         if cfg.init_from and not os.path.isdir(cfg.init_from):
             raise ConfigError("init_from", cfg.init_from, "empty or an existing run_dir or checkpoints directory")
@@ -734,7 +748,8 @@ RESUME_SAFE = (
 # values and data order). Host-side fields; what the arguments' shapes and shardings carry (the eval batch
 # size, the mesh of distributed.*); the call's size, which names the call; XLA_FLAGS, in the key itself.
 NOT_COMPILED = (
-    "run_dir", "resume", "allow_steps_change", "compile_cache", "retain_host_memory", "eval_every", "log_every",
+    "run_dir", "resume", "allow_steps_change", "compile_cache", "retain_host_memory", "eval_every", "eval_batches",
+    "log_every",
     "deterministic", "updates_per_call", "max_bad_steps", "patience", "init_from", "seed",
     "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed.",
 )

@@ -16,6 +16,15 @@ Sources (`load_splits(cfg) -> Splits`), each loaded once into numpy:
   x = window[:-1], y = window[1:] (int32 character ids).
 - ``npz``: a user file with ``x`` and ``y`` (and optionally ``x_val`` and ``y_val``). x is cast to
   float32, y must hold integer labels >= 0 (cast to int32).
+- ``tokens``: token shards (`data.path`: one file, a directory of *.bin files, or a glob) in llm.c's
+  format or nanoGPT's headerless uint16 .bin (loopcore.shards), memory-mapped, never read whole. Files
+  named *val* are the validation split, the others the training split (without any *val* file, each
+  file's last val_fraction of tokens validates). Training record i is the window of context + 1 tokens
+  starting at token i of its shard (every offset, as nanoGPT samples; shards in file order, no window
+  crossing a shard's end); validation record j the window starting at j * context of its shard (stride
+  context). x = window[:-1], y = window[1:] as int32. The vocabulary size is meta.json's vocab_size
+  (beside the shards; jaxloop.prepare writes it), else model.vocab_size; a token outside it stops the
+  run naming the record.
 
 Digits and npz without x_val/y_val split by a fixed permutation (seed SPLIT_SEED, independent of
 cfg.seed): perm = Generator(PCG64(SeedSequence(SPLIT_SEED))).permutation(N); the first
@@ -23,11 +32,26 @@ N - floor(N * (1 - val_fraction)) entries of perm are the validation records, th
 records, each kept in file order.
 
 Record order (`record_order`): epoch e is the permutation
-Generator(PCG64(SeedSequence([cfg.seed, e]))).permutation(num_train); it is cut into
+Generator(PCG64(SeedSequence([cfg.seed, e]))).permutation(num_train) (for ``tokens``, whose splits
+may hold billions of records, the index shuffle below with key [cfg.seed, e] instead: a permutation
+computed position by position, in constant memory); it is cut into
 batches_per_epoch = num_train // batch_size micro-batches of batch_size records; the remainder
 (num_train % batch_size records, the tail of the permutation) is dropped for that epoch, so a batch
 never spans two epochs. Global micro-batch b is batch b % batches_per_epoch of epoch
 b // batches_per_epoch.
+
+Index shuffle (`index_shuffle(key, n, positions)`): position p of a permutation of range(n), by a
+4-round Feistel network with cycle walking. h = max(1, ceil(bit_length(n - 1) / 2)) bits per half;
+round keys k_0..k_3 = Generator(PCG64(SeedSequence(key))).integers(0, 2**32, size=4, dtype=uint64);
+one encryption of x < 4**h: L, R = x >> h, x & (2**h - 1), then for each k: L, R = R, L ^ (mix(R ^ k)
+& (2**h - 1)), giving (L << h) | R, where mix is splitmix64's finalizer in uint64 arithmetic (z ^= z >> 30;
+z *= 0xBF58476D1CE4E5B9; z ^= z >> 27; z *= 0x94D049BB133111EB; z ^= z >> 31). The record at position
+p is encrypt(p), encrypted again while it is >= n.
+
+Evaluation subset (`eval_records`, cfg.eval_batches > 0): the validation records at positions
+0 .. eval_batches * eval_batch_size - 1 of the index shuffle with key [cfg.seed, EVAL_SUBSET_KEY] over
+the validation split, sorted (file order); the whole split when that is at least its size. The same
+records at every evaluation, in both loops.
 """
 
 from __future__ import annotations
@@ -51,6 +75,8 @@ from loopcore.atomic import atomic_write_text
 from loopcore.config import Config, ConfigError
 from loopcore.layout import VOCAB_FILE
 
+EVAL_SUBSET_KEY = 0x6576616C
+"""Second word of the evaluation subset's shuffle key ("eval" in ASCII)."""
 SPLIT_SEED = 20240229
 """Seed of the fixed train/validation permutation of digits and npz (independent of cfg.seed)."""
 UNK = "<unk>"
@@ -123,6 +149,50 @@ class WindowRecords:
     def get(self, indices: Sequence[int] | np.ndarray) -> Batch:
         idx = _as_indices(indices, len(self))
         windows = self.ids[idx[:, None] * self.stride + self._offsets]
+        return {"x": windows[:, :-1], "y": windows[:, 1:]}
+
+
+class TokenWindows:
+    """Records that are windows of context + 1 tokens of memory-mapped shards (the tokens source).
+
+    A window starts every `stride` tokens of a shard and never crosses its end; shards follow one another
+    in order. Picklable (grain's workers get it): the maps are opened afresh in each process. `order`
+    tells the loaders to shuffle by index_shuffle (constant memory) instead of a materialised permutation.
+    """
+
+    order = "index_shuffle"
+
+    def __init__(self, shards: Sequence[Any], context: int, stride: int, vocab_size: int, split: str):
+        self.shards, self.context, self.stride = list(shards), int(context), int(stride)
+        self.vocab_size, self.split = int(vocab_size), split
+        counts = [max((s.count - self.context - 1) // self.stride + 1, 0) for s in self.shards]
+        self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        self._offsets = np.arange(self.context + 1, dtype=np.int64)
+        self._maps: list[np.ndarray] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_maps": None}
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def get(self, indices: Sequence[int] | np.ndarray) -> Batch:
+        idx = _as_indices(indices, len(self))
+        if self._maps is None:
+            self._maps = [s.tokens() for s in self.shards]
+        shard = np.searchsorted(self.starts, idx, side="right") - 1
+        windows = np.empty((idx.size, self.context + 1), np.int64)
+        for k in np.unique(shard):
+            rows = np.nonzero(shard == k)[0]
+            first = (idx[rows] - self.starts[k]) * self.stride
+            windows[rows] = self._maps[k][first[:, None] + self._offsets]
+        if windows.size and windows.max() >= self.vocab_size:
+            row = int(np.nonzero((windows >= self.vocab_size).any(axis=1))[0][0])
+            s = self.shards[shard[row]]
+            raise RecordError(f"record {int(idx[row])} of the {self.split} split holds token {int(windows[row].max())} "
+                              f"(in {s.path}), outside the vocabulary of {self.vocab_size} (meta.json's vocab_size, "
+                              "else model.vocab_size)")
+        windows = windows.astype(np.int32)
         return {"x": windows[:, :-1], "y": windows[:, 1:]}
 
 
@@ -282,8 +352,10 @@ def load_splits(cfg: Config) -> Splits:
         splits = _load_text(_file_key(d.path), d.val_fraction, cfg.model.context)
     elif d.source == "npz":
         splits = _load_npz(_file_key(d.path), d.val_fraction)
+    elif d.source == "tokens":
+        splits = _load_tokens(d.path, d.val_fraction, cfg.model.context, cfg.model.vocab_size)
     else:
-        raise ConfigError("data.source", d.source, "one of digits, text, npz")
+        raise ConfigError("data.source", d.source, "one of digits, text, npz, tokens")
     if cfg.batch_size > splits.num_train:
         raise ConfigError(
             "batch_size", cfg.batch_size,
@@ -530,6 +602,26 @@ def _check_labels(path: str, y_train: np.ndarray, y_val: np.ndarray, rows_train:
                           f"{where('val', i, rows_val, 'y_val' if own_val else 'y')} has label {int(y_val[i])}, "
                           f"a class seen only in validation (training labels are 0..{num_classes - 1})")
     return num_classes
+def _load_tokens(path: str, val_fraction: float, context: int, vocab_size: int) -> Splits:
+    from loopcore.shards import META_FILE, token_splits
+
+    train, val, meta = token_splits(path, val_fraction)
+    vocab = int(meta["vocab_size"]) if meta is not None else vocab_size
+    if not vocab:
+        raise ConfigError("model.vocab_size", vocab_size, f"the token shards' vocabulary size (they have no {META_FILE} "
+                          "beside them to say it; e.g. 50257 for GPT-2's tokenizer)")
+    splits = Splits(
+        source="tokens",
+        train=TokenWindows(train, context, 1, vocab, "train"),
+        val=TokenWindows(val, context, context, vocab, "val"),
+        num_classes=vocab,
+        example_x=np.zeros((1, context), np.int32),
+    )
+    for name, records, shards in (("training", splits.train, train), ("validation", splits.val, val)):
+        if len(records) == 0:
+            raise ConfigError("data.path", path, f"token shards whose {name} split holds a window of model.context + 1 "
+                              f"= {context + 1} tokens (its longest shard holds {max(s.count for s in shards)})")
+    return splits
 
 
 # ----------------------------------------------------------------------------- vocabulary file
@@ -583,25 +675,86 @@ def epoch_permutation(seed: int, epoch: int, num_train: int) -> np.ndarray:
     return rng.permutation(num_train)
 
 
-def record_order(cfg: Config, num_train: int, start: int, count: int) -> np.ndarray:
+SHUFFLE_ROUNDS = 4
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, elementwise over uint64 (wrapping arithmetic)."""
+    z = z ^ (z >> np.uint64(30))
+    z = z * np.uint64(0xBF58476D1CE4E5B9)
+    z = z ^ (z >> np.uint64(27))
+    z = z * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@functools.lru_cache(maxsize=16)
+def _shuffle_keys(key: tuple[int, ...]) -> np.ndarray:
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(list(key))))
+    return rng.integers(0, 2**32, size=SHUFFLE_ROUNDS, dtype=np.uint64)
+
+
+def index_shuffle(key: Sequence[int], n: int, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The records at `positions` of a permutation of range(n) drawn from `key` (module doc): each computed on
+    its own, so no permutation of n is ever held (n may be billions)."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    half = max(1, -(-int(n - 1).bit_length() // 2))
+    mask, shift = np.uint64((1 << half) - 1), np.uint64(half)
+    keys = _shuffle_keys(tuple(int(k) for k in key))
+
+    def encrypt(x: np.ndarray) -> np.ndarray:
+        left, right = x >> shift, x & mask
+        for k in keys:
+            left, right = right, left ^ (_mix(right ^ k) & mask)
+        return (left << shift) | right
+
+    y = encrypt(np.asarray(positions, dtype=np.uint64).reshape(-1))
+    out = y >= np.uint64(n)
+    while out.any():  # cycle walking: the permutation of [0, 4**half) restricted to [0, n)
+        y[out] = encrypt(y[out])
+        out = y >= np.uint64(n)
+    return y.astype(np.int64)
+
+
+def eval_records(seed: int, num_val: int, batches: int, batch_size: int) -> np.ndarray | None:
+    """The validation records evaluated (module doc: evaluation subset), sorted; None for the whole split
+    (batches 0, or a subset at least as large as the split)."""
+    count = int(batches) * int(batch_size)
+    if batches <= 0 or count >= num_val:
+        return None
+    return np.sort(index_shuffle((int(seed), EVAL_SUBSET_KEY), num_val, np.arange(count)))
+
+
+def record_order(cfg: Config, num_train: int, start: int, count: int, order: str = "permutation") -> np.ndarray:
     """Global record indices of micro-batches start .. start + count - 1: int64 [count, batch_size].
 
     Micro-batch b (the loader's position; an update consumes optim.accum_steps of them) is batch
     b % batches_per_epoch of epoch b // batches_per_epoch, and epoch e's records are
-    epoch_permutation(cfg.seed, e, num_train) cut into batches of batch_size, remainder dropped.
+    epoch_permutation(cfg.seed, e, num_train) (order "index_shuffle": index_shuffle((cfg.seed, e), ...)) cut
+    into batches of batch_size, remainder dropped.
     """
-    return _record_order(cfg.seed, cfg.batch_size, num_train, start, count)
+    return _record_order(cfg.seed, cfg.batch_size, num_train, start, count, order)
 
 
-def _record_order(seed: int, batch_size: int, num_train: int, start: int, count: int) -> np.ndarray:
+def _record_order(seed: int, batch_size: int, num_train: int, start: int, count: int,
+                  order: str = "permutation") -> np.ndarray:
     if start < 0 or count < 0:
         raise ValueError(f"start and count must be >= 0, got {start}, {count}")
     bpe = _batches_per_epoch(batch_size, num_train)
     out = np.empty((count, batch_size), np.int64)
     for row, b in enumerate(range(start, start + count)):
         epoch, k = divmod(b, bpe)
-        out[row] = _cached_permutation(seed, epoch, num_train)[k * batch_size:(k + 1) * batch_size]
+        if order == "index_shuffle":
+            out[row] = index_shuffle((seed, epoch), num_train, np.arange(k * batch_size, (k + 1) * batch_size))
+        else:
+            out[row] = _cached_permutation(seed, epoch, num_train)[k * batch_size:(k + 1) * batch_size]
     return out
+
+
+def order_of(records: Any) -> str:
+    """How a training split is shuffled: "index_shuffle" for records that say so (token windows), else
+    "permutation"."""
+    return getattr(records, "order", "permutation")
 
 
 def shard_slice(batch_size: int, process_index: int, process_count: int) -> slice:
@@ -636,9 +789,10 @@ class MicroBatchGather:
         _batches_per_epoch(self.batch_size, self.num_train)
         self.rows = shard_slice(self.batch_size, process_index, process_count)
         self.transform = transform
+        self.order = order_of(records)
 
     def indices(self, b: int) -> np.ndarray:
-        return _record_order(self.seed, self.batch_size, self.num_train, int(b), 1)[0, self.rows]
+        return _record_order(self.seed, self.batch_size, self.num_train, int(b), 1, self.order)[0, self.rows]
 
     def __call__(self, b: int) -> Batch:
         batch = self.records.get(self.indices(b))
@@ -649,7 +803,7 @@ class MicroBatchGather:
         (one fancy index over count x batch records instead of count gathers and a stack)."""
         if self.transform is not None:  # the transform sees one micro-batch at a time, as in __call__
             return stack_batches([self(b) for b in range(start, start + count)])
-        idx = _record_order(self.seed, self.batch_size, self.num_train, start, count)[:, self.rows]
+        idx = _record_order(self.seed, self.batch_size, self.num_train, start, count, self.order)[:, self.rows]
         batch = self.records.get(idx.reshape(-1))
         return {k: v.reshape(idx.shape + v.shape[1:]) for k, v in batch.items()}
 

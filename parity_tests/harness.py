@@ -243,12 +243,13 @@ class Run:
 
 
 def _jax_val_metric(cfg: Config, splits: Any, state: Any) -> float:
-    """checkpoint.best_metric over the whole validation split, as jaxloop.evaluate.Evaluator averages it."""
-    from jaxloop.data import eval_batch_size, val_batches
+    """checkpoint.best_metric over the validation split (or cfg.eval_batches' subset), as jaxloop.evaluate.Evaluator
+    averages it."""
+    from jaxloop.data import run_val_batches
     from jaxloop.step import eval_step
 
     sums, weights = [], []
-    for batch in val_batches(splits, eval_batch_size(cfg)):
+    for batch in run_val_batches(cfg, splits):
         m = jax.device_get(eval_step(state, batch))
         sums.append(m)
         weights.append(float(m["weight"]))

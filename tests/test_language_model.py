@@ -137,15 +137,18 @@ def test_peak_table_knows_the_accelerators_by_their_jax_device_kind():
 
 @pytest.fixture(scope="module")
 def tiny_gpt2_run(tmp_path_factory):
-    """--preset gpt2-small shrunk: 2 layers of width 32, context 16, 8 updates, on a small text."""
+    """--preset gpt2-small shrunk: 2 layers of width 32, context 16, 8 updates, on byte-token shards of a
+    small text (python -m jaxloop.prepare)."""
+    from jaxloop.prepare import main as prepare
     from jaxloop.runner import run
 
     base = tmp_path_factory.mktemp("lm")
     rng = np.random.default_rng(0)
     words = "to be or not that is the question whether tis nobler in mind suffer slings arrows".split()
     (base / "tiny.txt").write_text("\n".join(" ".join(rng.choice(words, size=8)) for _ in range(150)) + "\n")
-    cfg = parse_config(["--preset", "gpt2-small", "--data.path", str(base / "tiny.txt"), "--run_dir", str(base / "run"),
-                        "--steps", "8", "--batch_size", "8", "--eval_every", "0", "--log_every", "2",
+    assert prepare([str(base / "tiny.txt"), "--out", str(base / "shards"), "--no_progress"]) == 0
+    cfg = parse_config(["--preset", "gpt2-small", "--data.path", str(base / "shards"), "--run_dir", str(base / "run"),
+                        "--eval_batches", "2", "--steps", "8", "--batch_size", "8", "--eval_every", "0", "--log_every", "2",
                         "--optim.warmup_steps", "2", "--model.context", "16", "--model.d_model", "32",
                         "--model.n_layers", "2", "--model.n_heads", "2", "--log.no_tensorboard", "--compile_cache", ""])
     with contextlib.redirect_stderr(io.StringIO()):

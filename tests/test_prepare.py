@@ -1,0 +1,108 @@
+"""`python -m jaxloop.prepare`: text in, llm.c shards and meta.json out, read back by the tokens source; plain
+bytes, a byte-level BPE trained on the text, a local tokenizer.json; bad input is one line, exit 2, nothing
+written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxloop import prepare
+from loopcore.config import DataConfig, preset, replace
+from loopcore.shards import read_shard
+from loopcore.sources import load_splits
+
+TEXT = Path(__file__).parent / "data" / "tinyshakespeare_60k.txt"
+
+
+def _run(*argv: str) -> dict:
+    args = prepare.parser().parse_args([*argv, "--no_progress"])
+    return prepare.prepare(args)
+
+
+def _tokens(out: Path, split: str) -> np.ndarray:
+    meta = json.loads((out / "meta.json").read_text())
+    return np.concatenate([read_shard(str(out / f)).tokens() for f in meta["shards"][split]]).astype(np.int64)
+
+
+def test_bytes_shards_hold_the_text_split_at_a_line_near_the_fraction(tmp_path):
+    meta = _run(str(TEXT), "--out", str(tmp_path), "--shard_tokens", "20000")
+    raw = TEXT.read_bytes()
+    train, val = _tokens(tmp_path, "train"), _tokens(tmp_path, "val")
+    assert bytes(np.concatenate([train, val]).astype(np.uint8)) == raw
+    assert raw[len(train) - 1:len(train)] == b"\n" and not raw[len(train):len(train) + 1].isspace()
+    assert int(len(raw) * 0.9) <= len(train) < int(len(raw) * 0.9) + 200  # the first line start at 90%
+    assert (meta["vocab_size"], meta["dtype"], meta["tokenizer"]) == (256, "uint16", "bytes")
+    assert meta["shards"]["train"] == [f"tinyshakespeare_60k_train_{i:06d}.bin" for i in range(3)]
+    assert meta["tokens"] == {"train": len(train), "val": len(val)}
+
+
+def test_a_trained_bpe_round_trips_and_its_pieces_encode_as_the_whole_text(tmp_path, monkeypatch):
+    from tokenizers import Tokenizer
+
+    monkeypatch.setattr(prepare, "PIECE_BYTES", 4096)  # many pieces: cut only before a non-space line start
+    meta = _run(str(TEXT), "--out", str(tmp_path / "bpe"), "--vocab", "400")
+    tok = Tokenizer.from_file(str(tmp_path / "bpe" / "tokenizer.json"))
+    train, val = _tokens(tmp_path / "bpe", "train"), _tokens(tmp_path / "bpe", "val")
+    text = TEXT.read_text()
+    assert meta["vocab_size"] == tok.get_vocab_size() == 400 and meta["tokenizer"] == "bpe"
+    assert tok.decode(train.tolist()) + tok.decode(val.tolist()) == text
+    train_text = tok.decode(train.tolist())
+    assert train.tolist() == tok.encode(train_text, add_special_tokens=False).ids, "pieces encode as the whole"
+    assert len(train) < 0.6 * len(train_text), "BPE merges bytes"
+    # the saved tokenizer.json, given back, writes the same tokens
+    _run(str(TEXT), "--out", str(tmp_path / "file"), "--tokenizer", str(tmp_path / "bpe" / "tokenizer.json"))
+    assert (_tokens(tmp_path / "file", "train") == train).all() and (_tokens(tmp_path / "file", "val") == val).all()
+
+
+def test_the_tokens_source_reads_what_prepare_wrote(tmp_path):
+    _run(str(TEXT), "--out", str(tmp_path), "--vocab", "300", "--shard_tokens", "10000")
+    base = preset("shakespeare")
+    cfg = replace(base, data=DataConfig(source="tokens", path=str(tmp_path)), model=replace(base.model, context=32))
+    splits = load_splits(cfg)
+    train = _tokens(tmp_path, "train")
+    assert splits.num_classes == 300
+    assert splits.train.get([0])["x"][0].tolist() == train[:32].tolist()
+
+
+def test_pieces_are_cut_only_where_the_whole_text_would_split_its_words(tmp_path, monkeypatch):
+    # indented lines: a byte-level BPE's pre-tokenizer joins a newline to the spaces after it ("\n " + " x"),
+    # so a piece must not end before a line that starts with a space
+    lines = [f"def f{i}(x):\n    return x + {i}\n\n  # note {i}\n" for i in range(300)]
+    (tmp_path / "code.txt").write_text("".join(lines))
+    monkeypatch.setattr(prepare, "PIECE_BYTES", 256)
+    _run(str(tmp_path / "code.txt"), "--out", str(tmp_path / "out"), "--vocab", "1000")
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
+    train = _tokens(tmp_path / "out", "train")
+    assert train.tolist() == tok.encode(tok.decode(train.tolist()), add_special_tokens=False).ids
+
+
+@pytest.mark.parametrize("case, says", [("not utf-8", "UTF-8"), ("out holds shards", "--out"),
+                                        ("vocab below 256", "--vocab"), ("no input", "inputs")])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, case, says):
+    out = tmp_path / "out"
+    args = [str(TEXT), "--out", str(out), "--vocab", "300"]
+    if case == "not utf-8":
+        (tmp_path / "bad.txt").write_bytes(b"some line\n" * 50 + b"caf\xe9\n" + b"more\n" * 10)
+        args[0] = str(tmp_path / "bad.txt")
+    elif case == "out holds shards":
+        out.mkdir()
+        (out / "old_train_000000.bin").write_bytes(b"")
+    elif case == "vocab below 256":
+        args[-1] = "100"
+    else:
+        args[0] = str(tmp_path / "*.txt")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    proc = subprocess.run([sys.executable, "-m", "jaxloop.prepare", *args], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("jaxloop.prepare: error: ")
+    assert says in proc.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
