@@ -309,6 +309,14 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     return summary, state, signals.signal
 
 
+COMPILE_LINE_STARTS = ("compiling the training call", "compiled in ", "loaded the compiled training call")
+
+
+def is_compile_line(line: str) -> bool:
+    """Whether a line of stderr is one of CompileLines' (informational: a reader of the errors skips them)."""
+    return line.startswith(COMPILE_LINE_STARTS)
+
+
 class CompileLines:
     """The lines around compiling a training call (silence at the start reads as a hang): what is compiled
     and where the next run finds it, before; how long it took, or that it was loaded, after."""
