@@ -160,7 +160,7 @@ def valloss(args: argparse.Namespace) -> dict:
     from jaxloop.checkpoint import read_checkpoint
     from jaxloop.data import eval_batch_size, val_batches
     from jaxloop.step import eval_step
-    from jaxloop.task import builtin_task, init_state
+    from jaxloop.task import builtin_task, run_state
     from loopcore.config import from_dict
     from loopcore.sources import load_splits
 
@@ -168,7 +168,7 @@ def valloss(args: argparse.Namespace) -> dict:
     splits = load_splits(cfg)
     task = builtin_task(cfg, splits)
     _, _, saved = read_checkpoint(args.run_dir, "latest")
-    state = init_state(cfg, task, splits)
+    state = run_state(cfg, task, splits)
     state = state.replace(params=jax.tree.map(lambda a, b: jax.numpy.asarray(b, a.dtype), state.params, saved["params"]))
     t0 = time.perf_counter()
     total = weight = 0.0

@@ -38,6 +38,9 @@ _EXPORTS = {
     # records, the run_dir's lock (jax-free)
     "SequenceRecords": "loopcore.sources", "load_splits": "loopcore.sources", "read_vocab": "loopcore.sources",
     "RunLock": "loopcore.lock",
+    # token shards (jax-free) and the language models' FLOPs count
+    "read_shard": "loopcore.shards", "write_shard": "loopcore.shards",
+    "flops_per_token": "jaxloop.flops", "gpt_params": "jaxloop.flops",
 }
 _SUBMODULES = ("errors", "parity")  # jaxloop.errors (jax-free); jaxloop.parity (the port check, needs torch)
 

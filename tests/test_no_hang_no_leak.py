@@ -37,13 +37,13 @@ def test_data_workers_their_resource_tracker_and_shared_memory_die_with_a_sigkil
         main = psutil.Process(run.pid)
 
         def workers() -> list[psutil.Process]:
-            return [p for p in main.children() if "spawn_main" in " ".join(p.cmdline())]
+            return [p for p in main.children() if "spawn_main" in _cmdline(p)]
 
         _wait_for(lambda: len(workers()) == 2 and (tmp_path / "run" / "metrics.jsonl").exists()
                   and os.path.getsize(tmp_path / "run" / "metrics.jsonl") > 0, 120, "two workers feeding the run")
         children = main.children(recursive=True)  # the workers and multiprocessing's resource tracker
         segments = set(os.listdir(SHM)) - shm_before
-        assert any("resource_tracker" in " ".join(p.cmdline()) for p in children)
+        assert any("resource_tracker" in _cmdline(p) for p in children)
         assert segments, "the workers pass batches through shared memory"
     finally:
         run.send_signal(signal.SIGKILL)
@@ -56,6 +56,14 @@ def test_data_workers_their_resource_tracker_and_shared_memory_die_with_a_sigkil
         for p in children:  # what a failure leaves: not for the next tests
             if _alive(p):
                 p.kill()
+
+
+def _cmdline(p: psutil.Process) -> str:
+    """A process's command line, or "" for one that has ended (a short-lived child may be a zombie already)."""
+    try:
+        return " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return ""
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -84,7 +92,9 @@ def test_a_read_only_checkpoints_directory_is_one_line_and_exit_3_within_seconds
                           "--steps", "20", "--checkpoint.every", "10"], capture_output=True, text=True, timeout=290)
     took = time.monotonic() - t0
     assert out.returncode == 3, out.stderr[-2000:]
-    (line,) = [line for line in out.stderr.strip().splitlines() if not is_compile_line(line)]
+    lines = [line for line in out.stderr.strip().splitlines() if not is_compile_line(line)]
+    assert len(lines) == 1, out.stderr
+    (line,) = lines
     assert line.startswith(f"jaxloop.train: error: the checkpoint of update 10 could not be written to "
                            f"{read_only_checkpoints}: OSError: [Errno 30] Read-only file system"), line
     assert line.endswith("free there; no checkpoint was completed; a rerun starts afresh"), line
