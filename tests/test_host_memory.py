@@ -106,9 +106,16 @@ def test_a_call_run_inline_reuses_temporaries_larger_than_an_arena_heap():
     """Run on the dispatching thread, the calls after the first of a jitted function with 128 MiB of
     temporaries find them in the main heap's retained memory. The median over calls 2-8, because now and
     then a call still runs on a worker thread (15 processes measured: medians 0-1 faults, at most one call
-    of 7 faulting). Bound: a tenth of the temporaries' pages."""
-    temp, faults = _call_faults("inline")
-    assert faults < temp // 4096 // 10, (temp, faults)
+    of 7 faulting; once in a whole-suite run on Python 3.12, every call of one process faulted). Bound: a
+    tenth of the temporaries' pages, in the best of up to three processes (the worker-thread control below
+    faults on every call of every process, so a mutant that never runs inline still fails all three)."""
+    measured = []
+    for _ in range(3):
+        temp, faults = _call_faults("inline")
+        measured.append((temp, faults))
+        if faults < temp // 4096 // 10:
+            return
+    raise AssertionError(f"every process faulted its temporaries in again: (temporaries, faults) {measured}")
 
 
 def test_on_jax_s_worker_thread_the_same_call_faults_them_in_again():
