@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from loopcore.atomic import fsync_dir
 from loopcore.config import Config
 from loopcore.layout import CHECKPOINT_DIR, DAMAGED_DIR
 FORMAT = "torch_ref-checkpoint-1"
@@ -196,7 +197,7 @@ class CheckpointManager:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         self._metrics[int(step)] = clean
         self._rotate()
         return time.perf_counter() - t0
@@ -239,17 +240,4 @@ class CheckpointManager:
         if src.exists():
             shutil.move(str(src), str(damaged / f"{src.name}-{int(time.time())}"))
         self._metrics.pop(step, None)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
