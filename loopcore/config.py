@@ -11,6 +11,7 @@ import difflib
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal, get_args, get_type_hints
 
@@ -21,6 +22,31 @@ PRECISIONS = ("fp32", "bf16", "bf16_full", "fp16", "fp64", "auto")
 REMATS = ("none", "blocks", "dots_saveable", "full")
 PRESETS = ("digits", "shakespeare", "debug", "gpt2-small")
 ATTENTIONS = ("auto", "xla", "cudnn")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a change of a field between runs does. `resume_safe`: a resumed run may change it (the trajectory
+    stays the same); `compiled`: a compiled call depends on it (the key of a stored executable covers it)."""
+
+    resume_safe: bool
+    compiled: bool
+
+
+RULE_KEY = "jaxloop.rule"
+# The four rules, as the `metadata` of a field's declaration: `seed: int = field(default=0, metadata=INPUTS)`.
+# A section's field (`memory: MemoryConfig = field(..., metadata=PLAN)`) gives its rule to every field inside
+# it that declares none of its own; a field no declaration covers changes the run and is compiled (the safe
+# choice). RESUME_SAFE and NOT_COMPILED (the bottom of this module) are derived from these declarations, and
+# tests/test_config_rules.py holds their expected contents: a new field is classified here, once.
+TRAJECTORY = {RULE_KEY: Rule(resume_safe=False, compiled=True)}
+"""Changes what is computed: a resume may not change it, a stored executable is not reused for it (the default)."""
+INPUTS = {RULE_KEY: Rule(resume_safe=False, compiled=False)}
+"""Changes the values the calls are fed (initial values, data order, which batches), not the code."""
+PLAN = {RULE_KEY: Rule(resume_safe=True, compiled=True)}
+"""Changes how the update is computed, not what: other compiled code, the same math (jaxloop.memory)."""
+HOST = {RULE_KEY: Rule(resume_safe=True, compiled=False)}
+"""The host's business (where and how often to write, log, evaluate, wait): neither the math nor the code."""
 
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "rmsprop", "adagrad", "lion")
@@ -160,7 +186,7 @@ class ModelConfig:
     """GPT dropout rate on attention weights and residual branches (0 = off)."""
     tie_embeddings: bool = True
     """GPT output head shares the token embedding matrix."""
-    remat: bool = False
+    remat: bool = field(default=False, metadata=PLAN)
     """Rematerialise GPT blocks in the backward pass (less memory, more compute); the same as
     memory.remat=blocks (this field is the one torch_ref reads)."""
     vocab_size: int = 0
@@ -188,11 +214,11 @@ class DataConfig:
     """File for the text or npz source; for tokens one shard, a directory of shards or a glob."""
     val_fraction: float = 0.2
     """Fraction of records held out for validation (npz: ignored when x_val/y_val exist)."""
-    workers: int = 0
+    workers: int = field(default=0, metadata=HOST)
     """Loader worker processes (0 = in the main process); batches are the same for every count."""
-    prefetch: int = 2
+    prefetch: int = field(default=2, metadata=HOST)
     """Batches put on the device ahead of the step."""
-    eval_batch_size: int = 0
+    eval_batch_size: int = field(default=0, metadata=HOST)
     """Validation batch size (0 = batch_size)."""
 
 
@@ -274,63 +300,63 @@ class MemoryConfig:
 class Config:
     """A jaxloop run. Flags are the dotted field paths, e.g. --optim.peak_lr 3e-4."""
 
-    preset: str = "digits"
+    preset: str = field(default="digits", metadata=TRAJECTORY)
     """Starting point for every other default: digits, shakespeare or debug."""
-    run_dir: str = "runs/digits"
+    run_dir: str = field(default="runs/digits", metadata=HOST)
     """Directory for config.json, metrics.jsonl, checkpoints and the report."""
-    seed: int = 0
+    seed: int = field(default=0, metadata=INPUTS)
     """Seeds initialisation, data order and per-step randomness."""
-    steps: int = 500
+    steps: int = field(default=500, metadata=TRAJECTORY)
     """Optimizer updates to run (each consumes optim.accum_steps micro-batches)."""
-    batch_size: int = 64
+    batch_size: int = field(default=64, metadata=TRAJECTORY)
     """Global micro-batch size (records per micro-batch, over all processes)."""
-    eval_every: int = 100
+    eval_every: int = field(default=100, metadata=HOST)
     """Validate over the whole validation split (or eval_batches' subset) every this many updates (0 = only
     at the end)."""
-    eval_batches: int = 0
+    eval_batches: int = field(default=0, metadata=INPUTS)
     """Evaluate a fixed, seeded subset of this many validation batches (data.eval_batch_size records each), the
     same at every evaluation (nanoGPT's eval_iters, Lightning's limit_val_batches); 0 = the whole split."""
-    log_every: int = 10
+    log_every: int = field(default=10, metadata=HOST)
     """Record metrics every this many updates."""
-    updates_per_call: int = 0
+    updates_per_call: int = field(default=0, metadata=HOST)
     """Most updates the loop dispatches in one device call (one lax.scan); 0 = auto (up to 50). Every call
     ends on the evaluation, checkpoint and end cadences; logs come from the call's per-update metrics. The
     host waits for the device once per call: larger calls cost less, smaller ones answer a signal sooner."""
-    precision: Literal["fp32", "bf16", "bf16_full", "fp16", "fp64", "auto"] = "fp32"
+    precision: Literal["fp32", "bf16", "bf16_full", "fp16", "fp64", "auto"] = field(default="fp32", metadata=TRAJECTORY)
     """fp32; bf16: matmuls in bf16, the rest fp32 (torch.autocast's way); bf16_full: the whole model in bf16;
     fp16: as bf16 with fp16 matmuls and a dynamic loss scale; fp64: float64 throughout (the run turns on JAX's
     64-bit mode itself; for parity); auto: bf16 on an accelerator, fp32 on a CPU (the run's config.json
     records the one chosen)."""
-    resume: Literal["auto", "never", "must"] = "auto"
+    resume: Literal["auto", "never", "must"] = field(default="auto", metadata=HOST)
     """auto: resume from run_dir if it holds a checkpoint; never: start fresh; must: fail without one."""
-    allow_steps_change: bool = False
+    allow_steps_change: bool = field(default=False, metadata=HOST)
     """Accept a different `steps` when resuming (the schedule then differs from the original run)."""
-    max_bad_steps: int = 20
+    max_bad_steps: int = field(default=20, metadata=HOST)
     """Stop the run after this many consecutive skipped (non-finite) updates."""
-    patience: int = 0
+    patience: int = field(default=0, metadata=HOST)
     """Early stopping: stop after this many evaluations without a better best_metric (0 = off)."""
-    retain_host_memory: bool = True
+    retain_host_memory: bool = field(default=True, metadata=HOST)
     """Keep memory the process frees for reuse (glibc malloc; jaxloop.host_memory): XLA:CPU's per-call
     buffers then do not page-fault afresh each update (the small GPT's update: 84 -> 49-59 ms here)."""
-    deterministic: bool = True
+    deterministic: bool = field(default=True, metadata=HOST)
     """GPU: ask XLA for deterministic kernels (XLA_FLAGS --xla_gpu_deterministic_ops=true, set before jax starts;
     jaxloop.determinism), so that every process computes the same bits; without it a fresh compile picks
     kernels by timing them. No effect on the CPU, which is deterministic already. torch_ref always asks torch
     for deterministic algorithms."""
-    compile_cache: str = "~/.cache/jaxloop/xla"
+    compile_cache: str = field(default="~/.cache/jaxloop/xla", metadata=HOST)
     """The compilation caches ("" = off): JAX's persistent cache, and for the built-in tasks the compiled calls
     stored by config and source (jaxloop.executables); a second run or a resume loads its compiled steps."""
-    init_from: str = ""
+    init_from: str = field(default="", metadata=HOST)
     """A run_dir (or its checkpoints/ directory) whose newest checkpoint's params initialise this fresh run
     (optimizer, step and data position start afresh); empty = the model's own seeded init. Not allowed
     when the run resumes from a checkpoint of its own run_dir."""
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    log: LogConfig = field(default_factory=LogConfig)
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)
-    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig, metadata=TRAJECTORY)
+    model: ModelConfig = field(default_factory=ModelConfig, metadata=TRAJECTORY)
+    data: DataConfig = field(default_factory=DataConfig, metadata=TRAJECTORY)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=HOST)
+    log: LogConfig = field(default_factory=LogConfig, metadata=HOST)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig, metadata=HOST)
+    memory: MemoryConfig = field(default_factory=MemoryConfig, metadata=PLAN)
 
 
 def preset(name: str) -> Config:
@@ -729,35 +755,45 @@ def _writable_dir(name: str, path: str) -> None:
         raise ConfigError(name, path, f"a writable directory ({probe} is not writable)")
 
 
-# Fields a resumed run may change: they do not alter the computed trajectory. `deterministic` chooses how
-# XLA:GPU picks kernels, not what they compute (and a run saved before the field existed lacks it).
-# `model.remat` recomputes the same forward pass in the backward pass: the same math (up to the rounding
-# of other fusions), other memory and time; so do the memory plans (memory.*: jaxloop.memory).
-RESUME_SAFE = (
-    "run_dir", "resume", "allow_steps_change", "compile_cache", "retain_host_memory", "eval_every", "log_every",
-    "deterministic",
-    "updates_per_call", "max_bad_steps", "patience", "init_from",
-    "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed.",
-    "model.remat",
-    "memory.",
-)
-
-# Fields no compiled call depends on: the key of a stored executable (jaxloop.executables) leaves them out;
-# a change of any other field compiles afresh. Its own rule, not RESUME_SAFE: a field may be resume-safe
-# and still change the compiled code (model.remat, memory.*), or change the run and not the code (seed: initial
-# values and data order). Host-side fields; what the arguments' shapes and shardings carry (the eval batch
-# size, the mesh of distributed.*); the call's size, which names the call; XLA_FLAGS, in the key itself.
-NOT_COMPILED = (
-    "run_dir", "resume", "allow_steps_change", "compile_cache", "retain_host_memory", "eval_every", "eval_batches",
-    "log_every",
-    "deterministic", "updates_per_call", "max_bad_steps", "patience", "init_from", "seed",
-    "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed.",
-)
-
-
 def is_among(key: str, fields: tuple[str, ...]) -> bool:
     """Whether the dotted field `key` is one of `fields`, where an entry ending in "." names a whole section."""
     return any(key == f or (f.endswith(".") and key.startswith(f)) for f in fields)
+
+
+def field_rules(cls: type | None = None, prefix: str = "", inherited: Rule | None = None) -> dict[str, Rule | None]:
+    """{dotted field: its Rule} for every leaf field of `cls` (default Config), from the declarations (RULE_KEY
+    in a field's metadata, or its section's); None where no declaration covers a field (see TRAJECTORY)."""
+    cls = Config if cls is None else cls
+    hints = get_type_hints(cls)
+    out: dict[str, Rule | None] = {}
+    for f in fields(cls):
+        rule = f.metadata.get(RULE_KEY, inherited)
+        if is_dataclass(hints[f.name]):
+            out.update(field_rules(hints[f.name], f"{prefix}{f.name}.", rule))
+        else:
+            out[f"{prefix}{f.name}"] = rule
+    return out
+
+
+def _fields_where(keep: Callable[[Rule], bool]) -> tuple[str, ...]:
+    """The dotted fields whose rule passes `keep` (an undeclared field's rule is TRAJECTORY's), a section whose
+    every field passes as one entry ending in "." (is_among): it also covers a field a saved config of
+    another version holds in that section."""
+    rules = {k: keep(r if r is not None else TRAJECTORY[RULE_KEY]) for k, r in field_rules().items()}
+    sections = {k.rpartition(".")[0] + "." for k in rules if "." in k}
+    whole = sorted(s for s in sections if all(ok for k, ok in rules.items() if k.startswith(s)))
+    top = [s for s in whole if not any(s != o and s.startswith(o) for o in whole)]
+    return tuple([k for k, ok in rules.items() if ok and not is_among(k, tuple(top))] + top)
+
+
+# Fields a resumed run may change: they do not alter the computed trajectory (HOST and PLAN fields).
+RESUME_SAFE = _fields_where(lambda r: r.resume_safe)
+
+# Fields no compiled call depends on (HOST and INPUTS fields): the key of a stored executable
+# (jaxloop.executables) leaves them out; a change of any other field compiles afresh. Its own rule, not
+# RESUME_SAFE: a field may be resume-safe and still change the compiled code (memory.*), or change the run and
+# not the code (seed: initial values and data order).
+NOT_COMPILED = _fields_where(lambda r: not r.compiled)
 
 
 def compiled_fields(cfg: Config, excluded: tuple[str, ...]) -> dict[str, Any]:

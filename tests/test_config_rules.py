@@ -1,0 +1,60 @@
+"""One rule per config field, declared with the field (loopcore.config: TRAJECTORY, INPUTS, PLAN, HOST): what a
+resumed run may change (RESUME_SAFE) and what the compiled calls depend on (NOT_COMPILED) are derived from it.
+The tables below are the specification: a field added or reclassified without updating them fails here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from loopcore.config import (HOST, NOT_COMPILED, RESUME_SAFE, Config, DataConfig, Rule, compiled_fields, field_rules,
+                             resume_conflicts, to_dict)
+
+HOST_FIELDS = {"run_dir", "resume", "allow_steps_change", "compile_cache", "retain_host_memory", "eval_every",
+               "log_every", "deterministic", "updates_per_call", "max_bad_steps", "patience", "init_from",
+               "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed."}
+"""Neither the trajectory nor the compiled code: a resume may change them, no executable key holds them."""
+PLAN_FIELDS = {"model.remat", "memory."}
+"""The same math, other compiled code."""
+INPUT_FIELDS = {"seed", "eval_batches"}
+"""Other values fed to the same code."""
+
+
+@dataclass(frozen=True)
+class Section:
+    declared: int = field(default=0, metadata=HOST)
+    new: int = 0
+
+
+@dataclass(frozen=True)
+class Root:
+    section: Section = field(default_factory=Section)
+
+
+def test_every_field_is_classified_by_a_declaration() -> None:
+    """A field whose declaration (or its section's) names no rule would silently be TRAJECTORY: name one."""
+    assert [k for k, rule in field_rules().items() if rule is None] == []
+
+
+def test_the_resume_safe_fields_are_the_host_and_plan_fields() -> None:
+    assert set(RESUME_SAFE) == HOST_FIELDS | PLAN_FIELDS
+
+
+def test_the_fields_no_compiled_call_reads_are_the_host_and_input_fields() -> None:
+    assert set(NOT_COMPILED) == HOST_FIELDS | INPUT_FIELDS
+
+
+def test_an_undeclared_field_changes_the_run_and_is_compiled() -> None:
+    """The safe choice for a field nobody classified: a resume refuses a change of it, the key covers it."""
+    rules = field_rules(Root)
+    assert rules == {"section.declared": Rule(resume_safe=True, compiled=False), "section.new": None}
+
+
+def test_a_field_declared_host_inside_a_run_changing_section_is_resume_safe_and_not_compiled() -> None:
+    """data.workers (HOST) inside data (TRAJECTORY): the field's own declaration wins over its section's."""
+    base = Config()
+    workers = replace(base, data=DataConfig(workers=2))
+    assert resume_conflicts(to_dict(base), workers) == []
+    assert compiled_fields(workers, NOT_COMPILED) == compiled_fields(base, NOT_COMPILED)
+    path = replace(base, data=DataConfig(val_fraction=0.3))
+    assert resume_conflicts(to_dict(base), path) == ["data.val_fraction: 0.2 -> 0.3"]
+    assert compiled_fields(path, NOT_COMPILED) != compiled_fields(base, NOT_COMPILED)
