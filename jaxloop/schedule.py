@@ -195,18 +195,6 @@ training. Every flag of `python -m jaxloop.train` is accepted (--optim.schedule 
 """
 
 
-def _take(argv: list[str], name: str) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            value = argv[i + 1]
-            del argv[i:i + 2]
-            return value
-        if arg.startswith(name + "="):
-            del argv[i]
-            return arg.split("=", 1)[1]
-    return None
-
-
 def describe(optim: OptimConfig, steps: int) -> str:
     """One line naming the schedule and what it reads (for the explorer and the run report)."""
     from loopcore.optim_fields import SCHEDULE_FIELDS
@@ -254,6 +242,7 @@ def plot_schedule(optim: OptimConfig, steps: int, path: str) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m jaxloop.schedule`: print (and plot) the schedule of a train command's config."""
+    from loopcore.argv import take_option
     from loopcore.cli import EXIT_BAD_INPUT, UsageError, parse_config
     from loopcore.config import ConfigError
 
@@ -261,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--help" in argv or "-h" in argv:
         print(EXPLORER_HELP)
     try:
-        at, plot = _take(argv, "--at"), _take(argv, "--plot")
+        at, plot = take_option(argv, "--at"), take_option(argv, "--plot")
         cfg = parse_config(argv, "jaxloop.schedule", check_paths=False)
         updates = shown_updates(cfg.optim, cfg.steps)
         if at is not None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loopcore.argv import take_option
 from loopcore.cadence import Cadence
 from loopcore.cli import EXIT_BAD_INPUT, EXIT_SIGNAL, Interrupted, NonFiniteError, UsageError, finish, parse_or_exit
 from loopcore.config import Config, ConfigError
@@ -278,18 +279,8 @@ class Loop:
 
 def _take_clip(argv: list[str]) -> str:
     """Remove `--clip MODE` / `--clip=MODE` from argv; the mode (default torch)."""
-    for i, arg in enumerate(argv):
-        if arg == "--clip":
-            if i + 1 >= len(argv):
-                raise UsageError("--clip needs a value: torch or optax")
-            mode = argv[i + 1]
-            del argv[i:i + 2]
-            break
-        if arg.startswith("--clip="):
-            mode = arg.split("=", 1)[1]
-            del argv[i]
-            break
-    else:
+    mode = take_option(argv, "--clip", allowed=" or ".join(CLIP_MODES))
+    if mode is None:
         return "torch"
     if mode not in CLIP_MODES:
         raise ConfigError("--clip", mode, f"one of {', '.join(CLIP_MODES)}")
