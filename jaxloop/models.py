@@ -197,7 +197,7 @@ def make_model(m: ModelConfig, num_classes: int, precision: str = "fp32") -> nn.
     return GPT(
         vocab_size=padded_vocab(m, num_classes), context=m.context, d_model=m.d_model, n_layers=m.n_layers,
         n_heads=m.n_heads, mlp_ratio=m.mlp_ratio, dropout=m.dropout,
-        tie_embeddings=m.tie_embeddings, remat=m.remat, mm_dtype=mm_dtype,
+        tie_embeddings=m.tie_embeddings, mm_dtype=mm_dtype,
         attention=attention.implementation, init_scheme=m.init,
     )
 

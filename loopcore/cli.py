@@ -29,6 +29,7 @@ from loopcore.config import Config, ConfigError, from_dict, preset, validate
 from loopcore.errors import (  # noqa: F401  (the exceptions' home is loopcore.errors, free of tyro; kept importable here)
     EXIT_BAD_INPUT, EXIT_CHECKPOINT_WRITE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_SIGNAL, CheckpointWriteError,
     Interrupted, NonFiniteError, OutOfMemoryError, UsageError)
+from loopcore.argv import take_flag, take_option
 from loopcore.layout import REPORT_FILE
 from loopcore.run_dir import saved_config
 
@@ -40,21 +41,40 @@ def parse_config(argv: Sequence[str], prog: str = "jaxloop.train", check_paths: 
     config is the base instead of the preset's defaults, so `--run_dir DIR` alone resumes DIR's run; the
     flags given are then checked against it as any resume's are (loopcore.run_dir)."""
     argv = list(argv)
+    model_remat = take_flag(argv, "--model.remat"), take_flag(argv, "--model.no_remat", "--model.no-remat")
     check_flags(argv)
-    preset_flag = _take_option(argv, "--preset", keep=True)
-    config_file = _take_option(argv, "--config", keep=False)
+    preset_flag = take_option(argv, "--preset", keep=True)
+    config_file = take_option(argv, "--config", keep=False)
     file_fields = _read_config_file(config_file) if config_file else {}
     wanted_preset = preset_flag or file_fields.get("preset")
     base = preset(wanted_preset or "digits")
-    run_dir = _take_option(argv, "--run_dir", keep=True) or _take_option(argv, "--run-dir", keep=True) \
+    run_dir = take_option(argv, "--run_dir", keep=True) or take_option(argv, "--run-dir", keep=True) \
         or file_fields.get("run_dir") or base.run_dir
-    resume = _take_option(argv, "--resume", keep=True) or file_fields.get("resume") or "auto"
+    resume = take_option(argv, "--resume", keep=True) or file_fields.get("resume") or "auto"
     stored = saved_config(str(run_dir)) if resume != "never" else None
     if stored is not None and wanted_preset in (None, stored.preset):
         base = stored
     base = from_dict(file_fields, base)
+    _model_remat_flags(argv, *model_remat, base.memory.remat)
     cfg = _tyro_parse(argv, base, prog)
     return validate(cfg, check_paths=check_paths)
+
+
+def _model_remat_flags(argv: list[str], on: bool, off: bool, base_remat: str) -> None:
+    """The flags of the former model.remat in today's terms (config.upgrade for files): --model.remat is
+    --memory.remat blocks; --model.no-remat leaves memory.remat alone unless that is blocks from the config.
+    A UsageError says what to write where the two cannot be one memory.remat."""
+    flag = take_option(argv, "--memory.remat", keep=True)
+    remat = flag or base_remat
+    if on and remat not in ("none", "blocks"):
+        raise UsageError(f"--model.remat is --memory.remat blocks now, which cannot be combined with "
+                         f"memory.remat={remat}: give one --memory.remat")
+    if on:
+        if flag is not None:
+            take_option(argv, "--memory.remat")
+        argv += ["--memory.remat", "blocks"]
+    elif off and flag is None and base_remat == "blocks":
+        raise UsageError("--model.no-remat: model.remat=true is memory.remat=blocks now; write --memory.remat none")
 
 
 def check_flags(argv: Sequence[str]) -> None:
@@ -149,23 +169,6 @@ def done_line(summary: dict[str, Any], run_dir: str) -> str:
     this = summary.get("updates_this_run", total)
     count = f"{this} updates" if this == total else f"{this} updates this time ({total} in all)"
     return f"done: {count} in {summary['wall_time_s']:.1f}s; {final}; outputs in {run_dir}"
-
-
-def _take_option(argv: list[str], name: str, keep: bool) -> str | None:
-    """Read `name VALUE` or `name=VALUE` from argv (removing it unless keep)."""
-    for i, arg in enumerate(argv):
-        if arg == name:
-            if i + 1 >= len(argv):
-                raise UsageError(f"{name} needs a value")
-            value = argv[i + 1]
-            if not keep:
-                del argv[i : i + 2]
-            return value
-        if arg.startswith(name + "="):
-            if not keep:
-                del argv[i]
-            return arg.split("=", 1)[1]
-    return None
 
 
 def _read_config_file(path: str) -> dict:

@@ -186,9 +186,6 @@ class ModelConfig:
     """GPT dropout rate on attention weights and residual branches (0 = off)."""
     tie_embeddings: bool = True
     """GPT output head shares the token embedding matrix."""
-    remat: bool = field(default=False, metadata=PLAN)
-    """Rematerialise GPT blocks in the backward pass (less memory, more compute); the same as
-    memory.remat=blocks (this field is the one torch_ref reads)."""
     vocab_size: int = 0
     """Output classes / vocabulary size; 0 = taken from the data."""
     vocab_multiple: int = 1
@@ -292,8 +289,9 @@ class MemoryConfig:
     the micro-batch's rows on each device (batch_size / device count)."""
     remat: Literal["none", "blocks", "dots_saveable", "full"] = "none"
     """Rematerialisation (activations recomputed in the backward pass): none; blocks (the model's own blocks
-    under nn.remat: the built-in GPT, or a Linen module with a `remat` field); dots_saveable or full
-    (jax.checkpoint policies around the whole loss: keep only matmul outputs, or nothing)."""
+    under nn.remat: the built-in GPT, or a Linen module with a `remat` field; torch_ref's GPT too, which reads
+    no other); dots_saveable or full (jax.checkpoint policies around the whole loss: keep only matmul outputs,
+    or nothing). The former model.remat=true (a flag, a file, a saved config) is read as blocks."""
 
 
 @dataclass(frozen=True)
@@ -415,8 +413,11 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def from_dict(d: dict[str, Any], base: Config | None = None, _cls: type = Config, _path: str = "") -> Any:
-    """Build a Config from a (partial) nested dict over `base`; unknown keys are a ConfigError."""
+    """Build a Config from a (partial) nested dict over `base`; unknown keys are a ConfigError. The fields of an
+    earlier version are read in today's terms (`upgrade`)."""
     base = base if base is not None else _cls()
+    if _cls is Config:
+        d = upgrade(d, base.memory.remat)
     hints = get_type_hints(_cls)
     known = {f.name for f in fields(_cls)}
     updates: dict[str, Any] = {}
@@ -433,6 +434,28 @@ def from_dict(d: dict[str, Any], base: Config | None = None, _cls: type = Config
         else:
             updates[name] = _coerce(path, value, hints[name])
     return replace(base, **updates)
+
+
+def upgrade(d: dict[str, Any], memory_remat: str = "none", stored: bool = False) -> dict[str, Any]:
+    """A config dict (a file, a saved config.json) with the fields of earlier versions in today's form:
+    model.remat (gone) true is memory.remat=blocks, false nothing. Beside memory.remat dots_saveable or full
+    (`memory_remat`, the value it would apply over, where the dict has none), a ConfigError naming what to
+    write instead; a `stored` run's config keeps that memory.remat (the plans compute the same math)."""
+    model = d.get("model") if isinstance(d, dict) else None
+    if not isinstance(model, dict) or "remat" not in model:
+        return d
+    old = model["remat"]
+    if not isinstance(old, bool):
+        raise ConfigError("model.remat", old, "true or false (model.remat=true is memory.remat=blocks now)")
+    memory = d.get("memory") if isinstance(d.get("memory"), dict) else {}
+    remat = memory.get("remat", memory_remat)
+    upgraded = {**d, "model": {k: v for k, v in model.items() if k != "remat"}}
+    if old and remat in ("none", "blocks"):
+        upgraded["memory"] = {**memory, "remat": "blocks"}
+    elif old and not stored:
+        raise ConfigError("model.remat", old, f"absent beside memory.remat={remat} (model.remat=true is "
+                          "memory.remat=blocks now): write one memory.remat")
+    return upgraded
 
 
 def _did_you_mean(name: str, known: set[str], section: str) -> str:
@@ -809,7 +832,7 @@ def resume_conflicts(saved: dict[str, Any], cfg: Config) -> list[str]:
     """
     current = _flatten(to_dict(cfg))
     # a field the saved config lacks (it was saved before the field existed) had its default's effect
-    before = {**_flatten(to_dict(Config())), **_flatten(saved)}
+    before = {**_flatten(to_dict(Config())), **_flatten(upgrade(saved, stored=True))}
     conflicts = []
     for key in sorted(set(current) | set(before)):
         if is_among(key, RESUME_SAFE):
@@ -823,7 +846,7 @@ def resume_conflicts(saved: dict[str, Any], cfg: Config) -> list[str]:
 
 def changed_fields(saved: dict[str, Any], cfg: Config) -> dict[str, list[Any]]:
     """Every field that differs from the saved config, as {field: [before, after]} (for the record)."""
-    current, before = _flatten(to_dict(cfg)), _flatten(saved)
+    current, before = _flatten(to_dict(cfg)), _flatten(upgrade(saved, stored=True))
     return {k: [before.get(k), current.get(k)] for k in sorted(set(current) | set(before))
             if current.get(k) != before.get(k)}
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from loopcore.atomic import atomic_write_text, is_temporary
-from loopcore.config import Config, ConfigError, changed_fields, from_dict, resume_conflicts, to_dict
+from loopcore.config import Config, ConfigError, changed_fields, from_dict, resume_conflicts, to_dict, upgrade
 from loopcore.layout import CHECKPOINT_DIR, DAMAGED_DIR, HOOKS_DIR, MARKER_FILE, PROFILE_DIR, TB_DIR, RunLayout
 from loopcore.lock import is_lock_file
 from loopcore.outcome import EARLY_STOPPING
@@ -46,7 +46,7 @@ def saved_config(run_dir: str) -> Config | None:
     init_from) are at their defaults. None when run_dir holds no readable config (a new run; a damaged
     file is the run_dir rules' to report)."""
     try:
-        saved = from_dict(json.loads(RunLayout(Path(run_dir).expanduser()).config.read_text()))
+        saved = from_dict(upgrade(json.loads(RunLayout(Path(run_dir).expanduser()).config.read_text()), stored=True))
     except (OSError, ValueError):  # ValueError: a JSON error or a ConfigError
         return None
     return replace(saved, run_dir=run_dir, resume="auto", allow_steps_change=False, init_from="")

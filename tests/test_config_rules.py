@@ -13,7 +13,7 @@ HOST_FIELDS = {"run_dir", "resume", "allow_steps_change", "compile_cache", "reta
                "log_every", "deterministic", "updates_per_call", "max_bad_steps", "patience", "init_from",
                "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed."}
 """Neither the trajectory nor the compiled code: a resume may change them, no executable key holds them."""
-PLAN_FIELDS = {"model.remat", "memory."}
+PLAN_FIELDS = {"memory."}
 """The same math, other compiled code."""
 INPUT_FIELDS = {"seed", "eval_batches"}
 """Other values fed to the same code."""

@@ -410,14 +410,14 @@ def test_a_second_run_in_a_process_loads_every_call_and_compiles_none(tmp_path: 
 
 
 def test_the_compiled_call_rule_is_its_own_not_the_resume_rule() -> None:
-    """model.remat: a resume may change it (the same math), yet it changes the compiled call, so a stored
+    """memory.remat: a resume may change it (the same math), yet it changes the compiled call, so a stored
     executable must not be reused for it; seed: a resume may not change it, yet no compiled call reads it.
     Mutant (NOT_COMPILED derived from RESUME_SAFE, as before): the first assertion fails, seen."""
     from loopcore.config import resume_conflicts, to_dict
 
     base = _cfg()
-    remat = _cfg(model=replace(base.model, remat=True))
-    assert resume_conflicts(to_dict(base), remat) == [], "model.remat is resume-safe"
+    remat = _cfg(memory=replace(base.memory, remat="blocks"))
+    assert resume_conflicts(to_dict(base), remat) == [], "memory.remat is resume-safe"
     assert compiled_context(remat, "train x1") != compiled_context(base, "train x1"), "but compiled"
     seeded = _cfg(seed=7)
     assert resume_conflicts(to_dict(base), seeded) != [], "seed is not resume-safe"

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from loopcore.cli import NonFiniteError
-from loopcore.config import (CheckpointConfig, Config, ConfigError, DataConfig, DistributedConfig, LogConfig, ModelConfig,
-                            OptimConfig, preset, to_dict)
+from loopcore.config import (CheckpointConfig, Config, ConfigError, DataConfig, DistributedConfig, LogConfig, MemoryConfig,
+                            ModelConfig, OptimConfig, preset, to_dict)
 from loopcore.sources import ArrayRecords, Splits, load_splits, record_order
 from torch_ref.checkpoint import CheckpointManager, best_step, kept_steps
 from torch_ref.data import ReplayBatchSampler, make_train_loader, micro_batch
@@ -195,6 +195,16 @@ def test_weights_round_trip_jax_to_torch_to_jax_exactly(name):
     load_jax_params(again, back)
     for (n, p), (_, q) in zip(model.named_parameters(), again.named_parameters()):
         assert torch.equal(p, q), n
+
+
+def test_the_gpt_checkpoints_its_blocks_exactly_under_memory_remat_blocks():
+    """torch_ref reads memory.remat (model.remat is gone): blocks recomputes each block in the backward pass,
+    any other plan does not (torch_ref has no policy around the loss). Mutant (GPT built with remat=False): fails."""
+    cfg = replace(preset("shakespeare"), model=replace(preset("shakespeare").model, context=8, d_model=16, n_layers=2,
+                                                      n_heads=2))
+    example = np.zeros((1, 8), np.int32)
+    for remat, expected in (("blocks", True), ("none", False), ("full", False)):
+        assert make_model(replace(cfg, memory=MemoryConfig(remat=remat)), 11, example).remat is expected
 
 
 def test_weight_decay_groups_hold_matrices_and_embeddings_only():

@@ -147,7 +147,7 @@ def make_model(cfg: Config, num_classes: int, example_x: Any) -> nn.Module:
         model = MLP(in_features, tuple(m.hidden), m.vocab_size or num_classes, m.activation)
     else:
         model = GPT(padded_vocab(m, num_classes), m.context, m.d_model, m.n_layers, m.n_heads, m.mlp_ratio,
-                    m.dropout, m.tie_embeddings, m.remat)
+                    m.dropout, m.tie_embeddings, cfg.memory.remat == "blocks")
     init_like_flax(model, m.init)
     return model
 
