@@ -41,7 +41,7 @@ from jaxloop.schedule import steps_change_line
 from jaxloop.setup import configure_process
 from jaxloop.state import TrainState, state_digest
 from jaxloop.step import make_train_step, scan_steps
-from jaxloop.task import Task, builtin_task, check_own_optimizer, run_state
+from jaxloop.task import Task, builtin_task, check_builtin_fields, check_own_optimizer, run_state
 from loopcore.cadence import MAX_UPDATES_PER_CALL, Cadence
 from loopcore.errors import CheckpointWriteError, Interrupted, OutOfMemoryError
 from loopcore.config import NOT_COMPILED, Config, MemoryConfig, compiled_fields, to_dict, validate
@@ -95,7 +95,9 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
     `already_complete` True (and no state: jaxloop.load_model reads it back)."""
     t_start = time.perf_counter()
     cfg = resume_by_name(cfg)
-    validate(cfg, check_paths=task is None)  # bad input: a ConfigError before anything is set or written
+    if task is not None:  # a Task of one's own: the built-in task's model and data fields at the preset's
+        check_builtin_fields(cfg)
+    validate(cfg, check_paths=task is None, builtin_task=task is None)  # bad input: a ConfigError, nothing written
     configure_process(cfg)
     cfg = resolve_precision(cfg)  # precision=auto: bf16 on an accelerator, fp32 on a CPU, recorded as chosen
     builtin = task is None

@@ -33,7 +33,7 @@ from jaxloop.optim import make_optimizer
 from jaxloop.precision import get_policy
 from jaxloop.state import TrainState, init_state
 from jaxloop.step import cross_entropy_loss
-from loopcore.config import Config, ConfigError, preset
+from loopcore.config import Config, ConfigError, builtin_task_fields, preset
 from loopcore.optim_fields import OPTIMIZER_FIELDS, SCHEDULE_FIELDS, WARMUP
 from loopcore.sources import RecordError, SequenceRecords, Splits, as_records, load_splits
 
@@ -83,6 +83,25 @@ def builtin_task(cfg: Config, splits: Splits | None = None) -> Task:
     """The task of a preset / CLI run: the config's model (MLP or GPT) and source, cross-entropy."""
     splits = splits if splits is not None else load_splits(cfg)
     return Task(model=make_model(cfg.model, splits.num_classes, cfg.precision), loss=cross_entropy_loss, train=splits, val=splits)
+
+
+def check_builtin_fields(cfg: Config) -> None:
+    """A run of a Task of one's own: every field only the built-in tasks read (model.*, data.source, data.path,
+    data.val_fraction: loopcore.config.builtin_task_fields) keeps its preset's value, since the Task's model and
+    records replace them; a ConfigError names the first that does not, rather than the run ignoring it."""
+    base = preset(cfg.preset)
+    for name in builtin_task_fields():
+        value, default = _dotted(cfg, name), _dotted(base, name)
+        if value != default:
+            raise ConfigError(name, value, f"the {cfg.preset} preset's {default!r}: only the built-in tasks read it, "
+                              f"and this run trains a Task of its own (its model and records); leave "
+                              f"Config.{name.split('.')[0]}'s {name.split('.')[1]} out")
+
+
+def _dotted(cfg: Any, name: str) -> Any:
+    for part in name.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
 
 
 def run_state(cfg: Config, task: Task, splits: Splits | None = None) -> TrainState:

@@ -2,6 +2,12 @@
 
 Imports no jax and no torch: jaxloop, torch_ref and the CLI all read this module. A Config is
 validated once, at the edge (`validate`), and saved with every run (`to_dict` / `from_dict`).
+
+Each field declares, in its `metadata`, what changing it between runs does (TRAJECTORY, INPUTS, PLAN, HOST:
+whether a resume may change it, whether compiled calls depend on it) and whether only the built-in tasks
+read it (BUILTIN_TASK); a section's declaration (`optim: OptimConfig = field(..., metadata=TRAJECTORY)`)
+covers every field inside it that declares none, so a new config class under a section needs no
+declaration unless a field of it differs. A field no declaration covers changes the run and is compiled.
 """
 
 from __future__ import annotations
@@ -47,6 +53,13 @@ PLAN = {RULE_KEY: Rule(resume_safe=True, compiled=True)}
 """Changes how the update is computed, not what: other compiled code, the same math (jaxloop.memory)."""
 HOST = {RULE_KEY: Rule(resume_safe=True, compiled=False)}
 """The host's business (where and how often to write, log, evaluate, wait): neither the math nor the code."""
+
+BUILTIN_TASK_KEY = "jaxloop.builtin_task"
+BUILTIN_TASK = {BUILTIN_TASK_KEY: True}
+"""Read only by the built-in tasks (the presets' models and data sources), beside a field's rule
+(`metadata={**TRAJECTORY, **BUILTIN_TASK}`) or alone (its section's rule then): a run of a Task of one's own
+refuses such a field set away from its preset's value (jaxloop.task.check_builtin_fields); a field not so
+declared is read by every run."""
 
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "rmsprop", "adagrad", "lion")
@@ -204,12 +217,12 @@ class ModelConfig:
 class DataConfig:
     """Where the records come from and how the loader feeds them."""
 
-    source: Literal["digits", "text", "npz", "tokens"] = "digits"
+    source: Literal["digits", "text", "npz", "tokens"] = field(default="digits", metadata=BUILTIN_TASK)
     """digits (scikit-learn's bundled 8x8 digits), text (a UTF-8 file, characters), npz (x, y arrays), tokens
     (token shards: llm.c's format or nanoGPT's .bin, memory-mapped; docs/data.md)."""
-    path: str = ""
+    path: str = field(default="", metadata=BUILTIN_TASK)
     """File for the text or npz source; for tokens one shard, a directory of shards or a glob."""
-    val_fraction: float = 0.2
+    val_fraction: float = field(default=0.2, metadata=BUILTIN_TASK)
     """Fraction of records held out for validation (npz: ignored when x_val/y_val exist)."""
     workers: int = field(default=0, metadata=HOST)
     """Loader worker processes (0 = in the main process); batches are the same for every count."""
@@ -349,7 +362,7 @@ class Config:
     (optimizer, step and data position start afresh); empty = the model's own seeded init. Not allowed
     when the run resumes from a checkpoint of its own run_dir."""
     optim: OptimConfig = field(default_factory=OptimConfig, metadata=TRAJECTORY)
-    model: ModelConfig = field(default_factory=ModelConfig, metadata=TRAJECTORY)
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={**TRAJECTORY, **BUILTIN_TASK})
     data: DataConfig = field(default_factory=DataConfig, metadata=TRAJECTORY)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=HOST)
     log: LogConfig = field(default_factory=LogConfig, metadata=HOST)
@@ -503,11 +516,12 @@ def _is_int(v: Any) -> bool:
 # ----------------------------------------------------------------------------- validation
 
 
-def validate(cfg: Config, check_paths: bool = True) -> Config:
+def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -> Config:
     """Return cfg if every field is allowed, else raise ConfigError for the first that is not.
 
     With check_paths, also checks that data.path is a readable non-empty file (text, npz) and that
-    run_dir could be created or written, without creating anything.
+    run_dir could be created or written, without creating anything. builtin_task=False (a run of a Task of
+    one's own, which never reads data.path): data.path may be empty whatever data.source is.
     """
     o, m, d, c, lg = cfg.optim, cfg.model, cfg.data, cfg.checkpoint, cfg.log
     _choice("preset", cfg.preset, PRESETS)
@@ -582,9 +596,9 @@ def validate(cfg: Config, check_paths: bool = True) -> Config:
     _nonneg_int("data.workers", d.workers)
     _nonneg_int("data.prefetch", d.prefetch)
     _nonneg_int("data.eval_batch_size", d.eval_batch_size)
-    if d.source in ("text", "npz") and not d.path:
+    if builtin_task and d.source in ("text", "npz") and not d.path:
         raise ConfigError("data.path", d.path, f"the path of a {d.source} file (data.source={d.source})")
-    if d.source == "tokens" and not d.path:
+    if builtin_task and d.source == "tokens" and not d.path:
         raise ConfigError("data.path", d.path, "a token shard, a directory of shards or a glob (data.source=tokens)")
     if d.source == "digits" and d.path:
         raise ConfigError("data.path", d.path, "empty when data.source is digits")
@@ -783,19 +797,30 @@ def is_among(key: str, fields: tuple[str, ...]) -> bool:
     return any(key == f or (f.endswith(".") and key.startswith(f)) for f in fields)
 
 
-def field_rules(cls: type | None = None, prefix: str = "", inherited: Rule | None = None) -> dict[str, Rule | None]:
-    """{dotted field: its Rule} for every leaf field of `cls` (default Config), from the declarations (RULE_KEY
-    in a field's metadata, or its section's); None where no declaration covers a field (see TRAJECTORY)."""
+def declared(key: str, cls: type | None = None, prefix: str = "", inherited: Any = None) -> dict[str, Any]:
+    """{dotted field: its declared `key`} for every leaf field of `cls` (default Config): the value under `key`
+    in the field's metadata, else its section's; None where no declaration covers a field."""
     cls = Config if cls is None else cls
     hints = get_type_hints(cls)
-    out: dict[str, Rule | None] = {}
+    out: dict[str, Any] = {}
     for f in fields(cls):
-        rule = f.metadata.get(RULE_KEY, inherited)
+        value = f.metadata.get(key, inherited)
         if is_dataclass(hints[f.name]):
-            out.update(field_rules(hints[f.name], f"{prefix}{f.name}.", rule))
+            out.update(declared(key, hints[f.name], f"{prefix}{f.name}.", value))
         else:
-            out[f"{prefix}{f.name}"] = rule
+            out[f"{prefix}{f.name}"] = value
     return out
+
+
+def field_rules(cls: type | None = None) -> dict[str, Rule | None]:
+    """{dotted field: its Rule} for every leaf field of `cls` (default Config), from the declarations (RULE_KEY
+    in a field's metadata, or its section's); None where no declaration covers a field (see TRAJECTORY)."""
+    return declared(RULE_KEY, cls)
+
+
+def builtin_task_fields() -> tuple[str, ...]:
+    """The dotted fields only the built-in tasks read (declared BUILTIN_TASK, or in a section so declared)."""
+    return tuple(k for k, v in declared(BUILTIN_TASK_KEY).items() if v)
 
 
 def _fields_where(keep: Callable[[Rule], bool]) -> tuple[str, ...]:

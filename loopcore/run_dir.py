@@ -205,4 +205,4 @@ def read_config(run_dir: str | Path | RunLayout) -> Config:
     layout = run_dir if isinstance(run_dir, RunLayout) else RunLayout.of(run_dir)
     if not layout.config.is_file():
         raise FileNotFoundError(f"{layout.root} is not a run directory (no {layout.config.name})")
-    return from_dict(json.loads(layout.config.read_text()))
+    return from_dict(upgrade(json.loads(layout.config.read_text()), stored=True))

@@ -14,7 +14,7 @@ import pytest
 from loopcore.cli import parse_config
 from loopcore.config import Config, ConfigError, MemoryConfig, changed_fields, resume_conflicts, to_dict
 from loopcore.errors import UsageError
-from loopcore.run_dir import RunDir, saved_config
+from loopcore.run_dir import RunDir, read_config, saved_config
 
 
 def _parse(*flags: str) -> Config:
@@ -80,5 +80,5 @@ def test_a_saved_config_with_model_remat_beside_another_remat_keeps_that_plan(tm
     saved["memory"]["remat"] = "full"
     (run_dir / "config.json").write_text(json.dumps(saved))
     cfg = saved_config(str(run_dir))
-    assert cfg is not None and cfg.memory == MemoryConfig(remat="full")
+    assert cfg is not None and cfg.memory == MemoryConfig(remat="full") == read_config(run_dir).memory
     assert resume_conflicts(saved, cfg) == []

@@ -169,6 +169,34 @@ def test_a_best_metric_the_task_does_not_report_is_a_config_error(tmp_path):
         jaxloop.run(cfg, jaxloop.Task(Lin(), _mse, records[:192], records[192:]))
 
 
+@pytest.mark.parametrize("section, changes, named", [
+    ("model", dict(d_model=256), r"model.d_model=256 is not allowed: the digits preset's 128: only the built-in"),
+    ("model", dict(kind="gpt"), r"model.kind='gpt' is not allowed: the digits preset's 'mlp'"),
+    ("data", dict(val_fraction=0.3), r"data.val_fraction=0.3 is not allowed: the digits preset's 0.2"),
+])
+def test_a_users_task_run_refuses_a_builtin_task_field_it_would_ignore(tmp_path, section, changes, named):
+    """model.* and data.source/path/val_fraction are the built-in task's: the Task's model and records replace
+    them, so a run of a Task of one's own refuses them set away from the preset's, naming the field, before
+    anything is written. Mutant (jaxloop.run without check_builtin_fields): each case trains instead, seen."""
+    records = _records()
+    cfg = _cfg(tmp_path / "run")
+    cfg = replace(cfg, **{section: replace(getattr(cfg, section), **changes)})
+    with pytest.raises(jaxloop.ConfigError, match=named + r".*a Task of its own"):
+        jaxloop.run(cfg, jaxloop.Task(NormNet(), _mse, train=records[:192], val=records[192:]))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_users_task_run_of_a_text_preset_needs_no_data_path(tmp_path):
+    """The shakespeare preset's optimizer for one's own Task: its data.source is text, yet the run reads no
+    file, so data.path stays empty. Mutant (validate(builtin_task=True) for every run): refused, seen."""
+    records = _records()
+    text = jaxloop.preset("shakespeare")
+    cfg = replace(_cfg(tmp_path), preset="shakespeare", model=text.model, data=text.data)
+    assert cfg.data.source == "text" and cfg.data.path == ""
+    summary = jaxloop.run(cfg, jaxloop.Task(NormNet(), _mse, train=records[:192], val=records[192:]))
+    assert summary["final_step"] == 6
+
+
 def test_validation_is_exact_over_a_padded_last_batch(tmp_path):
     # 64 validation records in batches of 48: the second batch holds 16 records and 32 of padding
     # (weight 0). The loop's val_loss equals the plain mean over the 64 records (float32 sums: 1e-6).
