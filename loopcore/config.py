@@ -52,7 +52,10 @@ INPUTS = {RULE_KEY: Rule(resume_safe=False, compiled=False)}
 PLAN = {RULE_KEY: Rule(resume_safe=True, compiled=True)}
 """Changes how the update is computed, not what: other compiled code, the same math (jaxloop.memory)."""
 HOST = {RULE_KEY: Rule(resume_safe=True, compiled=False)}
-"""The host's business (where and how often to write, log, evaluate, wait): neither the math nor the code."""
+"""The host's business (where and how often to write, log, evaluate, wait; how XLA:GPU picks kernels, not what
+they compute: deterministic, whose XLA_FLAGS the executable key holds itself; what the calls' arguments carry
+in their shapes and shardings, or their name: data.eval_batch_size, distributed.*, updates_per_call): neither
+the math nor the code's key."""
 
 BUILTIN_TASK_KEY = "jaxloop.builtin_task"
 BUILTIN_TASK = {BUILTIN_TASK_KEY: True}
