@@ -31,7 +31,7 @@ class OptimShared:
     """What every optimizer and schedule reads: the rate, clipping, accumulation and EMA."""
 
     peak_lr: float = 3e-3
-    """Learning rate at the end of warmup (torch's `lr`; one_cycle's max_lr)."""
+    """Learning rate at the end of warmup."""
     clip_norm: float = 1.0
     """Clip the mean accumulated gradient to this global L2 norm (0 = no clipping)."""
     accum_steps: int = 1
