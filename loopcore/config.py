@@ -487,8 +487,8 @@ def _json(obj: Any) -> Any:
 def from_dict(d: dict[str, Any], base: Config | None = None, _cls: type = Config, _path: str = "") -> Any:
     """Build a Config from a (partial) nested dict over `base`; unknown keys are a ConfigError."""
     base = base if base is not None else _cls()
-    if _cls is OptimConfig:
-        return _optim_from_dict(d, base, _path or "optim.", None)
+    if _cls is OptimConfig:  # an optim section alone (a saved record): the fields its choices do not read ignored
+        return _optim_from_dict(d, base, _path or "optim.", None, record=True)
     hints = get_type_hints(_cls)
     known = {f.name for f in fields(_cls)}
     updates: dict[str, Any] = {}
@@ -513,9 +513,11 @@ def from_dict(d: dict[str, Any], base: Config | None = None, _cls: type = Config
     return replace(base, **updates)
 
 
-def _optim_from_dict(d: dict[str, Any], base: OptimConfig, path: str, baseline: dict[str, Any] | None) -> OptimConfig:
+def _optim_from_dict(d: dict[str, Any], base: OptimConfig, path: str, baseline: dict[str, Any] | None,
+                     record: bool = False) -> OptimConfig:
     """The flat optim section of a config file or config.json over `base` (with_flat), each value checked
-    against its flat field's type; plateau's nested mapping over the flat view's PlateauConfig."""
+    against its flat field's type; plateau's nested mapping over the flat view's PlateauConfig. `record`: the
+    section is read as it is, what its choices do not read ignored (no preset to hold those to)."""
     hints, view = flat_hints(), flat_view(base, baseline)
     changes: dict[str, Any] = {}
     for key, value in d.items():
@@ -528,7 +530,7 @@ def _optim_from_dict(d: dict[str, Any], base: OptimConfig, path: str, baseline: 
             changes[name] = from_dict(value, view[name], type(view[name]), f"{path}{name}.")
         else:
             changes[name] = _coerce(f"{path}{name}", value, hints[name])
-    return with_flat(base, changes, baseline)
+    return with_flat(base, changes, {**flat_view(base, baseline), **changes} if record else baseline)
 
 
 def _did_you_mean(name: str, known: set[str], section: str) -> str:
