@@ -30,7 +30,14 @@ _EXPORTS = {
     "make_train_step": "jaxloop.step", "scan_steps": "jaxloop.step", "train_step": "jaxloop.step",
     "weighted_mean": "jaxloop.step",
     # the config tree (jax-free)
-    "Config": "loopcore.config", "OptimConfig": "loopcore.config", "PlateauConfig": "loopcore.config",
+    "Config": "loopcore.config", "OptimConfig": "loopcore.config",
+    # an optimizer's and a schedule's config (optim.optimizer, optim.lr_schedule; jax-free)
+    **{name: "loopcore.optimizers_config" for name in (
+        "AdamWConfig", "AdamConfig", "SGDConfig", "RMSpropConfig", "AdagradConfig", "LionConfig")},
+    **{name: "loopcore.schedules_config" for name in (
+        "WarmupCosineConfig", "ConstantConfig", "LinearConfig", "StepConfig", "MultiStepConfig", "PolynomialConfig",
+        "ExponentialConfig", "CosineRestartsConfig", "OneCycleConfig", "WSDConfig", "InverseSqrtConfig",
+        "PlateauConfig")},
     "ModelConfig": "loopcore.config", "DataConfig": "loopcore.config", "CheckpointConfig": "loopcore.config",
     "LogConfig": "loopcore.config", "DistributedConfig": "loopcore.config", "MemoryConfig": "loopcore.config",
     "preset": "loopcore.config", "from_dict": "loopcore.config", "to_dict": "loopcore.config",

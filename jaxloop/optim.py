@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxloop import optimizers, precision
+from jaxloop import precision
 from jaxloop.optimizers import adamw, decay_mask, scale_by_adam  # noqa: F401  (jaxloop.optim's names before the menu)
 from jaxloop.precision import BACKOFF_FACTOR, GROWTH_FACTOR, GROWTH_INTERVAL, Policy
 from jaxloop.schedule import make_schedule
@@ -247,10 +247,10 @@ def make_optimizer(optim: OptimConfig, steps: int, policy: Policy,
     schedule = make_schedule(o, steps)
     rate = lambda count: schedule(count).astype(policy.param_dtype)  # noqa: E731  (kept in the params' dtype)
     if optimizer is None:
-        parts.append(optimizers.build(o, float(o.peak_lr) if o.schedule == "plateau" else rate))
+        parts.append(o.optimizer.build(float(o.peak_lr) if o.schedule == "plateau" else rate))
         # For the optimizers whose state stays finite with a finite gradient the window is judged from the
-        # mean gradient before running them; others are checked after (optimizers.BOUNDED)
-        check_result = o.name not in optimizers.BOUNDED
+        # mean gradient before running them; others are checked after (OptimizerConfig.bounded)
+        check_result = not o.optimizer.bounded
     else:
         parts.append(optimizer if isinstance(optimizer, optax.GradientTransformation) else optimizer(rate))
         check_result = True

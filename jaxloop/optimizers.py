@@ -1,7 +1,8 @@
 """The optimizers PyTorch users run, each an optax transformation with torch.optim's semantics.
 
-`build(optim, learning_rate)` is the one chosen by optim.name, under optax.inject_hyperparams so that the
-rate it applies is kept in its state (the loop logs it; plateau replaces it). Each is optax's own
+Each config class of loopcore.optimizers_config builds the factory of its name here (`SGDConfig().build(rate)`
+is `sgd(rate, **its fields)`), under optax.inject_hyperparams so that the rate it applies is kept in its state
+(the loop logs it; plateau replaces it). Each is optax's own
 transformation where optax computes what torch computes, and a small one here where it does not:
 
 | name    | torch class                | here                                                                 |
@@ -48,7 +49,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from loopcore.config import OptimConfig
 
 
 def decay_mask(params: Any) -> Any:
@@ -200,30 +200,3 @@ def adagrad(learning_rate: Any, lr_decay: float, initial_accumulator_value: floa
 def lion(learning_rate: Any, b1: float, b2: float, weight_decay: float) -> optax.GradientTransformation:
     """optax.lion (the paper's Lion, decoupled decay scaled by the rate) with decay_mask."""
     return optax.lion(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask)
-
-
-# ----------------------------------------------------------------------------- by name
-
-
-FACTORIES = {"adamw": adamw, "adam": adam, "sgd": sgd, "rmsprop": rmsprop, "adagrad": adagrad, "lion": lion}
-
-BOUNDED = ("adamw", "adam", "sgd", "lion")
-"""Optimizers whose state and update are finite whenever the mean gradient's sum of squares is (so the
-non-finite skip may decide before running them): Adam's moments and g / (sqrt(v) + eps); SGD's buffer, a
-decaying sum of gradients; Lion's sign. RMSprop (centered: avg - mean^2 may round below 0) and Adagrad
-(its sum of squares grows without bound) are checked after they run."""
-
-
-def hyperparameters(optim: OptimConfig) -> dict[str, Any]:
-    """The chosen optimizer's hyperparameters from the config (loopcore.optim_fields names them)."""
-    from loopcore.optim_fields import OPTIMIZER_FIELDS
-
-    return {name: getattr(optim, name) for name in OPTIMIZER_FIELDS[optim.name]}
-
-
-def build(optim: OptimConfig, learning_rate: Any) -> optax.GradientTransformation:
-    """optim.name's optimizer under optax.inject_hyperparams: `learning_rate` a schedule (count -> rate) or a
-    number (which the host may replace in the state's hyperparams: plateau); the rest static Python
-    numbers (the bias corrections need them in float64)."""
-    hyper = hyperparameters(optim)
-    return optax.inject_hyperparams(FACTORIES[optim.name], static_args=tuple(hyper))(learning_rate=learning_rate, **hyper)

@@ -1,6 +1,8 @@
 """The learning-rate schedules PyTorch users run, by update index; and `python -m jaxloop.schedule`, which
 prints (or plots) one without training.
 
+The formulas are the schedule config classes' (loopcore.schedules_config, `build(peak_lr, steps)`: one class
+per schedule, its fields, its checks and its rate function); this module tabulates them for the device.
 `make_schedule(cfg.optim, cfg.steps)(u)` is the rate of the 0-based optimizer update u: an optax.Schedule
 (count -> rate) that the optimizer's inject_hyperparams calls with its own count. It advances once per
 update, never per micro-batch: the optimizer runs (and counts) once per window of K micro-batches.
@@ -46,9 +48,8 @@ from the previous one); parity_tests measure how far that drifts from these.
 
 from __future__ import annotations
 
-import math
 import sys
-from bisect import bisect_right
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -56,101 +57,11 @@ import numpy as np
 from loopcore.config import OptimConfig
 
 
-def _warmup(o: OptimConfig, u: int) -> float:
-    return o.init_lr + (o.peak_lr - o.init_lr) * (u / o.warmup_steps)
-
-
-def _sin2(num: float, den: float) -> float:
-    """sin^2(pi/2 * num / den): (1 + cos(pi t)) / 2 with 1 - t = num / den."""
-    s = math.sin(0.5 * math.pi * (num / den))
-    return s * s
-
-
-def _restart_position(o: OptimConfig, v: int) -> tuple[int, int]:
-    """(T_cur, T_i) after v updates of CosineAnnealingWarmRestarts(T_0, T_mult)."""
-    t_cur, t_i = v, o.t_0
-    while t_cur >= t_i:
-        t_cur, t_i = t_cur - t_i, t_i * o.t_mult
-    return t_cur, t_i
-
-
-def _one_cycle(o: OptimConfig, steps: int, u: int) -> float:
-    """torch's OneCycleLR at update u < steps (its phase ends and endpoints, cancellation-free annealing)."""
-    initial = o.peak_lr / o.div_factor
-    low = initial / o.final_div_factor
-    up = float(o.pct_start * steps) - 1
-    phases = ([(up, initial, o.peak_lr), (float(2 * o.pct_start * steps) - 2, o.peak_lr, initial), (steps - 1, initial, low)]
-              if o.three_phase else [(up, initial, o.peak_lr), (steps - 1, o.peak_lr, low)])
-    start = 0.0
-    for i, (end, a, b) in enumerate(phases):
-        if u <= end or i == len(phases) - 1:
-            left = (end - u) / (end - start)  # 1 - the fraction of the phase done
-            return b + (a - b) * (_sin2(end - u, end - start) if o.anneal_strategy == "cos" else left)
-        start = end
-    raise AssertionError("unreachable")
-
-
-def _wsd(o: OptimConfig, steps: int, v: int) -> float:
-    n = o.decay_steps
-    k = v - (steps - o.warmup_steps - n)  # updates into the decay
-    if k <= 0:
-        return o.peak_lr
-    k = min(k, n)
-    if o.decay_type == "linear":
-        f = (n - k) / n
-    elif o.decay_type == "cosine":
-        f = _sin2(n - k, n)
-    else:  # 1-sqrt: 1 - sqrt(k / n) = (1 - k / n) / (1 + sqrt(k / n))
-        f = ((n - k) / n) / (1.0 + math.sqrt(k / n))
-    return o.end_lr + (o.peak_lr - o.end_lr) * f
-
-
-def _after_warmup(o: OptimConfig, steps: int, v: int) -> float:
-    """The schedule's rate v updates after the warmup (module doc)."""
-    P, E, D = o.peak_lr, o.end_lr, steps - o.warmup_steps
-    s = o.schedule
-    if s in ("constant", "plateau"):
-        return P
-    if s == "linear":
-        return E + (P - E) * ((D - min(v, D)) / D)
-    if s == "polynomial":
-        return P * ((D - min(v, D)) / D) ** o.power
-    if s == "step":
-        return P * o.gamma ** (v // o.step_size)
-    if s == "multistep":
-        return P * o.gamma ** bisect_right(o.milestones, v)
-    if s == "exponential":
-        return P * o.gamma ** v
-    if s == "cosine_restarts":
-        t_cur, t_i = _restart_position(o, v)
-        return E + (P - E) * _sin2(t_i - t_cur, t_i)
-    if s == "wsd":
-        return _wsd(o, steps, v)
-    if s == "inverse_sqrt":
-        timescale = o.timescale or o.warmup_steps or 10_000
-        return P / math.sqrt((v + timescale) / timescale)
-    raise ValueError(f"optim.schedule={s!r} has no per-update formula here")
-
-
 def rates(optim: OptimConfig, steps: int) -> np.ndarray:
-    """float64 rates of updates 0 .. steps (see the module doc); the last is held past steps."""
-    o = optim
-    out = np.empty(steps + 1, np.float64)
-    for u in range(steps + 1):
-        if o.schedule == "one_cycle":
-            out[u] = _one_cycle(o, steps, min(u, steps - 1))
-        elif o.schedule == "warmup_cosine":
-            if u < o.warmup_steps:
-                out[u] = _warmup(o, u)
-            elif o.warmup_steps == steps:
-                out[u] = o.end_lr
-            else:
-                out[u] = o.end_lr + (o.peak_lr - o.end_lr) * _sin2(steps - u, steps - o.warmup_steps)
-        elif u < o.warmup_steps and o.schedule != "plateau":
-            out[u] = _warmup(o, u)
-        else:
-            out[u] = _after_warmup(o, steps, u - (0 if o.schedule == "plateau" else o.warmup_steps))
-    return out
+    """float64 rates of updates 0 .. steps (see the module doc); the last is held past steps. The formulas
+    are the schedule classes' (loopcore.schedules_config: optim.lr_schedule.build)."""
+    rate = optim.lr_schedule.build(optim.peak_lr, steps)
+    return np.array([rate(u) for u in range(steps + 1)], np.float64)
 
 
 def make_schedule(optim: OptimConfig, steps: int) -> Any:
@@ -197,11 +108,10 @@ training. Every flag of `python -m jaxloop.train` is accepted (--optim.schedule 
 
 def describe(optim: OptimConfig, steps: int) -> str:
     """One line naming the schedule and what it reads (for the explorer and the run report)."""
-    from loopcore.optim_fields import SCHEDULE_FIELDS
-
-    fields = ", ".join(f"{f}={getattr(optim, f)}" for f in ("peak_lr", *SCHEDULE_FIELDS[optim.schedule])
-                       if f != "plateau")
-    return f"{optim.schedule} over {steps} updates ({fields})"
+    shown = [f"peak_lr={optim.peak_lr}"]
+    if not optim.lr_schedule.prefix:  # plateau's settings are printed apart (main)
+        shown += [f"{f.name}={getattr(optim.lr_schedule, f.name)}" for f in fields(optim.lr_schedule)]
+    return f"{optim.schedule} over {steps} updates ({', '.join(shown)})"
 
 
 def title_lines(text: str, width: int = 95) -> str:

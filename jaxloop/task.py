@@ -33,8 +33,9 @@ from jaxloop.optim import make_optimizer
 from jaxloop.precision import get_policy
 from jaxloop.state import TrainState, init_state
 from jaxloop.step import cross_entropy_loss
-from loopcore.config import Config, ConfigError, builtin_task_fields, preset
-from loopcore.optim_fields import OPTIMIZER_FIELDS, SCHEDULE_FIELDS, WARMUP
+from loopcore.config import Config, ConfigError, builtin_task_fields, flat_keys, flat_view, preset, preset_baseline
+from loopcore.optimizers_config import OPTIMIZERS
+from loopcore.schedules_config import SCHEDULES, WARMUP_FIELDS
 from loopcore.sources import RecordError, SequenceRecords, Splits, as_records, load_splits
 
 
@@ -122,18 +123,21 @@ def check_own_optimizer(cfg: Config, task: Task) -> None:
     loop can set only jaxloop's own optimizers' rate): a ConfigError names the field otherwise."""
     if task.optimizer is None:
         return
-    o, base = cfg.optim, preset(cfg.preset).optim
+    o, base = cfg.optim, preset_baseline(cfg.preset)
     factory = not isinstance(task.optimizer, optax.GradientTransformation)
     if o.schedule == "plateau":
         raise ConfigError("optim.schedule", o.schedule, "a per-update schedule when the Task brings its own optimizer "
                           "(plateau sets the rate of jaxloop's own optimizers only)")
-    unread = {"name", *(f for fs in OPTIMIZER_FIELDS.values() for f in fs)}
-    if not factory:  # the warmup's fields stay free: validate() holds warmup_steps to steps for any run
-        unread |= {"schedule", "peak_lr", *(f for fs in SCHEDULE_FIELDS.values() for f in fs)} - set(WARMUP) - {"end_lr"}
+    # the optimizer's fields, from every optimizer class; for a GradientTransformation also the schedule's
+    # (but the warmup's and end_lr, which validate() checks against steps for any run)
+    unread = {"name", *flat_keys(OPTIMIZERS.values())}
+    if not factory:
+        unread |= {"schedule", "peak_lr", *flat_keys(SCHEDULES.values())} - set(WARMUP_FIELDS) - {"end_lr"}
+    view = flat_view(o, base)
     for name in sorted(unread):
-        if getattr(o, name) != getattr(base, name):
+        if view[name] != base[name]:
             kind = "factory (it reads only the schedule)" if factory else "GradientTransformation (it has its own rate)"
-            raise ConfigError(f"optim.{name}", getattr(o, name), f"its default {getattr(base, name)!r}: the Task "
+            raise ConfigError(f"optim.{name}", view[name], f"its default {base[name]!r}: the Task "
                               f"brings its own optimizer, a {kind}")
 
 

@@ -25,7 +25,10 @@ from typing import Any
 
 import tyro
 
-from loopcore.config import Config, ConfigError, from_dict, preset, validate
+from loopcore.config import (Config, ConfigError, OptimShared, flat_hints, flat_view, from_dict, preset,
+                             preset_baseline, validate, with_flat)
+from loopcore.optimizers_config import OPTIMIZERS
+from loopcore.schedules_config import SCHEDULES
 from loopcore.errors import (  # noqa: F401  (the exceptions' home is loopcore.errors, free of tyro; kept importable here)
     EXIT_BAD_INPUT, EXIT_CHECKPOINT_WRITE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_SIGNAL, CheckpointWriteError,
     Interrupted, NonFiniteError, OutOfMemoryError, UsageError)
@@ -96,7 +99,7 @@ def known_flags() -> set[str]:
     """Every flag the CLI takes, spelled with underscores: the dotted fields (bools also as --no_...),
     --preset, --config, --help."""
     flags = {"--help", "--config"}
-    for path, hint in _field_paths(Config):
+    for path, hint in _field_paths(_cli_class()):
         flags.add(f"--{path}")
         if hint is bool:
             head, _, last = path.rpartition(".")
@@ -200,7 +203,8 @@ DESCRIPTION = """Train a jaxloop run. Flags are the dotted field paths below (--
 --config FILE  a YAML or JSON file of fields (nested mappings or the config.json a run saves); precedence:
                --preset's defaults < --config FILE < flags.
 --run_dir DIR  alone resumes the run saved in DIR with its own config; flags given with it are checked
-               against that config (those that would change the run are refused, naming them)."""
+               against that config (those that would change the run are refused, naming them).
+--optim.name X --optim.schedule Y --help  lists only the fields optimizer X and schedule Y read."""
 
 _BOX = re.compile(r"[╭╮╰╯│─]+")
 
@@ -218,13 +222,59 @@ def _first_section(boxed: str) -> str:
 
 
 def _tyro_parse(argv: list[str], base: Config, prog: str) -> Config:
-    """tyro.cli with its boxed multi-line errors reduced to their first line."""
+    """tyro.cli over the flat form of the config (`_cli_class`), translated back (loopcore.config.with_flat),
+    with tyro's boxed multi-line errors reduced to their first line. `--help` after --optim.name X or
+    --optim.schedule Y lists only X's and Y's fields."""
     err = io.StringIO()
+    baseline = preset_baseline(base.preset)
+    cls = _cli_class(*_help_choices(argv)) if "--help" in argv or "-h" in argv else _cli_class()
+    optim_cls = typing.get_type_hints(cls)["optim"]
+    view = flat_view(base.optim, baseline)
+    default = cls(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Config) if f.name != "optim"},
+                  optim=optim_cls(**{f.name: view[f.name] for f in dataclasses.fields(optim_cls)}))
     try:
         with contextlib.redirect_stderr(err):
-            return tyro.cli(Config, default=base, args=argv, prog=prog, use_underscores=True, description=DESCRIPTION)
+            parsed = tyro.cli(cls, default=default, args=argv, prog=prog, use_underscores=True, description=DESCRIPTION)
     except SystemExit as e:
         if e.code in (0, None):
             raise
         message = _first_section(err.getvalue()) or "invalid command line"
         raise UsageError(f"{message} (see --help)") from None
+    optim = with_flat(base.optim, {f.name: getattr(parsed.optim, f.name) for f in dataclasses.fields(optim_cls)},
+                      baseline)
+    return Config(**{f.name: getattr(parsed, f.name) for f in dataclasses.fields(Config) if f.name != "optim"},
+                  optim=optim)
+
+
+def _help_choices(argv: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The optimizer and schedule named on the command line (all when none is), for --help."""
+    chosen = []
+    for flag, menu in (("name", OPTIMIZERS), ("schedule", SCHEDULES)):
+        value = take_option(list(argv), f"--optim.{flag}", keep=True)
+        chosen.append((value,) if value in menu else tuple(menu))
+    return chosen[0], chosen[1]
+
+
+def _cli_class(names: tuple[str, ...] = tuple(OPTIMIZERS), schedules: tuple[str, ...] = tuple(SCHEDULES)) -> type:
+    """Config as tyro parses it: its optim section in the flat form (loopcore.config.flat_hints), a dataclass
+    whose bases are the chosen optimizer and schedule classes, so that --help shows each field with its
+    class's docstring. `names`, `schedules`: the choices whose fields it holds (all, or --help's)."""
+    chosen = [OPTIMIZERS[n] for n in names] + [SCHEDULES[n] for n in schedules]
+    # a class another chosen one derives from is in the MRO already (and may not precede it among the bases)
+    bases = [c for c in chosen if not c.prefix and not any(c is not d and issubclass(d, c) for d in chosen)]
+    hints = flat_hints()
+
+    def menu(cls_of: dict[str, Any], selector: str) -> str:
+        return "; ".join(f"{n}: {(c.__doc__ or '').strip().splitlines()[0].rstrip('.')}" for n, c in cls_of.items()) + \
+            f" (--optim.{selector} X --help lists X's fields)"
+
+    name_hint, schedule_hint = hints["name"], hints["schedule"]
+    own: list[tuple[str, Any, Any]] = [
+        ("name", typing.Annotated[name_hint, tyro.conf.arg(help=menu(OPTIMIZERS, "name"))],
+         dataclasses.field(default=names[0] if len(names) == 1 else next(iter(OPTIMIZERS)))),
+        ("schedule", typing.Annotated[schedule_hint, tyro.conf.arg(help=menu(SCHEDULES, "schedule"))],
+         dataclasses.field(default=schedules[0] if len(schedules) == 1 else next(iter(SCHEDULES))))]
+    own += [(c.prefix.rstrip("."), c, dataclasses.field(default_factory=c)) for c in chosen if c.prefix]
+    optim = dataclasses.make_dataclass("optim", own, bases=(OptimShared, *bases), frozen=True)
+    return dataclasses.make_dataclass("Config", [("optim", optim, dataclasses.field(default_factory=optim))],
+                                      bases=(Config,), frozen=True)

@@ -22,7 +22,10 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal, get_args, get_type_hints
 
 from loopcore.errors import ConfigError  # its home is loopcore.errors; still importable from here
-from loopcore.optim_fields import SCHEDULE_FIELDS as SCHEDULE_READS
+from loopcore.choice import FLOAT32_TINY, Choice  # noqa: F401  (FLOAT32_TINY: importable from here)
+from loopcore.optimizers_config import OPTIMIZERS, AdamWConfig, OptimizerConfig
+from loopcore.schedules_config import (  # noqa: F401  (PlateauConfig: importable from here, as before)
+    SCHEDULES, PlateauConfig, ScheduleConfig, WarmupCosineConfig)
 
 PRECISIONS = ("fp32", "bf16", "bf16_full", "fp16", "fp64", "auto")
 REMATS = ("none", "blocks", "dots_saveable", "full")
@@ -65,117 +68,195 @@ refuses such a field set away from its preset's value (jaxloop.task.check_builti
 declared is read by every run."""
 
 
-OPTIMIZERS = ("adamw", "adam", "sgd", "rmsprop", "adagrad", "lion")
-SCHEDULES = ("warmup_cosine", "constant", "linear", "polynomial", "step", "multistep", "exponential",
-             "cosine_restarts", "one_cycle", "wsd", "inverse_sqrt", "plateau")
-
-
 @dataclass(frozen=True)
-class PlateauConfig:
-    """ReduceLROnPlateau (optim.schedule=plateau): at each evaluation checkpoint.best_metric, by
-    checkpoint.best_mode, decides whether the rate is multiplied by `factor` (torch's rule and names)."""
+class OptimShared:
+    """What every optimizer and schedule reads: the rate, clipping, accumulation and EMA."""
 
-    factor: float = 0.1
-    """Multiply the rate by this after more than `patience` evaluations without improvement."""
-    patience: int = 10
-    """Evaluations without improvement tolerated before a reduction."""
-    threshold: float = 1e-4
-    """How much better counts as better (relative or absolute: threshold_mode)."""
-    threshold_mode: Literal["rel", "abs"] = "rel"
-    """rel: better than best * (1 -/+ threshold); abs: better than best -/+ threshold."""
-    cooldown: int = 0
-    """Evaluations after a reduction during which bad evaluations are not counted."""
-    min_lr: float = 0.0
-    """The rate is never reduced below this."""
-    eps: float = 1e-8
-    """A reduction smaller than this (absolute) is not made."""
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """The optimizer and its learning-rate schedule (torch's semantics and names; docs/optimizers.md),
-    global-norm clipping and gradient accumulation."""
-
-    name: Literal["adamw", "adam", "sgd", "rmsprop", "adagrad", "lion"] = "adamw"
-    """adamw (decoupled decay, torch.optim.AdamW), adam (decay as L2 in the gradient, torch.optim.Adam), sgd,
-    rmsprop, adagrad (as torch.optim's), lion (the paper's, optax.lion)."""
-    schedule: Literal["warmup_cosine", "constant", "linear", "polynomial", "step", "multistep", "exponential",
-                      "cosine_restarts", "one_cycle", "wsd", "inverse_sqrt", "plateau"] = "warmup_cosine"
-    """The rate per update, after the linear warmup (init_lr -> peak_lr; not one_cycle, plateau): warmup_cosine
-    (cosine to end_lr at steps), constant, linear (to end_lr), polynomial (PolynomialLR, to 0), step, multistep,
-    exponential, cosine_restarts (CosineAnnealingWarmRestarts), one_cycle (OneCycleLR), wsd (warmup-stable-decay),
-    inverse_sqrt, plateau (ReduceLROnPlateau at each evaluation). peak_lr is torch's `lr` (one_cycle's max_lr).
-    `python -m jaxloop.schedule` shows it."""
     peak_lr: float = 3e-3
     """Learning rate at the end of warmup."""
-    init_lr: float = 0.0
-    """Learning rate of the first update (start of the linear warmup)."""
-    end_lr: float = 3e-5
-    """The floor: warmup_cosine's and cosine_restarts' eta_min, linear's and wsd's final rate, held past steps."""
-    warmup_steps: int = 50
-    """Updates of linear warmup from init_lr to peak_lr before the schedule (0 = start at peak_lr); the
-    schedule's own update count starts after it, as inside torch's SequentialLR."""
-    weight_decay: float = 1e-4
-    """Weight decay on matrices and embeddings, never on biases or norm scales: decoupled (scaled by the rate)
-    for adamw and lion, added to the gradient (L2, torch's weight_decay) for adam, sgd, rmsprop, adagrad."""
-    b1: float = 0.9
-    """First-moment decay (adamw, adam; lion's interpolation beta1)."""
-    b2: float = 0.999
-    """Second-moment decay (adamw, adam; lion's momentum beta2, 0.99 in its paper)."""
-    eps: float = 1e-8
-    """Epsilon added to the root of the second moment, outside the square root (adamw, adam, rmsprop,
-    adagrad; torch's Adagrad defaults to 1e-10)."""
-    momentum: float = 0.0
-    """Momentum (sgd, rmsprop), as torch's: sgd's buffer starts as the first gradient."""
-    dampening: float = 0.0
-    """sgd: the gradient enters the momentum buffer times (1 - dampening), from the second update on."""
-    nesterov: bool = False
-    """sgd: Nesterov momentum (needs momentum > 0 and dampening 0, as torch)."""
-    alpha: float = 0.99
-    """rmsprop: decay of the squared-gradient average."""
-    centered: bool = False
-    """rmsprop: divide by the root of the gradient's variance estimate instead of its second moment."""
-    lr_decay: float = 0.0
-    """adagrad: the rate of update t (1-based) is divided by 1 + (t - 1) * lr_decay."""
-    initial_accumulator_value: float = 0.0
-    """adagrad: starting value of the sum of squared gradients."""
-    step_size: int = 0
-    """step: multiply the rate by gamma every step_size updates (after warmup)."""
-    gamma: float = 0.1
-    """step, multistep, exponential: the multiplicative factor."""
-    milestones: tuple[int, ...] = ()
-    """multistep: updates (counted after warmup) at which the rate is multiplied by gamma, increasing."""
-    power: float = 1.0
-    """polynomial: the rate is peak_lr * (1 - t / (steps - warmup_steps)) ** power."""
-    t_0: int = 0
-    """cosine_restarts: updates of the first cosine cycle (from peak_lr to end_lr)."""
-    t_mult: int = 1
-    """cosine_restarts: each cycle is t_mult times as long as the previous."""
-    pct_start: float = 0.3
-    """one_cycle: fraction of steps spent increasing the rate."""
-    div_factor: float = 25.0
-    """one_cycle: the first rate is peak_lr / div_factor."""
-    final_div_factor: float = 1e4
-    """one_cycle: the last rate is peak_lr / div_factor / final_div_factor."""
-    three_phase: bool = False
-    """one_cycle: torch's three-phase form (up, back down to the first rate, then to the last rate)."""
-    anneal_strategy: Literal["cos", "linear"] = "cos"
-    """one_cycle: cosine or linear annealing within each phase."""
-    decay_steps: int = 0
-    """wsd: the final updates over which the rate decays from peak_lr to end_lr (the rest is stable)."""
-    decay_type: Literal["linear", "cosine", "1-sqrt"] = "cosine"
-    """wsd: the decay's shape (Hugging Face's decay_type)."""
-    timescale: int = 0
-    """inverse_sqrt: after warmup the rate is peak_lr / sqrt((t + timescale) / timescale), t counted after
-    warmup (0 = warmup_steps, or 10000 without warmup, as Hugging Face's)."""
-    plateau: PlateauConfig = field(default_factory=PlateauConfig)
-    """plateau: ReduceLROnPlateau's settings."""
     clip_norm: float = 1.0
     """Clip the mean accumulated gradient to this global L2 norm (0 = no clipping)."""
     accum_steps: int = 1
     """Micro-batches accumulated per update (optax.MultiSteps K); one update per K micro-batches."""
     ema_decay: float = 0.0
     """Exponential moving average of params, updated each update (0 = off)."""
+
+
+@dataclass(frozen=True, init=False)
+class OptimConfig(OptimShared):
+    """The optimizer and its learning-rate schedule (torch's semantics and names; docs/optimizers.md),
+    global-norm clipping and gradient accumulation.
+
+    `OptimConfig(optimizer=SGDConfig(momentum=0.9), lr_schedule=StepConfig(step_size=100), peak_lr=0.1)`, or
+    in the flags' flat form `OptimConfig(name="sgd", momentum=0.9, schedule="step", step_size=100, peak_lr=0.1)`
+    (the translation of --optim.* flags and config files: a field the chosen classes do not read is refused
+    unless it keeps its value, naming the choices that read it). Reads are flat too: `optim.name`,
+    `optim.schedule`, and `optim.momentum` for a field of the chosen optimizer or schedule.
+    """
+
+    optimizer: OptimizerConfig = field(default_factory=AdamWConfig)
+    """optim.name's config: AdamWConfig (default), AdamConfig, SGDConfig, RMSpropConfig, AdagradConfig, LionConfig."""
+    lr_schedule: ScheduleConfig = field(default_factory=WarmupCosineConfig)
+    """optim.schedule's config: WarmupCosineConfig (default), ConstantConfig, ..., PlateauConfig (SCHEDULES)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        for f in fields(OptimConfig):
+            value = kwargs.pop(f.name) if f.name in kwargs else (
+                f.default_factory() if f.default is dataclasses.MISSING else f.default)  # type: ignore[misc]
+            object.__setattr__(self, f.name, value)
+        if kwargs:  # the flat form: name="sgd", momentum=0.9, ...
+            flat = with_flat(self, kwargs)
+            for f in fields(OptimConfig):
+                object.__setattr__(self, f.name, getattr(flat, f.name))
+
+    @property
+    def name(self) -> str:
+        """optim.name: the chosen optimizer class's name (OPTIMIZERS)."""
+        return self.optimizer.name
+
+    @property
+    def schedule(self) -> str:
+        """optim.schedule: the chosen schedule class's name (SCHEDULES)."""
+        return self.lr_schedule.name
+
+    def __getattr__(self, key: str) -> Any:
+        """optim.momentum: a field of the chosen optimizer or schedule (optim.plateau: the PlateauConfig);
+        AttributeError naming the choices that read a field these do not."""
+        if key.startswith("__") or key in ("optimizer", "lr_schedule"):
+            raise AttributeError(key)
+        for part in (self.optimizer, self.lr_schedule):
+            if part.prefix and key == part.prefix.rstrip("."):
+                return part
+            if not part.prefix and key in part.field_names():
+                return getattr(part, key)
+        if key in flat_hints():
+            raise AttributeError(f"optim.{key}: not read by optim.name={self.name} nor optim.schedule="
+                                 f"{self.schedule} (read by {', '.join(readers(key))})")
+        raise AttributeError(f"'OptimConfig' object has no attribute {key!r}")
+
+
+# ----------------------------------------------------------------------------- the flat form (flags, files)
+# The flags (--optim.momentum), config files and config.json name every optimizer's and schedule's field flat
+# under optim. (plateau's under optim.plateau.); the view and its translation are computed from the classes.
+
+_LEADING = ("name", "schedule", "peak_lr", "init_lr", "end_lr", "warmup_steps")
+"""The first keys of the flat form, in the order config.json has always had them (the rest follow the
+classes' order), so that a run's config.json and its checkpoints' config item keep their bytes."""
+
+
+def _choices() -> list[type[Choice]]:
+    return [*OPTIMIZERS.values(), *SCHEDULES.values()]
+
+
+def _key(cls: type[Choice]) -> str:
+    """The flat key of a class whose fields sit under a prefix (PlateauConfig: "plateau")."""
+    return cls.prefix.rstrip(".")
+
+
+def flat_hints() -> dict[str, Any]:
+    """Every flat field's type, in the flat form's order: name and schedule (the registries' names), the
+    classes' fields (a prefixed class under its key), the shared fields."""
+    out: dict[str, Any] = {"name": Literal[tuple(OPTIMIZERS)], "schedule": Literal[tuple(SCHEDULES)]}
+    shared = get_type_hints(OptimShared)
+    for cls in _choices():
+        if cls.prefix:
+            out.setdefault(_key(cls), cls)
+            continue
+        hints = get_type_hints(cls)
+        for name in cls.field_names():
+            out.setdefault(name, hints[name])
+    lead = [k for k in _LEADING if k in out or k in shared]
+    return {**{k: out.get(k, shared.get(k)) for k in lead}, **{k: v for k, v in out.items() if k not in lead},
+            **{k: v for k, v in shared.items() if k not in lead}}
+
+
+def flat_defaults() -> dict[str, Any]:
+    """Every flat field's default (a field several classes hold has one default: AssertionError otherwise)."""
+    out: dict[str, Any] = {"name": next(iter(OPTIMIZERS)), "schedule": next(iter(SCHEDULES))}
+    out.update({f.name: f.default for f in fields(OptimShared)})
+    for cls in _choices():
+        if cls.prefix:
+            out[_key(cls)] = cls()
+            continue
+        for f in fields(cls):
+            if f.name in out and out[f.name] != f.default:
+                raise AssertionError(f"optim.{f.name}: {cls.__name__}'s default {f.default!r} differs from "
+                                     f"another class's {out[f.name]!r} (the flat form needs one)")
+            out[f.name] = f.default
+    return {k: out[k] for k in flat_hints()}
+
+
+def flat_keys(classes: Any) -> list[str]:
+    """The flat keys of the classes' fields (a prefixed class's key: plateau)."""
+    return list(dict.fromkeys(k for c in classes for k in ([_key(c)] if c.prefix else c.field_names())))
+
+
+def readers(key: str) -> list[str]:
+    """The choices that read flat field `key` (optim.name=sgd, optim.schedule=step), from the classes."""
+    return [f"optim.{cls.selector}={cls.name}" for cls in _choices()
+            if (cls.prefix and key == _key(cls)) or (not cls.prefix and key in cls.field_names())]
+
+
+def _read_by(o: OptimConfig) -> dict[str, Any]:
+    """The flat fields o's choices read, with their values."""
+    out: dict[str, Any] = {"name": o.name, "schedule": o.schedule}
+    out.update({f.name: getattr(o, f.name) for f in fields(OptimShared)})
+    for part in (o.optimizer, o.lr_schedule):
+        if part.prefix:
+            out[_key(type(part))] = part
+        else:
+            out.update({k: getattr(part, k) for k in part.field_names()})
+    return out
+
+
+def flat_view(o: OptimConfig, baseline: dict[str, Any] | None = None) -> dict[str, Any]:
+    """o in the flat form: every flat field, those o's choices do not read at their `baseline` values (a
+    preset's flat view: preset_baseline; default: the classes' defaults)."""
+    return {**(baseline if baseline is not None else flat_defaults()), **_read_by(o)}
+
+
+def with_flat(o: OptimConfig, changes: dict[str, Any], baseline: dict[str, Any] | None = None) -> OptimConfig:
+    """o with flat `changes` applied (name="sgd", momentum=0.9, plateau=PlateauConfig(...)). A changed name or
+    schedule picks the class, which takes its fields from the flat view (a preset's weight_decay carries over
+    to another optimizer). A field the chosen classes do not read must keep its `baseline` value (default:
+    o's flat view): ConfigError naming the field, its value and the choices that read it."""
+    view = flat_view(o, baseline)
+    unknown = sorted(set(changes) - set(view))
+    if unknown:
+        raise ConfigError(f"optim.{unknown[0]}", changes[unknown[0]],
+                          f"a known field{_did_you_mean(unknown[0], set(view), 'optim.')}")
+    ref = baseline if baseline is not None else view
+    new = {**view, **changes}
+    opt_cls, sched_cls = OPTIMIZERS.get(new["name"]), SCHEDULES.get(new["schedule"])
+    if opt_cls is None:
+        raise ConfigError("optim.name", new["name"], f"one of {', '.join(OPTIMIZERS)}")
+    if sched_cls is None:
+        raise ConfigError("optim.schedule", new["schedule"], f"one of {', '.join(SCHEDULES)}")
+    read = {"name", "schedule", *(f.name for f in fields(OptimShared)), *opt_cls.field_names(),
+            *([_key(sched_cls)] if sched_cls.prefix else sched_cls.field_names())}
+    for key in sorted(set(new) - read):
+        if new[key] == ref[key]:
+            continue
+        who = f"optim.name={new['name']}" if any(key in c.field_names() for c in OPTIMIZERS.values()) \
+            else f"optim.schedule={new['schedule']}"
+        path, value, default = f"optim.{key}", new[key], ref[key]
+        if is_dataclass(value) and type(value) is type(default):  # plateau: name the nested field that differs
+            sub = next(f.name for f in fields(value) if getattr(value, f.name) != getattr(default, f.name))
+            path, value, default = f"{path}.{sub}", getattr(value, sub), getattr(default, sub)
+        raise ConfigError(path, value, f"its default {default!r} ({who} does not read it; read by "
+                          f"{', '.join(readers(key))})")
+    schedule = new[_key(sched_cls)] if sched_cls.prefix else sched_cls(**{k: new[k] for k in sched_cls.field_names()})
+    return OptimConfig(optimizer=opt_cls(**{k: new[k] for k in opt_cls.field_names()}), lr_schedule=schedule,
+                       **{f.name: new[f.name] for f in fields(OptimShared)})
+
+
+def preset_baseline(name: str) -> dict[str, Any]:
+    """The flat view of preset `name`'s OptimConfig: the values a field its choices do not read keeps (the
+    classes' defaults for a name that is no preset)."""
+    try:
+        return flat_view(preset(name).optim)
+    except ConfigError:
+        return flat_defaults()
 
 
 @dataclass(frozen=True)
@@ -424,8 +505,23 @@ def padded_vocab(m: ModelConfig, from_data: int) -> int:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    """A JSON-ready nested dict (tuples become lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+    """A JSON-ready nested dict (tuples become lists); the optim section in the flat form (flat_view: every
+    field flat under optim., those its choices do not read at the preset's values), config.json's form."""
+    if isinstance(cfg, OptimConfig):
+        return _json(flat_view(cfg))
+    out = _json(cfg)
+    if isinstance(cfg, Config):
+        out["optim"] = _json(flat_view(cfg.optim, preset_baseline(cfg.preset)))
+    return out
+
+
+def _json(obj: Any) -> Any:
+    """A dataclass, or a dict of values some of which are dataclasses, as JSON-ready dicts and lists."""
+    if isinstance(obj, dict):
+        obj = {k: dataclasses.asdict(v) if is_dataclass(v) else v for k, v in obj.items()}
+    elif is_dataclass(obj):
+        obj = dataclasses.asdict(obj)
+    return json.loads(json.dumps(obj))
 
 
 def from_dict(d: dict[str, Any], base: Config | None = None, _cls: type = Config, _path: str = "") -> Any:
@@ -434,6 +530,8 @@ def from_dict(d: dict[str, Any], base: Config | None = None, _cls: type = Config
     base = base if base is not None else _cls()
     if _cls is Config:
         d = upgrade(d, base.memory.remat)
+    if _cls is OptimConfig:  # an optim section alone (a saved record): the fields its choices do not read ignored
+        return _optim_from_dict(d, base, _path or "optim.", None, record=True)
     hints = get_type_hints(_cls)
     known = {f.name for f in fields(_cls)}
     updates: dict[str, Any] = {}
@@ -443,7 +541,13 @@ def from_dict(d: dict[str, Any], base: Config | None = None, _cls: type = Config
         if name not in known:
             raise ConfigError(path, value, f"a known field{_did_you_mean(name, known, _path)}")
         current = getattr(base, name)
-        if is_dataclass(current):
+        if isinstance(current, OptimConfig):
+            if not isinstance(value, dict):
+                raise ConfigError(path, value, "a mapping of its fields")
+            # a field its choices do not read keeps the preset's value (the one a stored config.json records)
+            wanted = d.get("preset", base.preset if isinstance(base, Config) else "digits")
+            updates[name] = _optim_from_dict(value, current, path + ".", preset_baseline(str(wanted)))
+        elif is_dataclass(current):
             if not isinstance(value, dict):
                 raise ConfigError(path, value, "a mapping of its fields")
             updates[name] = from_dict(value, current, type(current), path + ".")
@@ -472,6 +576,26 @@ def upgrade(d: dict[str, Any], memory_remat: str = "none", stored: bool = False)
         raise ConfigError("model.remat", old, f"absent beside memory.remat={remat} (model.remat=true is "
                           "memory.remat=blocks now): write one memory.remat")
     return upgraded
+
+
+def _optim_from_dict(d: dict[str, Any], base: OptimConfig, path: str, baseline: dict[str, Any] | None,
+                     record: bool = False) -> OptimConfig:
+    """The flat optim section of a config file or config.json over `base` (with_flat), each value checked
+    against its flat field's type; plateau's nested mapping over the flat view's PlateauConfig. `record`: the
+    section is read as it is, what its choices do not read ignored (no preset to hold those to)."""
+    hints, view = flat_hints(), flat_view(base, baseline)
+    changes: dict[str, Any] = {}
+    for key, value in d.items():
+        name = key.replace("-", "_")
+        if name not in hints:
+            raise ConfigError(f"{path}{name}", value, f"a known field{_did_you_mean(name, set(hints), path)}")
+        if is_dataclass(view[name]):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}{name}", value, "a mapping of its fields")
+            changes[name] = from_dict(value, view[name], type(view[name]), f"{path}{name}.")
+        else:
+            changes[name] = _coerce(f"{path}{name}", value, hints[name])
+    return with_flat(base, changes, {**flat_view(base, baseline), **changes} if record else baseline)
 
 
 def _did_you_mean(name: str, known: set[str], section: str) -> str:
@@ -548,31 +672,18 @@ def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -
         raise ConfigError("run_dir", cfg.run_dir, "a directory path")
 
     _positive_float("optim.peak_lr", o.peak_lr)
-    _nonneg_float("optim.init_lr", o.init_lr)
-    _nonneg_float("optim.end_lr", o.end_lr)
-    _nonneg_int("optim.warmup_steps", o.warmup_steps)
-    _choice("optim.schedule", o.schedule, SCHEDULES)
-    read = SCHEDULE_READS[o.schedule]  # a schedule that does not read a field leaves its default alone
-    if "init_lr" in read and o.init_lr > o.peak_lr:
-        raise ConfigError("optim.init_lr", o.init_lr, f"at most optim.peak_lr ({o.peak_lr})")
-    if "end_lr" in read and o.end_lr > o.peak_lr:
-        raise ConfigError("optim.end_lr", o.end_lr, f"at most optim.peak_lr ({o.peak_lr})")
-    if "warmup_steps" in read and o.warmup_steps > cfg.steps:
-        raise ConfigError("optim.warmup_steps", o.warmup_steps, f"an integer in [0, steps={cfg.steps}]")
-    _nonneg_float("optim.weight_decay", o.weight_decay)
-    for name, v in (("optim.b1", o.b1), ("optim.b2", o.b2)):
-        _float(name, v)
-        if not 0.0 <= v < 1.0:
-            raise ConfigError(name, v, "a number in [0, 1)")
-    _positive_float("optim.eps", o.eps)
-    if o.eps < FLOAT32_TINY:  # it would round to 0 in float32: Adam's 0 / (sqrt(0) + 0) is NaN
-        raise ConfigError("optim.eps", o.eps, f"a number >= {FLOAT32_TINY:.4g} (the smallest normal float32)")
     _nonneg_float("optim.clip_norm", o.clip_norm)
     _positive_int("optim.accum_steps", o.accum_steps)
     _float("optim.ema_decay", o.ema_decay)
     if not 0.0 <= o.ema_decay < 1.0:
         raise ConfigError("optim.ema_decay", o.ema_decay, "a number in [0, 1) (0 = off)")
-    _validate_optimizer_and_schedule(cfg)
+    if type(o.optimizer) not in OPTIMIZERS.values():
+        raise ConfigError("optim.optimizer", o.optimizer, f"one of {', '.join(c.__name__ for c in OPTIMIZERS.values())}")
+    if type(o.lr_schedule) not in SCHEDULES.values():
+        raise ConfigError("optim.lr_schedule", o.lr_schedule,
+                          f"one of {', '.join(c.__name__ for c in SCHEDULES.values())}")
+    o.optimizer.validate()
+    o.lr_schedule.validate(o.peak_lr, cfg.steps)
 
     _choice("model.kind", m.kind, ("mlp", "gpt"))
     _choice("model.activation", m.activation, ("gelu", "relu", "tanh"))
@@ -654,83 +765,6 @@ def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -
     return cfg
 
 
-def _validate_optimizer_and_schedule(cfg: Config) -> None:
-    """The optimizer's and the schedule's own fields (docs/optimizers.md), and that no field either ignores
-    was set away from the preset's value (loopcore.optim_fields)."""
-    from loopcore.optim_fields import readers, unread_fields
-
-    o, p = cfg.optim, cfg.optim.plateau
-    _choice("optim.name", o.name, OPTIMIZERS)
-    _choice("optim.schedule", o.schedule, SCHEDULES)
-    for name, value, default, who in unread_fields(o, preset(cfg.preset).optim):
-        raise ConfigError(f"optim.{name}", value, f"its default {default!r} ({who} does not read it; read by "
-                          f"{', '.join(readers(name.split('.')[0]))})")
-    for name in ("momentum", "alpha"):
-        _float(f"optim.{name}", getattr(o, name))
-        if not 0.0 <= getattr(o, name) < 1.0:
-            raise ConfigError(f"optim.{name}", getattr(o, name), "a number in [0, 1)")
-    _float("optim.dampening", o.dampening)
-    if not 0.0 <= o.dampening <= 1.0:
-        raise ConfigError("optim.dampening", o.dampening, "a number in [0, 1]")
-    for name in ("nesterov", "centered", "three_phase"):
-        if not isinstance(getattr(o, name), bool):
-            raise ConfigError(f"optim.{name}", getattr(o, name), "true or false")
-    if o.nesterov and (o.momentum <= 0 or o.dampening != 0):
-        raise ConfigError("optim.nesterov", o.nesterov, f"false unless optim.momentum > 0 and optim.dampening = 0 "
-                          f"(they are {o.momentum} and {o.dampening}; torch's rule)")
-    _nonneg_float("optim.lr_decay", o.lr_decay)
-    _nonneg_float("optim.initial_accumulator_value", o.initial_accumulator_value)
-    _positive_float("optim.gamma", o.gamma)
-    _nonneg_float("optim.power", o.power)
-    _nonneg_int("optim.step_size", o.step_size)
-    _nonneg_int("optim.t_0", o.t_0)
-    _positive_int("optim.t_mult", o.t_mult)
-    _nonneg_int("optim.decay_steps", o.decay_steps)
-    _nonneg_int("optim.timescale", o.timescale)
-    if not isinstance(o.milestones, tuple) or not all(_is_int(m) and m > 0 for m in o.milestones) or \
-            list(o.milestones) != sorted(set(o.milestones)):
-        raise ConfigError("optim.milestones", o.milestones, "increasing positive integers")
-    _float("optim.pct_start", o.pct_start)
-    if not 0.0 < o.pct_start < 1.0:
-        raise ConfigError("optim.pct_start", o.pct_start, "a number in (0, 1)")
-    _positive_float("optim.div_factor", o.div_factor)
-    _positive_float("optim.final_div_factor", o.final_div_factor)
-    _choice("optim.anneal_strategy", o.anneal_strategy, ("cos", "linear"))
-    _choice("optim.decay_type", o.decay_type, ("linear", "cosine", "1-sqrt"))
-    _float("optim.plateau.factor", p.factor)
-    if not 0.0 <= p.factor < 1.0:
-        raise ConfigError("optim.plateau.factor", p.factor, "a number in [0, 1)")
-    _nonneg_int("optim.plateau.patience", p.patience)
-    _nonneg_float("optim.plateau.threshold", p.threshold)
-    _choice("optim.plateau.threshold_mode", p.threshold_mode, ("rel", "abs"))
-    _nonneg_int("optim.plateau.cooldown", p.cooldown)
-    _nonneg_float("optim.plateau.min_lr", p.min_lr)
-    _nonneg_float("optim.plateau.eps", p.eps)
-
-    decay_span = cfg.steps - (o.warmup_steps if "warmup_steps" in SCHEDULE_READS[o.schedule] else 0)
-    needs = {"step": ("step_size", o.step_size >= 1, "an integer >= 1"),
-             "multistep": ("milestones", len(o.milestones) > 0, "one or more increasing positive integers"),
-             "cosine_restarts": ("t_0", o.t_0 >= 1, "an integer >= 1"),
-             "wsd": ("decay_steps", 1 <= o.decay_steps <= decay_span,
-                     f"an integer in [1, steps - warmup_steps = {decay_span}]")}
-    if o.schedule in needs:
-        name, ok, allowed = needs[o.schedule]
-        if not ok:
-            raise ConfigError(f"optim.{name}", getattr(o, name), f"{allowed} (optim.schedule={o.schedule})")
-    if o.schedule in ("linear", "polynomial") and decay_span < 1:
-        raise ConfigError("optim.warmup_steps", o.warmup_steps, f"less than steps ({cfg.steps}) for "
-                          f"optim.schedule={o.schedule}, which decays over the updates after warmup")
-    if o.schedule == "one_cycle":
-        # torch's phase ends: pct_start * steps - 1 (and 2 * pct_start * steps - 2), each after the previous
-        up = o.pct_start * cfg.steps - 1
-        if up <= 0:
-            raise ConfigError("optim.pct_start", o.pct_start, f"more than 1 / steps = {1 / cfg.steps:.4g} "
-                              "(one_cycle's rising phase must hold at least one update)")
-        if o.three_phase and not up < 2 * o.pct_start * cfg.steps - 2 < cfg.steps - 1:
-            raise ConfigError("optim.pct_start", o.pct_start, f"in ({1 / cfg.steps:.4g}, "
-                              f"{(cfg.steps + 1) / (2 * cfg.steps):.4g}) for three_phase (three non-empty phases)")
-
-
 def _choice(name: str, v: Any, allowed: tuple) -> None:
     if v not in allowed:
         raise ConfigError(name, v, f"one of {', '.join(allowed)}")
@@ -739,10 +773,6 @@ def _choice(name: str, v: Any, allowed: tuple) -> None:
 def _float(name: str, v: Any) -> None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise ConfigError(name, v, "a finite number")
-
-
-FLOAT32_TINY = 1.1754943508222875e-38
-"""The smallest normal float32 (numpy.finfo(numpy.float32).tiny)."""
 
 
 def _positive_float(name: str, v: Any) -> None:

@@ -48,7 +48,9 @@ def menu_lr_oracle(cfg: Config, u: int) -> float:
     """The rate of update u < steps for any optim.schedule but plateau, from the definitions in the torch and
     Hugging Face documentation (textbook forms, long double), rounded to float64."""
     o, S = cfg.optim, cfg.steps
-    P, I, E, W = LD(o.peak_lr), LD(o.init_lr), LD(o.end_lr), o.warmup_steps  # noqa: E741  (the formulas' names)
+    # a schedule's config holds only what it reads (one_cycle no warmup, constant no end_lr): 0 for the rest
+    P, I, E, W = (LD(o.peak_lr), LD(getattr(o, "init_lr", 0.0)), LD(getattr(o, "end_lr", 0.0)),  # noqa: E741
+                  getattr(o, "warmup_steps", 0))  # (the formulas' names)
     if o.schedule == "warmup_cosine":
         return lr_oracle(cfg, u)
     if o.schedule == "one_cycle":  # OneCycleLR's documented phases (its float phase ends included)

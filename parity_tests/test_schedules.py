@@ -206,7 +206,7 @@ def plateau_resume(tmp_path_factory):
     base = tmp_path_factory.mktemp("plateau_resume")
     cfg = resume_cfg(base / "jax")
     cfg = validate(replace(cfg, eval_every=5, checkpoint=CheckpointConfig(every=10, keep_last=3, keep_best=0),
-                           optim=replace(cfg.optim, warmup_steps=50, schedule="plateau", plateau=PlateauConfig(
+                           optim=replace(cfg.optim, schedule="plateau", plateau=PlateauConfig(
                                factor=0.5, patience=0, threshold=0.1, cooldown=1))), check_paths=False)
     splits = load_splits(cfg)
     with jax_mode("fp64"):

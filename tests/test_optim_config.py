@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 
 from jaxloop.plateau import Plateau
 from loopcore.cli import parse_config
-from loopcore.config import (Config, ConfigError, OptimConfig, PlateauConfig, preset, resume_conflicts, to_dict,
+from loopcore.config import (Config, ConfigError, PlateauConfig, preset, resume_conflicts, to_dict,
                              validate)
-from loopcore.optim_fields import OPTIMIZER_FIELDS, SCHEDULE_FIELDS
+from loopcore.config import flat_hints
+from loopcore.optimizers_config import OPTIMIZERS
+from loopcore.schedules_config import SCHEDULES
 
 
 def _check(**optim) -> Config:
@@ -57,9 +59,10 @@ def test_the_default_of_a_field_is_the_presets():
 
 
 def test_every_governed_field_is_read_by_someone_and_every_optim_field_is_governed_or_shared():
-    governed = {f for table in (OPTIMIZER_FIELDS, SCHEDULE_FIELDS) for fs in table.values() for f in fs}
+    governed = {f if not c.prefix else c.prefix.rstrip(".") for table in (OPTIMIZERS, SCHEDULES)
+                for c in table.values() for f in c.field_names()}
     shared = {"name", "schedule", "peak_lr", "clip_norm", "accum_steps", "ema_decay"}
-    assert governed | shared == {f.name for f in fields(OptimConfig)}
+    assert governed | shared == set(flat_hints())
 
 
 @pytest.mark.parametrize("changes,field", [
@@ -100,8 +103,8 @@ def test_help_documents_every_optimizer_and_schedule_field():
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
         parse_config(["--help"])
     text = out.getvalue().replace("-", "_")
-    for f in fields(OptimConfig):
-        assert f"__optim.{f.name}" in text, f.name
+    for name in flat_hints():  # every flat field (the flags), which the classes hold
+        assert f"__optim.{name}" in text, name
     for f in fields(PlateauConfig):
         assert f"__optim.plateau.{f.name}" in text, f.name
     assert "ReduceLROnPlateau" in text and "OneCycleLR" in text

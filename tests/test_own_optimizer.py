@@ -92,7 +92,7 @@ def test_an_own_optimizer_update_that_is_not_finite_is_skipped(tmp_path):
     (_factory, dict(b1=0.8), "optim.b1"),
     (optax.adafactor(1e-2), dict(schedule="step", step_size=10), "optim.schedule"),
     (optax.adafactor(1e-2), dict(peak_lr=1e-2), "optim.peak_lr"),
-    (_factory, dict(schedule="plateau", warmup_steps=50), "optim.schedule"),  # plateau leaves warmup at default
+    (_factory, dict(schedule="plateau"), "optim.schedule"),  # (PlateauConfig holds no warmup fields to leave alone)
 ])
 def test_config_fields_an_own_optimizer_does_not_read_are_refused(optimizer, changes, field, tmp_path):
     cfg = _cfg(tmp_path / "run")

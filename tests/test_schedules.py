@@ -18,12 +18,12 @@ from jaxloop.optim import make_optimizer
 from jaxloop.precision import get_policy
 from jaxloop.schedule import main, make_schedule, rates
 from loopcore.config import Config, OptimConfig, validate
-from loopcore.optim_fields import SCHEDULE_FIELDS
+from loopcore.schedules_config import SCHEDULES
 
 
 def _o(steps: int, **fields) -> OptimConfig:
     """peak_lr 1 and, where the schedule reads them, no warmup and end_lr 0, unless `fields` say otherwise."""
-    read = SCHEDULE_FIELDS[fields.get("schedule", "warmup_cosine")]
+    read = SCHEDULES[fields.get("schedule", "warmup_cosine")].field_names()
     base = {k: v for k, v in dict(init_lr=0.0, end_lr=0.0, warmup_steps=0).items() if k in read}
     cfg = Config(steps=steps, optim=OptimConfig(**{"peak_lr": 1.0, **base, **fields}))
     return validate(cfg, check_paths=False).optim

@@ -27,12 +27,13 @@ computes (g / norm) * clip. `clip_gradients(..., mode="optax")` does the latter 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Literal
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 import torch
 
 from loopcore.config import Config
+from loopcore.optimizers_config import AdagradConfig, AdamConfig, AdamWConfig, LionConfig, RMSpropConfig, SGDConfig
 from torch_ref.lion import Lion
 from torch_ref.schedule import base_lr
 
@@ -54,26 +55,32 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def make_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """torch's class for optim.name with the config's hyperparameters, over `param_groups`; the base lr is
-    the scheduler's (torch_ref.schedule.base_lr)."""
-    o = cfg.optim
-    groups, lr = param_groups(model, o.weight_decay), base_lr(cfg)
-    if o.name == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=(o.b1, o.b2), eps=o.eps, weight_decay=o.weight_decay, amsgrad=False)
-    if o.name == "adam":  # weight_decay: L2 added to the gradient (decoupled_weight_decay=False)
-        return torch.optim.Adam(groups, lr=lr, betas=(o.b1, o.b2), eps=o.eps, weight_decay=o.weight_decay, amsgrad=False)
-    if o.name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=o.momentum, dampening=o.dampening, weight_decay=o.weight_decay,
-                               nesterov=o.nesterov)
-    if o.name == "rmsprop":
-        return torch.optim.RMSprop(groups, lr=lr, alpha=o.alpha, eps=o.eps, weight_decay=o.weight_decay,
-                                   momentum=o.momentum, centered=o.centered)
-    if o.name == "adagrad":
-        return torch.optim.Adagrad(groups, lr=lr, lr_decay=o.lr_decay, weight_decay=o.weight_decay,
-                                   initial_accumulator_value=o.initial_accumulator_value, eps=o.eps)
-    if o.name == "lion":
-        return Lion(groups, lr=lr, betas=(o.b1, o.b2), weight_decay=o.weight_decay)
-    raise ValueError(f"optim.name={o.name!r}: no torch optimizer for it")
+    """torch's class for optim.name (TORCH_OPTIMIZERS) with the config's hyperparameters, over `param_groups`;
+    the base lr is the scheduler's (torch_ref.schedule.base_lr)."""
+    o = cfg.optim.optimizer
+    build = TORCH_OPTIMIZERS.get(type(o))
+    if build is None:
+        raise ValueError(f"optim.name={o.name!r}: no torch optimizer for it")
+    return build(o, param_groups(model, o.weight_decay), base_lr(cfg))
+
+
+TORCH_OPTIMIZERS: dict[type, Callable[[Any, list[dict], float], torch.optim.Optimizer]] = {
+    AdamWConfig: lambda o, groups, lr: torch.optim.AdamW(groups, lr=lr, betas=(o.b1, o.b2), eps=o.eps,
+                                                         weight_decay=o.weight_decay, amsgrad=False),
+    # weight_decay: L2 added to the gradient (decoupled_weight_decay=False)
+    AdamConfig: lambda o, groups, lr: torch.optim.Adam(groups, lr=lr, betas=(o.b1, o.b2), eps=o.eps,
+                                                       weight_decay=o.weight_decay, amsgrad=False),
+    SGDConfig: lambda o, groups, lr: torch.optim.SGD(groups, lr=lr, momentum=o.momentum, dampening=o.dampening,
+                                                     weight_decay=o.weight_decay, nesterov=o.nesterov),
+    RMSpropConfig: lambda o, groups, lr: torch.optim.RMSprop(groups, lr=lr, alpha=o.alpha, eps=o.eps,
+                                                             weight_decay=o.weight_decay, momentum=o.momentum,
+                                                             centered=o.centered),
+    AdagradConfig: lambda o, groups, lr: torch.optim.Adagrad(groups, lr=lr, lr_decay=o.lr_decay,
+                                                             weight_decay=o.weight_decay, eps=o.eps,
+                                                             initial_accumulator_value=o.initial_accumulator_value),
+    LionConfig: lambda o, groups, lr: Lion(groups, lr=lr, betas=(o.b1, o.b2), weight_decay=o.weight_decay),
+}
+"""Each optimizer config class (loopcore.optimizers_config) -> torch's optimizer built from its fields."""
 
 
 def global_norm(grads: Iterable[torch.Tensor], mode: ClipMode = "torch") -> torch.Tensor:

@@ -42,6 +42,7 @@ for the same schedule is `warmup_cosine_classes` (parity_tests report how far it
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -49,6 +50,8 @@ import torch
 from torch.optim import lr_scheduler as sched
 
 from loopcore.config import Config
+from loopcore.schedules_config import (ConstantConfig, CosineRestartsConfig, ExponentialConfig, InverseSqrtConfig,
+                                       LinearConfig, MultiStepConfig, PolynomialConfig, StepConfig, WSDConfig)
 
 BASE_LR = 1.0
 """warmup_cosine's base learning rate: LambdaLR multiplies it by lr(u), exactly."""
@@ -104,30 +107,32 @@ def inverse_sqrt_lambda(v: int, *, timescale: int) -> float:
 
 
 def _main(cfg: Config, optimizer: torch.optim.Optimizer) -> sched.LRScheduler:
-    """The schedule after the warmup, as torch's class (module doc)."""
-    o, decay_span = cfg.optim, cfg.steps - cfg.optim.warmup_steps
-    s = o.schedule
-    if s == "constant":
-        return sched.ConstantLR(optimizer, factor=1.0, total_iters=0)
-    if s == "linear":
-        return sched.LinearLR(optimizer, start_factor=1.0, end_factor=o.end_lr / o.peak_lr, total_iters=decay_span)
-    if s == "polynomial":
-        return sched.PolynomialLR(optimizer, total_iters=decay_span, power=o.power)
-    if s == "step":
-        return sched.StepLR(optimizer, step_size=o.step_size, gamma=o.gamma)
-    if s == "multistep":
-        return sched.MultiStepLR(optimizer, milestones=list(o.milestones), gamma=o.gamma)
-    if s == "exponential":
-        return sched.ExponentialLR(optimizer, gamma=o.gamma)
-    if s == "cosine_restarts":
-        return sched.CosineAnnealingWarmRestarts(optimizer, T_0=o.t_0, T_mult=o.t_mult, eta_min=o.end_lr)
-    if s == "wsd":
-        return sched.LambdaLR(optimizer, partial(wsd_lambda, stable=decay_span - o.decay_steps, decay=o.decay_steps,
-                                                 decay_type=o.decay_type, min_lr_ratio=o.end_lr / o.peak_lr))
-    if s == "inverse_sqrt":
-        timescale = o.timescale or o.warmup_steps or 10_000  # Hugging Face's default
-        return sched.LambdaLR(optimizer, partial(inverse_sqrt_lambda, timescale=timescale))
-    raise ValueError(f"optim.schedule={s!r} has no torch scheduler after a warmup")
+    """The schedule after the warmup, as torch's class (module doc: TORCH_AFTER_WARMUP)."""
+    s = cfg.optim.lr_schedule
+    build = TORCH_AFTER_WARMUP.get(type(s))
+    if build is None:
+        raise ValueError(f"optim.schedule={s.name!r} has no torch scheduler after a warmup")
+    return build(s, optimizer, cfg.optim.peak_lr, cfg.steps - s.warmup_steps)
+
+
+TORCH_AFTER_WARMUP: dict[type, Callable[[Any, torch.optim.Optimizer, float, int], sched.LRScheduler]] = {
+    ConstantConfig: lambda s, opt, peak, span: sched.ConstantLR(opt, factor=1.0, total_iters=0),
+    LinearConfig: lambda s, opt, peak, span: sched.LinearLR(opt, start_factor=1.0, end_factor=s.end_lr / peak,
+                                                            total_iters=span),
+    PolynomialConfig: lambda s, opt, peak, span: sched.PolynomialLR(opt, total_iters=span, power=s.power),
+    StepConfig: lambda s, opt, peak, span: sched.StepLR(opt, step_size=s.step_size, gamma=s.gamma),
+    MultiStepConfig: lambda s, opt, peak, span: sched.MultiStepLR(opt, milestones=list(s.milestones), gamma=s.gamma),
+    ExponentialConfig: lambda s, opt, peak, span: sched.ExponentialLR(opt, gamma=s.gamma),
+    CosineRestartsConfig: lambda s, opt, peak, span: sched.CosineAnnealingWarmRestarts(opt, T_0=s.t_0, T_mult=s.t_mult,
+                                                                                      eta_min=s.end_lr),
+    WSDConfig: lambda s, opt, peak, span: sched.LambdaLR(opt, partial(
+        wsd_lambda, stable=span - s.decay_steps, decay=s.decay_steps, decay_type=s.decay_type,
+        min_lr_ratio=s.end_lr / peak)),
+    InverseSqrtConfig: lambda s, opt, peak, span: sched.LambdaLR(opt, partial(
+        inverse_sqrt_lambda, timescale=s.effective_timescale())),  # Hugging Face's default when 0
+}
+"""Each schedule config class with a warmup in front (all but warmup_cosine, one_cycle, plateau: their own in
+make_scheduler) -> torch's scheduler of the updates after it: (config, optimizer, peak_lr, steps - warmup)."""
 
 
 def _with_warmup(cfg: Config, optimizer: torch.optim.Optimizer, main: Any) -> sched.LRScheduler:
