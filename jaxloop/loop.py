@@ -60,40 +60,55 @@ def act(run: RunContext, actions: Sequence[Action], b: Boundary, acted: set[int]
     return act(run, actions, b, acted) if b.ends and not ends else b
 
 
+class Parts(NamedTuple):
+    """What train() runs: the dispatcher, the actions, the run's inputs, the call size, the evaluation."""
+
+    dispatcher: Dispatcher
+    actions: Sequence[Action]
+    run: RunContext
+    per_call: int
+    evaluate: Evaluate | None
+
+    def dispatch(self, state: TrainState, step: int) -> Call:
+        n = next_call_size(step, self.per_call, self.run.steps)
+        for action in self.actions:
+            action.before_dispatch(self.run, step, n)
+        return self.dispatcher.dispatch(state, step, n)  # returns at once; `state` is donated
+
+    def polled(self, hook: str, *args: Any) -> str | None:
+        """Every action's stop decision (each is asked: several processes agree on a signal together)."""
+        reasons = [getattr(action, hook)(self.run, *args) for action in self.actions]
+        return next((r for r in reasons if r is not None), None)
+
+    def cuts(self, done: Finished, stop: str | None) -> bool:
+        """Whether the call ends here: the run ends, or something reading the state is due."""
+        return (done.step >= self.run.steps or stop is not None or any(a.cuts(done.step) for a in self.actions)
+                or (self.evaluate is not None and self.evaluate.cuts(done.step)))
+
+    def boundary(self, done: Finished, stop: str | None, acted: Acted) -> tuple[Boundary, Acted]:
+        """The record of the boundary `done` reached, evaluated there first when due; the actions, once."""
+        if acted.step != done.step:
+            acted = Acted(done.step, set(), None)
+        b = Boundary(done.step, done.state, metrics_of(done, done.step, self.run.accum_steps),
+                     self.dispatcher.data_state(), acted.record.evaluation if acted.record is not None else None,
+                     stop, final=done.step >= self.run.steps)
+        if self.evaluate is not None and EVALUATION not in acted.parts and self.evaluate.due(b.step):
+            acted.parts.add(EVALUATION)
+            evaluation, early = self.evaluate(self.run, b.step, b.state)
+            b = b.replace(evaluation=evaluation).stopping(early)
+        b = act(self.run, self.actions, b, acted.parts)
+        if not b.ends:  # a signal that came during the actions stops here, not a call later
+            reason = self.polled("poll")
+            if reason is not None:
+                b = act(self.run, self.actions, b.stopping(reason), acted.parts)
+        return b, acted._replace(record=b)
+
+
 def train(state: TrainState, step: int, dispatcher: Dispatcher, actions: Sequence[Action], run: RunContext,
           per_call: int, evaluate: Evaluate | None = None) -> Ended:
     """Train from `state` (after `step` applied updates) to the end of the run; `evaluate` runs at each
     boundary where it is due, before the actions (its results and early stopping are in their record)."""
-
-    def dispatch(state: TrainState, step: int) -> Call:
-        n = next_call_size(step, per_call, run.steps)
-        for action in actions:
-            action.before_dispatch(run, step, n)
-        return dispatcher.dispatch(state, step, n)  # returns at once; `state` is donated
-
-    def polled(hook: str, *args: Any) -> str | None:
-        """Every action's stop decision (each is asked: several processes agree on a signal together)."""
-        reasons = [getattr(action, hook)(run, *args) for action in actions]
-        return next((r for r in reasons if r is not None), None)
-
-    def boundary(done: Finished, stop: str | None, acted: Acted) -> tuple[Boundary, Acted]:
-        """The record of the boundary `done` reached, evaluated there first when due; the actions, once."""
-        nonlocal last_eval
-        if acted.step != done.step:
-            acted = Acted(done.step, set(), None)
-        b = Boundary(done.step, done.state, metrics_of(done, done.step, run.accum_steps), dispatcher.data_state(),
-                     acted.record.evaluation if acted.record is not None else None, stop, final=done.step >= run.steps)
-        if evaluate is not None and EVALUATION not in acted.parts and evaluate.due(b.step):
-            acted.parts.add(EVALUATION)
-            evaluation, early = evaluate(run, b.step, b.state)
-            b, last_eval = b.replace(evaluation=evaluation).stopping(early), evaluation
-        b = act(run, actions, b, acted.parts)
-        if not b.ends:  # a signal that came during the actions stops here, not a call later
-            reason = polled("poll")
-            if reason is not None:
-                b = act(run, actions, b.stopping(reason), acted.parts)
-        return b, acted._replace(record=b)
-
+    parts = Parts(dispatcher, actions, run, per_call, evaluate)
     for action in actions:
         action.start(run, step)
     # the update the run starts from was acted on by the session before it (or is the initial state)
@@ -102,22 +117,21 @@ def train(state: TrainState, step: int, dispatcher: Dispatcher, actions: Sequenc
     try:
         if step >= run.steps:  # a finished run started again (resumed at its end): no update to run
             return Ended(state, COMPLETED, last_eval)
-        call, stop = dispatch(state, step), None
+        call, stop = parts.dispatch(state, step), None
         while True:
             done = dispatcher.wait(call)  # the host waits for the device here, once per call
-            reason = polled("poll")  # asked after every call (several processes agree on a signal together)
+            reason = parts.polled("poll")  # asked after every call (several processes agree on a signal together)
             stop = reason if stop is None else stop
-            cut = (done.step >= run.steps or stop is not None or any(a.cuts(done.step) for a in actions)
-                   or (evaluate is not None and evaluate.cuts(done.step)))
             ready = dispatcher.ready(next_call_size(done.step, per_call, run.steps))
-            ahead = dispatch(done.state, done.step) if ready and not cut else None
-            reason = polled("after_call", done)  # every action has the call's metrics (logs, streaks)
+            ahead = parts.dispatch(done.state, done.step) if ready and not parts.cuts(done, stop) else None
+            reason = parts.polled("after_call", done)  # every action has the call's metrics (logs, streaks)
             stop = reason if stop is None else stop
             if ahead is None:
-                b, acted = boundary(done, stop, acted)
+                b, acted = parts.boundary(done, stop, acted)
+                last_eval = dict(b.evaluation) if b.evaluation is not None else last_eval  # the latest
                 if b.ends:
                     return Ended(b.state, b.stop_reason, last_eval)
-                ahead = dispatch(b.state, b.step)
+                ahead = parts.dispatch(b.state, b.step)
             call = ahead
     finally:
         for action in reversed(actions):

@@ -250,30 +250,15 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
     evaluator = Evaluator(task.eval_loss(), lambda: run_val_batches(cfg, splits), mesh, compiler)
     evaluate = act.Evaluate(cadence, evaluator, tracker, cfg.checkpoint.best_metric)
-    signals = act.SignalStop()
-    actions: list[act.Action] = [
-        signals, act.NonFiniteStreak(cfg.max_bad_steps),
-        act.LogTrain(cadence, cfg.batch_size, cfg.model.context if splits.source in ("text", "tokens") else 0,
-                     **mfu_inputs(ckpt.metadata.get("language_model"))),
-        act.Profile(Profiler(cfg.log.profile_start, cfg.log.profile_steps, logger.layout.profile, timings))]
-    if cfg.optim.schedule == "plateau":  # decides the rate of the next updates from each evaluation
-        from jaxloop.plateau import Plateau
-
-        actions.append(act.PlateauRate(Plateau.of(cfg), cfg.checkpoint.best_metric, cadence.eval_every))
-    actions += hooks
-    keyed = [evaluate, *actions]  # what a checkpoint's data item holds beside the loader's position
-    actions.append(act.Save(cadence, ckpt, keyed))
-    if restored is not None:
-        for part in keyed:
-            if part.key is not None and part.key in restored.data:
-                part.load_state_dict(restored.data[part.key])
+    actions = run_actions(cfg, splits, ckpt, run, evaluate, hooks, restored.data if restored is not None else None)
+    signals = next(a for a in actions if isinstance(a, act.SignalStop))
     per_call = updates_per_call(cfg.steps, [evaluate, *actions], cfg.updates_per_call or MAX_UPDATES_PER_CALL)
     loader = train_loader(cfg, splits, restored.data["loader"] if restored is not None else None)
     K = cfg.optim.accum_steps
     batches = DevicePrefetcher(loader, size=cfg.data.prefetch, put=lambda b: shard_batch(b, mesh, stacked=True),
                                chunk=K * per_call, first_chunk=K * (-step % per_call))
     memory = Memory(cfg.memory, replans, logger, ckpt, rd)
-    plan = CallPlan(lambda memory: scan_steps(make_train_step(task.loss, memory)), K, cfg.memory, cfg.batch_size,
+    plan = CallPlan(lambda planned: scan_steps(make_train_step(task.loss, planned)), K, cfg.memory, cfg.batch_size,
                     supports_blocks(state.model))
     dispatcher = Dispatcher(plan, batches, compiler, timings,
                             CallEvents(compile=CompileLines(logger, cfg), compiled=run.clock.restart,
@@ -307,6 +292,29 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
         loader.close()
         logger.close()
     return summary, state, signals.signal
+
+
+def run_actions(cfg: Config, splits: Splits, ckpt: Checkpointer, run: act.RunContext, evaluate: act.Evaluate,
+                hooks: list[act.Action], restored: dict[str, Any] | None) -> list[act.Action]:
+    """The run's periodic actions in order: the signal stop (first), the non-finite streak, logs, the profiler,
+    the plateau's rate, the research code's hooks, and the save last (it saves the state those before it
+    hand on, with every keyed part's state, restored here from a resumed checkpoint's data item)."""
+    cadence = Cadence.of(cfg)
+    actions: list[act.Action] = [
+        act.SignalStop(), act.NonFiniteStreak(cfg.max_bad_steps),
+        act.LogTrain(cadence, cfg.batch_size, cfg.model.context if splits.source in ("text", "tokens") else 0,
+                     **mfu_inputs(ckpt.metadata.get("language_model"))),
+        act.Profile(Profiler(cfg.log.profile_start, cfg.log.profile_steps, run.logger.layout.profile, run.timings))]
+    if cfg.optim.schedule == "plateau":  # decides the rate of the next updates from each evaluation
+        from jaxloop.plateau import Plateau
+
+        actions.append(act.PlateauRate(Plateau.of(cfg), cfg.checkpoint.best_metric, cadence.eval_every))
+    actions += hooks
+    keyed = [evaluate, *actions]  # what a checkpoint's data item holds beside the loader's position
+    for part in keyed:
+        if restored is not None and part.key is not None and part.key in restored:
+            part.load_state_dict(restored[part.key])
+    return [*actions, act.Save(cadence, ckpt, keyed)]
 
 
 COMPILE_LINE_STARTS = ("compiling the training call", "compiled in ", "loaded the compiled training call")
