@@ -6,8 +6,9 @@ state donated) and returns at once; `wait(call)` is where the host waits for it 
 metrics, fetched once). A call of each size is compiled on first use (`ready(n)` says whether it is)
 through a Compiler, which keeps compiled calls of a built-in task on disk (jaxloop.executables). Given a
 memory plan (jaxloop.memory), each call is fitted to the device's memory before it first runs: a call that
-does not fit is compiled again under a smaller plan (`memory`, then, is that plan). The Dispatcher is also
-the test seam of the loop: wrap or subclass it to record or alter the calls.
+does not fit is compiled again under a smaller plan (`memory`, then, is that plan). What a call computes
+is one record (CallPlan), who hears of its compiling another (CallEvents). The Dispatcher is also the test
+seam of the loop: wrap or subclass it to record or alter the calls.
 """
 
 from __future__ import annotations
