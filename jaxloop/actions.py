@@ -1,23 +1,31 @@
 """The periodic actions of a run: what the host loop (jaxloop.loop) does between device calls.
 
 An Action has a period `every` (in applied updates; 0 = only at the end) and says whether it reads the
-state (`needs_state`): the loop ends its device calls on the updates of every such action, so that it
-sees the state of exactly its update, and leaves the others to read the call's per-update metrics (they
-never cut a call short). The loop calls, for every action, in list order:
+state (`needs_state`): the loop ends its device calls on the updates of every such action (`cuts`), so
+that it sees the state of exactly its update, and leaves the others to read the call's per-update metrics
+(they never cut a call short). A boundary is an update where a call ends and something reading the
+state is due, or the run ends there. The loop calls, for every action, in list order:
 
     start(run, step)                  once, before the first call (step: the update the run starts from)
-    poll(run)                         after each call's wait, before the next call is decided (signals)
+    poll(run) -> reason | None        after each call's wait: a stop decided outside (a signal)
     before_dispatch(run, step, n)     before each call of n updates after update `step` (the profiler)
-    after_call(run, done)             with each finished call's metrics (the next call may already run)
-    at_step(run, step, state)         at a boundary: an update where an action reading the state is due,
-                                      or the end of the run; each action applies its own rule (loopcore's
-                                      Cadence for evaluation and saving), acts at most once per update
-                                      (the loop calls it again where a stop is decided), and may return
-                                      a new state
+    after_call(run, done) -> reason | None   with each finished call's metrics (the next call may already
+                                      run); a reason ends the run (at this boundary, or the next one)
+    at_boundary(run, b) -> b | None   once per boundary where `due(b)`, with its immutable record `b`
+                                      (Boundary: the update, the state, its metrics, the data position,
+                                      the evaluation of that update, whether and why the run ends there);
+                                      returns a new record (another state, a stop) for the actions after it
     close(run)                        at the end, however the run ends (in reverse order)
 
-Built in: SignalStop, NonFiniteStreak, LogTrain, Profile, Evaluate (with early stopping), PlateauRate
-(the plateau schedule's decision after each evaluation), Save; and
+Every stop known before a boundary (the last update, a signal, a non-finite streak, the evaluation's early
+stopping: the evaluation runs before the actions, Evaluate) is in the record the actions get, so each is
+called once per boundary and none keeps an "already done at this update" guard. A stop an action decides
+at the boundary (a hook's `info.stop`, a signal that came during the actions) is in the record of the
+actions after it; the loop then calls, once, those before it that the end makes due (a hook's last call).
+`run` (RunContext) holds the run's immutable inputs: its length and its sinks.
+
+Built in: SignalStop, NonFiniteStreak, LogTrain, Profile, Evaluate (the stage before the actions, with
+early stopping), PlateauRate (the plateau schedule's decision after each evaluation), Save; and
 Hook, a research code's own action (`jaxloop.run(cfg, task, hooks=[Hook(fn, every=200)])`). An action
 with a `key` keeps a JSON state in every checkpoint's data item (state_dict / load_state_dict).
 """
@@ -25,10 +33,11 @@ with a `key` keeps a JSON state in every checkpoint's data item (state_dict / lo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shlex
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,10 +95,10 @@ class Throughput:
         return self.updates / self.seconds if self.seconds else 0.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunContext:
-    """What the actions of one run share: its length, sinks and timings, the finished call, the last
-    evaluation, and how the run is to end."""
+    """The run's immutable inputs every action may read: its length, sinks and timings (the clock is the
+    throughput sink that logging, evaluation and compiling share)."""
 
     steps: int
     accum_steps: int
@@ -97,32 +106,47 @@ class RunContext:
     timings: Timings
     clock: Throughput
     run_dir: str = ""
-    stop_reason: str = COMPLETED
-    last_eval: dict[str, float] = field(default_factory=dict)
-    evaluated_at: int | None = None
-    done: Finished | None = None
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """The record of one boundary, as each action is handed it: the update `step`, the state after it,
+    that update's train metrics ({} where no update was applied), the loader's position there (`data`,
+    what a checkpoint holds), the evaluation of that update (None: none there), and why the run ends
+    there (`stop`: a signal, early stopping, a hook's reason; None with `final`: all updates done).
+    An action returns `b.replace(...)` to hand the actions after it another state or a stop."""
+
+    step: int
+    state: Any
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    data: Mapping[str, Any] = field(default_factory=dict)
+    evaluation: Mapping[str, float] | None = None
+    stop: str | None = None
+    final: bool = False
 
     @property
-    def stopped(self) -> bool:
-        """Whether a stop was decided (early stopping, a signal, a hook)."""
-        return self.stop_reason != COMPLETED
+    def ends(self) -> bool:
+        """Whether the run ends at this update (all updates done, or a stop decided)."""
+        return self.final or self.stop is not None
 
-    def stop(self, reason: str) -> None:
-        """End the run at the current boundary (the first reason given is the one kept)."""
-        if not self.stopped:
-            self.stop_reason = reason
+    @property
+    def stop_reason(self) -> str:
+        """summary.json's stop_reason were the run to end here: the first stop decided, else completed."""
+        return self.stop if self.stop is not None else COMPLETED
 
-    def ends(self, step: int) -> bool:
-        return step >= self.steps or self.stopped
+    def replace(self, **changes: Any) -> "Boundary":
+        return dataclasses.replace(self, **changes)
 
-    def update_metrics(self, step: int) -> dict[str, float]:
-        """The metrics of update `step` from the finished call that applied it (empty if it did not)."""
-        done = self.done
-        if done is None:
-            return {}
-        applied = done.applied()
-        hits = np.flatnonzero((applied == step) & done.metrics["updated"].astype(bool))
-        return update_metrics(done.metrics, int(hits[0]), self.accum_steps) if hits.size else {}
+    def stopping(self, reason: str | None) -> "Boundary":
+        """This record with the run ending for `reason` (the first reason decided is the one kept)."""
+        return self if reason is None or self.stop is not None else self.replace(stop=reason)
+
+
+def metrics_of(done: Finished, step: int, accum_steps: int) -> dict[str, float]:
+    """The metrics of update `step` from the finished call that applied it (empty if it did not)."""
+    applied = done.applied()
+    hits = np.flatnonzero((applied == step) & done.metrics["updated"].astype(bool))
+    return update_metrics(done.metrics, int(hits[0]), accum_steps) if hits.size else {}
 
 
 def update_metrics(metrics: dict[str, np.ndarray], i: int, accum_steps: int) -> dict[str, float]:
@@ -146,18 +170,29 @@ class Action:
     needs_state: bool = False
     key: str | None = None
 
-    def due(self, step: int) -> bool:
-        return due(self.every, step)
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "at_step" in vars(cls):  # the protocol before one call per boundary: it would never be called
+            raise TypeError(f"{cls.__name__}.at_step: the loop calls at_boundary(run, b) once per boundary, with its "
+                            "record b (b.step, b.state, b.evaluation, b.ends); rename it (docs/hooks.md)")
+
+    def cuts(self, step: int) -> bool:
+        """Whether the loop's device calls must end at `step` for this action (it reads the state there)."""
+        return self.needs_state and due(self.every, step)
+
+    def due(self, b: Boundary) -> bool:
+        """Whether the loop calls at_boundary at `b`: at the action's updates and where the run ends."""
+        return due(self.every, b.step) or b.ends
 
     def start(self, run: RunContext, step: int) -> None: ...
 
-    def poll(self, run: RunContext) -> None: ...
+    def poll(self, run: RunContext) -> str | None: ...
 
     def before_dispatch(self, run: RunContext, step: int, n: int) -> None: ...
 
-    def after_call(self, run: RunContext, done: Finished) -> None: ...
+    def after_call(self, run: RunContext, done: Finished) -> str | None: ...
 
-    def at_step(self, run: RunContext, step: int, state: TrainState) -> TrainState | None: ...
+    def at_boundary(self, run: RunContext, b: Boundary) -> Boundary | None: ...
 
     def close(self, run: RunContext) -> None: ...
 
@@ -218,7 +253,7 @@ class SignalStop(Action):
     def before_dispatch(self, run: RunContext, step: int, n: int) -> None:
         self.stops_after = step + n
 
-    def poll(self, run: RunContext) -> None:
+    def poll(self, run: RunContext) -> str | None:
         self.trained = True
         seen = self.signal  # read once: the handler may set it at any moment
         if jax.process_count() > 1:
@@ -228,8 +263,7 @@ class SignalStop(Action):
             seen = int(received[received > 0][0]) if received.any() else None
             if self.signal is None:
                 self.signal = seen
-        if seen is not None:
-            run.stop(signal_stop(seen))
+        return signal_stop(seen) if seen is not None else None
 
     def close(self, run: RunContext) -> None:
         if self._scope is not None:
@@ -311,9 +345,10 @@ class Profile(Action):
         self.profiler.close()
 
 
-class Evaluate(Action):
-    """The validation split every `every` updates and at the end (cadence.evaluates): an eval record,
-    the best metric tracked, early stopping after `patience` evaluations without a better one."""
+class Evaluate:
+    """The validation split every `every` updates and at the end (cadence.evaluates): the stage the loop runs
+    at a boundary before the actions, whose results and early stopping are in the record they get. An eval
+    record, the best metric tracked, early stopping after `patience` evaluations without a better one."""
 
     needs_state = True
     key = "best"
@@ -323,21 +358,26 @@ class Evaluate(Action):
         self.every, self.cadence, self.evaluate = cadence.eval_every, cadence, evaluate
         self.tracker, self.metric = tracker, metric
 
-    def at_step(self, run: RunContext, step: int, state: TrainState) -> None:
-        if not self.cadence.evaluates(step) or run.evaluated_at == step:
-            return
+    def cuts(self, step: int) -> bool:
+        return due(self.every, step)
+
+    def due(self, step: int) -> bool:
+        return self.cadence.evaluates(step)
+
+    def __call__(self, run: RunContext, step: int, state: TrainState) -> tuple[dict[str, float], str | None]:
+        """The evaluation of update `step`, and EARLY_STOPPING where it ends the run (else None)."""
         t0 = time.perf_counter()
         with run.timings("eval"):
             evaluated = self.evaluate(state)
-        run.last_eval, run.evaluated_at = evaluated, step
         run.logger.eval({"step": step, **evaluated})
         run.clock.pause(time.perf_counter() - t0)  # evaluation is reported apart, not as training time
         if self.metric not in evaluated:
             raise ConfigError("checkpoint.best_metric", self.metric,
                               f"a metric the evaluation reports ({', '.join(evaluated)})")
-        if self.tracker.update(step, evaluated[self.metric]):
-            run.stop(EARLY_STOPPING)
-            run.logger.message(early_stopping_message(step, self.metric, self.tracker.patience))
+        if not self.tracker.update(step, evaluated[self.metric]):
+            return evaluated, None
+        run.logger.message(early_stopping_message(step, self.metric, self.tracker.patience))
+        return evaluated, EARLY_STOPPING
 
     def state_dict(self) -> dict[str, Any]:
         return self.tracker.as_dict()
@@ -349,23 +389,22 @@ class Evaluate(Action):
 class PlateauRate(Action):
     """The plateau schedule (torch's ReduceLROnPlateau): after each evaluation `plateau` (jaxloop.plateau,
     host-side) decides on `metric`, and a reduced rate is written into the optimizer's state for the
-    updates that follow; its decision state goes into every checkpoint. Runs after Evaluate."""
+    updates that follow; its decision state goes into every checkpoint."""
 
     needs_state = True
     key = "plateau"
 
     def __init__(self, plateau: Any, metric: str, every: int):
         self.plateau, self.metric, self.every = plateau, metric, every
-        self.decided_at: int | None = None
 
-    def at_step(self, run: RunContext, step: int, state: TrainState) -> TrainState | None:
-        if run.evaluated_at != step or self.decided_at == step:
+    def due(self, b: Boundary) -> bool:
+        return b.evaluation is not None
+
+    def at_boundary(self, run: RunContext, b: Boundary) -> Boundary | None:
+        if not self.plateau.step(b.evaluation[self.metric]):
             return None
-        self.decided_at = step
-        if not self.plateau.step(run.last_eval[self.metric]):
-            return None
-        run.logger.message(f"plateau at update {step}: learning rate reduced to {self.plateau.rate:.6g}")
-        return state.replace(opt_state=set_learning_rate(state.opt_state, self.plateau.rate))
+        run.logger.message(f"plateau at update {b.step}: learning rate reduced to {self.plateau.rate:.6g}")
+        return b.replace(state=b.state.replace(opt_state=set_learning_rate(b.state.opt_state, self.plateau.rate)))
 
     def state_dict(self) -> dict[str, Any]:
         return self.plateau.as_dict()
@@ -374,27 +413,35 @@ class PlateauRate(Action):
         self.plateau.load(saved)
 
 
+class Keyed:
+    """What keeps a JSON state in every checkpoint's data item: a `key`, state_dict and load_state_dict."""
+
+    key: str | None
+
+    def state_dict(self) -> dict[str, Any] | None: ...
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None: ...
+
+
 class Save(Action):
     """A checkpoint every `every` updates and wherever the run ends (cadence.saves), with the data
-    position and every keyed action's state, and the evaluation's metrics when one ran at that update."""
+    position and the state of every `keyed` part of the run (the evaluation's best, the plateau's
+    decision, a hook's), and the evaluation's metrics when one ran at that update."""
 
     needs_state = True
 
-    def __init__(self, cadence: Cadence, checkpointer: Any, data_state: Callable[[], dict[str, Any]],
-                 actions: list[Action], saved_step: int | None = None):
+    def __init__(self, cadence: Cadence, checkpointer: Any, keyed: Sequence[Keyed]):
         self.every, self.cadence, self.checkpointer = cadence.save_every, cadence, checkpointer
-        self.data_state, self.actions, self.saved_step = data_state, actions, saved_step
+        self.keyed = [k for k in keyed if k.key is not None]
 
-    def at_step(self, run: RunContext, step: int, state: TrainState) -> None:
-        if not self.cadence.saves(step, run.stopped) or self.saved_step == step:
-            return
-        data = {"loader": self.data_state(),
-                **{a.key: a.state_dict() for a in self.actions if a.key is not None}}
+    def due(self, b: Boundary) -> bool:
+        return self.cadence.saves(b.step, b.ends)
+
+    def at_boundary(self, run: RunContext, b: Boundary) -> None:
+        data = {"loader": dict(b.data), **{k.key: k.state_dict() for k in self.keyed}}
         with run.timings("checkpoint"):
             # check_finite=False: the optimizer skips non-finite updates, so the state is finite
-            self.checkpointer.save(step, state, data, metrics=run.last_eval if run.evaluated_at == step else None,
-                                   check_finite=False)
-        self.saved_step = step
+            self.checkpointer.save(b.step, b.state, data, metrics=b.evaluation, check_finite=False)
 
 
 # ----------------------------------------------------------------------------- hooks: research code's actions
@@ -404,12 +451,16 @@ class Save(Action):
 class StepInfo:
     """What a hook is given: the update, the state after it (None for a hook that does not need it; valid
     during the call: the next device call reuses its buffers, so copy what you keep, e.g. jax.device_get),
-    that update's metrics, and the run's sinks."""
+    that update's metrics, the evaluation of that update (None: none there), whether the run ends there,
+    and the run's sinks."""
 
     step: int
     state: TrainState | None
-    metrics: dict[str, float]
+    metrics: Mapping[str, float]
     run: RunContext
+    evaluation: Mapping[str, float] | None = None
+    ends: bool = False
+    stop_reason: str | None = None  # set by stop(): the loop ends the run at this update
 
     @property
     def model(self) -> Any:
@@ -442,7 +493,7 @@ class StepInfo:
 
     def stop(self, reason: str = "hook") -> None:
         """End the run here: the state is evaluated and saved as at any end; summary's stop_reason = reason."""
-        self.run.stop(reason)
+        self.stop_reason = self.stop_reason or reason
 
 
 class Hook(Action):
@@ -458,27 +509,29 @@ class Hook(Action):
         if not isinstance(every, int) or every < 0:
             raise ValueError(f"Hook every={every!r}: an integer >= 0 (0 = only at the end)")
         self.fn, self.every, self.needs_state = fn, every, needs_state
-        self.called_at: int | None = None
 
-    def start(self, run: RunContext, step: int) -> None:
-        self.called_at = step  # the update a resumed run starts from was seen by the run it resumes
+    def _call(self, info: StepInfo) -> str | None:
+        self.fn(info)
+        return info.stop_reason
 
-    def _call(self, run: RunContext, step: int, state: TrainState | None) -> None:
-        if step != self.called_at:
-            self.called_at = step
-            self.fn(StepInfo(step, state, run.update_metrics(step), run))
-
-    def after_call(self, run: RunContext, done: Finished) -> None:
+    def after_call(self, run: RunContext, done: Finished) -> str | None:
         if self.needs_state:
-            return
-        applied = done.applied()
+            return None
+        applied, reason = done.applied(), None
         for i in np.flatnonzero(done.metrics["updated"]):
-            if self.due(int(applied[i])):
-                self._call(run, int(applied[i]), None)
+            step = int(applied[i])
+            if due(self.every, step):
+                reason = reason or self._call(StepInfo(step, None, metrics_of(done, step, run.accum_steps), run))
+        return reason
 
-    def at_step(self, run: RunContext, step: int, state: TrainState) -> None:
-        if (self.needs_state and self.due(step)) or run.ends(step):
-            self._call(run, step, state if self.needs_state else None)
+    def due(self, b: Boundary) -> bool:
+        """A state hook: at its updates and at the end; a metrics hook: at the end, unless after_call had
+        that update (its own)."""
+        return (due(self.every, b.step) or b.ends) if self.needs_state else (b.ends and not due(self.every, b.step))
+
+    def at_boundary(self, run: RunContext, b: Boundary) -> Boundary | None:
+        info = StepInfo(b.step, b.state if self.needs_state else None, b.metrics, run, b.evaluation, b.ends)
+        return b.stopping(self._call(info))
 
 
 def every(n: int, needs_state: bool = True) -> Callable[[Callable[[StepInfo], Any]], Hook]:

@@ -6,14 +6,16 @@ state donated) and returns at once; `wait(call)` is where the host waits for it 
 metrics, fetched once). A call of each size is compiled on first use (`ready(n)` says whether it is)
 through a Compiler, which keeps compiled calls of a built-in task on disk (jaxloop.executables). Given a
 memory plan (jaxloop.memory), each call is fitted to the device's memory before it first runs: a call that
-does not fit is compiled again under a smaller plan (`memory`, then, is that plan). The Dispatcher is also
-the test seam of the loop: wrap or subclass it to record or alter the calls.
+does not fit is compiled again under a smaller plan (`memory`, then, is that plan). What a call computes
+is one record (CallPlan), who hears of its compiling another (CallEvents). The Dispatcher is also the test
+seam of the loop: wrap or subclass it to record or alter the calls.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import jax
@@ -74,25 +76,39 @@ class Finished(NamedTuple):
         return self.start + np.cumsum(self.metrics["updated"])
 
 
-class Dispatcher:
-    """Runs calls of `steps` (scan_steps(train_step): K x n micro-batches per call of n updates) on the
-    micro-batches of `batches` (a DevicePrefetcher of stacked chunks). Compiling a call is timed under
-    "compile" and reported to `on_compiled` (the loop's clock leaves it out of the training time)."""
+@dataclass(frozen=True)
+class CallPlan:
+    """What a call of the loop computes: `steps_of(memory)` builds the scanned train step under a memory
+    plan (scan_steps(train_step): K x n micro-batches per call of n updates); `memory` is the plan to start
+    from (None: the call is not fitted to the device's memory); batch_size and blocks bound the plans tried
+    (jaxloop.memory.candidates)."""
 
-    def __init__(self, steps: Callable[..., Any], batches: DevicePrefetcher, accum_steps: int, compiler: Compiler,
-                 timings: Timings, on_compiled: Callable[[], None] = lambda: None, *,
-                 memory: MemoryConfig | None = None, steps_of: Callable[[MemoryConfig], Any] | None = None,
-                 batch_size: int = 0, blocks: bool = False,
-                 on_fitted: Callable[[Fit, int, int], None] = lambda fitted, n, step: None,
-                 on_compile: Callable[[int, Any, float], None] = lambda n, compiled, seconds: None):
-        """memory: the plan `steps` were built under, to fit each call to the device (None: no check);
-        steps_of(plan) builds the steps of another plan; batch_size and blocks bound the plans tried
-        (jaxloop.memory.candidates); on_fitted(fit, n, step) hears of each call fitted, before it runs;
-        on_compile(n, compiled, seconds) of each call's compiling: before (compiled None) and after it."""
-        self.steps, self.batches, self.accum_steps = steps, batches, accum_steps
-        self.compiler, self.timings, self.on_compiled = compiler, timings, on_compiled
-        self.memory, self.steps_of, self.batch_size, self.blocks = memory, steps_of, batch_size, blocks
-        self.on_fitted, self.on_compile = on_fitted, on_compile
+    steps_of: Callable[[MemoryConfig | None], Any]
+    accum_steps: int
+    memory: MemoryConfig | None = None
+    batch_size: int = 0
+    blocks: bool = False
+
+
+@dataclass(frozen=True)
+class CallEvents:
+    """Who hears of compiling: compile(n, compiled, seconds) before (compiled None) and after each call's
+    compiling; compiled() once a call is compiled (the loop's clock leaves that time out); fitted(fit, n,
+    step) of each call fitted to the device's memory, before it runs."""
+
+    compile: Callable[[int, Any, float], None] = lambda n, compiled, seconds: None
+    compiled: Callable[[], None] = lambda: None
+    fitted: Callable[[Fit, int, int], None] = lambda fitted, n, step: None
+
+
+class Dispatcher:
+    """Runs calls of `plan` on the micro-batches of `batches` (a DevicePrefetcher of stacked chunks).
+    Compiling a call is timed under "compile" and told to `events`."""
+
+    def __init__(self, plan: CallPlan, batches: DevicePrefetcher, compiler: Compiler, timings: Timings,
+                 events: CallEvents = CallEvents()):
+        self.plan, self.batches, self.compiler, self.timings, self.events = plan, batches, compiler, timings, events
+        self.memory, self.steps = plan.memory, plan.steps_of(plan.memory)
         self.compiled: dict[int, Any] = {}
 
     def ready(self, n: int) -> bool:
@@ -101,7 +117,7 @@ class Dispatcher:
 
     def dispatch(self, state: TrainState, step: int, n: int) -> Call:
         """Dispatch the call of n updates after update `step`; the state is donated to it. Returns at once."""
-        chunk = self.batches.take(self.accum_steps * n)
+        chunk = self.batches.take(self.plan.accum_steps * n)
         new_state, metrics = self._compiled(n, state, chunk, step)(state, chunk)
         return Call(new_state, metrics, step)
 
@@ -119,23 +135,23 @@ class Dispatcher:
         """The call running n updates, compiled on first use (its own compile time is timed) and, with a
         memory plan, fitted to the device's memory (re-planned if it does not fit)."""
         if n not in self.compiled:
-            self.on_compile(n, None, 0.0)
+            self.events.compile(n, None, 0.0)
             t0 = time.perf_counter()
             with self.timings("compile"):
                 if self.memory is None:
                     compiled = self._compile(n, state, chunk, None)
                 else:
-                    fitted = fit(lambda memory: self._compile(n, state, chunk, memory), self.memory, self.batch_size,
-                                 self.blocks, f"the call of {n} update(s)")
+                    fitted = fit(lambda memory: self._compile(n, state, chunk, memory), self.memory,
+                                 self.plan.batch_size, self.plan.blocks, f"the call of {n} update(s)")
                     if fitted.replanned:
-                        self.steps, self.memory, self.compiler = (self.steps_of(fitted.memory), fitted.memory,
+                        self.steps, self.memory, self.compiler = (self.plan.steps_of(fitted.memory), fitted.memory,
                                                                   self.compiler.planned(fitted.memory))
                         self.compiled.clear()  # calls of other sizes compiled under the former plan
                     compiled = fitted.compiled
-                    self.on_fitted(fitted, n, step)
+                    self.events.fitted(fitted, n, step)
                 self.compiled[n] = compiled
-            self.on_compile(n, compiled, time.perf_counter() - t0)
-            self.on_compiled()
+            self.events.compile(n, compiled, time.perf_counter() - t0)
+            self.events.compiled()
         return self.compiled[n]
 
     def _compile(self, n: int, state: TrainState, chunk: Any, memory: MemoryConfig | None) -> Any:
@@ -144,5 +160,5 @@ class Dispatcher:
         if memory is None or memory == self.memory:
             steps, compiler = self.steps, self.compiler
         else:
-            steps, compiler = self.steps_of(memory), self.compiler.planned(memory)
+            steps, compiler = self.plan.steps_of(memory), self.compiler.planned(memory)
         return compiler(pin_shardings(steps, state, donate=True), (state, chunk), f"train x{n}")

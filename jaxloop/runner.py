@@ -24,7 +24,7 @@ import numpy as np
 from jaxloop import actions as act
 from jaxloop.checkpoint import Checkpointer, disk_full_line
 from jaxloop.data import DevicePrefetcher, run_val_batches, train_loader
-from jaxloop.dispatch import Compiler, Dispatcher
+from jaxloop.dispatch import CallEvents, CallPlan, Compiler, Dispatcher
 from jaxloop.distributed import (abstract_sharded, barrier, check_divisible, create_sharded, is_primary, make_mesh,
                                  shard_batch, to_host)
 from jaxloop.evaluate import Evaluator
@@ -252,35 +252,20 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
     evaluator = Evaluator(task.eval_loss(), lambda: run_val_batches(cfg, splits), mesh, compiler)
     evaluate = act.Evaluate(cadence, evaluator, tracker, cfg.checkpoint.best_metric)
-    signals = act.SignalStop()
-    actions: list[act.Action] = [
-        signals, act.NonFiniteStreak(cfg.max_bad_steps),
-        act.LogTrain(cadence, cfg.batch_size, cfg.model.context if splits.source in ("text", "tokens") else 0,
-                     **mfu_inputs(ckpt.metadata.get("language_model"))),
-        act.Profile(Profiler(cfg.log.profile_start, cfg.log.profile_steps, logger.layout.profile, timings)),
-        evaluate]
-    if cfg.optim.schedule == "plateau":  # decides the rate of the next updates from each evaluation
-        from jaxloop.plateau import Plateau
-
-        actions.append(act.PlateauRate(Plateau.of(cfg), cfg.checkpoint.best_metric, cadence.eval_every))
-    actions += hooks
-    # the data position a checkpoint holds is the dispatcher's (built below, once the call size is known)
-    actions.append(act.Save(cadence, ckpt, lambda: dispatcher.data_state(), list(actions), saved_step=step or None))
-    per_call = updates_per_call(cfg.steps, actions, cfg.updates_per_call or MAX_UPDATES_PER_CALL)
+    actions = run_actions(cfg, splits, ckpt, run, evaluate, hooks, restored.data if restored is not None else None)
+    signals = next(a for a in actions if isinstance(a, act.SignalStop))
+    per_call = updates_per_call(cfg.steps, [evaluate, *actions], cfg.updates_per_call or MAX_UPDATES_PER_CALL)
     loader = train_loader(cfg, splits, restored.data["loader"] if restored is not None else None)
     K = cfg.optim.accum_steps
     batches = DevicePrefetcher(loader, size=cfg.data.prefetch, put=lambda b: shard_batch(b, mesh, stacked=True),
                                chunk=K * per_call, first_chunk=K * (-step % per_call))
     memory = Memory(cfg.memory, replans, logger, ckpt, rd)
-    dispatcher = Dispatcher(scan_steps(make_train_step(task.loss, cfg.memory)), batches, K, compiler, timings,
-                            on_compiled=run.clock.restart, memory=cfg.memory,
-                            steps_of=lambda plan: scan_steps(make_train_step(task.loss, plan)),
-                            batch_size=cfg.batch_size, blocks=supports_blocks(state.model), on_fitted=memory.fitted,
-                            on_compile=CompileLines(logger, cfg))
+    plan = CallPlan(lambda planned: scan_steps(make_train_step(task.loss, planned)), K, cfg.memory, cfg.batch_size,
+                    supports_blocks(state.model))
+    dispatcher = Dispatcher(plan, batches, compiler, timings,
+                            CallEvents(compile=CompileLines(logger, cfg), compiled=run.clock.restart,
+                                       fitted=memory.fitted))
     if restored is not None:
-        for action in actions:
-            if action.key is not None and action.key in restored.data:
-                action.load_state_dict(restored.data[action.key])
         logger.message(resume_line(restored))
         moved = steps_change_line(cfg.optim, int(rd.saved.get("steps", cfg.steps)), cfg.steps, step) \
             if rd.saved is not None else None
@@ -288,16 +273,16 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
             logger.message(moved)
     try:
         try:
-            state = train(state, step, dispatcher, actions, run, per_call)
+            state, stop_reason, final = train(state, step, dispatcher, actions, run, per_call, evaluate)
         except jax.errors.JaxRuntimeError as e:
             if not is_out_of_memory(e):
                 raise
             raise memory.replan_after(e, dispatcher.memory, cfg.batch_size, supports_blocks(task.model)) from e
-        if final_evaluation_due(run.last_eval, run.stop_reason):  # e.g. a run resumed at its end
-            run.last_eval = evaluator(state)
+        if final_evaluation_due(final, stop_reason):  # e.g. a run resumed at its end
+            final = evaluator(state)
         summary = run_summary(
-            final_step=int(state.step), updates_this_run=int(state.step) - step, stop_reason=run.stop_reason,
-            final=run.last_eval, tracker=tracker, metric=cfg.checkpoint.best_metric, checkpoint_step=ckpt.best_step(),
+            final_step=int(state.step), updates_this_run=int(state.step) - step, stop_reason=stop_reason,
+            final=final, tracker=tracker, metric=cfg.checkpoint.best_metric, checkpoint_step=ckpt.best_step(),
             updates_per_s=run.clock.updates_per_s,
             skipped=int(optimizer_metrics(state.opt_state)["skipped"]),
             digest=state_digest(to_host(state)),  # shards held by other processes too
@@ -309,6 +294,29 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
         loader.close()
         logger.close()
     return summary, state, signals.signal
+
+
+def run_actions(cfg: Config, splits: Splits, ckpt: Checkpointer, run: act.RunContext, evaluate: act.Evaluate,
+                hooks: list[act.Action], restored: dict[str, Any] | None) -> list[act.Action]:
+    """The run's periodic actions in order: the signal stop (first), the non-finite streak, logs, the profiler,
+    the plateau's rate, the research code's hooks, and the save last (it saves the state those before it
+    hand on, with every keyed part's state, restored here from a resumed checkpoint's data item)."""
+    cadence = Cadence.of(cfg)
+    actions: list[act.Action] = [
+        act.SignalStop(), act.NonFiniteStreak(cfg.max_bad_steps),
+        act.LogTrain(cadence, cfg.batch_size, cfg.model.context if splits.source in ("text", "tokens") else 0,
+                     **mfu_inputs(ckpt.metadata.get("language_model"))),
+        act.Profile(Profiler(cfg.log.profile_start, cfg.log.profile_steps, run.logger.layout.profile, run.timings))]
+    if cfg.optim.schedule == "plateau":  # decides the rate of the next updates from each evaluation
+        from jaxloop.plateau import Plateau
+
+        actions.append(act.PlateauRate(Plateau.of(cfg), cfg.checkpoint.best_metric, cadence.eval_every))
+    actions += hooks
+    keyed = [evaluate, *actions]  # what a checkpoint's data item holds beside the loader's position
+    for part in keyed:
+        if restored is not None and part.key is not None and part.key in restored:
+            part.load_state_dict(restored[part.key])
+    return [*actions, act.Save(cadence, ckpt, keyed)]
 
 
 COMPILE_LINE_STARTS = ("compiling the training call", "compiled in ", "loaded the compiled training call")

@@ -163,3 +163,15 @@ def test_an_nnx_model_reaches_the_hook_as_the_module():
                     hooks=[jaxloop.Hook(lambda info: modules.append(info.model), every=4)])
     assert len(modules) == 1 and isinstance(modules[0], nnx.Module)
     assert modules[0].dense.kernel.value.shape == (4, 1)
+
+
+def test_a_hook_is_handed_the_evaluation_of_its_update(tmp_path):
+    # Evaluation every 4 updates runs before the hooks of that update: a hook every 2 has it in
+    # info.evaluation at 4, 8, 12 (the eval records' values) and None between.
+    seen = {}
+    jaxloop.run(_cfg(tmp_path, eval_every=4), _task(),
+                hooks=[jaxloop.Hook(lambda info: seen.__setitem__(info.step, info.evaluation), every=2)])
+    evals = {r["step"]: {k: r[k] for k in ("val_loss", "val_mae")} for r in read_records(tmp_path)
+             if r["kind"] == "eval"}
+    assert sorted(evals) == [4, 8, 12]
+    assert seen == {2: None, 4: evals[4], 6: None, 8: evals[8], 10: None, 12: evals[12]}

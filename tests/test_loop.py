@@ -7,14 +7,17 @@ per micro-batch, so the order of dispatches, waits and action calls can be read 
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
 
-from jaxloop.actions import Action, RunContext, Throughput
+from jaxloop.actions import Action, Evaluate, RunContext, Throughput
 from jaxloop.dispatch import Call, Finished
 from jaxloop.loop import train, updates_per_call
 from jaxloop.runinfo import Timings
+from loopcore.cadence import Cadence
+from loopcore.records import BestTracker
 
 
 class FakeDispatcher:
@@ -28,76 +31,156 @@ class FakeDispatcher:
 
     def dispatch(self, state: int, step: int, n: int) -> Call:
         self.events.append(("dispatch", step, n))
-        return Call(state + n, {"updated": np.ones(n, bool)}, step)
+        return Call(state + n, {"updated": np.ones(n, bool), "loss": np.zeros(n)}, step)
 
     def wait(self, call: Call) -> Finished:
         self.events.append(("wait", call.start))
         step = call.start + int(call.metrics["updated"].sum())
         return Finished(call.state, call.metrics, call.start, step, time.perf_counter(), 0.0)
 
+    def data_state(self) -> dict:
+        return {"position": -1}
+
 
 class Recorder(Action):
+    """Records every call; ends the run with reason "recorder" at update `stop_at`."""
+
     def __init__(self, name: str, events: list, every: int = 0, needs_state: bool = False, stop_at: int | None = None):
         self.name, self.events, self.every, self.needs_state, self.stop_at = name, events, every, needs_state, stop_at
 
     def after_call(self, run, done):
         self.events.append((self.name, "after_call", done.step))
 
-    def at_step(self, run, step, state):
-        self.events.append((self.name, "at_step", step, state))
-        if step == self.stop_at:
-            run.stop("recorder")
+    def at_boundary(self, run, b):
+        self.events.append((self.name, "at_boundary", b.step, b.state))
+        self.events.append((self.name, "record", b.step, b.ends, b.evaluation))
+        return b.stopping("recorder" if b.step == self.stop_at else None)
 
     def close(self, run):
         self.events.append((self.name, "close"))
 
 
-def _run(steps: int, actions_of, per_call: int | None = None, max_per_call: int = 50):
+class Sinks:
+    """The logger an evaluation writes to: its records and messages, kept."""
+
+    def __init__(self):
+        self.records: list = []
+
+    def eval(self, record):
+        self.records.append(record)
+
+    def message(self, line):
+        self.records.append(line)
+
+
+def _context(steps: int, start: int = 0) -> RunContext:
+    return RunContext(steps, 1, logger=Sinks(), timings=Timings(), clock=Throughput(start, 0.0))
+
+
+def _evaluate(steps: int, every: int, losses: dict[int, float], patience: int = 0) -> Evaluate:
+    """A real Evaluate over a scripted evaluation: val_loss losses[step] (default 1.0) at each due update."""
+    return Evaluate(Cadence(steps, 1, every, 0), lambda state: {"val_loss": losses.get(state, 1.0)},
+                    BestTracker("min", patience), "val_loss")
+
+
+def _run(steps: int, actions_of, per_call: int | None = None, max_per_call: int = 50, evaluate: Evaluate | None = None):
     events: list = []
     actions = actions_of(events)
-    run = RunContext(steps, 1, logger=None, timings=Timings(), clock=Throughput(0, 0.0))
-    n = per_call or updates_per_call(steps, actions, max_per_call)
-    final = train(0, 0, FakeDispatcher(events), actions, run, n)
-    return final, events, run
+    run = _context(steps)
+    n = per_call or updates_per_call(steps, [*actions, *([evaluate] if evaluate else [])], max_per_call)
+    ended = train(0, 0, FakeDispatcher(events), actions, run, n, evaluate)
+    return ended, events
+
+
+def _boundary_calls(events: list) -> list:
+    return [e for e in events if e[1:2] == ("at_boundary",)]
 
 
 def test_the_next_call_goes_out_before_the_finished_one_is_handed_to_the_actions():
     # No action reads the state before the end: every call but the last is followed by the next dispatch
     # before the actions see its metrics. Mutant (after_call before the dispatch ahead): seen failing.
-    final, events, _ = _run(20, lambda ev: [Recorder("log", ev)], max_per_call=5)
-    assert final == 20
+    ended, events = _run(20, lambda ev: [Recorder("log", ev)], max_per_call=5)
+    assert ended.state == 20
     for end in (5, 10, 15):
         assert events.index(("dispatch", end, 5)) < events.index(("log", "after_call", end))
-    assert events[-3:] == [("log", "after_call", 20), ("log", "at_step", 20, 20), ("log", "close")]
+    assert events[-4:] == [("log", "after_call", 20), ("log", "at_boundary", 20, 20), ("log", "record", 20, True, None),
+                           ("log", "close")]
 
 
 def test_an_action_reading_the_state_ends_calls_on_its_updates_and_sees_that_state():
-    final, events, _ = _run(12, lambda ev: [Recorder("eval", ev, every=4, needs_state=True)])
+    ended, events = _run(12, lambda ev: [Recorder("eval", ev, every=4, needs_state=True)])
     assert [e for e in events if e[0] == "dispatch"] == [("dispatch", s, 4) for s in (0, 4, 8)]
-    assert [e for e in events if e[1:2] == ("at_step",)] == [("eval", "at_step", s, s) for s in (4, 8, 12)]
+    assert _boundary_calls(events) == [("eval", "at_boundary", s, s) for s in (4, 8, 12)]
     for s in (4, 8):  # at a boundary the loop acts on the state first, then dispatches
-        assert events.index(("eval", "at_step", s, s)) < events.index(("dispatch", s, 4))
+        assert events.index(("eval", "at_boundary", s, s)) < events.index(("dispatch", s, 4))
 
 
 def test_an_action_that_only_reads_metrics_cuts_no_call_short():
     actions = lambda ev: [Recorder("metrics", ev, every=3), Recorder("save", ev, every=10, needs_state=True)]  # noqa: E731
-    _, events, _ = _run(20, actions)
+    _, events = _run(20, actions)
     assert [e[2] for e in events if e[0] == "dispatch"] == [10, 10], "calls end at the saves only"
 
 
-def test_a_stop_decided_at_a_boundary_ends_the_run_there_and_every_action_is_closed():
-    final, events, run = _run(20, lambda ev: [Recorder("a", ev, every=4, needs_state=True, stop_at=8),
-                                             Recorder("b", ev)])
-    assert final == 8 and run.stop_reason == "recorder"
-    assert ("b", "at_step", 8, 8) in events, "the actions after the stopping one still act at that update"
-    assert events[-2:] == [("b", "close"), ("a", "close")], "closed in reverse order"
+def test_each_action_is_called_once_per_boundary_the_stopping_one_included():
+    # Boundaries at 3 (b), 4 (a), 6 (b: it stops the run there). Every action is called at most once per
+    # update; at the stopping update a (before b) and c (after it, every=0) are called once, seeing the
+    # end. Mutant (the loop's second pass over every action where a stop is decided, as before): b is
+    # called twice at 6 (seen failing).
+    ended, events = _run(20, lambda ev: [Recorder("a", ev, every=4, needs_state=True),
+                                         Recorder("b", ev, every=3, needs_state=True, stop_at=6), Recorder("c", ev)])
+    assert ended.state == 6 and ended.stop_reason == "recorder"
+    calls = Counter((e[0], e[2]) for e in _boundary_calls(events))
+    assert max(calls.values()) == 1, f"called more than once at an update: {calls}"
+    assert sorted(calls) == [("a", 4), ("a", 6), ("b", 3), ("b", 6), ("c", 6)]
+    records = {(e[0], e[2]): e[3] for e in events if e[1:2] == ("record",)}
+    assert records[("a", 6)] and records[("c", 6)], "the actions before and after the stopping one see the end"
+    assert not records[("b", 6)], "the stopping one was handed the record before its own stop"
+    assert events.index(("c", "at_boundary", 6, 6)) < events.index(("a", "at_boundary", 6, 6)), \
+        "those after it first (a save sees the stop), then those before it that the end makes due"
+
+
+def test_a_signal_during_the_actions_ends_the_run_at_that_boundary_with_one_call_each():
+    class LateSignal(Recorder):
+        """A stop polled after update 4's actions ran (the signal came while they ran)."""
+
+        polls = 0
+
+        def poll(self, run):
+            self.polls += 1
+            # polled after each wait and after the actions of each boundary: 1, 2 at update 2; 3, 4 at 4
+            return "signal SIGTERM" if self.polls == 4 else None
+
+    ended, events = _run(12, lambda ev: [LateSignal("s", ev, every=2, needs_state=True), Recorder("save", ev)])
+    assert ended.state == 4 and ended.stop_reason == "signal SIGTERM"
+    assert [(e[0], e[2], e[3]) for e in events if e[1:2] == ("record",)] == [
+        ("s", 2, False), ("s", 4, False), ("save", 4, True)], "called once each; the save (due at the end) sees it"
+
+
+def test_the_evaluation_runs_before_every_action_and_its_results_are_in_their_record():
+    # The recorder comes first in the list: it is handed the evaluation of its update all the same (mutant:
+    # the evaluation run after the actions: the recorder sees None; seen failing).
+    evaluate = _evaluate(12, 4, {4: 0.5, 8: 0.25})
+    ended, events = _run(12, lambda ev: [Recorder("first", ev, every=2, needs_state=True)], evaluate=evaluate)
+    seen = {e[2]: e[4] for e in events if e[1:2] == ("record",)}
+    assert seen == {2: None, 4: {"val_loss": 0.5}, 6: None, 8: {"val_loss": 0.25}, 10: None, 12: {"val_loss": 1.0}}
+    assert ended.evaluation == {"val_loss": 1.0}, "the session's last evaluation, for the summary"
+
+
+def test_early_stopping_ends_the_run_at_the_evaluated_update_and_every_action_sees_it():
+    # patience 1: the evaluation at 8 (no better than 4) stops the run at 8, before the actions are called.
+    evaluate = _evaluate(20, 4, {4: 0.5, 8: 0.75}, patience=1)
+    ended, events = _run(20, lambda ev: [Recorder("a", ev), Recorder("b", ev, every=4, needs_state=True)],
+                         evaluate=evaluate)
+    assert ended.state == 8 and ended.stop_reason == "early_stopping"
+    assert [(e[0], e[2], e[3]) for e in events if e[1:2] == ("record",)] == [("b", 4, False), ("a", 8, True),
+                                                                             ("b", 8, True)]
 
 
 def test_a_run_started_at_its_end_dispatches_nothing():
     # A finished run started again resumes at `steps`: not one update more (seen: 21 of 20 before).
     events: list = []
-    run = RunContext(20, 1, logger=None, timings=Timings(), clock=Throughput(20, 0.0))
-    assert train(20, 20, FakeDispatcher(events), [Recorder("a", events)], run, 5) == 20
+    ended = train(20, 20, FakeDispatcher(events), [Recorder("a", events)], _context(20, 20), 5)
+    assert ended.state == 20 and ended.stop_reason == "completed"
     assert [e for e in events if e[0] in ("dispatch", "wait")] == []
 
 
@@ -108,7 +191,11 @@ def test_actions_are_closed_when_an_action_raises():
 
     events: list = []
     actions = [Recorder("a", events), Failing("f", events)]
-    run = RunContext(10, 1, logger=None, timings=Timings(), clock=Throughput(0, 0.0))
     with pytest.raises(RuntimeError, match="boom"):
-        train(0, 0, FakeDispatcher(events), actions, run, 5)
+        train(0, 0, FakeDispatcher(events), actions, _context(10), 5)
     assert events[-2:] == [("f", "close"), ("a", "close")]
+
+
+def test_an_action_written_for_the_former_protocol_is_refused_with_what_to_do():
+    with pytest.raises(TypeError, match="at_boundary"):
+        type("Old", (Action,), {"at_step": lambda self, run, step, state: None})
