@@ -38,14 +38,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import errno
-import gc
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-import sys
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -64,6 +62,7 @@ from loopcore.config import CheckpointConfig, Config
 from loopcore.layout import DAMAGED_DIR, RunLayout
 from jaxloop.distributed import barrier, is_primary
 from jaxloop.memory import size
+from jaxloop.orbax_quiet import MessageFilter, quiet_absl, quiet_checkpointing, settle_failed_read
 from jaxloop.state import TrainState, leaf_digests, leaf_path, model_record
 
 
@@ -282,6 +281,16 @@ class Checkpointer:
         self.layout = RunLayout(Path(run_dir).absolute())
         self.directory = self.layout.checkpoints
         self.config, self.metadata = config or {}, metadata or {}
+        # Orbax's console reports of what this Checkpointer reports itself, off until close() (orbax_quiet)
+        self._quiet = contextlib.ExitStack()
+        self._quiet.enter_context(quiet_checkpointing())
+        try:
+            self._open(options)
+        except BaseException:
+            self._quiet.close()
+            raise
+
+    def _open(self, options: CheckpointConfig) -> None:
         manager_options = ocp.CheckpointManagerOptions(
             best_fn=_metric_fn(options.best_metric),
             best_mode=options.best_mode,
@@ -300,13 +309,6 @@ class Checkpointer:
         self._failed: CheckpointWriteError | None = None  # the first failed save, raised again on every call
         self._space_warned = False
         self._sizes: dict[int, int] = {}  # bytes on disk of committed steps, measured once each
-        # Orbax's absl error reports of a failed background write (raised here as CheckpointWriteError instead)
-        self._orbax_errors = _OrbaxErrors()
-        logging.getLogger("absl").addFilter(self._orbax_errors)
-        # ... and what the writes of a failed save leave behind, as they fail in the background: tensorstore's
-        # callbacks into Orbax's closed event loop, and their own errors, reported as unraisable
-        if not isinstance(sys.unraisablehook, _DropAbandonedWrites):
-            sys.unraisablehook = _DropAbandonedWrites(sys.unraisablehook)
 
     @staticmethod
     def has_checkpoint(directory: Path) -> bool:
@@ -454,7 +456,7 @@ class Checkpointer:
             finally:
                 if failed is not None:
                     _release_signal_waiters()  # ... and those the failed save's last coroutines started since
-                logging.getLogger("absl").removeFilter(self._orbax_errors)
+                self._quiet.close()
             if failed is not None:
                 raise write_error(failed.__cause__ or failed, self.directory, self._handed) from failed.__cause__
 
@@ -503,71 +505,6 @@ class DiskSpaceWarning(UserWarning):
     """The free space beside the checkpoints holds at most one more save."""
 
 
-def quiet_orbax() -> None:
-    """Orbax logs every save at INFO through absl, and warns on every save made without validation
-    metrics (by design here: best tracking ranks only evaluated saves); keep the console for the run."""
-    absl = logging.getLogger("absl")
-    absl.setLevel(logging.WARNING)
-    if not any(isinstance(f, _NoMetricsWarning) for f in absl.filters):
-        absl.addFilter(_NoMetricsWarning())
-
-
-class _OrbaxErrors(logging.Filter):
-    """Orbax's own error reports (absl, ERROR: a failed background write, with its traceback): the
-    Checkpointer raises the error itself, as one line (CheckpointWriteError)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname)
-
-
-class _DropAbandonedWrites:
-    """sys.unraisablehook that drops what the writes of a failed save leave behind, which the Checkpointer
-    reports itself (one CheckpointWriteError): tensorstore's callbacks into Orbax's closed event loop
-    (RuntimeError "Event loop is closed") and the errors of writes into an unfinished step
-    (N.orbax-checkpoint-tmp) nobody retrieved; everything else goes to the hook it wraps."""
-
-    def __init__(self, previous: Any):
-        self.previous = previous
-
-    def __call__(self, unraisable: Any) -> None:
-        error = unraisable.exc_value
-        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
-            return
-        if ".orbax-checkpoint-tmp" in str(error):
-            return
-        self.previous(unraisable)
-
-
-class _NoMetricsWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "did not provide metrics" not in record.getMessage()
-
-
-def settle_failed_read() -> None:
-    """Finalize, here and quietly, the asyncio tasks a failed Orbax read leaves behind.
-
-    Orbax reads the arrays of a step with asyncio.gather, which stops at the first error; the other
-    reads stay in reference cycles, finished with errors nobody retrieved or pending on a closed loop.
-    Left to the cyclic collector they are finalized at an arbitrary later allocation, and asyncio
-    logs them there; inside ast.parse (tyro parses docstrings) CPython 3.11.7 then raises SystemError
-    ("AST constructor recursion depth mismatch", cpython#106905). The caller names the cause (restore()
-    re-raises the read's error).
-    """
-    asyncio_log = logging.getLogger("asyncio")
-    abandoned = _AbandonedTaskReport()
-    asyncio_log.addFilter(abandoned)
-    try:
-        gc.collect()
-    finally:
-        asyncio_log.removeFilter(abandoned)
-
-
-class _AbandonedTaskReport(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not ("exception was never retrieved" in message or "destroyed but it is pending" in message)
-
-
 def restore(manager: ocp.CheckpointManager, step: int, target: Any, data: bool = False,
             cast: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The one Orbax restore of jaxloop: the state of `step` against `target` (a TrainState to resume,
@@ -597,9 +534,10 @@ def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None
     restored against an abstract tree built from the checkpoint's own metadata, on the first local
     device, so no model needs building. `best` (by checkpoint.best_metric) falls back to the latest
     checkpoint, with a warning, when no checkpoint holds validation metrics. FileNotFoundError when
-    the run holds no readable checkpoint. `follow_x64`: an fp64 run's checkpoint switches jax's x64 on
-    (a process reading it to sample or evaluate); False leaves jax's mode alone and reads float64 leaves
-    as the current mode's floats (a run taking another run's params to cast them to its own).
+    the run holds no readable checkpoint. `follow_x64`: an fp64 run's checkpoint is read in jax's x64
+    mode, so its float64 leaves come back float64 (compute with them inside `jax.enable_x64(True)`);
+    False reads them as the current mode's floats (a run taking another run's params to cast them to its
+    own). jax's x64 mode and absl's log level are as before when it returns.
     """
     from loopcore.run_dir import read_config
 
@@ -610,9 +548,15 @@ def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None
     directory = layout.checkpoints
     if not directory.is_dir() or not any(p.name.isdigit() for p in directory.iterdir()):
         raise FileNotFoundError(f"{run_dir} holds no checkpoint (nothing in {directory})")
-    if cfg.precision == "fp64" and follow_x64:
-        jax.config.update("jax_enable_x64", True)
-    logging.getLogger("absl").setLevel(logging.ERROR)  # orbax warns at length about read-only managers
+    with contextlib.ExitStack() as scope:
+        if cfg.precision == "fp64" and follow_x64:
+            scope.enter_context(jax.enable_x64(True))
+        scope.enter_context(quiet_absl(logging.ERROR))  # orbax warns at length about read-only managers
+        return _read_steps(run_dir, directory, cfg, which)
+
+
+def _read_steps(run_dir: Path, directory: Path, cfg: Config, which: str) -> tuple[int, str, dict]:
+    """read_checkpoint's read: the chosen step, else the next newest that reads."""
     metric = cfg.checkpoint.best_metric
     options = ocp.CheckpointManagerOptions(read_only=True, create=False, best_mode=cfg.checkpoint.best_mode,
                                            best_fn=lambda metrics: float(metrics[metric]))
@@ -627,7 +571,7 @@ def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None
             except Exception:  # noqa: BLE001 - metrics missing or unreadable
                 best = None
             if best is None:
-                warnings.warn(f"no checkpoint of {run_dir} holds {metric}; using the latest", stacklevel=2)
+                warnings.warn(f"no checkpoint of {run_dir} holds {metric}; using the latest", stacklevel=3)
                 chosen = "latest"
             else:
                 first = best
@@ -643,7 +587,7 @@ def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None
                 return int(step), chosen, restore(manager, step, abstract, cast=cast)["state"]
             except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
                 warnings.warn(f"checkpoint at update {step} could not be read ({_root_cause(e)}); "
-                              "trying the next newest", stacklevel=2)
+                              "trying the next newest", stacklevel=3)
                 chosen = "latest"
     raise FileNotFoundError(f"no checkpoint of {run_dir} could be read")
 
@@ -651,25 +595,9 @@ def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None
 def _state_metadata(step_dir: Path) -> Any:
     """Orbax's metadata tree of a step's state (shapes and dtypes, no arrays read). Orbax's warning that the
     item has no _CHECKPOINT_METADATA of its own (the step directory holds it) is kept off the console."""
-    quiet = _MessageFilter("Metadata file does not exist")
-    absl = logging.getLogger("absl")
-    absl.addFilter(quiet)
-    try:
-        with ocp.StandardCheckpointer() as reader:
-            return reader.metadata(step_dir / "state").item_metadata
-    finally:
-        absl.removeFilter(quiet)
-
-
-class _MessageFilter(logging.Filter):
-    """Drops the records whose message contains `text`."""
-
-    def __init__(self, text: str):
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
+    with quiet_absl(logging.NOTSET, MessageFilter("Metadata file does not exist")), \
+            ocp.StandardCheckpointer() as reader:
+        return reader.metadata(step_dir / "state").item_metadata
 
 
 def saved_structure(directory: str | Path) -> dict[str, Any] | None:
@@ -689,7 +617,9 @@ def saved_structure(directory: str | Path) -> dict[str, Any] | None:
 def load_model(run_dir: str | Path, model: Any, which: str = "best") -> Any:
     """The trained weights of a run, given back in the user's form: an NNX module (updated in place
     with the checkpoint's params and state, in eval mode), or for a Linen module its variables
-    {"params": ..., other collections}. `which`: the best (checkpoint.best_metric) or latest checkpoint."""
+    {"params": ..., other collections}. `which`: the best (checkpoint.best_metric) or latest checkpoint.
+    Changes no global state: an fp64 run's weights come back float64, to be used inside
+    `jax.enable_x64(True)` (outside it jax computes with them in float32)."""
     from jaxloop.module import NnxModel, is_nnx
 
     _, _, saved = read_checkpoint(run_dir, which)
