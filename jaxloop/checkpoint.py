@@ -25,9 +25,10 @@ Orbax's save is called on the loop's thread (its barriers are collectives that e
 issue in the same order), so only Orbax's own async write is in the background.
 
 A save that fails (a full disk: ENOSPC, tensorstore's RESOURCE_EXHAUSTED) raises CheckpointWriteError,
-one line naming the path, the error, the free space and the last good (committed) checkpoint; Orbax's
-own reports of it (absl errors, and the "Event loop is closed" tracebacks of the writes its failed
-gather abandoned) are kept off the console. Orbax writes a step into N.orbax-checkpoint-tmp and renames
+one line naming the path, the error, the free space and the last good (committed) checkpoint
+(jaxloop.checkpoint_errors); Orbax's own reports of it (absl errors, and the "Event loop is closed"
+tracebacks of the writes its failed gather abandoned) are kept off the console while the Checkpointer is
+open, and only then (jaxloop.orbax_quiet). Orbax writes a step into N.orbax-checkpoint-tmp and renames
 it to N once complete, so only whole steps are ever listed or restored; the next start deletes the
 leftover (cleanup_tmp_directories) and resumes from the last good one. Before each save, the free space
 is compared with the last checkpoint's size: a warning (once) when at most one more save fits.
@@ -37,12 +38,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import errno
 import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import time
 import warnings
@@ -61,7 +60,7 @@ from loopcore.errors import CheckpointWriteError
 from loopcore.config import CheckpointConfig, Config
 from loopcore.layout import DAMAGED_DIR, RunLayout
 from jaxloop.distributed import barrier, is_primary
-from jaxloop.memory import size
+from jaxloop.checkpoint_errors import committed_steps, free_bytes, root_cause, size_text, write_error
 from jaxloop.orbax_quiet import MessageFilter, quiet_absl, quiet_checkpointing, settle_failed_read
 from jaxloop.state import TrainState, leaf_digests, leaf_path, model_record
 
@@ -150,31 +149,6 @@ _finite = jax.jit(lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x
                                                    if jnp.issubdtype(x.dtype, jnp.inexact)])))
 
 
-def _chain(error: BaseException) -> list[BaseException]:
-    """The error and its causes and contexts, outermost first (each once)."""
-    out: list[BaseException] = []
-    while error is not None and error not in out:
-        out.append(error)
-        error = error.__cause__ or error.__context__
-    return out
-
-
-def is_disk_full(error: BaseException) -> bool:
-    """Whether a failed write ran out of space: ENOSPC anywhere in the chain, or tensorstore's report of it
-    (RESOURCE_EXHAUSTED ... No space left on device)."""
-    return any(getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e)
-               or "os_error_code='28'" in str(e) for e in _chain(error))
-
-
-def committed_steps(directory: str | Path) -> list[int]:
-    """The steps whose checkpoint is complete on disk: Orbax renames N.orbax-checkpoint-tmp to N only
-    after every item is written, so the digit-named directories are the committed ones."""
-    try:
-        return sorted(int(p.name) for p in Path(directory).iterdir() if p.name.isdigit() and p.is_dir())
-    except OSError:
-        return []
-
-
 def _tree_bytes(path: Path) -> int:
     total = 0
     for root, _, files in os.walk(path):
@@ -184,54 +158,6 @@ def _tree_bytes(path: Path) -> int:
             except OSError:
                 pass
     return total
-
-
-def _free_bytes(path: Path) -> int | None:
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return None
-
-
-def _size(n: int | None) -> str:
-    return "an unknown amount" if n is None else size(n)
-
-
-def write_error(error: BaseException, directory: Path, handed: list[int]) -> CheckpointWriteError:
-    """The one line a failed save becomes: the step and path, the error, the free space, the last good step.
-    `handed`: the steps given to Orbax so far; the failed one is the step Orbax's error names, else the
-    first of them not committed (Orbax commits in order)."""
-    text = " ".join(f"{type(e).__name__}: {e}" for e in _chain(error))
-    found = re.search(r"/(\d+)\.orbax-checkpoint-tmp", text)  # the step whose write failed, as Orbax names it
-    good = committed_steps(directory)
-    pending = [s for s in handed if s > (good[-1] if good else -1)]
-    failed = int(found.group(1)) if found else pending[0] if pending else None
-    if is_disk_full(error):
-        cause = "the disk is full (No space left on device)"
-    else:
-        cause = _root_cause(error)
-    last = (f"the last good checkpoint is update {good[-1]}, which a rerun resumes from" if good
-            else "no checkpoint was completed; a rerun starts afresh")
-    which = f"the checkpoint of update {failed}" if failed is not None else "a checkpoint"
-    return CheckpointWriteError(f"{which} could not be written to {directory}: {cause}; "
-                                f"{_size(_free_bytes(directory))} free there; {last}")
-
-
-def disk_full_line(error: OSError, run_dir: str | Path) -> str:
-    """The one line of a full disk met outside a checkpoint save (metrics.jsonl, config.json, ...)."""
-    good = committed_steps(RunLayout.of(Path(run_dir).absolute()).checkpoints)
-    last = (f"the last good checkpoint is update {good[-1]}, which a rerun resumes from" if good
-            else "no checkpoint was completed; a rerun starts afresh")
-    return (f"{error.filename or run_dir} could not be written: the disk is full (No space left on device); "
-            f"{_size(_free_bytes(Path(run_dir)))} free there; {last}")
-
-
-def _root_cause(error: BaseException) -> str:
-    """The innermost cause's type and first line (orbax wraps tensorstore's precise error), shortened."""
-    while error.__cause__ is not None:
-        error = error.__cause__
-    text = str(error).splitlines()[0] if str(error) else ""
-    return f"{type(error).__name__}: {text}"[:300]
 
 
 _device_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # new buffers, same shardings
@@ -361,11 +287,11 @@ class Checkpointer:
         last = good[-1]
         if last not in self._sizes:
             self._sizes[last] = _tree_bytes(self.directory / str(last))
-        free = _free_bytes(self.directory)
+        free = free_bytes(self.directory)
         if free is not None and free < SPACE_MARGIN * self._sizes[last]:
             self._space_warned = True
-            warnings.warn(f"the next saves will not fit in {self.directory}: {_size(free)} free, each save "
-                          f"~{_size(self._sizes[last])} (update {last}); free some space or lower "
+            warnings.warn(f"the next saves will not fit in {self.directory}: {size_text(free)} free, each save "
+                          f"~{size_text(self._sizes[last])} (update {last}); free some space or lower "
                           "checkpoint.keep_last", DiskSpaceWarning, stacklevel=3)
 
     def _save(self, step: int, state: TrainState, data: dict[str, Any], metrics: dict[str, float] | None,
@@ -399,7 +325,7 @@ class Checkpointer:
                 return Restored(step=step, state=out["state"], data=dict(out["data"]),
                                 metadata=dict(out["metadata"] or {}), path=self.directory / str(step))
             except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
-                cause = _root_cause(e)
+                cause = root_cause(e)
                 warnings.warn(f"checkpoint at update {step} is damaged ({cause}); "
                               f"moving it to {DAMAGED_DIR}/ and trying the previous one", stacklevel=2)
                 self._quarantine(step)
@@ -586,7 +512,7 @@ def _read_steps(run_dir: Path, directory: Path, cfg: Config, which: str) -> tupl
                                  if jax.dtypes.canonicalize_dtype(m.dtype) != m.dtype)
                 return int(step), chosen, restore(manager, step, abstract, cast=cast)["state"]
             except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
-                warnings.warn(f"checkpoint at update {step} could not be read ({_root_cause(e)}); "
+                warnings.warn(f"checkpoint at update {step} could not be read ({root_cause(e)}); "
                               "trying the next newest", stacklevel=3)
                 chosen = "latest"
     raise FileNotFoundError(f"no checkpoint of {run_dir} could be read")
