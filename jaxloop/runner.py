@@ -57,9 +57,8 @@ from loopcore.sources import Splits, write_vocab
 
 def executables_dir(cfg: Config, builtin: bool) -> str | None:
     """Where the loop keeps compiled calls by config and source (jaxloop.executables): beside JAX's cache,
-    for a built-in task in one process when cfg.store_executables; None otherwise (a user's task is code
-    jaxloop cannot key)."""
-    if not (builtin and cfg.compile_cache and cfg.store_executables and jax.process_count() == 1):
+    for a built-in task in one process; None otherwise (a user's task is code jaxloop cannot key)."""
+    if not (builtin and cfg.compile_cache and jax.process_count() == 1):
         return None
     return str(Path(cfg.compile_cache).expanduser() / "jaxloop-executables")
 

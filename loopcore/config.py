@@ -320,10 +320,6 @@ class Config:
     compile_cache: str = "~/.cache/jaxloop/xla"
     """The compilation caches ("" = off): JAX's persistent cache, and for the built-in tasks the compiled calls
     stored by config and source (jaxloop.executables); a second run or a resume loads its compiled steps."""
-    store_executables: bool = True
-    """For the built-in tasks, keep their compiled calls in compile_cache by config and source too, loaded
-    without tracing: a second run's first update about 2 s sooner for the shakespeare preset, 0.2 s for
-    digits, than with JAX's cache alone (docs/speed.md). False: JAX's persistent cache alone."""
     init_from: str = ""
     """A run_dir (or its checkpoints/ directory) whose newest checkpoint's params initialise this fresh run
     (optimizer, step and data position start afresh); empty = the model's own seeded init. Not allowed
@@ -739,7 +735,7 @@ def _writable_dir(name: str, path: str) -> None:
 # of other fusions), other memory and time; so do the memory plans (memory.*: jaxloop.memory).
 RESUME_SAFE = (
     "run_dir", "resume", "allow_steps_change", "compile_cache", "retain_host_memory", "eval_every", "log_every",
-    "deterministic", "store_executables",
+    "deterministic",
     "updates_per_call", "max_bad_steps", "patience", "init_from",
     "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed.",
     "model.remat",
@@ -754,7 +750,7 @@ RESUME_SAFE = (
 NOT_COMPILED = (
     "run_dir", "resume", "allow_steps_change", "compile_cache", "retain_host_memory", "eval_every", "eval_batches",
     "log_every",
-    "deterministic", "updates_per_call", "max_bad_steps", "patience", "init_from", "seed", "store_executables",
+    "deterministic", "updates_per_call", "max_bad_steps", "patience", "init_from", "seed",
     "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed.",
 )
 

@@ -378,20 +378,11 @@ def test_a_config_field_the_computation_uses_changes_the_context(field: dict) ->
 @pytest.mark.parametrize("field", [
     dict(run_dir="elsewhere"), dict(seed=7), dict(resume="never"), dict(eval_every=3),
     dict(log=replace(Config(preset="debug").log, progress="plain")),
-    dict(checkpoint=replace(Config(preset="debug").checkpoint, keep_last=9)), dict(store_executables=False),
-], ids=["run_dir", "seed", "resume", "eval_every", "log.progress", "checkpoint.keep_last", "store_executables"])
+    dict(checkpoint=replace(Config(preset="debug").checkpoint, keep_last=9)),
+], ids=["run_dir", "seed", "resume", "eval_every", "log.progress", "checkpoint.keep_last"])
 def test_a_host_side_config_field_leaves_the_context_alone(field: dict) -> None:
     # so a resume or a seed sweep loads the calls an earlier run stored
     assert compiled_context(_cfg(**field), "train x1") == compiled_context(_cfg(), "train x1")
-
-
-def test_the_store_serves_a_builtin_task_unless_switched_off() -> None:
-    # mutant seen failing: executables_dir ignoring cfg.store_executables
-    from jaxloop.runner import executables_dir
-
-    assert executables_dir(_cfg(compile_cache="/c"), builtin=True) == str(Path("/c") / "jaxloop-executables")
-    assert executables_dir(_cfg(compile_cache="/c", store_executables=False), builtin=True) is None
-    assert executables_dir(_cfg(compile_cache="/c"), builtin=False) is None, "a user's task: JAX's cache alone"
 
 
 def _no_compile() -> None:
