@@ -6,9 +6,10 @@ EveryNSteps(keep_every): the newest checkpoint is never deleted (unlike max_to_k
 A damaged step (a file missing or truncated, an array or data position that fails its digest, a non-finite
 state) is moved aside with a warning and the previous one is used.
 
-Every checkpoint carries a digest of what it holds (item `digest`: sha256 of each state leaf's dtype, shape
-and bytes, jaxloop.state.leaf_digests, and of the data position's JSON), computed from the arrays as handed
-to Orbax (the hand-over thread of an async save: off the loop's path) and committed with the step. Every
+Every checkpoint carries a digest of what it holds (item `digest`, jaxloop.checkpoint_digest: sha256 of each
+state leaf's dtype, shape and bytes, jaxloop.state.leaf_digests, and of the data position's JSON), computed
+from the arrays as handed to Orbax (the hand-over thread of an async save: off the loop's path) and
+committed with the step. Every
 restore (resume, load_model, --init_from, sampling) checks it; a checkpoint written before digests is
 restored with a one-time warning that it is unverified.
 
@@ -38,8 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
-import json
 import logging
 import os
 import shutil
@@ -60,9 +59,10 @@ from loopcore.errors import CheckpointWriteError
 from loopcore.config import CheckpointConfig, Config
 from loopcore.layout import DAMAGED_DIR, RunLayout
 from jaxloop.distributed import barrier, is_primary
+from jaxloop.checkpoint_digest import checkpoint_digest, finite, verify
 from jaxloop.checkpoint_errors import committed_steps, free_bytes, root_cause, size_text, write_error
 from jaxloop.orbax_quiet import MessageFilter, quiet_absl, quiet_checkpointing, settle_failed_read
-from jaxloop.state import TrainState, leaf_digests, leaf_path, model_record
+from jaxloop.state import TrainState, leaf_path, model_record
 
 
 ITEMS = ("state", "data", "config", "metadata", "digest")
@@ -72,51 +72,6 @@ SPACE_MARGIN = 2
 
 class NonFiniteStateError(RuntimeError):
     """Raised instead of saving a state that holds NaN or Inf."""
-
-
-class DamagedCheckpointError(ValueError):
-    """A restored checkpoint whose arrays or data position fail its digest, or whose state is not finite."""
-
-
-class UnverifiedCheckpointWarning(UserWarning):
-    """A checkpoint written before jaxloop recorded digests was restored without a check of its bytes."""
-
-
-DIGEST_ALGORITHM = "sha256"
-
-
-def data_digest(data: dict[str, Any]) -> str:
-    """sha256 of a data position as its canonical JSON (what the `data` item holds, restored or not)."""
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
-
-
-def checkpoint_digest(state: Any, data: dict[str, Any]) -> dict[str, Any]:
-    """What a checkpoint records of itself: each state leaf's digest and the data position's."""
-    return {"algorithm": DIGEST_ALGORITHM, "state": leaf_digests(state), "data": data_digest(data)}
-
-
-def verify(restored: dict[str, Any], recorded: dict[str, Any] | None, directory: Path,
-           cast: frozenset[str] = frozenset()) -> None:
-    """Raise DamagedCheckpointError when what was restored of a step (its `state`, and `data` if read) differs
-    from the digest recorded with it, or the state is not finite. `cast`: leaves the reader converted to
-    another dtype on purpose (not comparable). No digest recorded: one warning, and only the finite check
-    (which is all a checkpoint of several processes gets: each held only its shards)."""
-    state = restored["state"]
-    if recorded is None:
-        warnings.warn(f"the checkpoints in {directory} carry no digest (written by an older jaxloop): "
-                      "restored without checking their bytes", UnverifiedCheckpointWarning, stacklevel=3)
-    elif recorded.get("algorithm") == DIGEST_ALGORITHM:
-        now = leaf_digests(state)
-        saved = recorded.get("state") or {}
-        bad = [p for p in sorted(set(now) | set(saved)) if p not in cast and now.get(p) != saved.get(p)]
-        if bad:
-            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-            raise DamagedCheckpointError(f"the state leaf {bad[0]}{more} does not match the checkpoint's digest")
-        if "data" in restored and data_digest(dict(restored["data"])) != recorded.get("data"):
-            raise DamagedCheckpointError("the data position does not match the checkpoint's digest")
-    floats = [x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.inexact)]
-    if floats and not bool(_finite(floats)):
-        raise DamagedCheckpointError("the restored state holds NaN or Inf")
 
 
 @dataclass
@@ -144,9 +99,6 @@ def preservation_policy(c: CheckpointConfig) -> cm.PreservationPolicy:
 def _metric_fn(name: str):
     return lambda metrics: float(metrics[name])
 
-
-_finite = jax.jit(lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-                                                   if jnp.issubdtype(x.dtype, jnp.inexact)])))
 
 
 def _tree_bytes(path: Path) -> int:
@@ -249,7 +201,7 @@ class Checkpointer:
         because train_step never returns a non-finite state (it skips such updates).
         """
         t0 = time.perf_counter()
-        if check_finite and not bool(_finite((state.params, state.opt_state))):
+        if check_finite and not bool(finite((state.params, state.opt_state))):
             raise NonFiniteStateError(f"refusing to save update {step}: the state holds NaN or Inf")
         self._raise_failed()
         self._check_space()
