@@ -129,6 +129,7 @@ def test_the_retry_for_other_update_types_does_not_depend_on_the_wording_of_lax_
 
 
 def test_an_inner_transformations_own_type_error_is_raised_as_it_is():
+    # the retry must not swallow it. Mutant seen failing: the except clause returning the updates unchanged
     def update(u, state, params=None):
         raise TypeError("inner: bad gradient")
 
