@@ -42,7 +42,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxloop.checkpoint import Checkpointer, quiet_orbax
+from jaxloop.checkpoint import Checkpointer
 from loopcore.config import CheckpointConfig, Config, DataConfig, ModelConfig, to_dict
 from jaxloop.models import make_model
 from jaxloop.state import TrainState
@@ -55,7 +55,6 @@ def main() -> None:
     p.add_argument("--sizes", nargs="+", default=["512x6", "768x12"], help="GPT d_model x n_layers, or mlp")
     p.add_argument("--cpu", action="store_true", help="measure Orbax's CPU per save, jax.Arrays vs NumPy views")
     args = p.parse_args()
-    quiet_orbax()
     # The benchmark awaits each async save from this thread; Orbax then counts that wait against the next
     # save (on the hand-over thread) and warns "Waiting for previous save". Not a delay of any save here.
     logging.getLogger("absl").setLevel(logging.ERROR)

@@ -6,9 +6,10 @@ EveryNSteps(keep_every): the newest checkpoint is never deleted (unlike max_to_k
 A damaged step (a file missing or truncated, an array or data position that fails its digest, a non-finite
 state) is moved aside with a warning and the previous one is used.
 
-Every checkpoint carries a digest of what it holds (item `digest`: sha256 of each state leaf's dtype, shape
-and bytes, jaxloop.state.leaf_digests, and of the data position's JSON), computed from the arrays as handed
-to Orbax (the hand-over thread of an async save: off the loop's path) and committed with the step. Every
+Every checkpoint carries a digest of what it holds (item `digest`, jaxloop.checkpoint_digest: sha256 of each
+state leaf's dtype, shape and bytes, jaxloop.state.leaf_digests, and of the data position's JSON), computed
+from the arrays as handed to Orbax (the hand-over thread of an async save: off the loop's path) and
+committed with the step. Every
 restore (resume, load_model, --init_from, sampling) checks it; a checkpoint written before digests is
 restored with a one-time warning that it is unverified.
 
@@ -25,9 +26,10 @@ Orbax's save is called on the loop's thread (its barriers are collectives that e
 issue in the same order), so only Orbax's own async write is in the background.
 
 A save that fails (a full disk: ENOSPC, tensorstore's RESOURCE_EXHAUSTED) raises CheckpointWriteError,
-one line naming the path, the error, the free space and the last good (committed) checkpoint; Orbax's
-own reports of it (absl errors, and the "Event loop is closed" tracebacks of the writes its failed
-gather abandoned) are kept off the console. Orbax writes a step into N.orbax-checkpoint-tmp and renames
+one line naming the path, the error, the free space and the last good (committed) checkpoint
+(jaxloop.checkpoint_errors); Orbax's own reports of it (absl errors, and the "Event loop is closed"
+tracebacks of the writes its failed gather abandoned) are kept off the console while the Checkpointer is
+open, and only then (jaxloop.orbax_quiet). Orbax writes a step into N.orbax-checkpoint-tmp and renames
 it to N once complete, so only whole steps are ever listed or restored; the next start deletes the
 leftover (cleanup_tmp_directories) and resumes from the last good one. Before each save, the free space
 is compared with the last checkpoint's size: a warning (once) when at most one more save fits.
@@ -37,15 +39,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import errno
-import gc
-import hashlib
-import json
 import logging
 import os
-import re
 import shutil
-import sys
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -63,8 +59,10 @@ from loopcore.errors import CheckpointWriteError
 from loopcore.config import CheckpointConfig, Config
 from loopcore.layout import DAMAGED_DIR, RunLayout
 from jaxloop.distributed import barrier, is_primary
-from jaxloop.memory import size
-from jaxloop.state import TrainState, leaf_digests, leaf_path, model_record
+from jaxloop.checkpoint_digest import checkpoint_digest, finite, verify
+from jaxloop.checkpoint_errors import committed_steps, free_bytes, root_cause, size_text, write_error
+from jaxloop.orbax_quiet import MessageFilter, quiet_absl, quiet_checkpointing, settle_failed_read
+from jaxloop.state import TrainState, leaf_path, model_record
 
 
 ITEMS = ("state", "data", "config", "metadata", "digest")
@@ -74,51 +72,6 @@ SPACE_MARGIN = 2
 
 class NonFiniteStateError(RuntimeError):
     """Raised instead of saving a state that holds NaN or Inf."""
-
-
-class DamagedCheckpointError(ValueError):
-    """A restored checkpoint whose arrays or data position fail its digest, or whose state is not finite."""
-
-
-class UnverifiedCheckpointWarning(UserWarning):
-    """A checkpoint written before jaxloop recorded digests was restored without a check of its bytes."""
-
-
-DIGEST_ALGORITHM = "sha256"
-
-
-def data_digest(data: dict[str, Any]) -> str:
-    """sha256 of a data position as its canonical JSON (what the `data` item holds, restored or not)."""
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
-
-
-def checkpoint_digest(state: Any, data: dict[str, Any]) -> dict[str, Any]:
-    """What a checkpoint records of itself: each state leaf's digest and the data position's."""
-    return {"algorithm": DIGEST_ALGORITHM, "state": leaf_digests(state), "data": data_digest(data)}
-
-
-def verify(restored: dict[str, Any], recorded: dict[str, Any] | None, directory: Path,
-           cast: frozenset[str] = frozenset()) -> None:
-    """Raise DamagedCheckpointError when what was restored of a step (its `state`, and `data` if read) differs
-    from the digest recorded with it, or the state is not finite. `cast`: leaves the reader converted to
-    another dtype on purpose (not comparable). No digest recorded: one warning, and only the finite check
-    (which is all a checkpoint of several processes gets: each held only its shards)."""
-    state = restored["state"]
-    if recorded is None:
-        warnings.warn(f"the checkpoints in {directory} carry no digest (written by an older jaxloop): "
-                      "restored without checking their bytes", UnverifiedCheckpointWarning, stacklevel=3)
-    elif recorded.get("algorithm") == DIGEST_ALGORITHM:
-        now = leaf_digests(state)
-        saved = recorded.get("state") or {}
-        bad = [p for p in sorted(set(now) | set(saved)) if p not in cast and now.get(p) != saved.get(p)]
-        if bad:
-            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-            raise DamagedCheckpointError(f"the state leaf {bad[0]}{more} does not match the checkpoint's digest")
-        if "data" in restored and data_digest(dict(restored["data"])) != recorded.get("data"):
-            raise DamagedCheckpointError("the data position does not match the checkpoint's digest")
-    floats = [x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.inexact)]
-    if floats and not bool(_finite(floats)):
-        raise DamagedCheckpointError("the restored state holds NaN or Inf")
 
 
 @dataclass
@@ -147,34 +100,6 @@ def _metric_fn(name: str):
     return lambda metrics: float(metrics[name])
 
 
-_finite = jax.jit(lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-                                                   if jnp.issubdtype(x.dtype, jnp.inexact)])))
-
-
-def _chain(error: BaseException) -> list[BaseException]:
-    """The error and its causes and contexts, outermost first (each once)."""
-    out: list[BaseException] = []
-    while error is not None and error not in out:
-        out.append(error)
-        error = error.__cause__ or error.__context__
-    return out
-
-
-def is_disk_full(error: BaseException) -> bool:
-    """Whether a failed write ran out of space: ENOSPC anywhere in the chain, or tensorstore's report of it
-    (RESOURCE_EXHAUSTED ... No space left on device)."""
-    return any(getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e)
-               or "os_error_code='28'" in str(e) for e in _chain(error))
-
-
-def committed_steps(directory: str | Path) -> list[int]:
-    """The steps whose checkpoint is complete on disk: Orbax renames N.orbax-checkpoint-tmp to N only
-    after every item is written, so the digit-named directories are the committed ones."""
-    try:
-        return sorted(int(p.name) for p in Path(directory).iterdir() if p.name.isdigit() and p.is_dir())
-    except OSError:
-        return []
-
 
 def _tree_bytes(path: Path) -> int:
     total = 0
@@ -185,54 +110,6 @@ def _tree_bytes(path: Path) -> int:
             except OSError:
                 pass
     return total
-
-
-def _free_bytes(path: Path) -> int | None:
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return None
-
-
-def _size(n: int | None) -> str:
-    return "an unknown amount" if n is None else size(n)
-
-
-def write_error(error: BaseException, directory: Path, handed: list[int]) -> CheckpointWriteError:
-    """The one line a failed save becomes: the step and path, the error, the free space, the last good step.
-    `handed`: the steps given to Orbax so far; the failed one is the step Orbax's error names, else the
-    first of them not committed (Orbax commits in order)."""
-    text = " ".join(f"{type(e).__name__}: {e}" for e in _chain(error))
-    found = re.search(r"/(\d+)\.orbax-checkpoint-tmp", text)  # the step whose write failed, as Orbax names it
-    good = committed_steps(directory)
-    pending = [s for s in handed if s > (good[-1] if good else -1)]
-    failed = int(found.group(1)) if found else pending[0] if pending else None
-    if is_disk_full(error):
-        cause = "the disk is full (No space left on device)"
-    else:
-        cause = _root_cause(error)
-    last = (f"the last good checkpoint is update {good[-1]}, which a rerun resumes from" if good
-            else "no checkpoint was completed; a rerun starts afresh")
-    which = f"the checkpoint of update {failed}" if failed is not None else "a checkpoint"
-    return CheckpointWriteError(f"{which} could not be written to {directory}: {cause}; "
-                                f"{_size(_free_bytes(directory))} free there; {last}")
-
-
-def disk_full_line(error: OSError, run_dir: str | Path) -> str:
-    """The one line of a full disk met outside a checkpoint save (metrics.jsonl, config.json, ...)."""
-    good = committed_steps(RunLayout.of(Path(run_dir).absolute()).checkpoints)
-    last = (f"the last good checkpoint is update {good[-1]}, which a rerun resumes from" if good
-            else "no checkpoint was completed; a rerun starts afresh")
-    return (f"{error.filename or run_dir} could not be written: the disk is full (No space left on device); "
-            f"{_size(_free_bytes(Path(run_dir)))} free there; {last}")
-
-
-def _root_cause(error: BaseException) -> str:
-    """The innermost cause's type and first line (orbax wraps tensorstore's precise error), shortened."""
-    while error.__cause__ is not None:
-        error = error.__cause__
-    text = str(error).splitlines()[0] if str(error) else ""
-    return f"{type(error).__name__}: {text}"[:300]
 
 
 _device_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # new buffers, same shardings
@@ -282,6 +159,16 @@ class Checkpointer:
         self.layout = RunLayout(Path(run_dir).absolute())
         self.directory = self.layout.checkpoints
         self.config, self.metadata = config or {}, metadata or {}
+        # Orbax's console reports of what this Checkpointer reports itself, off until close() (orbax_quiet)
+        self._quiet = contextlib.ExitStack()
+        self._quiet.enter_context(quiet_checkpointing())
+        try:
+            self._open(options)
+        except BaseException:
+            self._quiet.close()
+            raise
+
+    def _open(self, options: CheckpointConfig) -> None:
         manager_options = ocp.CheckpointManagerOptions(
             best_fn=_metric_fn(options.best_metric),
             best_mode=options.best_mode,
@@ -300,13 +187,6 @@ class Checkpointer:
         self._failed: CheckpointWriteError | None = None  # the first failed save, raised again on every call
         self._space_warned = False
         self._sizes: dict[int, int] = {}  # bytes on disk of committed steps, measured once each
-        # Orbax's absl error reports of a failed background write (raised here as CheckpointWriteError instead)
-        self._orbax_errors = _OrbaxErrors()
-        logging.getLogger("absl").addFilter(self._orbax_errors)
-        # ... and what the writes of a failed save leave behind, as they fail in the background: tensorstore's
-        # callbacks into Orbax's closed event loop, and their own errors, reported as unraisable
-        if not isinstance(sys.unraisablehook, _DropAbandonedWrites):
-            sys.unraisablehook = _DropAbandonedWrites(sys.unraisablehook)
 
     @staticmethod
     def has_checkpoint(directory: Path) -> bool:
@@ -321,7 +201,7 @@ class Checkpointer:
         because train_step never returns a non-finite state (it skips such updates).
         """
         t0 = time.perf_counter()
-        if check_finite and not bool(_finite((state.params, state.opt_state))):
+        if check_finite and not bool(finite((state.params, state.opt_state))):
             raise NonFiniteStateError(f"refusing to save update {step}: the state holds NaN or Inf")
         self._raise_failed()
         self._check_space()
@@ -359,11 +239,11 @@ class Checkpointer:
         last = good[-1]
         if last not in self._sizes:
             self._sizes[last] = _tree_bytes(self.directory / str(last))
-        free = _free_bytes(self.directory)
+        free = free_bytes(self.directory)
         if free is not None and free < SPACE_MARGIN * self._sizes[last]:
             self._space_warned = True
-            warnings.warn(f"the next saves will not fit in {self.directory}: {_size(free)} free, each save "
-                          f"~{_size(self._sizes[last])} (update {last}); free some space or lower "
+            warnings.warn(f"the next saves will not fit in {self.directory}: {size_text(free)} free, each save "
+                          f"~{size_text(self._sizes[last])} (update {last}); free some space or lower "
                           "checkpoint.keep_last", DiskSpaceWarning, stacklevel=3)
 
     def _save(self, step: int, state: TrainState, data: dict[str, Any], metrics: dict[str, float] | None,
@@ -397,7 +277,7 @@ class Checkpointer:
                 return Restored(step=step, state=out["state"], data=dict(out["data"]),
                                 metadata=dict(out["metadata"] or {}), path=self.directory / str(step))
             except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
-                cause = _root_cause(e)
+                cause = root_cause(e)
                 warnings.warn(f"checkpoint at update {step} is damaged ({cause}); "
                               f"moving it to {DAMAGED_DIR}/ and trying the previous one", stacklevel=2)
                 self._quarantine(step)
@@ -454,7 +334,7 @@ class Checkpointer:
             finally:
                 if failed is not None:
                     _release_signal_waiters()  # ... and those the failed save's last coroutines started since
-                logging.getLogger("absl").removeFilter(self._orbax_errors)
+                self._quiet.close()
             if failed is not None:
                 raise write_error(failed.__cause__ or failed, self.directory, self._handed) from failed.__cause__
 
@@ -503,71 +383,6 @@ class DiskSpaceWarning(UserWarning):
     """The free space beside the checkpoints holds at most one more save."""
 
 
-def quiet_orbax() -> None:
-    """Orbax logs every save at INFO through absl, and warns on every save made without validation
-    metrics (by design here: best tracking ranks only evaluated saves); keep the console for the run."""
-    absl = logging.getLogger("absl")
-    absl.setLevel(logging.WARNING)
-    if not any(isinstance(f, _NoMetricsWarning) for f in absl.filters):
-        absl.addFilter(_NoMetricsWarning())
-
-
-class _OrbaxErrors(logging.Filter):
-    """Orbax's own error reports (absl, ERROR: a failed background write, with its traceback): the
-    Checkpointer raises the error itself, as one line (CheckpointWriteError)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname)
-
-
-class _DropAbandonedWrites:
-    """sys.unraisablehook that drops what the writes of a failed save leave behind, which the Checkpointer
-    reports itself (one CheckpointWriteError): tensorstore's callbacks into Orbax's closed event loop
-    (RuntimeError "Event loop is closed") and the errors of writes into an unfinished step
-    (N.orbax-checkpoint-tmp) nobody retrieved; everything else goes to the hook it wraps."""
-
-    def __init__(self, previous: Any):
-        self.previous = previous
-
-    def __call__(self, unraisable: Any) -> None:
-        error = unraisable.exc_value
-        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
-            return
-        if ".orbax-checkpoint-tmp" in str(error):
-            return
-        self.previous(unraisable)
-
-
-class _NoMetricsWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "did not provide metrics" not in record.getMessage()
-
-
-def settle_failed_read() -> None:
-    """Finalize, here and quietly, the asyncio tasks a failed Orbax read leaves behind.
-
-    Orbax reads the arrays of a step with asyncio.gather, which stops at the first error; the other
-    reads stay in reference cycles, finished with errors nobody retrieved or pending on a closed loop.
-    Left to the cyclic collector they are finalized at an arbitrary later allocation, and asyncio
-    logs them there; inside ast.parse (tyro parses docstrings) CPython 3.11.7 then raises SystemError
-    ("AST constructor recursion depth mismatch", cpython#106905). The caller names the cause (restore()
-    re-raises the read's error).
-    """
-    asyncio_log = logging.getLogger("asyncio")
-    abandoned = _AbandonedTaskReport()
-    asyncio_log.addFilter(abandoned)
-    try:
-        gc.collect()
-    finally:
-        asyncio_log.removeFilter(abandoned)
-
-
-class _AbandonedTaskReport(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not ("exception was never retrieved" in message or "destroyed but it is pending" in message)
-
-
 def restore(manager: ocp.CheckpointManager, step: int, target: Any, data: bool = False,
             cast: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The one Orbax restore of jaxloop: the state of `step` against `target` (a TrainState to resume,
@@ -597,9 +412,10 @@ def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None
     restored against an abstract tree built from the checkpoint's own metadata, on the first local
     device, so no model needs building. `best` (by checkpoint.best_metric) falls back to the latest
     checkpoint, with a warning, when no checkpoint holds validation metrics. FileNotFoundError when
-    the run holds no readable checkpoint. `follow_x64`: an fp64 run's checkpoint switches jax's x64 on
-    (a process reading it to sample or evaluate); False leaves jax's mode alone and reads float64 leaves
-    as the current mode's floats (a run taking another run's params to cast them to its own).
+    the run holds no readable checkpoint. `follow_x64`: an fp64 run's checkpoint is read in jax's x64
+    mode, so its float64 leaves come back float64 (compute with them inside `jax.enable_x64(True)`);
+    False reads them as the current mode's floats (a run taking another run's params to cast them to its
+    own). jax's x64 mode and absl's log level are as before when it returns.
     """
     from loopcore.run_dir import read_config
 
@@ -610,9 +426,15 @@ def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None
     directory = layout.checkpoints
     if not directory.is_dir() or not any(p.name.isdigit() for p in directory.iterdir()):
         raise FileNotFoundError(f"{run_dir} holds no checkpoint (nothing in {directory})")
-    if cfg.precision == "fp64" and follow_x64:
-        jax.config.update("jax_enable_x64", True)
-    logging.getLogger("absl").setLevel(logging.ERROR)  # orbax warns at length about read-only managers
+    with contextlib.ExitStack() as scope:
+        if cfg.precision == "fp64" and follow_x64:
+            scope.enter_context(jax.enable_x64(True))
+        scope.enter_context(quiet_absl(logging.ERROR))  # orbax warns at length about read-only managers
+        return _read_steps(run_dir, directory, cfg, which)
+
+
+def _read_steps(run_dir: Path, directory: Path, cfg: Config, which: str) -> tuple[int, str, dict]:
+    """read_checkpoint's read: the chosen step, else the next newest that reads."""
     metric = cfg.checkpoint.best_metric
     options = ocp.CheckpointManagerOptions(read_only=True, create=False, best_mode=cfg.checkpoint.best_mode,
                                            best_fn=lambda metrics: float(metrics[metric]))
@@ -627,7 +449,7 @@ def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None
             except Exception:  # noqa: BLE001 - metrics missing or unreadable
                 best = None
             if best is None:
-                warnings.warn(f"no checkpoint of {run_dir} holds {metric}; using the latest", stacklevel=2)
+                warnings.warn(f"no checkpoint of {run_dir} holds {metric}; using the latest", stacklevel=3)
                 chosen = "latest"
             else:
                 first = best
@@ -642,8 +464,8 @@ def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None
                                  if jax.dtypes.canonicalize_dtype(m.dtype) != m.dtype)
                 return int(step), chosen, restore(manager, step, abstract, cast=cast)["state"]
             except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
-                warnings.warn(f"checkpoint at update {step} could not be read ({_root_cause(e)}); "
-                              "trying the next newest", stacklevel=2)
+                warnings.warn(f"checkpoint at update {step} could not be read ({root_cause(e)}); "
+                              "trying the next newest", stacklevel=3)
                 chosen = "latest"
     raise FileNotFoundError(f"no checkpoint of {run_dir} could be read")
 
@@ -651,25 +473,9 @@ def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None
 def _state_metadata(step_dir: Path) -> Any:
     """Orbax's metadata tree of a step's state (shapes and dtypes, no arrays read). Orbax's warning that the
     item has no _CHECKPOINT_METADATA of its own (the step directory holds it) is kept off the console."""
-    quiet = _MessageFilter("Metadata file does not exist")
-    absl = logging.getLogger("absl")
-    absl.addFilter(quiet)
-    try:
-        with ocp.StandardCheckpointer() as reader:
-            return reader.metadata(step_dir / "state").item_metadata
-    finally:
-        absl.removeFilter(quiet)
-
-
-class _MessageFilter(logging.Filter):
-    """Drops the records whose message contains `text`."""
-
-    def __init__(self, text: str):
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
+    with quiet_absl(logging.NOTSET, MessageFilter("Metadata file does not exist")), \
+            ocp.StandardCheckpointer() as reader:
+        return reader.metadata(step_dir / "state").item_metadata
 
 
 def saved_structure(directory: str | Path) -> dict[str, Any] | None:
@@ -689,7 +495,9 @@ def saved_structure(directory: str | Path) -> dict[str, Any] | None:
 def load_model(run_dir: str | Path, model: Any, which: str = "best") -> Any:
     """The trained weights of a run, given back in the user's form: an NNX module (updated in place
     with the checkpoint's params and state, in eval mode), or for a Linen module its variables
-    {"params": ..., other collections}. `which`: the best (checkpoint.best_metric) or latest checkpoint."""
+    {"params": ..., other collections}. `which`: the best (checkpoint.best_metric) or latest checkpoint.
+    Changes no global state: an fp64 run's weights come back float64, to be used inside
+    `jax.enable_x64(True)` (outside it jax computes with them in float32)."""
     from jaxloop.module import NnxModel, is_nnx
 
     _, _, saved = read_checkpoint(run_dir, which)

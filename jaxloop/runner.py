@@ -22,7 +22,8 @@ import jax
 import numpy as np
 
 from jaxloop import actions as act
-from jaxloop.checkpoint import Checkpointer, disk_full_line
+from jaxloop.checkpoint import Checkpointer
+from jaxloop.checkpoint_errors import disk_full_line
 from jaxloop.data import DevicePrefetcher, run_val_batches, train_loader
 from jaxloop.dispatch import CallEvents, CallPlan, Compiler, Dispatcher
 from jaxloop.distributed import (abstract_sharded, barrier, check_divisible, create_sharded, is_primary, make_mesh,

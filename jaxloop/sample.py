@@ -15,6 +15,7 @@ outside the vocabulary, a bad option): one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,9 +127,17 @@ def sample(run_dir: str | Path, prompt: str, length: int = 200, temperature: flo
 
     cfg = loaded.cfg if loaded is not None else read_config(run_dir)
     vocab, _ = check_inputs(run_dir, cfg, prompt, length, temperature, seed)
-    loaded = loaded if loaded is not None else load_params(run_dir, which, cfg)
-    return generate(make_model(cfg.model, len(vocab), cfg.precision), loaded.params, vocab, prompt, length,
-                    temperature, seed)
+    with precision_scope(cfg):
+        loaded = loaded if loaded is not None else load_params(run_dir, which, cfg)
+        return generate(make_model(cfg.model, len(vocab), cfg.precision), loaded.params, vocab, prompt, length,
+                        temperature, seed)
+
+
+def precision_scope(cfg: Config) -> contextlib.AbstractContextManager:
+    """jax's x64 mode for sampling an fp64 run (its float64 params), put back after; nothing for the others."""
+    import jax
+
+    return jax.enable_x64(True) if cfg.precision == "fp64" else contextlib.nullcontext()
 
 
 def generate(model: Any, params: Any, vocab: Sequence[str], prompt: str, length: int = 200,

@@ -5,7 +5,8 @@ What a training process needs set before jax starts or before its first compile,
 process-wide: XLA reads XLA_FLAGS once, when jax starts a backend (deterministic GPU kernels); float64
 is a global jax switch (precision fp64); the persistent compilation cache and glibc's malloc policy
 serve every compile and every call of the process; jax.distributed joins the job's processes before
-any device is used; absl logging is shared with Orbax. Importing jaxloop changes none of these.
+any device is used. Importing jaxloop changes none of these. (Orbax's logging is quieted by each
+Checkpointer for its own life: jaxloop.orbax_quiet.)
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from loopcore.config import Config
 
 def configure_process(cfg: Config) -> None:
     """Apply cfg's process-wide settings, in the order they must come (see the module doc)."""
-    from jaxloop.checkpoint import quiet_orbax
     from jaxloop.compilation import enable_compilation_cache
     from jaxloop.determinism import request_deterministic_ops
     from jaxloop.distributed import initialize
@@ -32,4 +32,3 @@ def configure_process(cfg: Config) -> None:
     if cfg.retain_host_memory:
         retain_freed_memory()  # before the first call's buffers are allocated
     initialize(cfg)  # join the other processes, if any, before any device is used
-    quiet_orbax()

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PLOTS = Path(__file__).resolve().parent / "plots"
 DOCS_PAGE = "docs/torch-ref-and-parity.md"  # its section between the parity markers is written here
 SECTIONS = [  # (test module, heading without its number: numbered in this order, without gaps)
-    ("test_schedule", "Learning rate at every update"),
+    ("test_learning_rate", "Learning rate at every update"),
     ("test_update", "One update: norm, clip, AdamW"),
     ("test_accumulation", "Gradient accumulation and clipping after it"),
     ("test_data_order", "Data order"),

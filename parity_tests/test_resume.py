@@ -109,4 +109,4 @@ def test_both_resume_at_the_same_update_with_the_same_rate_and_data_position(res
     parity.check("resume: interrupted runs whose checkpoint/resume is not at update k with data position K*k (both)",
                  mismatches, 0, "both save the update they finished and the micro-batches consumed")
     parity.check("resume: rate of the first resumed update, jaxloop vs torch_ref vs uninterrupted, relative",
-                 worst_lr, 1e-13, "the float64 schedule at update k (test_schedule)")
+                 worst_lr, 1e-13, "the float64 schedule at update k (test_learning_rate)")

@@ -112,7 +112,7 @@ def test_torch_chained_warmup_cosine_classes_drift_from_the_closed_form(parity):
     warmup_cosine. CosineAnnealingLR steps a chained form, lr_u = (1 + cos(pi t_u)) / (1 + cos(pi t_{u-1}))
     (lr_{u-1} - eta_min) + eta_min: near the end of the cosine both (1 + cos) cancel, so with eta_min = 0
     each rate is off by ~1e-16 / (pi / D)^2 relative (2e-12 at D = 300), and the errors compound. torch_ref
-    runs warmup_cosine as a LambdaLR of the closed form instead (exact; test_schedule.py)."""
+    runs warmup_cosine as a LambdaLR of the closed form instead (exact; test_learning_rate.py)."""
     worst, at = 0.0, None
     for steps, warmup, init, peak, end in CHAINED_COSINE:
         cfg = validate(replace(combination_cfg({}, "fp64"), steps=steps, optim=replace(

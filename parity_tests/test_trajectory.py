@@ -88,7 +88,7 @@ def test_float64_losses_and_params_agree_to_1e10(preset, request, parity):
     parity.check(f"trajectory fp64 {preset}: params after 300 updates, relative", tree_rel_diff(j.params, t.params)[0],
                  1e-10, "same")
     parity.check(f"trajectory fp64 {preset}: lr metric of train_step vs torch param_group lr, relative",
-                 curve_rel_diff(j.lrs, t.lrs), 1e-13, "the float64 schedule (test_schedule)")
+                 curve_rel_diff(j.lrs, t.lrs), 1e-13, "the float64 schedule (test_learning_rate)")
 
 
 # ----------------------------------------------------------------------------- float32
@@ -108,13 +108,13 @@ def test_float32_smooth_activation_losses_and_params_agree_to_1e5(preset, name, 
                  tree_rel_diff(j.params, t.params)[0], 1e-5, "same")
     parity.check(f"trajectory fp32 {preset} ({act}): lr metric vs torch lr, float32 ulps of the rate",
                  float(np.max(ulps_of_value(j.lrs, t.lrs))), 0.5,
-                 "jaxloop's float32 rate is the float64 rate rounded once (test_schedule)")
+                 "jaxloop's float32 rate is the float64 rate rounded once (test_learning_rate)")
 
 
 def stock_optax_adamw(cfg):
     """optax by default: chain(clip_by_global_norm, optax.adamw(schedule, b1, b2, eps, weight_decay, mask))
     averaged over K micro-batches (skip_nonfinite_windows, as the loop's), optax's own bias corrections (jaxloop's
-    schedule: test_schedule checks it)."""
+    schedule: test_learning_rate checks it)."""
     import optax
 
     from jaxloop.optim import decay_mask

@@ -22,3 +22,20 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
             and MARKED_TORCH.search(collection_path.read_text(encoding="utf-8"))):
         return True
     return None
+
+
+@pytest.fixture(scope="session")
+def doc_run(tmp_path_factory):
+    """doc_run(page, lang, torch=False) -> docs_blocks.PageRun: a page's blocks of `lang` run once per session
+    (tests/docs_blocks.py), for every test that promises something of them."""
+    import docs_blocks
+
+    runs: dict = {}
+
+    def get(page: Path, lang: str, torch: bool = False) -> docs_blocks.PageRun:
+        key = (page, lang, torch)
+        if key not in runs:
+            runs[key] = docs_blocks.run(page, lang, torch, docs_blocks.workdir(tmp_path_factory.mktemp("docs")))
+        return runs[key]
+
+    return get

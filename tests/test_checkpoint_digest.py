@@ -16,7 +16,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxloop.checkpoint import Checkpointer, UnverifiedCheckpointWarning, read_checkpoint
+from jaxloop.checkpoint import Checkpointer, read_checkpoint
+from jaxloop.checkpoint_digest import UnverifiedCheckpointWarning
 from loopcore.config import Config, ModelConfig, replace, to_dict
 from loopcore.records import read_records
 

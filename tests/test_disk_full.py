@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxloop.checkpoint import committed_steps, is_disk_full, write_error
+from jaxloop.checkpoint_errors import committed_steps, is_disk_full, write_error
 from jaxloop.runner import is_compile_line
 from loopcore.layout import MARKER_FILE
 from loopcore.records import read_records

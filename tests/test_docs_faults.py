@@ -1,30 +1,27 @@
-"""docs/faults.md: its code runs as written and its exit statuses are the CLI's."""
+"""docs/faults.md: each python block prints what its comments say (the blocks run as tests/docs_blocks.py runs
+them), and its exit statuses are the CLI's."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 from pathlib import Path
 
-import pytest
-
+from docs_blocks import runnable
 from loopcore import cli
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "faults.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_every_python_block_runs_as_written(index, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(BLOCKS[index], f"docs/faults.md block {index}", "exec"), {})
-    # each block prints what its comment says it prints
-    for line, comment in re.findall(r"print\((\w+)\)\s*#\s*(.*)", BLOCKS[index]):
-        shown = re.escape(comment).replace(r"\.\.\.", ".*")
-        assert re.search(shown, out.getvalue()), (comment, out.getvalue())
+def test_every_python_block_prints_what_its_comments_say(doc_run):
+    # mutant seen failing: a comment of a block changed to say another message
+    out = doc_run(DOC, "python")
+    assert out.returncode == 0, out.stderr[-3000:]
+    code = runnable(DOC, "python", torch=False)
+    assert len(out.outputs) == len(code)
+    for block, printed in zip(code, out.outputs):
+        for _, comment in re.findall(r"print\((\w+)\)\s*#\s*(.*)", block.body):
+            shown = re.escape(comment).replace(r"\.\.\.", ".*")
+            assert re.search(shown, printed), (comment, printed)
 
 
 def test_the_exit_statuses_are_the_clis():

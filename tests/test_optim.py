@@ -111,6 +111,32 @@ def test_an_inner_transformation_changing_the_update_structure_still_accumulates
     assert float(first["w"]) == 0.0 and float(second["w"]) == 3.0  # mean of 2 and 4, emitted at the second
 
 
+def test_the_retry_for_other_update_types_does_not_depend_on_the_wording_of_lax_conds_error(monkeypatch):
+    # A jax release may reword lax.cond's TypeError: the retry is decided by comparing the inner update's
+    # types with the gradient's. Mutant seen failing: the retry decided by the message's text again.
+    cond = jax.lax.cond
+
+    def reworded(*args, **kwargs):
+        try:
+            return cond(*args, **kwargs)
+        except TypeError:
+            raise TypeError("the branches of this cond disagree") from None
+
+    monkeypatch.setattr(jax.lax, "cond", reworded)
+    to_f16 = optax.stateless(lambda u, p=None: jnp.asarray(u, jnp.float16))
+    trail, _ = _run(skip_nonfinite_windows(optax.chain(optax.sgd(1.0), to_f16), 2), [2.0, 4.0])
+    assert trail == [1.0, -2.0]
+
+
+def test_an_inner_transformations_own_type_error_is_raised_as_it_is():
+    # the retry must not swallow it. Mutant seen failing: the except clause returning the updates unchanged
+    def update(u, state, params=None):
+        raise TypeError("inner: bad gradient")
+
+    with pytest.raises(TypeError, match="inner: bad gradient"):
+        _run(skip_nonfinite_windows(optax.GradientTransformation(lambda p: optax.EmptyState(), update), 2), [1.0])
+
+
 @pytest.mark.parametrize("k", [1, 2])
 def test_make_optimizer_skips_a_window_whose_mean_gradient_overflows_when_squared(k):
     # make_optimizer's windows are checked before Adam runs (check_result=False): 2^70 is finite in

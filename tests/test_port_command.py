@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from docs_blocks import runnable
 from jaxloop.parity import training
 from jaxloop.parity.__main__ import main
 
@@ -26,13 +26,13 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
 
 
-def test_command_prints_the_mapping_and_the_table_of_a_shipped_example():
-    (command,) = re.findall(r"```bash\n(.*?)```", (ROOT / "docs" / "porting.md").read_text(), re.S)  # the doc's block
-    assert command.startswith("python -m jaxloop.parity examples/ports/transformer_encoder.py:make")
-    proc = subprocess.run([sys.executable, *shlex.split(command)[1:]], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=600)
+def test_command_prints_the_mapping_and_the_table_of_a_shipped_example(doc_run):
+    page = ROOT / "docs" / "porting.md"
+    (command,) = runnable(page, "bash", torch=True)  # the doc's block, run as tests/docs_blocks.py runs it
+    assert command.body.startswith("python -m jaxloop.parity examples/ports/transformer_encoder.py:make")
+    proc = doc_run(page, "bash", torch=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout
+    (out,) = proc.outputs
     assert re.search(r"\nlayers\.0\.self_attn\.in_proj_weight +blocks/0/attn/qkv/kernel +transpose +order\n", out)
     assert re.search(r"\ngradients, every tensor +fp64 +\S+ +1\.00e-09 +yes ", out) and "why this tolerance" in out
     assert "trajectory" not in out

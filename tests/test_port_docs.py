@@ -1,15 +1,15 @@
-"""docs/porting.md's Python blocks run as they are written (each in a fresh namespace), and its first block,
-the front-page example of the port check, stays a short copyable program. (Its bash block is run by
-tests/test_port_command.py.)"""
+"""docs/porting.md's first Python block, the front-page example of the port check, stays a short copyable
+program and prints its table's verdict (the page's blocks are run by tests/docs_blocks.py; its bash block's
+output is checked by tests/test_port_command.py)."""
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import pytest
 
+from docs_blocks import runnable
 from jaxloop.parity import training
 
 pytestmark = pytest.mark.torch
@@ -17,20 +17,15 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "porting.md"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def blocks(kind: str = "python") -> list[str]:
-    return re.findall(rf"```{kind}\n(.*?)```", DOC.read_text(), re.S)
-
-
 def test_the_front_page_example_is_about_20_lines():
-    assert 15 <= len(blocks()[0].strip().splitlines()) <= 25
+    assert 15 <= len(runnable(DOC, "python", torch=True)[0].body.strip().splitlines()) <= 25
 
 
-@pytest.mark.parametrize("index", range(len(blocks())))
-def test_python_block_runs(index, capsys):
-    exec(compile(blocks()[index], f"{DOC.name} block {index}", "exec"), {"__name__": f"porting_block_{index}"})
-    if index == 0:
-        n = 2 * (8 + len(training.update_configs(1.0)))  # per precision: 6 forward rows, 2 gradient rows, a row per update config
-        assert f"{n} of {n} checks within tolerance" in capsys.readouterr().out
+def test_the_front_page_example_prints_that_every_check_is_within_tolerance(doc_run):
+    out = doc_run(DOC, "python", torch=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    n = 2 * (8 + len(training.update_configs(1.0)))  # per precision: 6 forward rows, 2 gradient rows, a row per update config
+    assert f"{n} of {n} checks within tolerance" in out.outputs[0]
 
 
 README = DOC.parents[1] / "README.md"

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
+
+import docs_blocks
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_readme_opens_with_the_two_commands():
-    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)[:2]
+    blocks = [b.body for b in docs_blocks.blocks(README) if b.lang == "bash"][:2]
     assert blocks[0].strip().endswith("python -m jaxloop.train")
     assert blocks[1].strip().endswith("python -m pytest tests parity_tests")
     ci = (README.parent / ".ci" / "run").read_text()

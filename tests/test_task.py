@@ -7,7 +7,6 @@ The two snippets of docs/your-model.md ("Your own Linen model", "Your own NNX mo
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -21,24 +20,25 @@ import numpy as np
 import pytest
 
 import jaxloop
+from docs_blocks import env, in_section
 from loopcore.config import CheckpointConfig, Config, LogConfig, OptimConfig
 from loopcore.records import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "your-model.md"
-SNIPPETS = {"linen": "## Your own Linen model", "nnx": "## Your own NNX model"}
+SNIPPETS = {"linen": "Your own Linen model", "nnx": "Your own NNX model"}
 
 
 def snippet(kind: str) -> str:
-    text = PAGE.read_text()
-    section = text[text.index(SNIPPETS[kind]):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return in_section(PAGE, SNIPPETS[kind]).body
 
 
 def run_snippet(kind: str, cwd: Path) -> subprocess.Popen:
+    """The snippet as its own program, in the environment of the docs' blocks (tests/docs_blocks.py), as a
+    process this test may kill."""
     (cwd / f"{kind}.py").write_text(snippet(kind))
     return subprocess.Popen([sys.executable, f"{kind}.py"], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                            stderr=subprocess.PIPE, text=True, env=env())
 
 
 @pytest.fixture(scope="module", params=["linen", "nnx"])

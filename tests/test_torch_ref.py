@@ -73,7 +73,7 @@ def _deterministic(records: list[dict]) -> list[dict]:
 
 def _closed_form(cfg: Config, u: int) -> float:
     """torch_ref's own float64 rate (the schedule is checked against the suite's one oracle in
-    parity_tests/test_schedule.py; here LambdaLR must hand it to the optimizer unchanged)."""
+    parity_tests/test_learning_rate.py; here LambdaLR must hand it to the optimizer unchanged)."""
     return lr_at(cfg, u)
 
 

@@ -79,7 +79,7 @@ class RunResult:
 # ----------------------------------------------------------------------------- metrics.jsonl
 
 
-class RunLogger:
+class MetricsWriter:
     """Appends records to metrics.jsonl; on resume first keeps only the records up to the restored update."""
 
     def __init__(self, cfg: Config, run_dir: Path, start_step: int):
@@ -169,7 +169,7 @@ class Loop:
     def run(self, state: TrainState) -> dict[str, Any]:
         in_main_thread = threading.current_thread() is threading.main_thread()
         previous = {s: signal.signal(s, self._on_signal) for s in EXIT_SIGNAL} if in_main_thread else {}
-        logger = RunLogger(self.cfg, self.run_dir, start_step=state.step)
+        logger = MetricsWriter(self.cfg, self.run_dir, start_step=state.step)
         try:
             summary = self._train(state, logger)
         finally:
@@ -186,7 +186,7 @@ class Loop:
         self.timings["eval"] += time.perf_counter() - t0
         return out
 
-    def _train(self, state: TrainState, logger: RunLogger) -> dict[str, Any]:
+    def _train(self, state: TrainState, logger: MetricsWriter) -> dict[str, Any]:
         cfg, K = self.cfg, self.cfg.optim.accum_steps
         cadence = Cadence.of(cfg)  # the log / evaluate / save / end rule jaxloop follows too
         tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxloop.parity.layers import Call, Capture, Divergence, LayerDiff
+from jaxloop.parity.layers import ModuleCall, Capture, Divergence, LayerDiff
 from jaxloop.parity.measures import rel_diff
 
 CLOSE = {"fp64": 1e-9, "fp32": 1e-4}
@@ -52,7 +52,7 @@ def _to_flax_layout(t: np.ndarray, f: np.ndarray) -> np.ndarray | None:
 # ----------------------------------------------------------------------------- at a layer
 
 
-def at_layer(tc: Call, fc: Call, leaves: dict[str, np.ndarray], precision: str) -> list[str]:
+def at_layer(tc: ModuleCall, fc: ModuleCall, leaves: dict[str, np.ndarray], precision: str) -> list[str]:
     """Diagnoses of a layer whose input agrees and whose output does not; `leaves` are the Flax module's
     own variables by leaf name (kernel, bias, scale...)."""
     out = [d for d in (norm_eps(tc, fc), batch_norm_statistics(tc, fc, leaves, precision), conv_geometry(tc, fc),
@@ -64,7 +64,7 @@ def at_layer(tc: Call, fc: Call, leaves: dict[str, np.ndarray], precision: str) 
     return out
 
 
-def norm_eps(tc: Call, fc: Call) -> str | None:
+def norm_eps(tc: ModuleCall, fc: ModuleCall) -> str | None:
     te, fe = _attr(tc.module, "eps"), _attr(fc.module, "epsilon", "eps")
     if te is None or fe is None or not isinstance(te, (int, float)) or float(te) == float(fe):
         return None
@@ -72,7 +72,7 @@ def norm_eps(tc: Call, fc: Call) -> str | None:
     return f"{tc.type} eps: torch {te:g}, Flax epsilon={fe:g}{default}: pass epsilon={te:g} to the Flax module"
 
 
-def batch_norm_statistics(tc: Call, fc: Call, leaves: dict[str, np.ndarray], precision: str) -> str | None:
+def batch_norm_statistics(tc: ModuleCall, fc: ModuleCall, leaves: dict[str, np.ndarray], precision: str) -> str | None:
     """Which statistics each side's BatchNorm normalised with, recomputed from the captured input: the
     batch's (train mode) or the running ones (eval mode); a diagnosis when they differ."""
     if "BatchNorm" not in tc.type or tc.input is None or tc.output is None or fc.output is None:
@@ -148,7 +148,7 @@ def _tuple(x: Any, n: int, default: int = 1) -> tuple[int, ...]:
     return tuple(int(v) for v in x)
 
 
-def conv_geometry(tc: Call, fc: Call) -> str | None:
+def conv_geometry(tc: ModuleCall, fc: ModuleCall) -> str | None:
     """Conv padding, strides and dilation, torch's against the Flax module's (padding made explicit for
     this input's size)."""
     tm, fm = tc.module, fc.module
@@ -184,14 +184,14 @@ def conv_geometry(tc: Call, fc: Call) -> str | None:
     return ("conv " + "; ".join(issues)) if issues else None
 
 
-def _linear_like(fc: Call, leaves: dict[str, np.ndarray]) -> np.ndarray | None:
+def _linear_like(fc: ModuleCall, leaves: dict[str, np.ndarray]) -> np.ndarray | None:
     k = leaves.get("kernel")
     if k is None or k.ndim != 2 or fc.input is None or fc.input.shape[-1] != k.shape[0]:
         return None
     return k
 
 
-def transposed_kernel(tc: Call, fc: Call, leaves: dict[str, np.ndarray], precision: str) -> str | None:
+def transposed_kernel(tc: ModuleCall, fc: ModuleCall, leaves: dict[str, np.ndarray], precision: str) -> str | None:
     """A square kernel applied the other way round on one side: x @ K.T instead of x @ K."""
     k = _linear_like(fc, leaves)
     if k is None or k.shape[0] != k.shape[1] or tc.output is None or fc.output is None:
@@ -211,7 +211,7 @@ def transposed_kernel(tc: Call, fc: Call, leaves: dict[str, np.ndarray], precisi
     return None
 
 
-def missing_bias(tc: Call, fc: Call, leaves: dict[str, np.ndarray], precision: str) -> str | None:
+def missing_bias(tc: ModuleCall, fc: ModuleCall, leaves: dict[str, np.ndarray], precision: str) -> str | None:
     """The output differs from torch's by exactly the bias: the Flax layer leaves it out (or adds it twice)."""
     b = leaves.get("bias")
     if b is None or tc.output is None or fc.output is None:
@@ -228,7 +228,7 @@ def missing_bias(tc: Call, fc: Call, leaves: dict[str, np.ndarray], precision: s
     return None
 
 
-def compute_dtype(tc: Call, fc: Call, precision: str) -> str | None:
+def compute_dtype(tc: ModuleCall, fc: ModuleCall, precision: str) -> str | None:
     want = "float64" if precision == "fp64" else "float32"
     if fc.output_dtype and fc.output_dtype != want:
         field = _attr(fc.module, "dtype")
@@ -244,7 +244,7 @@ def compute_dtype(tc: Call, fc: Call, precision: str) -> str | None:
     return None
 
 
-def matmul_precision(fc: Call) -> str | None:
+def matmul_precision(fc: ModuleCall) -> str | None:
     p = _attr(fc.module, "precision")
     if p is None:
         return None
@@ -379,7 +379,7 @@ def heads_of(modules: list[Any]) -> int | None:
     return None
 
 
-def mha_container(tc: Call, fcap: Capture, fname: str, precision: str) -> str | None:
+def mha_container(tc: ModuleCall, fcap: Capture, fname: str, precision: str) -> str | None:
     """torch nn.MultiheadAttention (scale 1/sqrt(head_dim), no mask unless given) against the Flax attention
     module paired with it: the scale the Flax side used, from its fused projection's output and the output
     projection's input."""

@@ -33,8 +33,8 @@ from jaxloop.parity.weights import Mapping
 
 
 @dataclass
-class Call:
-    """A module's first call."""
+class ModuleCall:
+    """What a module's first call took and gave (its input, output, order), for the layer-by-layer diff."""
 
     name: str  # torch: "transformer.h.0.attn"; Flax: "h_0/attn"; "" the root
     type: str
@@ -50,7 +50,7 @@ class Call:
 @dataclass
 class Capture:
     side: str
-    calls: dict[str, Call]
+    calls: dict[str, ModuleCall]
     loss: float
     state: Any = None  # torch: the module's state_dict after the call; Flax: the model_state after it
 
@@ -70,7 +70,7 @@ def capture_torch(module: Any, loss: Callable[[Any, dict], Any], batch: dict[str
     """Run the torch loss once (no gradients), recording every module's first call."""
     torch = require_torch()
     names = {id(m): n for n, m in module.named_modules()}
-    calls: dict[str, Call] = {}
+    calls: dict[str, ModuleCall] = {}
     stack: list[str] = []
     counter = {"start": 0, "end": 0}
 
@@ -83,7 +83,8 @@ def capture_torch(module: Any, loss: Callable[[Any, dict], Any], batch: dict[str
             calls[name].calls += 1
             return
         first = tensors_in((args, kwargs))
-        calls[name] = Call(name, type(mod).__name__, counter["start"], input=to_numpy(first[0]) if first else None, module=mod)
+        calls[name] = ModuleCall(name, type(mod).__name__, counter["start"],
+                                 input=to_numpy(first[0]) if first else None, module=mod)
         counter["start"] += 1
 
     def post(mod: Any, args: tuple, kwargs: dict, out: Any) -> None:
@@ -124,7 +125,7 @@ def capture_flax(fm: FlaxModel, loss: Callable[..., Any], batch: dict[str, Any],
     identity. The records are taken while tracing and the tensors come back as the call's outputs.
     trace_only: only trace (jax.eval_shape: nothing compiled or run): the calls, their order and
     modules, no tensors."""
-    calls: dict[str, Call] = {}
+    calls: dict[str, ModuleCall] = {}
     stack: list[str] = []
     counter = {"start": 0, "end": 0}
     values: dict[str, tuple[Any, Any]] = {}
@@ -135,7 +136,7 @@ def capture_flax(fm: FlaxModel, loss: Callable[..., Any], batch: dict[str, Any],
             calls[name].calls += 1
             return
         first = [x for x in jax.tree.leaves((args, kwargs)) if hasattr(x, "dtype") and hasattr(x, "shape")]
-        calls[name] = Call(name, type_name, counter["start"], module=obj)
+        calls[name] = ModuleCall(name, type_name, counter["start"], module=obj)
         values[name] = (first[0] if first else None, None)
         counter["start"] += 1
 

@@ -1,0 +1,95 @@
+"""A checkpoint component's process-wide effects last as long as it does: a Checkpointer quiets Orbax (absl's
+level and filters, sys.unraisablehook) until it is closed, and load_model reads an fp64 run in jax's x64
+mode and absl quieted only while it reads."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import jaxloop
+from jaxloop.checkpoint import Checkpointer
+from loopcore.config import CheckpointConfig, Config, LogConfig, OptimConfig, replace
+
+
+def _process_wide() -> dict:
+    absl = logging.getLogger("absl")
+    return {"unraisablehook": sys.unraisablehook, "absl level": absl.level, "absl filters": list(absl.filters),
+            "jax_enable_x64": bool(jax.config.jax_enable_x64)}
+
+
+def test_a_checkpointer_quiets_orbax_while_open_and_puts_everything_back_when_closed(tmp_path):
+    # mutants seen failing: orbax_quiet.abandoned_writes_dropped without its restore; quiet_absl without its
+    # setLevel(before)
+    before = _process_wide()
+    ckpt = Checkpointer(Config().checkpoint, tmp_path)
+    try:
+        during = _process_wide()
+        assert during["unraisablehook"] is not before["unraisablehook"], "abandoned writes are dropped"
+        assert during["absl level"] >= logging.WARNING and len(during["absl filters"]) > len(before["absl filters"])
+    finally:
+        ckpt.close()
+    assert _process_wide() == before
+
+
+def test_a_hook_installed_over_a_checkpointers_is_kept_and_passed_everything_after_close(tmp_path):
+    # mutant seen failing: DropAbandonedWrites dropping after its scope ended (`self.active and` removed)
+    seen = []
+    previous = sys.unraisablehook
+    ckpt = Checkpointer(Config().checkpoint, tmp_path)
+    wrapped = sys.unraisablehook
+    def theirs(unraisable):  # someone else's hook, installed over the Checkpointer's while it is open
+        wrapped(unraisable)
+
+    sys.unraisablehook = theirs
+    try:
+        ckpt.close()
+        assert sys.unraisablehook is theirs, "another's hook is not removed by the Checkpointer"
+        wrapped.previous = seen.append
+        closed = type("Unraisable", (), {"exc_value": RuntimeError("Event loop is closed")})()
+        theirs(closed)
+        assert seen == [closed], "once closed, the Checkpointer's hook drops nothing"
+    finally:
+        sys.unraisablehook = previous
+
+
+@pytest.fixture(scope="module")
+def fp64_run(tmp_path_factory):
+    """A tiny fp64 run (3 updates). Its run sets jax's x64 for the process (jaxloop.setup), put back here."""
+    import flax.linen as nn
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x, train=False):
+            return nn.Dense(1)(x)[:, 0]
+
+    def mse(model, batch, train):
+        return jaxloop.weighted_mean((model(batch["x"], train=train) - batch["y"]) ** 2, batch), {}
+
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    records = [{"x": xi, "y": np.float32(xi.sum())} for xi in x]
+    run_dir = tmp_path_factory.mktemp("fp64")
+    cfg = replace(Config(run_dir=str(run_dir), steps=3, batch_size=16, eval_every=3, log_every=3,
+                         optim=OptimConfig(peak_lr=1e-2, warmup_steps=1), checkpoint=CheckpointConfig(every=3),
+                         log=LogConfig(progress="off", report=False, tensorboard=False)), precision="fp64")
+    x64 = jax.config.jax_enable_x64
+    try:
+        jaxloop.run(cfg, jaxloop.Task(Net(), mse, train=records[:48], val=records[48:]))
+    finally:
+        jax.config.update("jax_enable_x64", x64)
+    return run_dir, Net
+
+
+def test_load_model_of_an_fp64_run_gives_float64_weights_and_leaves_x64_and_absl_as_they_were(fp64_run):
+    # mutant seen failing: read_checkpoint's jax.enable_x64(True) scope replaced by
+    # jax.config.update("jax_enable_x64", True) (the switch it made before)
+    run_dir, Net = fp64_run
+    before = _process_wide()
+    assert not before["jax_enable_x64"], "the test starts with x64 off"
+    variables = jaxloop.load_model(run_dir, Net(), which="latest")
+    assert _process_wide() == before
+    assert {leaf.dtype for leaf in jax.tree.leaves(variables["params"])} == {np.dtype("float64")}
