@@ -42,11 +42,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxloop.checkpoint import Checkpointer
-from loopcore.config import CheckpointConfig, Config, DataConfig, ModelConfig, to_dict
-from jaxloop.models import make_model
-from jaxloop.state import TrainState
-from jaxloop.task import create_train_state
+from jaxloop.checkpoint.manager import Checkpointer
+from jaxloop.core.config import CheckpointConfig, Config, DataConfig, ModelConfig, to_dict
+from jaxloop.model.builtin import make_model
+from jaxloop.update.state import TrainState
+from jaxloop.loop.task import create_train_state
 
 
 def main() -> None:
@@ -79,7 +79,7 @@ def _state(size: str) -> tuple[ModelConfig, TrainState]:
 
 def measure_cpu(size: str, rounds: int) -> None:
     """Process CPU seconds per committed sync save: Orbax given jax.Arrays vs the loop's NumPy views."""
-    from jaxloop.checkpoint import _for_orbax, _host_views
+    from jaxloop.checkpoint.manager import _for_orbax, _host_views
 
     model_cfg, state = _state(size)
     views = _for_orbax(state, _host_views(state))
@@ -173,11 +173,11 @@ def measure_restore(ckpt: Checkpointer, state: TrainState, rounds: int) -> list[
 def measure_digest(state: TrainState, rounds: int) -> tuple[float, float] | None:
     """Median seconds of a save's digest (over the NumPy views a CPU save hands Orbax) and of a restore's
     check (over the state's arrays); None for code without digests."""
-    import jaxloop.checkpoint as checkpoint
+    import jaxloop.checkpoint.manager as checkpoint
 
     if not hasattr(checkpoint, "checkpoint_digest"):
         return None
-    from jaxloop.state import leaf_digests
+    from jaxloop.update.state import leaf_digests
 
     views = checkpoint._for_orbax(state, checkpoint._host_views(state))  # noqa: SLF001
     save, check = [], []

@@ -1,5 +1,5 @@
 """Time to the first update of a second run, by what --compile_cache gives it: the stored executables
-(jaxloop.executables, beside JAX's cache), JAX's persistent compilation cache alone, or no cache.
+(jaxloop.loop.executables, beside JAX's cache), JAX's persistent compilation cache alone, or no cache.
 
     python benchmarks/bench_compile_cache.py [--rounds 3] [--shakespeare_steps 5]
 
@@ -7,7 +7,7 @@ For each preset (the default digits run, and the shakespeare preset on tests/dat
 round, the three ways in turn (their order rotated each round): a first run fills a fresh cache
 directory, then a second run into a fresh run_dir is timed from Popen to its first train record in
 metrics.jsonl (log_every 1). "jax" is the same command with the store switched off in the child
-(jaxloop.runner.executables_dir answering None, as for a user's Task), so only JAX's cache serves it.
+(jaxloop.loop.runner.executables_dir answering None, as for a user's Task), so only JAX's cache serves it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import run_child  # noqa: E402
 
 MODES = ("store", "jax", "none")
-NO_STORE = ("import sys, jaxloop.runner as r; r.executables_dir = lambda cfg, builtin: None; "
+NO_STORE = ("import sys, jaxloop.loop.runner as r; r.executables_dir = lambda cfg, builtin: None; "
             "from jaxloop.train import main; sys.exit(main())")
 
 

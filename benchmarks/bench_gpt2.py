@@ -7,7 +7,7 @@ gpt2.cpu   the real GPT-2 small (12 x 768, 12 heads, GPT-2's vocabulary 50257 pa
            updates of each in a minute or two. The tokens are the shipped text's characters (ids < 128 of
            the 50304): the work per update is GPT-2 small's, whatever the ids.
 gpt2.gpu   on a GPU: context 1024, batch 16, bf16 (jaxloop's autocast-like policy, torch_ref's autocast),
-           model.attention=auto; tokens/s and MFU against the device's table peak (jaxloop.flops).
+           model.attention=auto; tokens/s and MFU against the device's table peak (jaxloop.model.flops).
            Without a GPU the row says unmeasured.
 """
 
@@ -25,7 +25,7 @@ GPT2_VOCAB = 50257
 def gpt2_cfg(context: int, batch: int, precision: str):
     """--preset gpt2-small at this context, batch and precision, over the shipped text read as characters (the
     update's time does not depend on which tokens it reads), with GPT-2's vocabulary."""
-    from loopcore.config import preset
+    from jaxloop.core.config import preset
 
     base = preset("gpt2-small")
     return dataclasses.replace(base, batch_size=batch, precision=precision,
@@ -35,7 +35,7 @@ def gpt2_cfg(context: int, batch: int, precision: str):
 
 def _contenders(cfg, device: str, compile_torch: bool) -> tuple[dict[str, Any], list[str], Any]:
     from benchmarks.step import JaxUpdate, TorchUpdate, host_batches
-    from loopcore.sources import load_splits
+    from jaxloop.core.sources import load_splits
 
     splits = load_splits(cfg)
     batches = host_batches(cfg, splits, 2)
@@ -81,7 +81,7 @@ def cpu_row(opts: Options) -> Row:
         times = sized_interleaved(contenders, rounds=1 if opts.smoke else 3, block_s=0.0, warm=(1, 1))
         med = {name: median(v) for name, v in times.items()}
         _tokens_row(row, cfg, med, notes)
-        from jaxloop.flops import flops_per_token
+        from jaxloop.model.flops import flops_per_token
 
         fpt = flops_per_token(cfg.model, GPT2_VOCAB)
         row.extra["flops_per_token"] = fpt
@@ -103,7 +103,7 @@ def gpu_row(opts: Options) -> Row:
     try:
         import jax
 
-        from jaxloop.flops import flops_per_token, table_peak
+        from jaxloop.model.flops import flops_per_token, table_peak
 
         cfg = gpt2_cfg(context=1024, batch=16, precision="bf16")
         contenders, notes, _ = _contenders(cfg, "cuda", compile_torch=True)

@@ -2,7 +2,7 @@
 
 The state is the shakespeare preset's GPT (or --d_model / --n_layers) with everything a run keeps:
 params, the optimizer state (Adam's mu and nu, MultiSteps' accumulator and counters), the EMA of the
-params, and fp16's loss-scale state. It is built straight into its shards (jaxloop.distributed.
+params, and fp16's loss-scale state. It is built straight into its shards (jaxloop.update.distributed.
 create_sharded), and per device we count the bytes of the shards that device holds. Expected: the
 replicated state's bytes / N for the sharded leaves, plus the small leaves every device keeps whole
 (biases, norm scales, counters, the rng and the loss scale: `replicated_bytes`).
@@ -24,11 +24,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 
-from jaxloop.distributed import create_sharded, make_mesh, state_bytes_per_device  # noqa: E402
-from jaxloop.models import make_model  # noqa: E402
-from jaxloop.task import create_train_state  # noqa: E402
-from loopcore.cli import parse_config  # noqa: E402
-from loopcore.sources import load_splits  # noqa: E402
+from jaxloop.update.distributed import create_sharded, make_mesh, state_bytes_per_device  # noqa: E402
+from jaxloop.model.builtin import make_model  # noqa: E402
+from jaxloop.loop.task import create_train_state  # noqa: E402
+from jaxloop.core.cli import parse_config  # noqa: E402
+from jaxloop.core.sources import load_splits  # noqa: E402
 
 from benchmarks.common import add_text_option, text_path, use_text  # noqa: E402
 
@@ -36,9 +36,9 @@ from benchmarks.common import add_text_option, text_path, use_text  # noqa: E402
 def step_memory(cfg, splits, state, mesh) -> dict:
     """XLA's own accounting of the compiled train step on one device: arguments (the state's shards and
     the batch's), outputs, temporaries (activations, gathered weights, gradients), aliased (donated)."""
-    from jaxloop.distributed import pin_shardings, shard_batch
-    from jaxloop.step import train_step
-    from loopcore.sources import record_order
+    from jaxloop.update.distributed import pin_shardings, shard_batch
+    from jaxloop.update.step import train_step
+    from jaxloop.core.sources import record_order
 
     batch = shard_batch(splits.train.get(record_order(cfg, splits.num_train, 0, 1)[0]), mesh)
     m = pin_shardings(train_step, state).lower(state, batch).compile().memory_analysis()

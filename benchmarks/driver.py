@@ -28,8 +28,8 @@ def _threads() -> int:
 
 def loop(args: argparse.Namespace) -> dict:
     """jaxloop.train.run's time per update (its own step_ms) vs the compiled update alone, interleaved."""
-    from loopcore.config import CheckpointConfig, LogConfig
-    from loopcore.sources import load_splits
+    from jaxloop.core.config import CheckpointConfig, LogConfig
+    from jaxloop.core.sources import load_splits
     from benchmarks.step import JaxUpdate, host_batches, make_cfg
 
     import jaxloop.train
@@ -74,17 +74,17 @@ def compile_(args: argparse.Namespace) -> dict:
     """The 4-block GPT (shakespeare preset shape): imports, state creation, first train_step compile."""
     t_start = time.perf_counter()
     if args.cache:
-        from jaxloop.compilation import enable_compilation_cache
+        from jaxloop.loop.compilation import enable_compilation_cache
 
         enable_compilation_cache(args.cache)
     import jax
 
-    from loopcore.sources import load_splits
-    from jaxloop.models import make_model
-    from jaxloop.task import create_train_state
-    from jaxloop.executables import compile_cached
-    from jaxloop.runner import compiled_context
-    from jaxloop.step import eval_step, train_step
+    from jaxloop.core.sources import load_splits
+    from jaxloop.model.builtin import make_model
+    from jaxloop.loop.task import create_train_state
+    from jaxloop.loop.executables import compile_cached
+    from jaxloop.loop.runner import compiled_context
+    from jaxloop.update.step import eval_step, train_step
     from benchmarks.step import host_batches, make_cfg
 
     t_imported = time.perf_counter()
@@ -135,7 +135,7 @@ def _entries(directory: str | None) -> list[tuple[str, int]]:
 
 def stepmem(args: argparse.Namespace) -> dict:
     """State, compile and `updates` updates of one framework alone (the parent reads the peak RSS)."""
-    from loopcore.sources import load_splits
+    from jaxloop.core.sources import load_splits
     from benchmarks.step import JaxUpdate, TorchUpdate, host_batches, make_cfg
 
     cfg = make_cfg(args.shape, args.accum)
@@ -157,12 +157,12 @@ def valloss(args: argparse.Namespace) -> dict:
     over the records as the loop's evaluation averages them."""
     import jax
 
-    from jaxloop.checkpoint import read_checkpoint
-    from jaxloop.data import eval_batch_size, val_batches
-    from jaxloop.step import eval_step
-    from jaxloop.task import builtin_task, run_state
-    from loopcore.config import from_dict
-    from loopcore.sources import load_splits
+    from jaxloop.checkpoint.manager import read_checkpoint
+    from jaxloop.data.pipeline import eval_batch_size, val_batches
+    from jaxloop.update.step import eval_step
+    from jaxloop.loop.task import builtin_task, run_state
+    from jaxloop.core.config import from_dict
+    from jaxloop.core.sources import load_splits
 
     cfg = from_dict(json.loads((Path(args.run_dir) / "config.json").read_text()))
     splits = load_splits(cfg)
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compile")
     c.add_argument("--shape", default="gpt128")
     c.add_argument("--cache", default="")
-    c.add_argument("--executables", action="store_true", help="with --cache: jaxloop.executables, as the loop")
+    c.add_argument("--executables", action="store_true", help="with --cache: jaxloop.loop.executables, as the loop")
     m = sub.add_parser("stepmem")
     m.add_argument("--framework", choices=("jax", "torch"), required=True)
     m.add_argument("--shape", default="mlp")

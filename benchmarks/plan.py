@@ -1,4 +1,4 @@
-"""Rows memory.plan.*: what each memory plan (jaxloop.memory) saves and costs on the shakespeare preset's GPT.
+"""Rows memory.plan.*: what each memory plan (jaxloop.update.memory_plan) saves and costs on the shakespeare preset's GPT.
 
 For each plan (memory.remat blocks, dots_saveable, full; memory.split 2, 4) against the plain one: the
 compiled update's temporaries (XLA's memory_analysis: activations, gradients and workspace, the bytes a
@@ -24,7 +24,7 @@ PLANS = {"blocks": {"remat": "blocks"}, "dots_saveable": {"remat": "dots_saveabl
 
 def _cfg(opts: Options):
     """The shakespeare preset (ctx 128, batch 32, 4 x 128); under --smoke a tiny GPT on a generated text."""
-    from loopcore.config import preset
+    from jaxloop.core.config import preset
 
     base = preset("shakespeare")
     if not opts.smoke:
@@ -42,9 +42,9 @@ class PlanUpdate:
     def __init__(self, cfg, memory, task, splits, batches):
         import jax
 
-        from jaxloop.memory import Footprint
-        from jaxloop.step import make_train_step, scan_steps
-        from jaxloop.task import run_state
+        from jaxloop.update.memory_plan import Footprint
+        from jaxloop.update.step import make_train_step, scan_steps
+        from jaxloop.loop.task import run_state
 
         self.state = run_state(cfg, task, splits)
         self.batches = [jax.device_put({k: v[None] for k, v in b.items()}) for b in batches]
@@ -70,9 +70,9 @@ class PlanUpdate:
 def plan_rows(opts: Options) -> list[Row]:
     names = [f"memory.plan.{p}" for p in PLANS]
     try:
-        from jaxloop.task import builtin_task
-        from loopcore.config import MemoryConfig
-        from loopcore.sources import record_order
+        from jaxloop.loop.task import builtin_task
+        from jaxloop.core.config import MemoryConfig
+        from jaxloop.core.sources import record_order
 
         cfg = _cfg(opts)
         task = builtin_task(cfg)

@@ -185,7 +185,7 @@ def cache_row(opts: Options) -> Row:
         row.ratio = second["compile_s"] / first["compile_s"]
         row.goal, row.met = "<= 0.5 s", second["compile_s"] <= 0.5
         row.notes = (f"ref column = first (cache-filling) run's compile; second run loads the executable "
-                     f"jaxloop.executables stored (no tracing), eval step {second['eval_compile_s']:.2f} s "
+                     f"jaxloop.loop.executables stored (no tracing), eval step {second['eval_compile_s']:.2f} s "
                      f"(first {first['eval_compile_s']:.2f}); JAX's persistent cache alone (a user's task): "
                      f"{jax_only['compile_s']:.2f} s = trace+lower {jax_only['lower_s']:.2f} s + cache load "
                      f"{jax_only['xla_s']:.2f} s; state {second['state_s']:.2f} s (first {first['state_s']:.2f}); "

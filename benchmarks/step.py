@@ -27,7 +27,7 @@ SHAPES = {
 
 def make_cfg(shape: str, accum: int = 1, **overrides: Any):
     """The config of a benchmark shape: the preset, at this context and batch, K micro-batches per update."""
-    from loopcore.config import preset
+    from jaxloop.core.config import preset
 
     s = SHAPES[shape]
     if s["kind"] == "mlp":
@@ -47,7 +47,7 @@ def set_threads(opts: Options) -> None:
 
 def host_batches(cfg, splits, count: int) -> list[dict[str, np.ndarray]]:
     """The run's first `count` micro-batches, in jaxloop's record order."""
-    from loopcore.sources import record_order
+    from jaxloop.core.sources import record_order
 
     return [splits.train.get(row) for row in record_order(cfg, splits.num_train, 0, count)]
 
@@ -55,7 +55,7 @@ def host_batches(cfg, splits, count: int) -> list[dict[str, np.ndarray]]:
 def splits_for(opts: Options, shape: str):
     key = ("splits", shape)
     if key not in opts.cache:
-        from loopcore.sources import load_splits
+        from jaxloop.core.sources import load_splits
 
         opts.cache[key] = load_splits(make_cfg(shape))
     return opts.cache[key]
@@ -72,9 +72,9 @@ class JaxUpdate:
         import jax
         import numpy as np
 
-        from jaxloop.models import make_model
-        from jaxloop.step import cross_entropy_loss, make_train_step, scan_steps, train_step
-        from jaxloop.task import create_train_state
+        from jaxloop.model.builtin import make_model
+        from jaxloop.update.step import cross_entropy_loss, make_train_step, scan_steps, train_step
+        from jaxloop.loop.task import create_train_state
 
         self.K, self.per_call = cfg.optim.accum_steps, per_call
         model = make_model(cfg.model, splits.num_classes, cfg.precision)
@@ -271,10 +271,10 @@ def eval_row(opts: Options, shape: str = "gpt128") -> Row:
     try:
         import jax
 
-        from jaxloop.data import eval_batch_size, val_batches
-        from jaxloop.models import make_model
-        from jaxloop.task import create_train_state
-        from jaxloop.step import eval_step
+        from jaxloop.data.pipeline import eval_batch_size, val_batches
+        from jaxloop.model.builtin import make_model
+        from jaxloop.loop.task import create_train_state
+        from jaxloop.update.step import eval_step
 
         cfg = make_cfg(shape)
         splits = splits_for(opts, shape)

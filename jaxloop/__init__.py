@@ -9,7 +9,7 @@
     except jaxloop.errors.ConfigError: ...                      # the library's exceptions (jaxloop.errors)
     jaxloop.parity.compare(torch_module, flax_module, batch, torch_loss, flax_loss)   # check your own port
 
-The config classes live in the jax-free package `loopcore` (shared with torch_ref) and are re-exported
+The config classes live in the jax-free package `jaxloop.core` (shared with torch_ref) and are re-exported
 here; `jaxloop.Config` and `jaxloop.errors` import no jax, tyro or torch. Importing jaxloop imports nothing
 heavy and changes no global state: each name is imported on first use (the loop's Orbax and grain only
 with `run`), and process-wide settings are made by `run` itself.
@@ -20,35 +20,37 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {
-    "run": "jaxloop.runner", "RunResult": "jaxloop.runner",
-    "Hook": "jaxloop.actions", "StepInfo": "jaxloop.actions", "every": "jaxloop.actions",
-    "Task": "jaxloop.task", "builtin_task": "jaxloop.task", "load_model": "jaxloop.checkpoint",
-    "make_optimizer": "jaxloop.optim", "get_policy": "jaxloop.precision", "make_schedule": "jaxloop.schedule",
-    "TrainState": "jaxloop.state", "init_state": "jaxloop.state", "state_digest": "jaxloop.state",
-    "cross_entropy_loss": "jaxloop.step", "eval_step": "jaxloop.step", "make_eval_step": "jaxloop.step",
-    "make_train_step": "jaxloop.step", "scan_steps": "jaxloop.step", "train_step": "jaxloop.step",
-    "weighted_mean": "jaxloop.step",
-    # the config tree (jax-free)
-    "Config": "loopcore.config", "OptimConfig": "loopcore.config",
-    # an optimizer's and a schedule's config (optim.optimizer, optim.lr_schedule; jax-free)
-    **{name: "loopcore.optimizers_config" for name in (
-        "AdamWConfig", "AdamConfig", "SGDConfig", "RMSpropConfig", "AdagradConfig", "LionConfig")},
-    **{name: "loopcore.schedules_config" for name in (
-        "WarmupCosineConfig", "ConstantConfig", "LinearConfig", "StepConfig", "MultiStepConfig", "PolynomialConfig",
-        "ExponentialConfig", "CosineRestartsConfig", "OneCycleConfig", "WSDConfig", "InverseSqrtConfig",
-        "PlateauConfig")},
-    "ModelConfig": "loopcore.config", "DataConfig": "loopcore.config", "CheckpointConfig": "loopcore.config",
-    "LogConfig": "loopcore.config", "DistributedConfig": "loopcore.config", "MemoryConfig": "loopcore.config",
-    "preset": "loopcore.config", "from_dict": "loopcore.config", "to_dict": "loopcore.config",
-    "validate": "loopcore.config", "ConfigError": "loopcore.errors",
-    # records, the run_dir's lock (jax-free)
-    "SequenceRecords": "loopcore.sources", "load_splits": "loopcore.sources", "read_vocab": "loopcore.sources",
-    "RunLock": "loopcore.lock",
-    # token shards (jax-free) and the language models' FLOPs count
-    "read_shard": "loopcore.shards", "write_shard": "loopcore.shards",
-    "flops_per_token": "jaxloop.flops", "gpt_params": "jaxloop.flops",
+_PUBLIC = {  # module: the names it gives the namespace
+    # running: the loop, a Task, hooks and actions of one's own
+    "jaxloop.loop.runner": ("run", "RunResult"),
+    "jaxloop.loop.task": ("Task", "builtin_task"),
+    "jaxloop.loop.actions": ("Hook", "StepInfo", "every", "Action", "Boundary", "RunContext"),
+    "jaxloop.checkpoint.manager": ("load_model",),
+    "jaxloop.sample": ("generate",),
+    # a loop of one's own: the state, the step, the optimizer, the schedule, precision
+    "jaxloop.update.state": ("TrainState", "init_state", "state_digest"),
+    "jaxloop.update.step": ("train_step", "eval_step", "make_train_step", "make_eval_step", "scan_steps",
+                            "cross_entropy_loss", "weighted_mean"),
+    "jaxloop.update.optimizer": ("make_optimizer",),
+    "jaxloop.update.schedules": ("make_schedule", "rates"),
+    "jaxloop.model.precision": ("get_policy",),
+    "jaxloop.model.flops": ("flops_per_token", "gpt_params"),
+    # the config tree, an optimizer's and a schedule's config (optim.optimizer, optim.lr_schedule): jax-free
+    "jaxloop.core.config": ("Config", "OptimConfig", "ModelConfig", "DataConfig", "CheckpointConfig", "LogConfig",
+                            "DistributedConfig", "MemoryConfig", "preset", "from_dict", "to_dict", "validate"),
+    "jaxloop.core.optimizers_config": ("AdamWConfig", "AdamConfig", "SGDConfig", "RMSpropConfig", "AdagradConfig",
+                                       "LionConfig"),
+    "jaxloop.core.schedules_config": ("WarmupCosineConfig", "ConstantConfig", "LinearConfig", "StepConfig",
+                                      "MultiStepConfig", "PolynomialConfig", "ExponentialConfig",
+                                      "CosineRestartsConfig", "OneCycleConfig", "WSDConfig", "InverseSqrtConfig",
+                                      "PlateauConfig"),
+    "jaxloop.core.errors": ("ConfigError",),
+    # records, token shards, the run_dir's lock: jax-free
+    "jaxloop.core.sources": ("SequenceRecords", "load_splits", "read_vocab"),
+    "jaxloop.core.shards": ("read_shard", "write_shard"),
+    "jaxloop.core.lock": ("RunLock",),
 }
+_EXPORTS = {name: module for module, names in _PUBLIC.items() for name in names}
 _SUBMODULES = ("errors", "parity")  # jaxloop.errors (jax-free); jaxloop.parity (the port check, needs torch)
 
 __all__ = sorted([*_EXPORTS, "errors"])

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from loopcore.config import ConfigError
-from loopcore.shards import META_FILE, write_shard
+from jaxloop.core.config import ConfigError
+from jaxloop.core.shards import META_FILE, write_shard
 
 PIECE_BYTES = 1 << 20
 """Text encoded at a time (cut only before a line that starts with a non-space character)."""

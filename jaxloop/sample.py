@@ -22,7 +22,7 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
 
-from loopcore.config import Config
+from jaxloop.core.config import Config
 
 EXIT_BAD_INPUT = 2
 
@@ -42,8 +42,8 @@ class Loaded:
 
 
 def read_config(run_dir: str | Path) -> Config:
-    """The Config saved with a run (loopcore.run_dir.read_config), SampleError when there is none."""
-    from loopcore import run_dir as run_files
+    """The Config saved with a run (jaxloop.core.run_dir.read_config), SampleError when there is none."""
+    from jaxloop.core import run_dir as run_files
 
     try:
         return run_files.read_config(run_dir)
@@ -55,8 +55,8 @@ def read_config(run_dir: str | Path) -> Config:
 
 def load_params(run_dir: str | Path, which: str = "best", cfg: Config | None = None) -> Loaded:
     """Read-only restore of the params of the best (by checkpoint.best_metric) or latest checkpoint
-    (jaxloop.checkpoint.read_checkpoint; SampleError when there is none)."""
-    from jaxloop.checkpoint import read_checkpoint
+    (jaxloop.checkpoint.manager.read_checkpoint; SampleError when there is none)."""
+    from jaxloop.checkpoint.manager import read_checkpoint
 
     if which not in ("best", "latest"):
         raise SampleError(f"--checkpoint={which!r} is not allowed: one of best, latest")
@@ -98,7 +98,7 @@ def make_generate(model: Any, context: int, length: int, vocab: int | None = Non
 def check_inputs(run_dir: str | Path, cfg: Config, prompt: str, length: int, temperature: float,
                  seed: int) -> tuple[tuple[str, ...], Any]:
     """(vocabulary, prompt ids) of a character-level run; SampleError for anything unusable."""
-    from loopcore.sources import encode, read_vocab
+    from jaxloop.core.sources import encode, read_vocab
 
     if length < 1:
         raise SampleError(f"--length={length} is not allowed: an integer >= 1")
@@ -123,7 +123,7 @@ def sample(run_dir: str | Path, prompt: str, length: int = 200, temperature: flo
            which: str = "best", seed: int = 0, loaded: Loaded | None = None) -> str:
     """`length` characters generated after `prompt` by the run's best or latest checkpoint
     (or by `loaded`, params already restored with load_params)."""
-    from jaxloop.models import make_model
+    from jaxloop.model.builtin import make_model
 
     cfg = loaded.cfg if loaded is not None else read_config(run_dir)
     vocab, _ = check_inputs(run_dir, cfg, prompt, length, temperature, seed)
@@ -142,14 +142,14 @@ def precision_scope(cfg: Config) -> contextlib.AbstractContextManager:
 
 def generate(model: Any, params: Any, vocab: Sequence[str], prompt: str, length: int = 200,
              temperature: float = 1.0, seed: int = 0) -> str:
-    """`length` characters that the character-level GPT `model` (a jaxloop.models.GPT; its context is
+    """`length` characters that the character-level GPT `model` (a jaxloop.model.builtin.GPT; its context is
     model.context) with `params` generates after `prompt`, under `vocab` (a run's vocab.json): what
     `sample` runs for a checkpoint, and what a hook runs for the state being trained."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from loopcore.sources import decode, encode
+    from jaxloop.core.sources import decode, encode
 
     ids, context = encode(prompt, vocab), model.context
     window = ids[-context:]

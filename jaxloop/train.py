@@ -1,10 +1,10 @@
 """The CLI: `python -m jaxloop.train [--preset NAME] [--config FILE] [--field value ...]`.
 
-Exit status (loopcore.cli, the same for torch_ref.train): 0 done (also after early stopping); 1 too many
+Exit status (jaxloop.core.cli, the same for torch_ref.train): 0 done (also after early stopping); 1 too many
 consecutive non-finite updates; 2 bad input (one line on stderr, nothing written: a bad config, a bad record,
 a run_dir another run holds; a bad record met later, at batching, stops the run with 2 too); 3 a checkpoint
 could not be written, or the disk filled (the last good checkpoint is named: a rerun resumes from it); 4
-out of memory in every plan (jaxloop.memory); 130 / 143 interrupted by SIGINT / SIGTERM after the current
+out of memory in every plan (jaxloop.update.memory_plan); 130 / 143 interrupted by SIGINT / SIGTERM after the current
 call was finished and saved. docs/faults.md lists every fault.
 """
 
@@ -14,8 +14,8 @@ import signal
 import sys
 from typing import Any
 
-from loopcore.cli import EXIT_SIGNAL, finish, parse_or_exit
-from loopcore.interrupt import cli_session
+from jaxloop.core.cli import EXIT_SIGNAL, finish, parse_or_exit
+from jaxloop.core.interrupt import cli_session
 
 __all__ = ["main", "run"]  # noqa: F822  (run: the module's __getattr__, imported on first use)
 
@@ -23,15 +23,15 @@ PROG = "jaxloop.train"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse, build, run; returns the exit status. Ctrl-C is answered from the first line (loopcore.interrupt):
+    """Parse, build, run; returns the exit status. Ctrl-C is answered from the first line (jaxloop.core.interrupt):
     jax is imported inside the session, so that even an interrupted import ends in one line."""
     with cli_session(PROG):
         try:
             cfg = parse_or_exit(sys.argv[1:] if argv is None else argv, PROG)
-            from jaxloop.runner import run
+            from jaxloop.loop.runner import run
 
             def announce() -> bool:
-                from jaxloop.distributed import is_primary
+                from jaxloop.update.distributed import is_primary
 
                 return is_primary()  # process 0 reports
 
@@ -42,10 +42,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def __getattr__(name: str) -> Any:
-    """`jaxloop.train.run` (jaxloop.runner.run), imported on first use: `python -m jaxloop.train` imports
+    """`jaxloop.train.run` (jaxloop.loop.runner.run), imported on first use: `python -m jaxloop.train` imports
     jax only once its Ctrl-C handling is in place."""
     if name == "run":
-        from jaxloop.runner import run
+        from jaxloop.loop.runner import run
 
         return run
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.torch)  # every parity test runs torch_ref beside jaxloop
             # prepended: filters a test or its module names itself are applied after these and win.
             # DeprecationWarnings stay ignored as in pyproject.toml (an API's future, not a run's result:
-            # e.g. optax.global_norm, which jaxloop.step still calls).
+            # e.g. optax.global_norm, which jaxloop.update.step still calls).
             item.add_marker(pytest.mark.filterwarnings("ignore::DeprecationWarning"), append=False)
             item.add_marker(pytest.mark.filterwarnings("error"), append=False)
 
@@ -107,8 +107,8 @@ def resume_runs(x64, tmp_path_factory):
     import shutil
     from dataclasses import replace
 
-    from loopcore.sources import load_splits
-    from jaxloop.runner import run as jax_train
+    from jaxloop.core.sources import load_splits
+    from jaxloop.loop.runner import run as jax_train
     from parity_tests.harness import RESUME_AT, host, interrupt_jax_run, jax_mode, jax_state, resume_cfg
     from torch_ref.train import run as torch_train
 

@@ -42,9 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from loopcore.config import Config, from_dict, to_dict
-from loopcore.layout import RunLayout
-from loopcore.sources import Splits, load_splits, write_vocab
+from jaxloop.core.config import Config, from_dict, to_dict
+from jaxloop.core.layout import RunLayout
+from jaxloop.core.sources import Splits, load_splits, write_vocab
 
 
 # ----------------------------------------------------------------------------- state <-> state
@@ -54,7 +54,7 @@ def _adam_and_schedule(opt_state: Any) -> tuple[Any, Any]:
     """(the ScaleByAdamState, the schedule's count) inside jaxloop's optimizer state."""
     import optax
 
-    from jaxloop.optim import INJECTED, find_state
+    from jaxloop.update.optimizer import INJECTED, find_state
 
     # the schedule's own clock: inject_hyperparams keeps the wrapped schedule's state by hyperparameter name
     count = find_state(opt_state, INJECTED).hyperparams_states["learning_rate"].count
@@ -79,7 +79,7 @@ def jax_state_from_torch(cfg: Config, splits: Splits, tstate: Any) -> Any:
     import jax.numpy as jnp
     import optax
 
-    from jaxloop.optim import INJECTED, LossScaleState, SkipWindowsState, find_state, replace_state
+    from jaxloop.update.optimizer import INJECTED, LossScaleState, SkipWindowsState, find_state, replace_state
     from parity_tests.harness import jax_state
     from torch_ref.models import export_jax_params, param_map
 
@@ -136,7 +136,7 @@ def torch_state_from_jax(cfg: Config, splits: Splits, jstate: Any, position: int
     import optax
     import torch
 
-    from jaxloop.optim import LossScaleState, SkipWindowsState, find_state
+    from jaxloop.update.optimizer import LossScaleState, SkipWindowsState, find_state
     from parity_tests.harness import host
     from torch_ref.models import param_map
     from torch_ref.state import create_train_state
@@ -195,7 +195,7 @@ def _config(src: Path, dst: Path) -> Config:
 
 def _copy_records(src: Path, dst: Path, step: int) -> None:
     """The source's metrics.jsonl records up to the converted update (what a resume would keep)."""
-    from loopcore.records import kept_on_resume, read_records
+    from jaxloop.core.records import kept_on_resume, read_records
 
     kept = [r for r in read_records(src) if kept_on_resume(r, step)]
     (dst / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
@@ -214,8 +214,8 @@ def _prepare(src: Path, dst: Path) -> tuple[Config, Splits]:
 
 def torch_to_jax(src: str | Path, dst: str | Path) -> int:
     """Convert torch_ref run `src`'s newest checkpoint into jaxloop run directory `dst`; its update."""
-    from jaxloop.checkpoint import Checkpointer
-    from jaxloop.data import TrainLoader
+    from jaxloop.checkpoint.manager import Checkpointer
+    from jaxloop.data.pipeline import TrainLoader
     from parity_tests.harness import jax_mode
     from torch_ref.checkpoint import CheckpointManager, _path, _read_header
     from torch_ref.state import create_train_state
@@ -250,7 +250,7 @@ def torch_to_jax(src: str | Path, dst: str | Path) -> int:
 
 def jax_to_torch(src: str | Path, dst: str | Path) -> int:
     """Convert jaxloop run `src`'s newest checkpoint into torch_ref run directory `dst`; its update."""
-    from jaxloop.checkpoint import Checkpointer
+    from jaxloop.checkpoint.manager import Checkpointer
     from parity_tests.harness import jax_mode, jax_state
     from torch_ref.checkpoint import CheckpointManager
 

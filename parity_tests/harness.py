@@ -36,7 +36,7 @@ import numpy as np
 
 from jaxloop.parity import measures
 from jaxloop.parity.measures import abs_diff, curve_rel_diff, flat_params, same_length, ulps_of_value  # noqa: F401 (the suite imports them from here)
-from loopcore.config import CheckpointConfig, Config, LogConfig, preset, to_dict
+from jaxloop.core.config import CheckpointConfig, Config, LogConfig, preset, to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT / "tests" / "data" / "tinyshakespeare_60k.txt"
@@ -148,12 +148,12 @@ def jax_mode(precision: str) -> contextlib.AbstractContextManager:
 
 
 def optax_adamw(cfg: Config) -> Any:
-    """jaxloop's optimizer as it was before jaxloop.optim computed the bias corrections exactly:
+    """jaxloop's optimizer as it was before jaxloop.update.optimizer computed the bias corrections exactly:
     MultiSteps(chain(clip, optax.adamw)), optax.adamw's own bias corrections (the same state layout)."""
     import optax
 
-    from jaxloop.optim import decay_mask
-    from jaxloop.schedule import make_schedule
+    from jaxloop.update.optimizer import decay_mask
+    from jaxloop.update.schedules import make_schedule
 
     o = cfg.optim
     adamw = optax.adamw(make_schedule(cfg.optim, cfg.steps), b1=o.b1, b2=o.b2, eps=o.eps, eps_root=0.0,
@@ -189,16 +189,16 @@ def set_torch_grads(model: Any, grads: Any) -> list:
 def jax_state(cfg: Config, splits: Any, init_params: Any = None):
     """jaxloop's fresh TrainState for cfg (call inside jax_mode(cfg.precision)); optionally other weights.
 
-    With init_params the state is built around them as jaxloop.task.run_state builds it around the
+    With init_params the state is built around them as jaxloop.loop.task.run_state builds it around the
     model's own (the same rng, optimizer, policy and EMA), without drawing those first: a model's init is
     a compile of its own (the built-in models keep no variables besides params)."""
-    from jaxloop.models import make_model
-    from jaxloop.module import LinenModel
-    from jaxloop.optim import make_optimizer
-    from jaxloop.precision import get_policy
-    from jaxloop.state import TrainState
-    from jaxloop.step import cross_entropy_loss
-    from jaxloop.task import create_train_state
+    from jaxloop.model.builtin import make_model
+    from jaxloop.model.interface import LinenModel
+    from jaxloop.update.optimizer import make_optimizer
+    from jaxloop.model.precision import get_policy
+    from jaxloop.update.state import TrainState
+    from jaxloop.update.step import cross_entropy_loss
+    from jaxloop.loop.task import create_train_state
 
     module = make_model(cfg.model, splits.num_classes, cfg.precision)
     if init_params is None:
@@ -243,10 +243,10 @@ class Run:
 
 
 def _jax_val_metric(cfg: Config, splits: Any, state: Any) -> float:
-    """checkpoint.best_metric over the validation split (or cfg.eval_batches' subset), as jaxloop.evaluate.Evaluator
+    """checkpoint.best_metric over the validation split (or cfg.eval_batches' subset), as jaxloop.loop.evaluate.Evaluator
     averages it."""
-    from jaxloop.data import run_val_batches
-    from jaxloop.step import eval_step
+    from jaxloop.data.pipeline import run_val_batches
+    from jaxloop.update.step import eval_step
 
     sums, weights = [], []
     for batch in run_val_batches(cfg, splits):
@@ -263,12 +263,12 @@ def jax_run(cfg: Config, splits: Any, updates: int, snapshot_every: int = 0, ini
 
     x64: jax's 64-bit mode for the run; default (None) as jax_mode(cfg.precision) sets it.
     evaluate_every: evaluate checkpoint.best_metric every this many updates and, for the plateau schedule,
-    let jaxloop.plateau decide the rate as jaxloop.loop does (Run.evals).
+    let jaxloop.loop.plateau decide the rate as jaxloop.loop.host_loop does (Run.evals).
     """
-    from jaxloop.data import TrainLoader
-    from jaxloop.optim import set_learning_rate
-    from jaxloop.plateau import Plateau
-    from jaxloop.step import train_step
+    from jaxloop.data.pipeline import TrainLoader
+    from jaxloop.update.optimizer import set_learning_rate
+    from jaxloop.loop.plateau import Plateau
+    from jaxloop.update.step import train_step
 
     K = cfg.optim.accum_steps
     rows: list[tuple] = []
@@ -362,7 +362,7 @@ def tree_rel_diff(a: Any, b: Any) -> tuple[float, str]:
 
 def records(run_dir: str | Path, kind: str = "train") -> list[dict[str, Any]]:
     """The records of kind `kind` in run_dir/metrics.jsonl (both loops write the same file)."""
-    from loopcore.records import read_records
+    from jaxloop.core.records import read_records
 
     return [r for r in read_records(run_dir) if r.get("kind") == kind]
 
@@ -390,9 +390,9 @@ def interrupt_jax_run(cfg: Config, k: int) -> None:
     update: there the loop dispatches nothing before evaluating and saving.)"""
     import signal
 
-    from jaxloop.logger import RunLogger
-    from jaxloop.runner import run
-    from loopcore.cli import Interrupted
+    from jaxloop.observe.logger import RunLogger
+    from jaxloop.loop.runner import run
+    from jaxloop.core.cli import Interrupted
 
     original = RunLogger.train
 
@@ -415,7 +415,7 @@ def jax_checkpoint(cfg: Config, splits: Any, step: int | None = None):
     """(step, TrainState, data item) of run_dir's newest checkpoint (or of `step`), restored read-only."""
     import orbax.checkpoint as ocp
 
-    from jaxloop.checkpoint import Checkpointer
+    from jaxloop.checkpoint.manager import Checkpointer
 
     with jax_mode(cfg.precision):
         ckpt = Checkpointer(cfg.checkpoint, cfg.run_dir, config=to_dict(cfg))

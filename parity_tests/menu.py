@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from loopcore.config import Config, validate
+from jaxloop.core.config import Config, validate
 from parity_tests.harness import (Run, curve_rel_diff, host, jax_mode, jax_run, jax_state, mlp_cfg, optim, torch_run,
                                   torch_threads, tree_rel_diff, ulps_of_value)
 
@@ -73,7 +73,7 @@ def initial_params(splits: Any) -> Any:
 
 def micro_batches(cfg: Config, splits: Any, count: int) -> tuple[list, list]:
     """The first `count` micro-batches as each loop reads them: jaxloop's gather, torch_ref's own order."""
-    from loopcore.sources import MicroBatchGather
+    from jaxloop.core.sources import MicroBatchGather
     from torch_ref.data import micro_batch
 
     gather = MicroBatchGather(splits.train, cfg.seed, cfg.batch_size)
@@ -141,7 +141,7 @@ def check_combination(parity: Any, title: str, runs: dict, *, rate_tolerance: fl
 def menu_inputs():
     """The shared initial weights and micro-batches of every combination (and the splits); made inside the
     parity package's tests, under its x64 fixture."""
-    from loopcore.sources import load_splits
+    from jaxloop.core.sources import load_splits
 
     splits = load_splits(mlp_cfg())
     init, batches = shared_inputs(splits)

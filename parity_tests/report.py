@@ -257,7 +257,7 @@ def _findings(checks: list[dict[str, Any]], notes: dict[str, float]) -> list[str
     return [
         "## Findings",
         "",
-        "- **optax's float32 Adam bias correction (fixed in jaxloop.optim).** optax computes 1 - b2^t from b2 rounded "
+        "- **optax's float32 Adam bias correction (fixed in jaxloop.update.optimizer).** optax computes 1 - b2^t from b2 rounded "
         f"to float32: for b2 = 0.999 that is {note('optax float32 1 - b2, relative error')} (relative) off at t = 1, "
         "and stays that far off for small t, so every float32 jaxloop step was shorter than AdamW's by about half that, "
         "systematically (torch takes the corrections in float64). One float32 Adam step from the same state and "

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from loopcore.sources import load_splits, record_order
-from jaxloop.schedule import make_schedule
-from jaxloop.step import train_step
+from jaxloop.core.sources import load_splits, record_order
+from jaxloop.update.schedules import make_schedule
+from jaxloop.update.step import train_step
 from parity_tests.harness import (curve_rel_diff, flat_params, host, jax_mode, jax_run, jax_state, mlp_cfg, optim, torch_run,
                                   tree_rel_diff)
 

@@ -1,4 +1,4 @@
-"""jaxloop's attention core (jaxloop.attention, model.attention=xla) against torch's
+"""jaxloop's attention core (jaxloop.model.attention, model.attention=xla) against torch's
 F.scaled_dot_product_attention, the kernel torch_ref's GPT runs: the output and the gradients of q, k and v,
 in float64 and float32 on the CPU, with the causal mask alone and with a padding mask (keys at and past each
 sequence's length left out) on top.
@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from jaxloop.attention import dot_product_attention
+from jaxloop.model.attention import dot_product_attention
 from parity_tests.harness import jax_mode
 
 TOL = {"fp64": 2.0**-45, "fp32": 2.0**-20}

@@ -4,7 +4,7 @@ bound of test_trajectory.
 
 The initial weights are neither loop's own: jaxloop's init for another seed (12345), saved as a jaxloop
 checkpoint (J0) and converted by `parity_tests.convert --from jax` into a torch_ref checkpoint (T0).
-jaxloop starts from J0 (jaxloop.init_from, Orbax), torch_ref from T0 (its own loader of a converted
+jaxloop starts from J0 (jaxloop.checkpoint.init_from, Orbax), torch_ref from T0 (its own loader of a converted
 checkpoint). Both runs: the digits preset (MLP 64-128-128-10), float32, seed 0, 40 updates, evaluation
 at 20 and 40, torch_ref with optax's clip arithmetic.
 
@@ -21,8 +21,8 @@ from dataclasses import replace
 
 import pytest
 
-from loopcore.config import preset, to_dict
-from loopcore.sources import MicroBatchGather, load_splits
+from jaxloop.core.config import preset, to_dict
+from jaxloop.core.sources import MicroBatchGather, load_splits
 from parity_tests.harness import QUIET, ROOT, curve_rel_diff, host, jax_mode, jax_state, records
 
 UPDATES = 40
@@ -34,8 +34,8 @@ def _initial_checkpoint(run_dir):
     """J0: a jaxloop checkpoint at update 0 of the digits preset's state drawn with seed 12345."""
     import json
 
-    from jaxloop.checkpoint import Checkpointer
-    from jaxloop.data import TrainLoader
+    from jaxloop.checkpoint.manager import Checkpointer
+    from jaxloop.data.pipeline import TrainLoader
 
     cfg = replace(preset("digits"), run_dir=str(run_dir), seed=12345, log=QUIET)
     splits = load_splits(cfg)
@@ -76,7 +76,7 @@ def cli_runs(tmp_path_factory):
 
 def test_both_command_lines_start_from_the_init_from_weights(cli_runs, parity):
     """The first logged loss of each run is the loss of J0's weights on micro-batch 0 (computed here)."""
-    from jaxloop.step import cross_entropy_loss
+    from jaxloop.update.step import cross_entropy_loss
 
     base, init = cli_runs
     cfg = preset("digits")
@@ -110,8 +110,8 @@ def test_metrics_jsonl_of_both_command_lines_agree(cli_runs, parity):
 
 def test_init_from_is_validated(tmp_path):
     """init_from: empty or an existing directory; refused when the run would resume a checkpoint of its own."""
-    from loopcore.config import ConfigError, validate
-    from loopcore.run_dir import RunDir
+    from jaxloop.core.config import ConfigError, validate
+    from jaxloop.core.run_dir import RunDir
 
     cfg = replace(preset("digits"), run_dir=str(tmp_path / "run"), log=QUIET)
     validate(cfg)

@@ -28,10 +28,10 @@ import numpy as np
 import optax
 import pytest
 
-from jaxloop.optim import SkipWindowsState, find_state
+from jaxloop.update.optimizer import SkipWindowsState, find_state
 
-from loopcore.sources import load_splits
-from jaxloop.runner import run as jax_train
+from jaxloop.core.sources import load_splits
+from jaxloop.loop.runner import run as jax_train
 from parity_tests.convert import _adam_and_schedule, jax_state_from_torch, main, torch_state_from_jax
 from parity_tests.harness import (curve_rel_diff, data_position, host, jax_checkpoint, jax_mode, mlp_cfg, model, optim,
                                   records, tree_rel_diff)
@@ -191,7 +191,7 @@ def test_gpt_conversion_round_trip_and_fp32_resume(shakespeare_slice, parity):
     import jax
     import jax.numpy as jnp
 
-    from jaxloop.step import train_step
+    from jaxloop.update.step import train_step
     from parity_tests.harness import gpt_cfg, jax_state
 
     cfg = gpt_cfg(shakespeare_slice, steps=40, precision="fp32")

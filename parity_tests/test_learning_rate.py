@@ -21,12 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from loopcore.config import Config, OptimConfig, validate
+from jaxloop.core.config import Config, OptimConfig, validate
 import optax
 
-from jaxloop.optim import find_state, make_optimizer
-from jaxloop.precision import get_policy
-from loopcore.sources import load_splits
+from jaxloop.update.optimizer import find_state, make_optimizer
+from jaxloop.model.precision import get_policy
+from jaxloop.core.sources import load_splits
 from parity_tests.convert import _adam_and_schedule
 from parity_tests.harness import QUIET, jax_mode, mlp_cfg, model, optim, ulps_of_value
 from parity_tests.oracle import lr_oracle_table

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from loopcore.sources import MicroBatchGather, load_splits
+from jaxloop.core.sources import MicroBatchGather, load_splits
 from parity_tests.harness import jax_run, mlp_cfg, model, optim, torch_run, tree_rel_diff
 
 K = 2
@@ -86,7 +86,7 @@ def natural(request):
     `scaler.scale(loss / K).backward()`; jaxloop: dynamic_loss_scale's factor). Mutant caught (run, seen
     to fail, reverted): jaxloop scaling each micro-batch's loss by the whole scale (30 of 40 updates'
     flags and scales differ at K=2)."""
-    import jaxloop.precision as jp
+    import jaxloop.model.precision as jp
     import torch_ref.precision as tp
 
     cfg = model(mlp_cfg(precision="fp16", batch_size=32, steps=NATURAL_UPDATES), hidden=(32,))

@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from jaxloop.optim import make_optimizer
-from jaxloop.precision import get_policy
-from jaxloop.step import cross_entropy_loss
+from jaxloop.update.optimizer import make_optimizer
+from jaxloop.model.precision import get_policy
+from jaxloop.update.step import cross_entropy_loss
 from parity_tests.harness import host, jax_mode, jax_state, set_torch_grads, tree_rel_diff
 from parity_tests.menu import (OPTIMIZERS, adamw_warmup_cosine, check_combination, combination_cfg,  # noqa: F401
                                menu_inputs, sweep_runs)

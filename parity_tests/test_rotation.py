@@ -1,6 +1,6 @@
 """Checkpoint rotation: for the same saves and metrics both keep the same steps and name the same best.
 
-jaxloop: real Orbax saves (jaxloop.checkpoint.Checkpointer) of a tiny TrainState. torch_ref: its pure
+jaxloop: real Orbax saves (jaxloop.checkpoint.manager.Checkpointer) of a tiny TrainState. torch_ref: its pure
 rule (torch_ref.checkpoint.kept_steps / best_step) and its CheckpointManager writing real files.
 Compared after every save: the kept steps and the best step. Exact (they are integers).
 """
@@ -12,8 +12,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from jaxloop.checkpoint import Checkpointer
-from loopcore.config import CheckpointConfig, Config, ModelConfig, to_dict
+from jaxloop.checkpoint.manager import Checkpointer
+from jaxloop.core.config import CheckpointConfig, Config, ModelConfig, to_dict
 from parity_tests.harness import QUIET, jax_mode
 from torch_ref.checkpoint import CheckpointManager, best_step, kept_steps
 
@@ -43,8 +43,8 @@ def _metrics(value):
 
 
 def _tiny_state(cfg: Config):
-    from jaxloop.models import make_model
-    from jaxloop.task import create_train_state
+    from jaxloop.model.builtin import make_model
+    from jaxloop.loop.task import create_train_state
 
     return create_train_state(cfg, make_model(cfg.model, 3, cfg.precision), np.zeros((1, 4), np.float32))
 

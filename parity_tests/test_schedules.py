@@ -6,7 +6,7 @@ inverse_sqrt, which torch has no class for), under AdamW.
   the loop steps it) and both against the long-double oracle of the documented formulas
   (parity_tests/oracle.py menu_lr_oracle); jaxloop's float32 rate against the oracle in ulps.
 - trajectories (menu.check_combination): 300 updates, K = 1 and 4, float64 and float32, per schedule.
-- plateau: the trajectories with an evaluation every PLATEAU_EVERY updates, where jaxloop.plateau and torch's
+- plateau: the trajectories with an evaluation every PLATEAU_EVERY updates, where jaxloop.loop.plateau and torch's
   ReduceLROnPlateau decide; the decisions must fall on the same evaluations. Through the real loops
   (jaxloop.run, torch_ref.train.run), also across a resume between two reductions.
 - torch's chained forms: SequentialLR(LinearLR, CosineAnnealingLR), the classes for warmup_cosine (torch_ref
@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxloop.schedule import make_schedule, rates
-from loopcore.config import CheckpointConfig, PlateauConfig, validate
+from jaxloop.update.schedules import make_schedule, rates
+from jaxloop.core.config import CheckpointConfig, PlateauConfig, validate
 from parity_tests.harness import (F64_EPS, RESUME_AT, curve_rel_diff, interrupt_jax_run, jax_mode, records,
                                   resume_cfg, torch_threads, ulps_of_value)
 from parity_tests.menu import (SCHEDULES, UPDATES, adamw_warmup_cosine, check_combination,  # noqa: F401
@@ -172,7 +172,7 @@ def plateau_runs(menu_inputs):
 
 def test_plateau_trajectories_rates_and_losses_agree(plateau_runs, parity):
     check_combination(parity, "schedule plateau", plateau_runs, rate_reason="the same float64 products "
-                      "rate * factor in both (jaxloop.plateau, ReduceLROnPlateau): equal")
+                      "rate * factor in both (jaxloop.loop.plateau, ReduceLROnPlateau): equal")
 
 
 def test_plateau_reduces_the_rate_at_the_same_evaluations(plateau_runs, parity):
@@ -197,8 +197,8 @@ def test_plateau_reduces_the_rate_at_the_same_evaluations(plateau_runs, parity):
 def plateau_resume(tmp_path_factory):
     """The real loops (jaxloop.run, torch_ref.train.run) under plateau, fp64, 40 updates of 2 micro-batches,
     an evaluation every 5: uninterrupted, and interrupted at update 22 (between reductions) and resumed."""
-    from jaxloop.runner import run as jax_train
-    from loopcore.sources import load_splits
+    from jaxloop.loop.runner import run as jax_train
+    from jaxloop.core.sources import load_splits
     from parity_tests.harness import host, jax_state
     from torch_ref.train import run as torch_train
 

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from jaxloop.models import make_model
-from loopcore.config import preset
-from loopcore.sources import MicroBatchGather, load_splits
-from jaxloop.optim import skip_nonfinite_windows
-from jaxloop.step import cross_entropy_loss, train_step
+from jaxloop.model.builtin import make_model
+from jaxloop.core.config import preset
+from jaxloop.core.sources import MicroBatchGather, load_splits
+from jaxloop.update.optimizer import skip_nonfinite_windows
+from jaxloop.update.step import cross_entropy_loss, train_step
 from parity_tests.harness import (QUIET, curve_rel_diff, flat_params, gpt_cfg, host, jax_mode, jax_run, jax_state,
                                   mlp_cfg, model, torch_run, tree_rel_diff, ulps_of_value)
 from torch_ref.models import export_jax_params
@@ -117,8 +117,8 @@ def stock_optax_adamw(cfg):
     schedule: test_learning_rate checks it)."""
     import optax
 
-    from jaxloop.optim import decay_mask
-    from jaxloop.schedule import make_schedule
+    from jaxloop.update.optimizer import decay_mask
+    from jaxloop.update.schedules import make_schedule
 
     o = cfg.optim
     adamw = optax.adamw(make_schedule(cfg.optim, cfg.steps), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
@@ -156,7 +156,7 @@ def test_stock_optax_adamw_agrees_with_torch_adamw_in_float64_over_a_trajectory(
 
 def test_float32_drift_of_stock_optax_adamw_is_measured(mlp, parity):
     """The float32 MLP trajectory with stock optax.adamw (its float32 bias corrections: jaxloop before its
-    fix in jaxloop.optim) against torch, beside jaxloop's: recorded for the report, and it must be the larger."""
+    fix in jaxloop.update.optimizer) against torch, beside jaxloop's: recorded for the report, and it must be the larger."""
     cfg, splits, runs = mlp
     j, t = runs["fp32"]
     losses, params = _stock_run(cfg, splits, j.init)

@@ -14,8 +14,8 @@ import optax
 import pytest
 import torch
 
-from loopcore.sources import MicroBatchGather, load_splits
-from jaxloop.step import cross_entropy_loss, train_step
+from jaxloop.core.sources import MicroBatchGather, load_splits
+from jaxloop.update.step import cross_entropy_loss, train_step
 from parity_tests.convert import torch_state_from_jax
 from parity_tests.harness import F32_EPS, host, jax_mode, jax_state, mlp_cfg, optax_adamw, optim, set_torch_grads, tree_rel_diff
 from torch_ref.models import export_jax_params, param_map
@@ -160,7 +160,7 @@ def test_adamw_update_from_the_same_state_and_gradients_agrees(fp64, parity):
     with jax_mode("fp64"):
         grads = _jax_grads(state, batch)
         clip = 0.5 * float(optax.tree.norm(grads))
-        from jaxloop.optim import make_optimizer
+        from jaxloop.update.optimizer import make_optimizer
 
         o = optim(cfg, clip_norm=clip)
         tx = make_optimizer(o.optim, o.steps, state.policy)
@@ -174,7 +174,7 @@ def test_adamw_update_from_the_same_state_and_gradients_agrees(fp64, parity):
     after = export_jax_params(tstate.model)
     t_delta = jax.tree.map(lambda a, b: a - b, after, before)
     with jax_mode("fp64"):
-        from jaxloop.schedule import make_schedule
+        from jaxloop.update.schedules import make_schedule
 
         rate = float(make_schedule(cfg.optim, cfg.steps)(state.step))
         assert abs(rate - lr) <= 4 * 2.0**-52 * lr, "the same rate (to a few ulps)"
@@ -200,7 +200,7 @@ def test_one_train_step_and_one_train_update_end_in_the_same_params(fp64, parity
 def test_float32_adam_step_from_the_same_state_and_gradients_agrees(parity):
     # The float32 step: a handful of roundings per element (moments, bias corrections, sqrt, eps, rate),
     # half an ulp each. With optax's own bias correction (1 - b2^t from b2 rounded to float32) this
-    # measured 6.3e-6 at t = 6, a systematic shortening of every step; jaxloop.optim now computes it
+    # measured 6.3e-6 at t = 6, a systematic shortening of every step; jaxloop.update.optimizer now computes it
     # exactly (see its module doc). The step is read exactly by applying it to zero parameters (in
     # float32, p_new - p_old of real parameters carries an ulp of p, 4e-5 of this step); the decoupled
     # decay, which then vanishes, is checked in float64 above.

@@ -1,12 +1,12 @@
-"""The one argv scanner (loopcore.argv) that jaxloop.train, torch_ref.train and jaxloop.schedule read their own
+"""The one argv scanner (jaxloop.core.argv) that jaxloop.train, torch_ref.train and jaxloop.schedule read their own
 options with, before tyro parses the config's flags."""
 
 from __future__ import annotations
 
 import pytest
 
-from loopcore.argv import take_flag, take_option
-from loopcore.errors import UsageError
+from jaxloop.core.argv import take_flag, take_option
+from jaxloop.core.errors import UsageError
 
 
 def test_an_option_is_read_in_either_spelling_and_removed() -> None:

@@ -1,5 +1,5 @@
 """The loop's cadence: several updates per dispatched call, evaluations and saves on call boundaries, logs
-from inside calls, and back on the grid after a skipped update (loopcore.cadence, jaxloop.loop)."""
+from inside calls, and back on the grid after a skipped update (jaxloop.core.cadence, jaxloop.loop.host_loop)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import jaxloop
-from loopcore.cadence import call_size, next_call_size
-from loopcore.config import CheckpointConfig, Config, LogConfig, OptimConfig
-from loopcore.records import read_records
+from jaxloop.core.cadence import call_size, next_call_size
+from jaxloop.core.config import CheckpointConfig, Config, LogConfig, OptimConfig
+from jaxloop.core.records import read_records
 
 
 def test_updates_per_call_divide_the_evaluation_checkpoint_and_end_cadences():
@@ -40,8 +40,8 @@ def test_off_the_grid_the_loop_dispatches_single_updates_until_back_on_it():
 def call_sizes(tmp_path_factory):
     """The debug preset, every update logged, with 2-micro-batch updates, run one update per call and
     in calls of 10 (the default's choice for it): (summary, train records) of each."""
-    from jaxloop.runner import run
-    from loopcore.config import preset
+    from jaxloop.loop.runner import run
+    from jaxloop.core.config import preset
 
     out = {}
     for per_call in (1, 0):
@@ -81,10 +81,10 @@ def test_the_next_call_is_dispatched_before_the_host_logs_the_finished_one(tmp_p
     """The device is not left idle while the host writes a call's records: the loop dispatches the next
     call first, unless the state reached is to be evaluated or saved (then it waits for both). Mutant:
     logging before dispatching fails the first check."""
-    from jaxloop.dispatch import Dispatcher
-    from jaxloop.logger import RunLogger
-    from jaxloop.runner import run
-    from loopcore.config import preset
+    from jaxloop.loop.dispatch import Dispatcher
+    from jaxloop.observe.logger import RunLogger
+    from jaxloop.loop.runner import run
+    from jaxloop.core.config import preset
 
     events: list[tuple[str, int]] = []
     dispatch, train = Dispatcher.dispatch, RunLogger.train
@@ -186,8 +186,8 @@ def test_step_ms_counts_the_time_a_save_blocks_and_not_the_evaluation(tmp_path, 
     # Mutants seen failing: the save paused out of the interval (~1 ms); the evaluation kept in (~300 ms).
     import time
 
-    from jaxloop.checkpoint import Checkpointer
-    from jaxloop.evaluate import Evaluator
+    from jaxloop.checkpoint.manager import Checkpointer
+    from jaxloop.loop.evaluate import Evaluator
 
     save, evaluate = Checkpointer.save, Evaluator.__call__
     monkeypatch.setattr(Checkpointer, "save", lambda self, *a, **k: (time.sleep(0.2), save(self, *a, **k))[1])

@@ -18,17 +18,17 @@ import numpy as np
 import optax
 import pytest
 
-from jaxloop import checkpoint
-from jaxloop.checkpoint import Checkpointer
-from jaxloop.optim import SkipWindowsState
-from loopcore.cli import Interrupted
-from loopcore.config import CheckpointConfig, Config, ModelConfig, preset, replace, to_dict
-from loopcore.records import read_records
-from jaxloop.models import make_model
-from jaxloop.state import state_digest
-from jaxloop.task import create_train_state
-from jaxloop.logger import RunLogger
-from jaxloop.runner import run
+from jaxloop.checkpoint import manager as checkpoint
+from jaxloop.checkpoint.manager import Checkpointer
+from jaxloop.update.optimizer import SkipWindowsState
+from jaxloop.core.cli import Interrupted
+from jaxloop.core.config import CheckpointConfig, Config, ModelConfig, preset, replace, to_dict
+from jaxloop.core.records import read_records
+from jaxloop.model.builtin import make_model
+from jaxloop.update.state import state_digest
+from jaxloop.loop.task import create_train_state
+from jaxloop.observe.logger import RunLogger
+from jaxloop.loop.runner import run
 
 
 def _debug(run_dir: Path, **fields) -> Config:
@@ -105,7 +105,7 @@ def test_restore_returns_optimizer_states_as_their_own_types(tmp_path):
 
 
 def test_a_non_finite_state_is_never_saved(tmp_path):
-    from jaxloop.checkpoint import NonFiniteStateError
+    from jaxloop.checkpoint.manager import NonFiniteStateError
 
     cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)))
     state = _small_state(cfg)
@@ -148,7 +148,7 @@ def test_async_save_keeps_its_update_while_later_steps_donate_their_buffers(tmp_
 def test_state_without_numpy_views_is_handed_over_as_a_device_copy(tmp_path):
     # Accelerator buffers (and extended dtypes such as typed PRNG keys, here on the CPU) cannot be pinned
     # by NumPy views, so the async save hands over a device-side copy: equal values, other buffers.
-    from jaxloop.checkpoint import _protect
+    from jaxloop.checkpoint.manager import _protect
 
     cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)))
     state = _small_state(cfg).replace(rng=jax.random.key(0))
@@ -277,7 +277,7 @@ def test_a_failed_read_is_settled_at_once_and_quietly(caplog):
     import asyncio
     import weakref
 
-    from jaxloop.checkpoint import settle_failed_read
+    from jaxloop.checkpoint.manager import settle_failed_read
 
     async def read(i, tasks):  # `tasks` in the failing frame closes the cycle task -> error -> frame
         raise ValueError(f"array {i} truncated")

@@ -16,10 +16,10 @@ import jax
 import numpy as np
 import pytest
 
-from jaxloop.checkpoint import Checkpointer, read_checkpoint
-from jaxloop.checkpoint_digest import UnverifiedCheckpointWarning
-from loopcore.config import Config, ModelConfig, replace, to_dict
-from loopcore.records import read_records
+from jaxloop.checkpoint.manager import Checkpointer, read_checkpoint
+from jaxloop.checkpoint.digest import UnverifiedCheckpointWarning
+from jaxloop.core.config import Config, ModelConfig, replace, to_dict
+from jaxloop.core.records import read_records
 
 # The debug preset's MLP: 50 updates, a checkpoint every 10, all five kept.
 ARGS = ("--preset", "debug", "--log.progress", "off", "--log.no-tensorboard", "--steps", "50",
@@ -98,8 +98,8 @@ def _set_moment(step_dir: Path, value: float) -> None:
     moments' frames decoded to in the issue's probe, e.g. 2.0996336e+37), keeping its recorded digest."""
     import orbax.checkpoint as ocp
 
-    from loopcore.run_dir import read_config
-    from jaxloop.task import builtin_task, run_state
+    from jaxloop.core.run_dir import read_config
+    from jaxloop.loop.task import builtin_task, run_state
 
     cfg = read_config(step_dir.parent.parent)
     target = jax.eval_shape(lambda: run_state(cfg, builtin_task(cfg)))
@@ -148,8 +148,8 @@ def test_init_from_a_run_of_another_size_is_one_line_exit_2_and_nothing_written(
 
 
 def _state(cfg: Config):
-    from jaxloop.models import make_model
-    from jaxloop.task import create_train_state
+    from jaxloop.model.builtin import make_model
+    from jaxloop.loop.task import create_train_state
 
     return create_train_state(cfg, make_model(cfg.model, 3, cfg.precision), np.zeros((1, 4), np.float32))
 

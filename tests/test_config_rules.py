@@ -1,4 +1,4 @@
-"""One rule per config field, declared with the field (loopcore.config: TRAJECTORY, INPUTS, PLAN, HOST): what a
+"""One rule per config field, declared with the field (jaxloop.core.config: TRAJECTORY, INPUTS, PLAN, HOST): what a
 resumed run may change (RESUME_SAFE) and what the compiled calls depend on (NOT_COMPILED) are derived from it.
 The tables below are the specification: a field added or reclassified without updating them fails here."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from loopcore.config import (HOST, NOT_COMPILED, RESUME_SAFE, Config, DataConfig, Rule, builtin_task_fields,
-                             compiled_fields, field_rules, resume_conflicts, to_dict)
+from jaxloop.core.config import (HOST, NOT_COMPILED, RESUME_SAFE, Config, DataConfig, Rule, builtin_task_fields,
+                                 compiled_fields, field_rules, resume_conflicts, to_dict)
 
 HOST_FIELDS = {"run_dir", "resume", "allow_steps_change", "compile_cache", "retain_host_memory", "eval_every",
                "log_every", "deterministic", "updates_per_call", "max_bad_steps", "patience", "init_from",
@@ -61,7 +61,7 @@ def test_a_field_declared_host_inside_a_run_changing_section_is_resume_safe_and_
 
 
 def test_the_fields_only_the_builtin_tasks_read_are_the_model_and_the_data_source() -> None:
-    """What a run of a Task of one's own refuses set away from its preset's (jaxloop.task.check_builtin_fields):
+    """What a run of a Task of one's own refuses set away from its preset's (jaxloop.loop.task.check_builtin_fields):
     every model field by its section's declaration, and the three data fields that pick and split the records."""
     model = {f"model.{k.split('.')[1]}" for k in field_rules() if k.startswith("model.")}
     assert set(builtin_task_fields()) == model | {"data.source", "data.path", "data.val_fraction"}

@@ -1,4 +1,4 @@
-"""jaxloop.determinism: the run asks XLA for deterministic GPU kernels, once, before jax starts a backend,
+"""jaxloop.loop.determinism: the run asks XLA for deterministic GPU kernels, once, before jax starts a backend,
 and leaves a user's own XLA_FLAGS choice alone."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import warnings
 import jax
 import pytest
 
-from jaxloop.determinism import names_flag, request_deterministic_ops
+from jaxloop.loop.determinism import names_flag, request_deterministic_ops
 
 
 def test_before_jax_starts_the_flag_is_added_and_the_cpu_backend_accepts_it():
     # a fresh process: XLA reads XLA_FLAGS when the first backend starts (an unknown flag would abort it);
     # a user's other flags are kept, ours is appended
-    code = ("import os, jax; from jaxloop.determinism import request_deterministic_ops as r; "
+    code = ("import os, jax; from jaxloop.loop.determinism import request_deterministic_ops as r; "
             "print(r(), os.environ['XLA_FLAGS'], float(jax.numpy.ones(2).sum()))")
     other = "--xla_gpu_exclude_nondeterministic_ops=true"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"XLA_FLAGS": other}

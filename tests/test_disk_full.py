@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxloop.checkpoint_errors import committed_steps, is_disk_full, write_error
-from jaxloop.runner import is_compile_line
-from loopcore.layout import MARKER_FILE
-from loopcore.records import read_records
+from jaxloop.checkpoint.write_errors import committed_steps, is_disk_full, write_error
+from jaxloop.loop.runner import is_compile_line
+from jaxloop.core.layout import MARKER_FILE
+from jaxloop.core.records import read_records
 
 # ~0.95 MB a checkpoint (a 64-256-256-10 MLP: params, Adam's moments, the accumulator), one every 10 updates,
 # all kept: the sixth or seventh save fills 6 MB. Asynchronous saves (the default).
@@ -112,8 +112,8 @@ def test_a_checkpointer_drops_the_closed_loop_callbacks_of_abandoned_writes_and_
     # the hook not installed.
     from types import SimpleNamespace
 
-    from jaxloop.checkpoint import Checkpointer
-    from loopcore.config import Config
+    from jaxloop.checkpoint.manager import Checkpointer
+    from jaxloop.core.config import Config
 
     seen = []
     monkeypatch.setattr(sys, "unraisablehook", seen.append)
@@ -138,10 +138,11 @@ def test_a_full_disk_met_outside_a_checkpoint_save_is_one_line_and_exit_status_3
     # metrics.jsonl or config.json may be the write that meets the full disk first
     import errno
 
-    from jaxloop import runner, train
+    from jaxloop import train
+    from jaxloop.loop import runner
 
     (tmp_path / "checkpoints" / "40").mkdir(parents=True)
-    (tmp_path / MARKER_FILE).write_text("{}\n")  # a run's directory (loopcore.run_dir)
+    (tmp_path / MARKER_FILE).write_text("{}\n")  # a run's directory (jaxloop.core.run_dir)
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "metrics.jsonl"))

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from loopcore.records import read_records
+from jaxloop.core.records import read_records
 
 PROBE = r"""
 import json, sys
 import jax, numpy as np
-from loopcore.config import preset
-from jaxloop.distributed import make_mesh, replicate, shard_batch
-from jaxloop.models import make_model
-from loopcore.sources import load_splits, record_order
-from jaxloop.task import create_train_state
-from jaxloop.step import train_step
+from jaxloop.core.config import preset
+from jaxloop.update.distributed import make_mesh, replicate, shard_batch
+from jaxloop.model.builtin import make_model
+from jaxloop.core.sources import load_splits, record_order
+from jaxloop.loop.task import create_train_state
+from jaxloop.update.step import train_step
 cfg = preset("debug")
 splits = load_splits(cfg)
 mesh = make_mesh()

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from docs_blocks import runnable
-from loopcore import cli
+from jaxloop.core import cli
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "faults.md"
 

@@ -1,4 +1,4 @@
-"""jaxloop.executables: compiled calls stored by a key computed before tracing, loaded without tracing."""
+"""jaxloop.loop.executables: compiled calls stored by a key computed before tracing, loaded without tracing."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 from flax import struct
 
-from jaxloop import executables, run
-from jaxloop.executables import compile_cached, fingerprint
-from jaxloop.runner import compiled_context
-from loopcore.config import Config
+from jaxloop import run
+from jaxloop.loop import executables
+from jaxloop.loop.executables import compile_cached, fingerprint
+from jaxloop.loop.runner import compiled_context
+from jaxloop.core.config import Config
 
 
 @struct.dataclass
@@ -163,7 +164,7 @@ def test_the_key_changes_with_the_sharding() -> None:
 def test_a_fresh_miss_fills_jax_s_persistent_cache_too(tmp_path: Path) -> None:
     from jax._src.compilation_cache import reset_cache
 
-    from jaxloop.compilation import enable_compilation_cache
+    from jaxloop.loop.compilation import enable_compilation_cache
 
     before, args = jax.config.jax_compilation_cache_dir, (fresh_state(), BATCH)
     try:
@@ -181,7 +182,7 @@ def test_the_cache_keeps_xla_s_autotuning_results_but_not_its_gpu_kernel_cache(t
     # it, so the setting itself is what this checks.
     from jax._src.compilation_cache import reset_cache
 
-    from jaxloop.compilation import enable_compilation_cache
+    from jaxloop.loop.compilation import enable_compilation_cache
 
     before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_enable_xla_caches)
     try:
@@ -271,9 +272,9 @@ def test_no_directory_means_no_store(tmp_path: Path) -> None:
 TWO_RUNS = """
 import functools, os, sys, jax, jax.numpy as jnp
 from pathlib import Path
-from jaxloop import executables
-from jaxloop.compilation import enable_compilation_cache
-from jaxloop.executables import compile_cached, fingerprint
+from jaxloop.loop import executables
+from jaxloop.loop.compilation import enable_compilation_cache
+from jaxloop.loop.executables import compile_cached, fingerprint
 jax_cache, mode, exe = sys.argv[1:4]
 enable_compilation_cache(jax_cache)
 def f(x):
@@ -391,7 +392,7 @@ def _no_compile() -> None:
 
 def test_a_second_run_in_a_process_loads_every_call_and_compiles_none(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from jaxloop.compilation import enable_compilation_cache
+    from jaxloop.loop.compilation import enable_compilation_cache
 
     cfg = _cfg(compile_cache=str(tmp_path / "cache"), log=replace(Config(preset="debug").log, progress="off",
                                                                     report=False, tensorboard=False))
@@ -413,7 +414,7 @@ def test_the_compiled_call_rule_is_its_own_not_the_resume_rule() -> None:
     """memory.remat: a resume may change it (the same math), yet it changes the compiled call, so a stored
     executable must not be reused for it; seed: a resume may not change it, yet no compiled call reads it.
     Mutant (NOT_COMPILED derived from RESUME_SAFE, as before): the first assertion fails, seen."""
-    from loopcore.config import resume_conflicts, to_dict
+    from jaxloop.core.config import resume_conflicts, to_dict
 
     base = _cfg()
     remat = _cfg(memory=replace(base.memory, remat="blocks"))

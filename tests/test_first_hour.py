@@ -11,10 +11,10 @@ import shutil
 import pytest
 
 from jaxloop import Config, Hook, run
-from jaxloop.report import load_run, plot_loss, plot_throughput
+from jaxloop.observe.run_report import load_run, plot_loss, plot_throughput
 from jaxloop.train import main
-from loopcore.cli import UsageError, parse_config
-from loopcore.config import ConfigError
+from jaxloop.core.cli import UsageError, parse_config
+from jaxloop.core.config import ConfigError
 
 # A tiny run: the debug preset's MLP, 6 updates, a checkpoint every 3, no TensorBoard (speed).
 FLAGS = ["--preset", "debug", "--steps", "6", "--checkpoint.every", "3", "--eval_every", "3", "--log.no_tensorboard",
@@ -120,7 +120,7 @@ def test_help_lists_config_and_says_nothing_stale(capsys):
     assert e.value.code == 0
     text = capsys.readouterr().out
     assert "--config FILE" in text and "--run_dir DIR  alone resumes" in text
-    assert "JAX_ENABLE_X64" not in text  # fp64 turns x64 on by itself (jaxloop.setup)
+    assert "JAX_ENABLE_X64" not in text  # fp64 turns x64 on by itself (jaxloop.loop.process)
 
 
 def test_a_run_shorter_than_log_every_draws_its_losses_and_step_times(tmp_path):
@@ -138,7 +138,7 @@ def test_a_run_shorter_than_log_every_draws_its_losses_and_step_times(tmp_path):
 
 def test_the_schedule_plot_title_fits_the_figure(tmp_path):
     # the longest description (one_cycle's) in 8-point type; mutant (title_lines returns the text as is): clipped
-    from jaxloop.schedule import plot_schedule
+    from jaxloop.update.schedules import plot_schedule
 
     cfg = parse_config(["--optim.schedule", "one_cycle", "--optim.three_phase"], check_paths=False)
     fig = plot_schedule(cfg.optim, cfg.steps, str(tmp_path / "s.png"))
@@ -163,8 +163,8 @@ def test_a_second_ctrl_c_under_the_cli_ends_at_once(monkeypatch):
     # the watcher's two calls, as two ^C give them; mutant (no second-signal branch): no exit
     import signal
 
-    from jaxloop import actions
-    from loopcore.interrupt import Session
+    from jaxloop.loop import actions
+    from jaxloop.core.interrupt import Session
 
     exits = []
     session = Session()
@@ -183,7 +183,7 @@ def test_fsdp_beyond_one_cpu_device_names_xla_flags():
     # mutant (cpu_devices_hint returns ""): the message says "one of 1" and nothing more
     import jax
 
-    from jaxloop.distributed import check_divisible
+    from jaxloop.update.distributed import check_divisible
 
     if jax.device_count() != 1 or jax.default_backend() != "cpu":
         pytest.fail("this test process must see one CPU device (tests run without XLA_FLAGS device counts)")
@@ -197,7 +197,7 @@ def test_fsdp_beyond_one_cpu_device_names_xla_flags():
 def test_an_invocation_that_ran_no_update_keeps_the_former_wall_time_and_rate():
     # a run resumed at its end (killed after its last save, before its summary) ran 0 updates: its own wall
     # time (1.4 s) and rate (0) would replace the run's; mutant (summary returned as is): fails
-    from jaxloop.runner import keep_timing_of_updates
+    from jaxloop.loop.runner import keep_timing_of_updates
 
     previous = {"final_step": 500, "wall_time_s": 2.88, "updates_per_s": 310.0, "timings_s": {"compile": 0.8}}
     now = {"final_step": 500, "updates_this_run": 0, "wall_time_s": 1.45, "updates_per_s": 0.0, "timings_s": {}}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from loopcore.records import read_records
+from jaxloop.core.records import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = str(ROOT / "tests" / "data" / "tinyshakespeare_60k.txt")  # Tiny Shakespeare's first 60k characters
@@ -86,7 +86,7 @@ def _worst_rel(got: list[float], ref: list[float]) -> float:
 def test_partition_rule_shards_the_largest_divisible_dimension_and_replicates_small_leaves():
     from jax.sharding import PartitionSpec as P
 
-    from jaxloop.distributed import MIN_SHARD_SIZE, partition_spec
+    from jaxloop.update.distributed import MIN_SHARD_SIZE, partition_spec
 
     assert partition_spec((65, 128), 4) == P(None, "fsdp")  # 65 does not divide: the next largest
     assert partition_spec((512, 128), 4) == P("fsdp")
@@ -102,12 +102,12 @@ def test_partition_rule_shards_the_largest_divisible_dimension_and_replicates_sm
 PROBE = r"""
 import json
 import jax, numpy as np
-from loopcore.cli import parse_config
-from jaxloop.distributed import create_sharded, make_mesh, pin_shardings, shard_batch, state_shardings
-from jaxloop.models import make_model
-from loopcore.sources import load_splits, record_order
-from jaxloop.task import create_train_state
-from jaxloop.step import train_step
+from jaxloop.core.cli import parse_config
+from jaxloop.update.distributed import create_sharded, make_mesh, pin_shardings, shard_batch, state_shardings
+from jaxloop.model.builtin import make_model
+from jaxloop.core.sources import load_splits, record_order
+from jaxloop.loop.task import create_train_state
+from jaxloop.update.step import train_step
 cfg = parse_config(json.loads(__import__("sys").argv[1]), check_paths=False)
 splits = load_splits(cfg)
 mesh = make_mesh(cfg.distributed)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from loopcore.records import read_records
+from jaxloop.core.records import read_records
 from test_fsdp import MLP, ROOT
 from test_fsdp import _env as env, _main_runs as main_runs, _summary as summary, _worst_rel as worst_rel
 
@@ -22,14 +22,14 @@ FP32_REL_TOL = 1e-5  # as tests/test_fsdp.py
 
 RESTORE = r"""
 import json, sys
-from loopcore.cli import parse_config
-from loopcore.config import to_dict
-from loopcore.sources import load_splits
-from jaxloop.checkpoint import Checkpointer
-from jaxloop.distributed import create_sharded, make_mesh, to_host
-from jaxloop.models import make_model
-from jaxloop.state import state_digest
-from jaxloop.task import create_train_state
+from jaxloop.core.cli import parse_config
+from jaxloop.core.config import to_dict
+from jaxloop.core.sources import load_splits
+from jaxloop.checkpoint.manager import Checkpointer
+from jaxloop.update.distributed import create_sharded, make_mesh, to_host
+from jaxloop.model.builtin import make_model
+from jaxloop.update.state import state_digest
+from jaxloop.loop.task import create_train_state
 import jax
 for argv in json.loads(sys.argv[1]):
     cfg = parse_config(argv, check_paths=False)
@@ -103,7 +103,7 @@ def test_resumed_in_any_layout_training_continues(saved_at_fsdp4, tmp_path):
 
 
 def test_a_checkpoint_saved_on_one_device_restores_the_same_bits_on_two(tmp_path):
-    # A one-device run hands Orbax NumPy views (jaxloop.checkpoint._for_orbax): its checkpoints must
+    # A one-device run hands Orbax NumPy views (jaxloop.checkpoint.manager._for_orbax): its checkpoints must
     # restore into sharded targets too, bit for bit (fsdp 2, and replicated over data 2).
     run = tmp_path / "one_device"
     main_runs(1, [*RUN, "--run_dir", str(run)])

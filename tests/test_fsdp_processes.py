@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from loopcore.records import read_records
+from jaxloop.core.records import read_records
 from test_fsdp import MLP, ROOT
 from test_fsdp import _env as env, _main_runs as main_runs, _summary as summary
 

@@ -1,4 +1,4 @@
-"""Hooks: research code's periodic actions inside jaxloop.run (jaxloop.Hook, jaxloop.actions).
+"""Hooks: research code's periodic actions inside jaxloop.run (jaxloop.Hook, jaxloop.loop.actions).
 
 A small linear regression Task, 12 updates of 2 micro-batches; checkpoints every 4 updates, all kept.
 """
@@ -14,9 +14,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 import jaxloop
-from jaxloop.dispatch import Dispatcher
-from loopcore.config import CheckpointConfig, Config, LogConfig, OptimConfig
-from loopcore.records import read_records
+from jaxloop.loop.dispatch import Dispatcher
+from jaxloop.core.config import CheckpointConfig, Config, LogConfig, OptimConfig
+from jaxloop.core.records import read_records
 
 
 class Lin(nn.Module):

@@ -12,7 +12,7 @@ import pytest
 ROUNDS = r"""
 import ctypes, resource, sys
 if sys.argv[1] == "retain":
-    from jaxloop.host_memory import retain_freed_memory
+    from jaxloop.loop.host_memory import retain_freed_memory
     assert retain_freed_memory()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
@@ -63,21 +63,21 @@ def test_a_run_sets_the_policy_unless_told_not_to(tmp_path, monkeypatch):
     """jaxloop.run applies it (retain_host_memory, default on) and leaves it with the flag off."""
     from dataclasses import replace
 
-    import jaxloop.host_memory
-    import jaxloop.runner
-    from loopcore.config import preset
+    import jaxloop.loop.host_memory
+    import jaxloop.loop.runner
+    from jaxloop.core.config import preset
 
     calls = []
-    monkeypatch.setattr(jaxloop.host_memory, "retain_freed_memory", lambda: calls.append(True) or True)
+    monkeypatch.setattr(jaxloop.loop.host_memory, "retain_freed_memory", lambda: calls.append(True) or True)
     base = replace(preset("debug"), steps=10, log=replace(preset("debug").log, progress="off", tensorboard=False))
-    jaxloop.runner.run(replace(base, run_dir=str(tmp_path / "default")))
-    jaxloop.runner.run(replace(base, run_dir=str(tmp_path / "off"), retain_host_memory=False))
+    jaxloop.loop.runner.run(replace(base, run_dir=str(tmp_path / "default")))
+    jaxloop.loop.runner.run(replace(base, run_dir=str(tmp_path / "off"), retain_host_memory=False))
     assert calls == [True], "once, for the run with the default"
 
 
 CALLS = r"""
 import resource, statistics, sys
-from jaxloop.host_memory import retain_freed_memory, run_cpu_calls_inline
+from jaxloop.loop.host_memory import retain_freed_memory, run_cpu_calls_inline
 assert retain_freed_memory()
 if sys.argv[1] == "inline":
     assert run_cpu_calls_inline()
@@ -131,7 +131,7 @@ def test_inline_is_not_claimed_after_jax_started_or_where_the_environment_chose(
     the environment (JAX_CPU_ENABLE_ASYNC_DISPATCH) stands even before."""
     import jax
 
-    from jaxloop.host_memory import ASYNC_DISPATCH, run_cpu_calls_inline
+    from jaxloop.loop.host_memory import ASYNC_DISPATCH, run_cpu_calls_inline
 
     jax.devices()  # this process's backend is started
     assert run_cpu_calls_inline() is False

@@ -25,7 +25,7 @@ def test_import_jaxloop_changes_no_jax_setting_and_imports_no_checkpointing_or_l
         " 'jax_compilation_cache_dir')}\n"
         "import jaxloop\n"
         "heavy = [m for m in ('orbax.checkpoint', 'grain', 'torch', 'optax', 'flax', 'tensorboardX') if m in sys.modules]\n"
-        "import jaxloop.runner, jaxloop.train, jaxloop.sample, jaxloop.report  # every module of the loop\n"
+        "import jaxloop.loop.runner, jaxloop.train, jaxloop.sample, jaxloop.observe.run_report  # every module of the loop\n"
         "after = {k: str(getattr(jax.config, k)) for k in before}\n"
         "print(json.dumps({'before': before, 'after': after, 'heavy': heavy}))\n")
     assert got["after"] == got["before"], "importing jaxloop's modules changed jax's configuration"
@@ -65,16 +65,16 @@ def test_every_public_name_resolves():
 
 
 def test_the_exceptions_are_one_class_each_wherever_they_are_imported_from():
-    """jaxloop.errors is their public home; their older import paths (loopcore.config, loopcore.cli) name
+    """jaxloop.errors is their public home; their older import paths (jaxloop.core.config, jaxloop.core.cli) name
     the same classes, so an `except` written against either catches what the loop raises."""
     import jaxloop
     import jaxloop.errors
-    import loopcore.cli
-    import loopcore.config
+    import jaxloop.core.cli
+    import jaxloop.core.config
 
-    assert jaxloop.errors.ConfigError is jaxloop.ConfigError is loopcore.config.ConfigError is loopcore.cli.ConfigError
+    assert jaxloop.errors.ConfigError is jaxloop.ConfigError is jaxloop.core.config.ConfigError is jaxloop.core.cli.ConfigError
     for n in ("NonFiniteError", "CheckpointWriteError", "OutOfMemoryError", "Interrupted", "UsageError", "EXIT_SIGNAL"):
-        assert getattr(jaxloop.errors, n) is getattr(loopcore.cli, n), n
+        assert getattr(jaxloop.errors, n) is getattr(jaxloop.core.cli, n), n
     assert issubclass(jaxloop.errors.RecordError, jaxloop.errors.ConfigError)
     assert issubclass(jaxloop.errors.RunDirInUse, jaxloop.errors.ConfigError)
 

@@ -16,11 +16,11 @@ import jax
 import numpy as np
 import pytest
 
-from jaxloop.attention import choose, cudnn_unsupported
-from jaxloop.flops import Peak, flops_per_token, gpt_params, table_peak
-from jaxloop.models import init_params, make_model
-from loopcore.cli import parse_config
-from loopcore.config import ConfigError, ModelConfig, padded_vocab, preset
+from jaxloop.model.attention import choose, cudnn_unsupported
+from jaxloop.model.flops import Peak, flops_per_token, gpt_params, table_peak
+from jaxloop.model.builtin import init_params, make_model
+from jaxloop.core.cli import parse_config
+from jaxloop.core.config import ConfigError, ModelConfig, padded_vocab, preset
 
 GPT2_VOCAB = 50257
 
@@ -140,7 +140,7 @@ def tiny_gpt2_run(tmp_path_factory):
     """--preset gpt2-small shrunk: 2 layers of width 32, context 16, 8 updates, on byte-token shards of a
     small text (python -m jaxloop.prepare)."""
     from jaxloop.prepare import main as prepare
-    from jaxloop.runner import run
+    from jaxloop.loop.runner import run
 
     base = tmp_path_factory.mktemp("lm")
     rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""The host loop (jaxloop.loop.train) over a scripted Dispatcher and recording actions: no device, no JAX.
+"""The host loop (jaxloop.loop.host_loop.train) over a scripted Dispatcher and recording actions: no device, no JAX.
 
 The Dispatcher is the loop's seam: here a fake one finishes each call at once with one applied update
 per micro-batch, so the order of dispatches, waits and action calls can be read off an event list.
@@ -12,12 +12,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from jaxloop.actions import Action, Evaluate, RunContext, Throughput
-from jaxloop.dispatch import Call, Finished
-from jaxloop.loop import train, updates_per_call
-from jaxloop.runinfo import Timings
-from loopcore.cadence import Cadence
-from loopcore.records import BestTracker
+from jaxloop.loop.actions import Action, Evaluate, RunContext, Throughput
+from jaxloop.loop.dispatch import Call, Finished
+from jaxloop.loop.host_loop import train, updates_per_call
+from jaxloop.observe.runinfo import Timings
+from jaxloop.core.cadence import Cadence
+from jaxloop.core.records import BestTracker
 
 
 class FakeDispatcher:

@@ -1,4 +1,4 @@
-"""The memory plan (jaxloop.memory): split micro-batches and rematerialisation keep the update; the fit check
+"""The memory plan (jaxloop.update.memory_plan): split micro-batches and rematerialisation keep the update; the fit check
 re-plans before the first update; an out-of-memory error at run time reloads the last checkpoint and goes on
 (a real process, the error injected at update k as jaxlib raises it)."""
 
@@ -17,14 +17,14 @@ import pytest
 from flax import nnx
 
 import jaxloop
-from jaxloop.checkpoint import read_checkpoint
-from jaxloop.memory import Footprint, candidates, check_plan, supports_blocks
-from jaxloop.models import make_model
-from jaxloop.step import cross_entropy_loss, make_train_step, scan_steps
-from jaxloop.task import builtin_task, create_train_state, run_state
-from loopcore.config import Config, ConfigError, MemoryConfig, ModelConfig, OptimConfig, preset, replace
-from loopcore.records import read_records
-from loopcore.sources import record_order
+from jaxloop.checkpoint.manager import read_checkpoint
+from jaxloop.update.memory_plan import Footprint, candidates, check_plan, supports_blocks
+from jaxloop.model.builtin import make_model
+from jaxloop.update.step import cross_entropy_loss, make_train_step, scan_steps
+from jaxloop.loop.task import builtin_task, create_train_state, run_state
+from jaxloop.core.config import Config, ConfigError, MemoryConfig, ModelConfig, OptimConfig, preset, replace
+from jaxloop.core.records import read_records
+from jaxloop.core.sources import record_order
 
 
 def _host(tree):
@@ -181,8 +181,8 @@ def test_re_planning_tries_splits_then_each_later_remat():
 
 def test_a_plan_is_resume_safe_but_keys_its_own_compiled_calls():
     # the same math, so a resume may change it; other code, so a stored executable of another plan is a miss
-    from jaxloop.runner import compiled_context
-    from loopcore.config import resume_conflicts, to_dict
+    from jaxloop.loop.runner import compiled_context
+    from jaxloop.core.config import resume_conflicts, to_dict
 
     cfg = preset("debug")
     for memory in (MemoryConfig(split=2), MemoryConfig(remat="full"), MemoryConfig(budget=1 << 30, auto_fit=False)):
@@ -194,8 +194,8 @@ def test_a_plan_is_resume_safe_but_keys_its_own_compiled_calls():
 
 def test_a_call_re_planned_by_the_dispatcher_is_keyed_as_a_run_of_that_plan():
     # the executable stored for a re-planned call must never be loaded for another plan
-    from jaxloop.dispatch import Compiler
-    from loopcore.config import NOT_COMPILED, compiled_fields
+    from jaxloop.loop.dispatch import Compiler
+    from jaxloop.core.config import NOT_COMPILED, compiled_fields
 
     cfg = preset("debug")
     plain = Compiler("/unused", compiled_fields(cfg, NOT_COMPILED))
@@ -285,7 +285,7 @@ INJECT = textwrap.dedent("""
     # failed donating call leaves it), or when its results are read (the error of an asynchronous call).
     import sys
     import jax
-    import jaxloop.dispatch as dispatch
+    import jaxloop.loop.dispatch as dispatch
     from jaxloop.train import main
 
     k, accum, when, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:]

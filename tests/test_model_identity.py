@@ -17,17 +17,17 @@ import numpy as np
 import pytest
 
 import jaxloop
-from loopcore.config import Config, ConfigError, LogConfig, OptimConfig
-from loopcore.identity import model_differences
+from jaxloop.core.config import Config, ConfigError, LogConfig, OptimConfig
+from jaxloop.core.identity import model_differences
 
 # The README's "Your own model" snippet (Linen names the output Dense_0: it is built first), the hidden
-# width a parameter, with jaxloop.train's exit statuses and one-line errors (loopcore.cli.finish).
+# width a parameter, with jaxloop.train's exit statuses and one-line errors (jaxloop.core.cli.finish).
 SCRIPT = textwrap.dedent("""
     import sys
     import flax.linen as nn, numpy as np
     import jaxloop
-    from loopcore.cli import finish
-    from loopcore.config import Config, LogConfig
+    from jaxloop.core.cli import finish
+    from jaxloop.core.config import Config, LogConfig
 
     WIDTH = int(sys.argv[2])
 

@@ -1,6 +1,6 @@
 """model.remat is gone: memory.remat=blocks is the one field that rematerialises the model's blocks. The flag
 --model.remat, a config file's `model.remat: true` and a saved config.json's model.remat keep their meaning
-(loopcore.config.upgrade, loopcore.cli), or are refused naming what to write where they would need two plans.
+(jaxloop.core.config.upgrade, jaxloop.core.cli), or are refused naming what to write where they would need two plans.
 Mutant (upgrade returns the dict unchanged, no translation): every test of a file or saved config fails, seen."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from loopcore.cli import parse_config
-from loopcore.config import Config, ConfigError, MemoryConfig, changed_fields, resume_conflicts, to_dict
-from loopcore.errors import UsageError
-from loopcore.run_dir import RunDir, read_config, saved_config
+from jaxloop.core.cli import parse_config
+from jaxloop.core.config import Config, ConfigError, MemoryConfig, changed_fields, resume_conflicts, to_dict
+from jaxloop.core.errors import UsageError
+from jaxloop.core.run_dir import RunDir, read_config, saved_config
 
 
 def _parse(*flags: str) -> Config:

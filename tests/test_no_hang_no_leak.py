@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jaxloop.runner import is_compile_line
+from jaxloop.loop.runner import is_compile_line
 
 SMALL = ("--preset", "debug", "--log.progress", "off", "--log.no-tensorboard")
 SHM = Path("/dev/shm")

@@ -26,17 +26,17 @@ import optax
 import pytest
 
 from jaxloop import sample as sample_mod
-from loopcore.cli import parse_config
-from loopcore.config import preset
-from jaxloop.logger import RunLogger
-from loopcore.records import BestTracker, read_records
-from jaxloop.models import MLP, init_params, make_model
+from jaxloop.core.cli import parse_config
+from jaxloop.core.config import preset
+from jaxloop.observe.logger import RunLogger
+from jaxloop.core.records import BestTracker, read_records
+from jaxloop.model.builtin import MLP, init_params, make_model
 from jaxloop.report import main as report_main
-from loopcore.sources import encode, read_vocab
-from jaxloop.optim import skip_nonfinite_windows
-from jaxloop.state import TrainState
-from jaxloop.step import cross_entropy_loss, train_step
-from jaxloop.runner import run
+from jaxloop.core.sources import encode, read_vocab
+from jaxloop.update.optimizer import skip_nonfinite_windows
+from jaxloop.update.state import TrainState
+from jaxloop.update.step import cross_entropy_loss, train_step
+from jaxloop.loop.runner import run
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -249,7 +249,7 @@ def test_memory_is_recorded_and_its_peak_summarised(debug_run):
 
 
 def test_memory_is_the_device_peak_when_the_device_reports_one(monkeypatch):
-    import jaxloop.runinfo as runinfo
+    import jaxloop.observe.runinfo as runinfo
 
     stats = {"bytes_in_use": 5 * 2**20, "peak_bytes_in_use": 7 * 2**20, "bytes_limit": 80 * 2**30}
     monkeypatch.setattr(runinfo, "_device_memory_stats", lambda: stats)  # what a GPU's memory_stats() holds
@@ -343,7 +343,7 @@ def test_plain_progress_is_one_line_per_call_with_an_eta_timed_between_calls(tmp
     # Calls of 10 updates, 1 s apart on the wall clock: their 10 records arrive in a burst. One line per
     # call, and the ETA from the rate between calls (10 updates/s: 80 updates to go at update 20 = 8 s).
     # Mutant (the ETA timed from record to record, as before): "ETA 0:00:00". Mutant (a line per record): 20 lines.
-    import jaxloop.logger as logger_module
+    import jaxloop.observe.logger as logger_module
 
     clock = [0.0]
     monkeypatch.setattr(logger_module.time, "perf_counter", lambda: clock[0])
@@ -552,7 +552,7 @@ def test_sample_rejects_bad_input_with_one_line_and_status_2(debug_run, text_run
 def test_the_report_prints_rates_in_fixed_point_however_large(text_run):
     # A fast machine's tokens/s passes 1e5, where the report's general number format turns to 1e+05;
     # here every rate does (batch 16, context 16)
-    from jaxloop.report import load_run, render
+    from jaxloop.observe.run_report import load_run, render
 
     run = load_run(text_run[0])
     md = render(replace(run, summary=dict(run.summary, updates_per_s=200000.0)), plots={})

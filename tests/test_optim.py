@@ -1,4 +1,4 @@
-"""jaxloop.optim's own transformations, worked by hand on one scalar parameter (as optax tests its own).
+"""jaxloop.update.optimizer's own transformations, worked by hand on one scalar parameter (as optax tests its own).
 
 Inner optimizer: optax.sgd(1), so an applied update moves p by minus the (mean) gradient; every number
 below is exact in float32.
@@ -14,10 +14,10 @@ import numpy as np
 import optax
 import pytest
 
-from jaxloop.optim import (SkipWindowsState, dynamic_loss_scale, find_state, make_optimizer, optimizer_metrics, record_grad_norm,
-                           skip_nonfinite_windows, updates_applied)
-from jaxloop.precision import get_policy
-from loopcore.config import OptimConfig
+from jaxloop.update.optimizer import (SkipWindowsState, dynamic_loss_scale, find_state, make_optimizer,
+                                      optimizer_metrics, record_grad_norm, skip_nonfinite_windows, updates_applied)
+from jaxloop.model.precision import get_policy
+from jaxloop.core.config import OptimConfig
 
 NAN, INF = float("nan"), float("inf")
 

@@ -1,4 +1,4 @@
-"""The optimizer and schedule config classes (loopcore.optimizers_config, loopcore.schedules_config): each holds
+"""The optimizer and schedule config classes (jaxloop.core.optimizers_config, jaxloop.core.schedules_config): each holds
 only the fields its choice reads; the flat form of flags, files and config.json is generated from them; a run
 directory saved before the classes (tests/data/old_config, written by commit 61bf00e) still resumes."""
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from jaxloop import OptimConfig, PlateauConfig, SGDConfig, StepConfig
-from loopcore.cli import parse_config
-from loopcore.config import (ConfigError, changed_fields, flat_defaults, preset, resume_conflicts, to_dict,
-                             validate)
-from loopcore.optimizers_config import OPTIMIZERS, LionConfig
-from loopcore.schedules_config import SCHEDULES, OneCycleConfig
+from jaxloop.core.cli import parse_config
+from jaxloop.core.config import (ConfigError, changed_fields, flat_defaults, preset, resume_conflicts, to_dict,
+                                 validate)
+from jaxloop.core.optimizers_config import OPTIMIZERS, LionConfig
+from jaxloop.core.schedules_config import SCHEDULES, OneCycleConfig
 
 OLD = Path(__file__).parent / "data" / "old_config"
 

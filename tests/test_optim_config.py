@@ -1,6 +1,6 @@
 """The optimizer and schedule fields of the config: each is read by the optimizers and schedules that use
 it and refused, naming the field, its value and who ignores it, when set for one that does not; flags,
-YAML, --help; resuming with a changed field is refused; jaxloop.plateau against torch's ReduceLROnPlateau."""
+YAML, --help; resuming with a changed field is refused; jaxloop.loop.plateau against torch's ReduceLROnPlateau."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxloop.plateau import Plateau
-from loopcore.cli import parse_config
-from loopcore.config import (Config, ConfigError, PlateauConfig, preset, resume_conflicts, to_dict,
-                             validate)
-from loopcore.config import flat_hints
-from loopcore.optimizers_config import OPTIMIZERS
-from loopcore.schedules_config import SCHEDULES
+from jaxloop.loop.plateau import Plateau
+from jaxloop.core.cli import parse_config
+from jaxloop.core.config import (Config, ConfigError, PlateauConfig, preset, resume_conflicts, to_dict,
+                                 validate)
+from jaxloop.core.config import flat_hints
+from jaxloop.core.optimizers_config import OPTIMIZERS
+from jaxloop.core.schedules_config import SCHEDULES
 
 
 def _check(**optim) -> Config:

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import jaxloop
-from loopcore.config import CheckpointConfig, ConfigError, LogConfig, PlateauConfig, preset
-from loopcore.records import read_records
+from jaxloop.core.config import CheckpointConfig, ConfigError, LogConfig, PlateauConfig, preset
+from jaxloop.core.records import read_records
 
 RESUME_FROM = 8
 

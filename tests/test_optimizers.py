@@ -1,5 +1,5 @@
-"""jaxloop.optimizers worked by hand on scalar and tiny parameters (as optax tests its own): each convention
-where torch and optax's aliases differ (jaxloop.optimizers' module doc), the decay mask, the loop's
+"""jaxloop.update.torch_optimizers worked by hand on scalar and tiny parameters (as optax tests its own): each convention
+where torch and optax's aliases differ (jaxloop.update.torch_optimizers' module doc), the decay mask, the loop's
 wrapping, and plateau's injected rate. Every number is exact in float32 unless stated."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import numpy as np
 import optax
 import pytest
 
-from jaxloop.optim import SkipWindowsState, find_state, make_optimizer, optimizer_metrics, set_learning_rate
-from jaxloop.optimizers import (DampenedTraceState, adagrad, adam, adamw, dampened_trace, lion, rmsprop,
-                                scale_by_torch_adagrad, sgd)
-from jaxloop.precision import get_policy
-from loopcore.config import OPTIMIZERS, OptimConfig
+from jaxloop.update.optimizer import SkipWindowsState, find_state, make_optimizer, optimizer_metrics, set_learning_rate
+from jaxloop.update.torch_optimizers import (DampenedTraceState, adagrad, adam, adamw, dampened_trace, lion, rmsprop,
+                                             scale_by_torch_adagrad, sgd)
+from jaxloop.model.precision import get_policy
+from jaxloop.core.config import OPTIMIZERS, OptimConfig
 
 
 def _steps(tx, grads, p=1.0):

@@ -13,8 +13,8 @@ import pytest
 from flax import nnx
 
 import jaxloop
-from jaxloop.step import cross_entropy_loss, make_train_step
-from jaxloop.task import create_train_state
+from jaxloop.update.step import cross_entropy_loss, make_train_step
+from jaxloop.loop.task import create_train_state
 
 
 class Lin(nn.Module):
@@ -96,7 +96,7 @@ def test_train_step_on_a_builtin_state_is_the_cross_entropy_step():
     """A built-in task's state carries cross_entropy_loss: jaxloop.train_step on it computes what a step
     built for that loss explicitly computes, bit for bit."""
     cfg = jaxloop.preset("debug")
-    from jaxloop.models import make_model
+    from jaxloop.model.builtin import make_model
 
     def fresh():
         return create_train_state(cfg, make_model(cfg.model, 3, cfg.precision), np.zeros((1, 64), np.float32))

@@ -16,9 +16,9 @@ import optax
 import pytest
 
 import jaxloop
-from jaxloop.schedule import rates
-from loopcore.config import CheckpointConfig, Config, ConfigError, LogConfig, OptimConfig
-from loopcore.records import read_records
+from jaxloop.update.schedules import rates
+from jaxloop.core.config import CheckpointConfig, Config, ConfigError, LogConfig, OptimConfig
+from jaxloop.core.records import read_records
 
 
 class Linear(nn.Module):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import jaxloop
-from jaxloop.models import make_model
-from jaxloop.step import cross_entropy_loss
-from loopcore.config import ConfigError, ModelConfig, preset, replace
-from loopcore.sources import FIRST_RECORDS_CHECKED, RecordError, SequenceRecords
+from jaxloop.model.builtin import make_model
+from jaxloop.update.step import cross_entropy_loss
+from jaxloop.core.config import ConfigError, ModelConfig, preset, replace
+from jaxloop.core.sources import FIRST_RECORDS_CHECKED, RecordError, SequenceRecords
 
 
 def _records(n: int, width: int = 4) -> list[dict]:

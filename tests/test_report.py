@@ -1,10 +1,10 @@
 """The run report says what the loop's rates count: its wall time per logged interval, compiling and
-evaluation left out, the time checkpoint saves block the loop left in (jaxloop.loop.Throughput)."""
+evaluation left out, the time checkpoint saves block the loop left in (jaxloop.loop.host_loop.Throughput)."""
 
 from __future__ import annotations
 
-from jaxloop.actions import Throughput
-from jaxloop.report import RATE_BASIS, Run, plot_throughput
+from jaxloop.loop.actions import Throughput
+from jaxloop.observe.run_report import RATE_BASIS, Run, plot_throughput
 
 
 def test_step_ms_counts_a_saves_blocking_and_not_an_evaluation():

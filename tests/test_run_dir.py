@@ -1,13 +1,13 @@
-"""The run directory's start and resume rules (loopcore/run_dir.py): a refused resume says how to go on."""
+"""The run directory's start and resume rules (jaxloop/core/run_dir.py): a refused resume says how to go on."""
 
 from __future__ import annotations
 
 import pytest
 
-from loopcore.cli import parse_config
-from loopcore.config import ConfigError, resume_conflicts, to_dict
-from loopcore.layout import CONFIG_FILE
-from loopcore.run_dir import RunDir
+from jaxloop.core.cli import parse_config
+from jaxloop.core.config import ConfigError, resume_conflicts, to_dict
+from jaxloop.core.layout import CONFIG_FILE
+from jaxloop.core.run_dir import RunDir
 
 
 def _saved_run(tmp_path, *argv: str) -> RunDir:

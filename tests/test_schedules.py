@@ -14,11 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxloop.optim import make_optimizer
-from jaxloop.precision import get_policy
-from jaxloop.schedule import main, make_schedule, rates
-from loopcore.config import Config, OptimConfig, validate
-from loopcore.schedules_config import SCHEDULES
+from jaxloop.update.optimizer import make_optimizer
+from jaxloop.model.precision import get_policy
+from jaxloop.schedule import main
+from jaxloop.update.schedules import make_schedule, rates
+from jaxloop.core.config import Config, OptimConfig, validate
+from jaxloop.core.schedules_config import SCHEDULES
 
 
 def _o(steps: int, **fields) -> OptimConfig:

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import jaxloop
-from jaxloop.checkpoint import Checkpointer
-from loopcore.config import CheckpointConfig, Config, LogConfig, OptimConfig, replace
+from jaxloop.checkpoint.manager import Checkpointer
+from jaxloop.core.config import CheckpointConfig, Config, LogConfig, OptimConfig, replace
 
 
 def _process_wide() -> dict:
@@ -59,7 +59,7 @@ def test_a_hook_installed_over_a_checkpointers_is_kept_and_passed_everything_aft
 
 @pytest.fixture(scope="module")
 def fp64_run(tmp_path_factory):
-    """A tiny fp64 run (3 updates). Its run sets jax's x64 for the process (jaxloop.setup), put back here."""
+    """A tiny fp64 run (3 updates). Its run sets jax's x64 for the process (jaxloop.loop.process), put back here."""
     import flax.linen as nn
 
     class Net(nn.Module):

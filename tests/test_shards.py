@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loopcore.config import (
+from jaxloop.core.config import (
     Config,
     ConfigError,
     DataConfig,
@@ -22,8 +22,8 @@ from loopcore.config import (
     preset,
     replace,
 )
-from loopcore.shards import HEADER_BYTES, read_shard, write_shard
-from loopcore.sources import (
+from jaxloop.core.shards import HEADER_BYTES, read_shard, write_shard
+from jaxloop.core.sources import (
     RecordError,
     eval_records,
     index_shuffle,
@@ -197,7 +197,7 @@ def test_the_evaluation_subset_is_fixed_seeded_sorted_and_the_whole_split_by_def
 
 
 def test_a_run_evaluates_the_subset_it_names(tmp_path):
-    from jaxloop.data import run_val_batches
+    from jaxloop.data.pipeline import run_val_batches
 
     write_shard(str(tmp_path / "a_train.bin"), np.arange(60))
     write_shard(str(tmp_path / "a_val.bin"), np.arange(0, 4000) % 64)
@@ -229,7 +229,7 @@ def test_anonymous_memory_does_not_grow_with_shards_far_larger_than_ram(tmp_path
     # windows would take 128 GB; the run reads 200 micro-batches and an evaluation subset of 40 windows.
     import psutil
 
-    from jaxloop.data import TrainLoader, run_val_batches
+    from jaxloop.data.pipeline import TrainLoader, run_val_batches
 
     count = 2_000_000_000
     for name in [f"big_train_{i:06d}.bin" for i in range(8)] + ["big_val_000000.bin"]:
@@ -282,10 +282,10 @@ def _tiny_run(tmp_path: Path, run_dir: Path) -> Config:
 
 
 def test_a_run_on_shards_interrupted_and_resumed_ends_bit_identical(tmp_path, monkeypatch):
-    from jaxloop.logger import RunLogger
-    from jaxloop.runner import run
-    from loopcore.cli import Interrupted
-    from loopcore.records import read_records
+    from jaxloop.observe.logger import RunLogger
+    from jaxloop.loop.runner import run
+    from jaxloop.core.cli import Interrupted
+    from jaxloop.core.records import read_records
 
     reference = run(_tiny_run(tmp_path, tmp_path / "whole"))
     cfg = _tiny_run(tmp_path, tmp_path / "resumed")

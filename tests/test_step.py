@@ -11,14 +11,14 @@ import optax
 import pytest
 from optax.tree_utils import tree_set
 
-from loopcore.config import Config, DataConfig, ModelConfig, OptimConfig
-from jaxloop.models import make_model
-from jaxloop.schedule import make_schedule
+from jaxloop.core.config import Config, DataConfig, ModelConfig, OptimConfig
+from jaxloop.model.builtin import make_model
+from jaxloop.update.schedules import make_schedule
 from parity_tests.oracle import lr_oracle as closed_form
-from jaxloop.task import create_train_state
+from jaxloop.loop.task import create_train_state
 
-from jaxloop.optim import LossScaleState, find_state, loss_scale, replace_state
-from jaxloop.step import cross_entropy_loss, make_train_step, train_step
+from jaxloop.update.optimizer import LossScaleState, find_state, loss_scale, replace_state
+from jaxloop.update.step import cross_entropy_loss, make_train_step, train_step
 
 F32_EPS = 2.0**-23
 FEATURES, CLASSES = 16, 5

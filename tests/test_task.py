@@ -21,8 +21,8 @@ import pytest
 
 import jaxloop
 from docs_blocks import env, in_section
-from loopcore.config import CheckpointConfig, Config, LogConfig, OptimConfig
-from loopcore.records import read_records
+from jaxloop.core.config import CheckpointConfig, Config, LogConfig, OptimConfig
+from jaxloop.core.records import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "your-model.md"

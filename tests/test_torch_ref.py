@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from loopcore.cli import NonFiniteError
-from loopcore.config import (CheckpointConfig, Config, ConfigError, DataConfig, DistributedConfig, LogConfig, MemoryConfig,
-                            ModelConfig, OptimConfig, preset, to_dict)
-from loopcore.sources import ArrayRecords, Splits, load_splits, record_order
+from jaxloop.core.cli import NonFiniteError
+from jaxloop.core.config import (CheckpointConfig, Config, ConfigError, DataConfig, DistributedConfig, LogConfig, MemoryConfig,
+                                 ModelConfig, OptimConfig, preset, to_dict)
+from jaxloop.core.sources import ArrayRecords, Splits, load_splits, record_order
 from torch_ref.checkpoint import CheckpointManager, best_step, kept_steps
 from torch_ref.data import ReplayBatchSampler, make_train_loader, micro_batch
 from torch_ref.models import export_jax_params, load_jax_params, make_model
@@ -175,7 +175,7 @@ MODELS = {
 def test_weights_round_trip_jax_to_torch_to_jax_exactly(name):
     import jax
 
-    from jaxloop.models import init_params, make_model as make_flax_model
+    from jaxloop.model.builtin import init_params, make_model as make_flax_model
 
     cfg = MODELS[name]()
     classes = 11
@@ -398,7 +398,7 @@ def test_several_processes_are_refused(tmp_path):
 
 
 def test_torch_ref_runs_without_importing_jax(tmp_path):
-    # torch_ref shares only the jax-free package loopcore with jaxloop: with every import of jax, jaxlib,
+    # torch_ref shares only the jax-free package jaxloop.core with jaxloop: with every import of jax, jaxlib,
     # flax, optax, orbax or grain failing, it still trains for two updates.
     script = f"""
 import importlib.abc, sys
@@ -408,7 +408,7 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError("torch_ref imported " + name)
 sys.meta_path.insert(0, Block())
 from dataclasses import replace
-from loopcore.config import preset
+from jaxloop.core.config import preset
 import torch_ref.train
 result = torch_ref.train.run(replace(preset("debug"), steps=2, optim=replace(preset("debug").optim, warmup_steps=1),
                                      run_dir={str(tmp_path / "run")!r}))
@@ -420,9 +420,9 @@ print("ok")
 
 
 def test_torch_ref_holds_its_run_dir_as_jaxloop_does(tmp_path):
-    """One run per run_dir in both loops (loopcore.lock): a run_dir held by another run is refused, naming
+    """One run per run_dir in both loops (jaxloop.core.lock): a run_dir held by another run is refused, naming
     the holder, before anything is written. Mutant (torch_ref.run without its RunLock): trains, seen failing."""
-    from loopcore.lock import RunDirInUse, RunLock
+    from jaxloop.core.lock import RunDirInUse, RunLock
     from torch_ref.train import run
 
     cfg = replace(preset("debug"), run_dir=str(tmp_path), steps=2, log=LogConfig(progress="off", report=False))

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loopcore.config import from_dict
-from loopcore.records import read_records
+from jaxloop.core.config import from_dict
+from jaxloop.core.records import read_records
 from parity_tests.oracle import lr_oracle as closed_form
 
 
@@ -33,7 +33,7 @@ def debug_run(tmp_path_factory):
 
 
 def test_the_cli_asks_xla_for_deterministic_gpu_kernels_and_records_the_flags(debug_run):
-    # jaxloop.determinism: set before jax starts its backend, so the CLI's XLA reads it
+    # jaxloop.loop.determinism: set before jax starts its backend, so the CLI's XLA reads it
     flags = json.loads((debug_run / "metadata.json").read_text())["xla_flags"]
     assert "--xla_gpu_deterministic_ops=true" in flags.split()
 
@@ -82,7 +82,7 @@ def test_the_same_command_twice_gives_bit_identical_runs(debug_run, tmp_path):
 
 def test_a_second_run_loads_its_compiled_calls_and_gives_the_same_bits(debug_run, tmp_path):
     # A built-in task's compiled calls (training and evaluation) are stored by config and source
-    # (jaxloop.executables); the same command again loads them, rewriting none (a rewrite is a new file
+    # (jaxloop.loop.executables); the same command again loads them, rewriting none (a rewrite is a new file
     # renamed over the entry: another inode), and trains the same bits.
     cache = tmp_path / "cache"
     first = _cli(tmp_path / "a", "--preset", "debug", "--optim.accum_steps", "2", "--compile_cache", str(cache))

@@ -1,4 +1,4 @@
-"""Rotating checkpoints, mirroring jaxloop/checkpoint.py (Orbax) with torch.save and plain files.
+"""Rotating checkpoints, mirroring jaxloop/checkpoint/manager.py (Orbax) with torch.save and plain files.
 
 One file per saved update, run_dir/checkpoints/step_<update:08d>.pt:
 
@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
-from loopcore.atomic import fsync_dir
-from loopcore.config import Config
-from loopcore.layout import CHECKPOINT_DIR, DAMAGED_DIR
+from jaxloop.core.atomic import fsync_dir
+from jaxloop.core.config import Config
+from jaxloop.core.layout import CHECKPOINT_DIR, DAMAGED_DIR
 FORMAT = "torch_ref-checkpoint-1"
 _NAME = re.compile(r"^step_(\d{8,})\.pt$")
 

@@ -1,11 +1,11 @@
-"""The built-in models in PyTorch, layer for layer the same as jaxloop/models.py.
+"""The built-in models in PyTorch, layer for layer the same as jaxloop/model/builtin.py.
 
 MLP: Linear layers with an activation between them (GELU is the tanh approximation, as in jaxloop).
 GPT: token + position embeddings, dropout, pre-LayerNorm blocks (x + attn(ln1(x)), then
 x + mlp(ln2(x))), final LayerNorm, and a head tied to the token embedding (x @ E^T) or untied (no bias).
 Attention: one qkv projection split [q | k | v], heads from a reshape, and torch's
 F.scaled_dot_product_attention (causal; dropout on the weights while training), the kernel torch users
-run; parity_tests hold jaxloop's attention (jaxloop.attention) to it in fp32 and fp64. Under
+run; parity_tests hold jaxloop's attention (jaxloop.model.attention) to it in fp32 and fp64. Under
 torch.autocast (precision bf16, fp16) it is written out instead, as jaxloop's is, op by op: scores
 q.k^T in bf16, / sqrt(d), softmax in float32, weights in bf16, weights.v in bf16. SDPA's kernels round
 otherwise there (the scores stay float32; the CPU flash kernel rounds unnormalised weights), which moved
@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from loopcore.config import Config, padded_vocab
+from jaxloop.core.config import Config, padded_vocab
 
-LN_EPS = 1e-5  # as jaxloop.models.LN_EPS
+LN_EPS = 1e-5  # as jaxloop.model.builtin.LN_EPS
 INIT_STD = 0.02  # GPT-2 initialisation of GPT matrices and embeddings, as in jaxloop
 
 ACTIVATIONS = {

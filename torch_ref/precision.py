@@ -1,4 +1,4 @@
-"""Precision policies, mirroring jaxloop/precision.py, the PyTorch way.
+"""Precision policies, mirroring jaxloop/model/precision.py, the PyTorch way.
 
 fp32: everything float32.
 bf16: parameters and optimizer state float32; the forward (and so the backward) pass runs under
@@ -25,13 +25,13 @@ from typing import ContextManager
 
 import torch
 
-from loopcore.config import ConfigError
+from jaxloop.core.config import ConfigError
 
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 torch.set_float32_matmul_precision("highest")
 
-# torch.amp.GradScaler's rule, as in jaxloop.precision (those constants equal GradScaler's defaults).
+# torch.amp.GradScaler's rule, as in jaxloop.model.precision (those constants equal GradScaler's defaults).
 INIT_SCALE = 2.0**16
 GROWTH_FACTOR = 2.0
 BACKOFF_FACTOR = 0.5

@@ -1,4 +1,4 @@
-"""The learning-rate schedule, mirroring jaxloop/schedule.py with torch's own scheduler classes.
+"""The learning-rate schedule, mirroring jaxloop/update/schedules.py with torch's own scheduler classes.
 
 | optim.schedule  | torch_ref                                                                             |
 |-----------------|---------------------------------------------------------------------------------------|
@@ -49,9 +49,9 @@ from typing import Any
 import torch
 from torch.optim import lr_scheduler as sched
 
-from loopcore.config import Config
-from loopcore.schedules_config import (ConstantConfig, CosineRestartsConfig, ExponentialConfig, InverseSqrtConfig,
-                                       LinearConfig, MultiStepConfig, PolynomialConfig, StepConfig, WSDConfig)
+from jaxloop.core.config import Config
+from jaxloop.core.schedules_config import (ConstantConfig, CosineRestartsConfig, ExponentialConfig, InverseSqrtConfig,
+                                           LinearConfig, MultiStepConfig, PolynomialConfig, StepConfig, WSDConfig)
 
 BASE_LR = 1.0
 """warmup_cosine's base learning rate: LambdaLR multiplies it by lr(u), exactly."""

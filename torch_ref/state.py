@@ -1,4 +1,4 @@
-"""TrainState: everything a torch_ref run needs to continue, mirroring jaxloop/state.py.
+"""TrainState: everything a torch_ref run needs to continue, mirroring jaxloop/update/state.py.
 
 jaxloop keeps one pytree (params, optax state, rng, loss scale, EMA, non-finite counters). Here the same
 things are the usual PyTorch objects side by side: the model (its parameters), the optimizer (e.g. AdamW's
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from loopcore.config import Config
-from loopcore.sources import Splits
+from jaxloop.core.config import Config
+from jaxloop.core.sources import Splits
 from torch_ref.models import load_jax_params, make_model
 from torch_ref.optim import make_optimizer
 from torch_ref.precision import Policy, get_policy

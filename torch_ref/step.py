@@ -1,4 +1,4 @@
-"""One optimizer update and one evaluation, mirroring jaxloop/step.py.
+"""One optimizer update and one evaluation, mirroring jaxloop/update/step.py.
 
 jaxloop's train_step consumes one micro-batch and lets optax.MultiSteps accumulate K of them; here
 `train_update` takes the K micro-batches of one update and spells the accumulation out, the usual

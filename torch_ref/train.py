@@ -6,7 +6,7 @@ torch). Exit status: 0 done (also after early stopping); 1 too many consecutive 
 2 bad input (one line on stderr, nothing written); 130 / 143 interrupted by SIGINT / SIGTERM after the
 current update was finished and saved.
 
-run_dir outputs: config.json (loopcore.config.to_dict), metrics.jsonl (one JSON record per line: train
+run_dir outputs: config.json (jaxloop.core.config.to_dict), metrics.jsonl (one JSON record per line: train
 records every log_every updates, eval records every eval_every updates and at the end), checkpoints/,
 summary.json, resumes.jsonl (one line per resume), vocab.json (text sources).
 
@@ -28,17 +28,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loopcore.argv import take_option
-from loopcore.cadence import Cadence
-from loopcore.cli import EXIT_BAD_INPUT, EXIT_SIGNAL, Interrupted, NonFiniteError, UsageError, finish, parse_or_exit
-from loopcore.config import Config, ConfigError
-from loopcore.layout import RunLayout
-from loopcore.lock import RunLock
-from loopcore.outcome import COMPLETED, EARLY_STOPPING, early_stopping_message, final_evaluation_due, signal_stop
-from loopcore.outcome import summary as run_summary
-from loopcore.run_dir import RunDir
-from loopcore.records import BestTracker, read_records, rewrite_for_resume
-from loopcore.sources import Splits, load_splits, write_vocab
+from jaxloop.core.argv import take_option
+from jaxloop.core.cadence import Cadence
+from jaxloop.core.cli import EXIT_BAD_INPUT, EXIT_SIGNAL, Interrupted, NonFiniteError, UsageError, finish, parse_or_exit
+from jaxloop.core.config import Config, ConfigError
+from jaxloop.core.layout import RunLayout
+from jaxloop.core.lock import RunLock
+from jaxloop.core.outcome import COMPLETED, EARLY_STOPPING, early_stopping_message, final_evaluation_due, signal_stop
+from jaxloop.core.outcome import summary as run_summary
+from jaxloop.core.run_dir import RunDir
+from jaxloop.core.records import BestTracker, read_records, rewrite_for_resume
+from jaxloop.core.sources import Splits, load_splits, write_vocab
 from torch_ref.checkpoint import CheckpointManager
 from torch_ref.data import make_train_loader, make_val_loader
 from torch_ref.optim import ClipMode
@@ -85,7 +85,7 @@ class MetricsWriter:
     def __init__(self, cfg: Config, run_dir: Path, start_step: int):
         self.cfg = cfg
         self.path = RunLayout(run_dir).metrics
-        rewrite_for_resume(run_dir, start_step)  # loopcore.records: the records a resume keeps, atomically
+        rewrite_for_resume(run_dir, start_step)  # jaxloop.core.records: the records a resume keeps, atomically
         self._file = open(self.path, "a", buffering=1)
         self._print = cfg.log.progress != "off"
 
@@ -131,7 +131,7 @@ def run(cfg: Config, init_params: Any = None, clip: ClipMode = "torch", stop_aft
     splits = splits if splits is not None else load_splits(cfg)  # bad data: ConfigError, nothing written
     rd = RunDir(cfg)
     rd.check(has_checkpoint=CheckpointManager.has_checkpoint(rd.checkpoints))
-    with RunLock(rd.path):  # one run per run_dir, as jaxloop's (loopcore.lock); a refusal writes nothing
+    with RunLock(rd.path):  # one run per run_dir, as jaxloop's (jaxloop.core.lock); a refusal writes nothing
         rd.check(has_checkpoint=CheckpointManager.has_checkpoint(rd.checkpoints))  # held: a killed holder may have saved
         rd.start()
         run_dir = rd.path

@@ -10,7 +10,7 @@ this package needs jax and Flax alone.
 from jaxloop.parity.compare import check, compare, map_weights
 from jaxloop.parity.errors import ModelError
 from jaxloop.parity.port import Port, flax_output_loss, torch_output_loss
-from jaxloop.parity.report import Report, Row
+from jaxloop.parity.port_report import Report, Row
 from jaxloop.parity.torchside import TorchMissing
 from jaxloop.parity.transfer import flax_leaves, flax_variables, load_into_torch
 from jaxloop.parity.weights import LAYOUTS, Mapping, MappingError

@@ -39,7 +39,7 @@ from jaxloop.parity.measures import (
 )
 from jaxloop.parity.port import Batch, Port, flax_output_loss, torch_output_loss
 from jaxloop.parity.precision import check_precisions, pinned, settings
-from jaxloop.parity.report import Report, Row
+from jaxloop.parity.port_report import Report, Row
 from jaxloop.parity.tolerances import tolerance
 from jaxloop.parity.torchside import (
     functional_dropout_off,

@@ -1,4 +1,4 @@
-"""The Flax side of the port check: a Linen or NNX module held as jaxloop holds it (jaxloop.module), its
+"""The Flax side of the port check: a Linen or NNX module held as jaxloop holds it (jaxloop.model.interface), its
 variables named leaf by leaf, and dropout off in train mode.
 
 Leaf names: Linen variables by collection and path ("params/h_0/attn/c_attn/kernel",
@@ -20,10 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloop.module import LinenModel, LossFn, NnxModel, is_nnx
+from jaxloop.model.interface import LinenModel, LossFn, NnxModel, is_nnx
 from jaxloop.parity.errors import ModelError
 from jaxloop.parity.precision import np_dtype
-from jaxloop.precision import Policy, get_policy
+from jaxloop.model.precision import Policy, get_policy
 
 
 @dataclass(frozen=True)
@@ -60,11 +60,11 @@ class FlaxModel:
         return replace(self, params=put(self.params, params_prefix), model_state=put(self.model_state, ""))
 
     def bind(self, train: bool, precision: str) -> tuple[Callable[..., Any], Callable[[], Any]]:
-        """(the model a loss calls, the model_state after the call): jaxloop.module's bind."""
+        """(the model a loss calls, the model_state after the call): jaxloop.model.interface's bind."""
         return self.adapter.bind(self.params, self.model_state, train, jax.random.PRNGKey(0), policy(precision))
 
     def user_model(self) -> Any:
-        """What the user's loss expects (Linen variables or the NNX module), via jaxloop.module's merge."""
+        """What the user's loss expects (Linen variables or the NNX module), via jaxloop.model.interface's merge."""
         return self.adapter.merge(self.params, self.model_state)
 
 

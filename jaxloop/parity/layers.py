@@ -205,7 +205,7 @@ def _run_nnx(fm: FlaxModel, params: Any, model_state: Any, loss: Callable, batch
              leave: Callable) -> tuple[Any, Any]:
     from flax import nnx
 
-    from jaxloop.module import NnxModel
+    from jaxloop.model.interface import NnxModel
 
     module = fm.adapter.merge(params, model_state)
     module.train() if train else module.eval()

@@ -14,7 +14,7 @@ class Port:
     """A researcher's port: what `compare` takes and what a factory for `python -m jaxloop.parity` returns.
 
     torch_loss(module, batch) -> scalar tensor; flax_loss(model, batch, train) -> (scalar, aux dict), the
-    jaxloop convention (the model a Linen or NNX loss receives: jaxloop.module). The batch is a dict of
+    jaxloop convention (the model a Linen or NNX loss receives: jaxloop.model.interface). The batch is a dict of
     numpy arrays given to both losses (floating arrays in the checked precision): a loss feeds its model
     in its own layout (e.g. NCHW -> NHWC for a Flax CNN). `batches(i)` (or a sequence) gives the
     trajectory's batch i; the example batch is used for every update when it is None.

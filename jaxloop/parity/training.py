@@ -29,14 +29,14 @@ from jaxloop.parity.flaxside import FlaxModel, batch_to_jax, no_dropout, policy
 from jaxloop.parity.measures import scaled_diffs, whole_rel_diff, worst
 from jaxloop.parity.torchside import batch_to_torch, require_torch, to_numpy
 from jaxloop.parity.weights import LAYOUTS, Mapping
-from loopcore.config import Config, OptimConfig
+from jaxloop.core.config import Config, OptimConfig
 
 # ----------------------------------------------------------------------------- optimizers, one function per side
 
 
 def jax_optimizer(o: OptimConfig, steps: int, precision: str) -> optax.GradientTransformation:
     """jaxloop's optimizer for an OptimConfig (what a jaxloop run with this config trains with)."""
-    from jaxloop.optim import make_optimizer
+    from jaxloop.update.optimizer import make_optimizer
 
     return make_optimizer(o, steps, policy(precision))
 
@@ -73,7 +73,7 @@ def update_configs(grad_norm: float) -> list[tuple[str, OptimConfig, int]]:
 # at an evaluation: parity_tests/test_schedules.py holds it to ReduceLROnPlateau), without warmup so that
 # each schedule acts from the first update (one_cycle has none); the clipping that acts, as in base, and
 # every field the entry does not name at its default (a field its optimizer or schedule does not read
-# must be: loopcore.config.validate).
+# must be: jaxloop.core.config.validate).
 MENU: tuple[tuple[str, dict[str, Any]], ...] = (
     ("adam, step (step_size 1, gamma 0.5)",
      dict(name="adam", warmup_steps=0, schedule="step", step_size=1, gamma=0.5)),
@@ -126,7 +126,7 @@ def to_flax_params(mapping: Mapping, torch_values: dict[str, np.ndarray]) -> dic
 
 
 def flax_param_grads(fm: FlaxModel, loss: Callable, batch: dict[str, Any], precision: str) -> tuple[float, dict[str, np.ndarray]]:
-    """(loss, {flax param leaf: gradient}) of one train-mode backward pass (jaxloop.module's bind, dropout off)."""
+    """(loss, {flax param leaf: gradient}) of one train-mode backward pass (jaxloop.model.interface's bind, dropout off)."""
     jbatch = batch_to_jax(batch, precision)
     fn = no_dropout(loss)
 
@@ -247,8 +247,8 @@ def batch_at(batches: Callable[[int], dict] | Sequence[dict] | None, example: di
 def trajectory(torch_module: Any, fm: FlaxModel, mapping: Mapping, torch_loss: Callable, flax_loss: Callable,
                batches: Any, example: dict, o: OptimConfig, n: int, precision: str) -> Trajectory:
     """`n` updates through jaxloop.make_train_step and through a plain torch loop, from the same weights."""
-    from jaxloop.state import TrainState
-    from jaxloop.step import make_train_step
+    from jaxloop.update.state import TrainState
+    from jaxloop.update.step import make_train_step
 
     state = TrainState.create(params=fm.params, tx=jax_optimizer(o, n, precision), rng=jax.random.PRNGKey(0),
                               model=fm.adapter, model_state=fm.model_state, policy=policy(precision))

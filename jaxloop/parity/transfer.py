@@ -10,7 +10,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloop.module import NnxModel, is_nnx
+from jaxloop.model.interface import NnxModel, is_nnx
 from jaxloop.parity.flaxside import FlaxModel
 from jaxloop.parity.torchside import load_state_dict, state_dict
 from jaxloop.parity.weights import Mapping

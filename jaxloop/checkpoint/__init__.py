@@ -1,0 +1,1 @@
+"""Checkpoints: Orbax's rotating manager, the one restore path, --init_from."""

@@ -1,0 +1,919 @@
+"""The run configuration: one tree of frozen dataclasses, presets, and validation.
+
+Imports no jax and no torch: jaxloop, torch_ref and the CLI all read this module. A Config is
+validated once, at the edge (`validate`), and saved with every run (`to_dict` / `from_dict`).
+
+Each field declares, in its `metadata`, what changing it between runs does (TRAJECTORY, INPUTS, PLAN, HOST:
+whether a resume may change it, whether compiled calls depend on it) and whether only the built-in tasks
+read it (BUILTIN_TASK); a section's declaration (`optim: OptimConfig = field(..., metadata=TRAJECTORY)`)
+covers every field inside it that declares none, so a new config class under a section needs no
+declaration unless a field of it differs. A field no declaration covers changes the run and is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, is_dataclass, replace
+from typing import Any, Literal, get_args, get_type_hints
+
+from jaxloop.core.errors import ConfigError  # its home is jaxloop.core.errors; still importable from here
+from jaxloop.core.choice import FLOAT32_TINY, Choice  # noqa: F401  (FLOAT32_TINY: importable from here)
+from jaxloop.core.optimizers_config import OPTIMIZERS, AdamWConfig, OptimizerConfig
+from jaxloop.core.schedules_config import (  # noqa: F401  (PlateauConfig: importable from here, as before)
+    SCHEDULES, PlateauConfig, ScheduleConfig, WarmupCosineConfig)
+
+PRECISIONS = ("fp32", "bf16", "bf16_full", "fp16", "fp64", "auto")
+REMATS = ("none", "blocks", "dots_saveable", "full")
+PRESETS = ("digits", "shakespeare", "debug", "gpt2-small")
+ATTENTIONS = ("auto", "xla", "cudnn")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a change of a field between runs does. `resume_safe`: a resumed run may change it (the trajectory
+    stays the same); `compiled`: a compiled call depends on it (the key of a stored executable covers it)."""
+
+    resume_safe: bool
+    compiled: bool
+
+
+RULE_KEY = "jaxloop.rule"
+# The four rules, as the `metadata` of a field's declaration: `seed: int = field(default=0, metadata=INPUTS)`.
+# A section's field (`memory: MemoryConfig = field(..., metadata=PLAN)`) gives its rule to every field inside
+# it that declares none of its own; a field no declaration covers changes the run and is compiled (the safe
+# choice). RESUME_SAFE and NOT_COMPILED (the bottom of this module) are derived from these declarations, and
+# tests/test_config_rules.py holds their expected contents: a new field is classified here, once.
+TRAJECTORY = {RULE_KEY: Rule(resume_safe=False, compiled=True)}
+"""Changes what is computed: a resume may not change it, a stored executable is not reused for it (the default)."""
+INPUTS = {RULE_KEY: Rule(resume_safe=False, compiled=False)}
+"""Changes the values the calls are fed (initial values, data order, which batches), not the code."""
+PLAN = {RULE_KEY: Rule(resume_safe=True, compiled=True)}
+"""Changes how the update is computed, not what: other compiled code, the same math (jaxloop.update.memory_plan)."""
+HOST = {RULE_KEY: Rule(resume_safe=True, compiled=False)}
+"""The host's business (where and how often to write, log, evaluate, wait; how XLA:GPU picks kernels, not what
+they compute: deterministic, whose XLA_FLAGS the executable key holds itself; what the calls' arguments carry
+in their shapes and shardings, or their name: data.eval_batch_size, distributed.*, updates_per_call): neither
+the math nor the code's key."""
+
+BUILTIN_TASK_KEY = "jaxloop.builtin_task"
+BUILTIN_TASK = {BUILTIN_TASK_KEY: True}
+"""Read only by the built-in tasks (the presets' models and data sources), beside a field's rule
+(`metadata={**TRAJECTORY, **BUILTIN_TASK}`) or alone (its section's rule then): a run of a Task of one's own
+refuses such a field set away from its preset's value (jaxloop.loop.task.check_builtin_fields); a field not so
+declared is read by every run."""
+
+
+@dataclass(frozen=True)
+class OptimShared:
+    """What every optimizer and schedule reads: the rate, clipping, accumulation and EMA."""
+
+    peak_lr: float = 3e-3
+    """Learning rate at the end of warmup."""
+    clip_norm: float = 1.0
+    """Clip the mean accumulated gradient to this global L2 norm (0 = no clipping)."""
+    accum_steps: int = 1
+    """Micro-batches accumulated per update (optax.MultiSteps K); one update per K micro-batches."""
+    ema_decay: float = 0.0
+    """Exponential moving average of params, updated each update (0 = off)."""
+
+
+@dataclass(frozen=True, init=False)
+class OptimConfig(OptimShared):
+    """The optimizer and its learning-rate schedule (torch's semantics and names; docs/optimizers.md),
+    global-norm clipping and gradient accumulation.
+
+    `OptimConfig(optimizer=SGDConfig(momentum=0.9), lr_schedule=StepConfig(step_size=100), peak_lr=0.1)`, or
+    in the flags' flat form `OptimConfig(name="sgd", momentum=0.9, schedule="step", step_size=100, peak_lr=0.1)`
+    (the translation of --optim.* flags and config files: a field the chosen classes do not read is refused
+    unless it keeps its value, naming the choices that read it). Reads are flat too: `optim.name`,
+    `optim.schedule`, and `optim.momentum` for a field of the chosen optimizer or schedule.
+    """
+
+    optimizer: OptimizerConfig = field(default_factory=AdamWConfig)
+    """optim.name's config: AdamWConfig (default), AdamConfig, SGDConfig, RMSpropConfig, AdagradConfig, LionConfig."""
+    lr_schedule: ScheduleConfig = field(default_factory=WarmupCosineConfig)
+    """optim.schedule's config: WarmupCosineConfig (default), ConstantConfig, ..., PlateauConfig (SCHEDULES)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        for f in fields(OptimConfig):
+            value = kwargs.pop(f.name) if f.name in kwargs else (
+                f.default_factory() if f.default is dataclasses.MISSING else f.default)  # type: ignore[misc]
+            object.__setattr__(self, f.name, value)
+        if kwargs:  # the flat form: name="sgd", momentum=0.9, ...
+            flat = with_flat(self, kwargs)
+            for f in fields(OptimConfig):
+                object.__setattr__(self, f.name, getattr(flat, f.name))
+
+    @property
+    def name(self) -> str:
+        """optim.name: the chosen optimizer class's name (OPTIMIZERS)."""
+        return self.optimizer.name
+
+    @property
+    def schedule(self) -> str:
+        """optim.schedule: the chosen schedule class's name (SCHEDULES)."""
+        return self.lr_schedule.name
+
+    def __getattr__(self, key: str) -> Any:
+        """optim.momentum: a field of the chosen optimizer or schedule (optim.plateau: the PlateauConfig);
+        AttributeError naming the choices that read a field these do not."""
+        if key.startswith("__") or key in ("optimizer", "lr_schedule"):
+            raise AttributeError(key)
+        for part in (self.optimizer, self.lr_schedule):
+            if part.prefix and key == part.prefix.rstrip("."):
+                return part
+            if not part.prefix and key in part.field_names():
+                return getattr(part, key)
+        if key in flat_hints():
+            raise AttributeError(f"optim.{key}: not read by optim.name={self.name} nor optim.schedule="
+                                 f"{self.schedule} (read by {', '.join(readers(key))})")
+        raise AttributeError(f"'OptimConfig' object has no attribute {key!r}")
+
+
+# ----------------------------------------------------------------------------- the flat form (flags, files)
+# The flags (--optim.momentum), config files and config.json name every optimizer's and schedule's field flat
+# under optim. (plateau's under optim.plateau.); the view and its translation are computed from the classes.
+
+_LEADING = ("name", "schedule", "peak_lr", "init_lr", "end_lr", "warmup_steps")
+"""The first keys of the flat form, in the order config.json has always had them (the rest follow the
+classes' order), so that a run's config.json and its checkpoints' config item keep their bytes."""
+
+
+def _choices() -> list[type[Choice]]:
+    return [*OPTIMIZERS.values(), *SCHEDULES.values()]
+
+
+def _key(cls: type[Choice]) -> str:
+    """The flat key of a class whose fields sit under a prefix (PlateauConfig: "plateau")."""
+    return cls.prefix.rstrip(".")
+
+
+def flat_hints() -> dict[str, Any]:
+    """Every flat field's type, in the flat form's order: name and schedule (the registries' names), the
+    classes' fields (a prefixed class under its key), the shared fields."""
+    out: dict[str, Any] = {"name": Literal[tuple(OPTIMIZERS)], "schedule": Literal[tuple(SCHEDULES)]}
+    shared = get_type_hints(OptimShared)
+    for cls in _choices():
+        if cls.prefix:
+            out.setdefault(_key(cls), cls)
+            continue
+        hints = get_type_hints(cls)
+        for name in cls.field_names():
+            out.setdefault(name, hints[name])
+    lead = [k for k in _LEADING if k in out or k in shared]
+    return {**{k: out.get(k, shared.get(k)) for k in lead}, **{k: v for k, v in out.items() if k not in lead},
+            **{k: v for k, v in shared.items() if k not in lead}}
+
+
+def flat_defaults() -> dict[str, Any]:
+    """Every flat field's default (a field several classes hold has one default: AssertionError otherwise)."""
+    out: dict[str, Any] = {"name": next(iter(OPTIMIZERS)), "schedule": next(iter(SCHEDULES))}
+    out.update({f.name: f.default for f in fields(OptimShared)})
+    for cls in _choices():
+        if cls.prefix:
+            out[_key(cls)] = cls()
+            continue
+        for f in fields(cls):
+            if f.name in out and out[f.name] != f.default:
+                raise AssertionError(f"optim.{f.name}: {cls.__name__}'s default {f.default!r} differs from "
+                                     f"another class's {out[f.name]!r} (the flat form needs one)")
+            out[f.name] = f.default
+    return {k: out[k] for k in flat_hints()}
+
+
+def flat_keys(classes: Any) -> list[str]:
+    """The flat keys of the classes' fields (a prefixed class's key: plateau)."""
+    return list(dict.fromkeys(k for c in classes for k in ([_key(c)] if c.prefix else c.field_names())))
+
+
+def readers(key: str) -> list[str]:
+    """The choices that read flat field `key` (optim.name=sgd, optim.schedule=step), from the classes."""
+    return [f"optim.{cls.selector}={cls.name}" for cls in _choices()
+            if (cls.prefix and key == _key(cls)) or (not cls.prefix and key in cls.field_names())]
+
+
+def _read_by(o: OptimConfig) -> dict[str, Any]:
+    """The flat fields o's choices read, with their values."""
+    out: dict[str, Any] = {"name": o.name, "schedule": o.schedule}
+    out.update({f.name: getattr(o, f.name) for f in fields(OptimShared)})
+    for part in (o.optimizer, o.lr_schedule):
+        if part.prefix:
+            out[_key(type(part))] = part
+        else:
+            out.update({k: getattr(part, k) for k in part.field_names()})
+    return out
+
+
+def flat_view(o: OptimConfig, baseline: dict[str, Any] | None = None) -> dict[str, Any]:
+    """o in the flat form: every flat field, those o's choices do not read at their `baseline` values (a
+    preset's flat view: preset_baseline; default: the classes' defaults)."""
+    return {**(baseline if baseline is not None else flat_defaults()), **_read_by(o)}
+
+
+def with_flat(o: OptimConfig, changes: dict[str, Any], baseline: dict[str, Any] | None = None) -> OptimConfig:
+    """o with flat `changes` applied (name="sgd", momentum=0.9, plateau=PlateauConfig(...)). A changed name or
+    schedule picks the class, which takes its fields from the flat view (a preset's weight_decay carries over
+    to another optimizer). A field the chosen classes do not read must keep its `baseline` value (default:
+    o's flat view): ConfigError naming the field, its value and the choices that read it."""
+    view = flat_view(o, baseline)
+    unknown = sorted(set(changes) - set(view))
+    if unknown:
+        raise ConfigError(f"optim.{unknown[0]}", changes[unknown[0]],
+                          f"a known field{_did_you_mean(unknown[0], set(view), 'optim.')}")
+    ref = baseline if baseline is not None else view
+    new = {**view, **changes}
+    opt_cls, sched_cls = OPTIMIZERS.get(new["name"]), SCHEDULES.get(new["schedule"])
+    if opt_cls is None:
+        raise ConfigError("optim.name", new["name"], f"one of {', '.join(OPTIMIZERS)}")
+    if sched_cls is None:
+        raise ConfigError("optim.schedule", new["schedule"], f"one of {', '.join(SCHEDULES)}")
+    read = {"name", "schedule", *(f.name for f in fields(OptimShared)), *opt_cls.field_names(),
+            *([_key(sched_cls)] if sched_cls.prefix else sched_cls.field_names())}
+    for key in sorted(set(new) - read):
+        if new[key] == ref[key]:
+            continue
+        who = f"optim.name={new['name']}" if any(key in c.field_names() for c in OPTIMIZERS.values()) \
+            else f"optim.schedule={new['schedule']}"
+        path, value, default = f"optim.{key}", new[key], ref[key]
+        if is_dataclass(value) and type(value) is type(default):  # plateau: name the nested field that differs
+            sub = next(f.name for f in fields(value) if getattr(value, f.name) != getattr(default, f.name))
+            path, value, default = f"{path}.{sub}", getattr(value, sub), getattr(default, sub)
+        raise ConfigError(path, value, f"its default {default!r} ({who} does not read it; read by "
+                          f"{', '.join(readers(key))})")
+    schedule = new[_key(sched_cls)] if sched_cls.prefix else sched_cls(**{k: new[k] for k in sched_cls.field_names()})
+    return OptimConfig(optimizer=opt_cls(**{k: new[k] for k in opt_cls.field_names()}), lr_schedule=schedule,
+                       **{f.name: new[f.name] for f in fields(OptimShared)})
+
+
+def preset_baseline(name: str) -> dict[str, Any]:
+    """The flat view of preset `name`'s OptimConfig: the values a field its choices do not read keeps (the
+    classes' defaults for a name that is no preset)."""
+    try:
+        return flat_view(preset(name).optim)
+    except ConfigError:
+        return flat_defaults()
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The built-in models: an MLP (digits, .npz) and a character-level GPT (text)."""
+
+    kind: Literal["mlp", "gpt"] = "mlp"
+    """Which model: mlp (classification of feature vectors) or gpt (next-character prediction)."""
+    hidden: tuple[int, ...] = (128, 128)
+    """MLP hidden layer widths."""
+    activation: Literal["gelu", "relu", "tanh"] = "gelu"
+    """MLP activation (gelu is the tanh approximation, in both jaxloop and torch_ref)."""
+    context: int = 64
+    """GPT context length in characters."""
+    d_model: int = 128
+    """GPT embedding width."""
+    n_layers: int = 4
+    """GPT transformer blocks."""
+    n_heads: int = 4
+    """GPT attention heads (must divide d_model)."""
+    mlp_ratio: int = 4
+    """GPT MLP hidden width as a multiple of d_model."""
+    dropout: float = 0.0
+    """GPT dropout rate on attention weights and residual branches (0 = off)."""
+    tie_embeddings: bool = True
+    """GPT output head shares the token embedding matrix."""
+    vocab_size: int = 0
+    """Output classes / vocabulary size; 0 = taken from the data."""
+    vocab_multiple: int = 1
+    """GPT: the vocabulary (vocab_size or the data's) rounded up to a multiple of this, for faster matmuls
+    (GPT-2's 50257 -> 50304 with 64, as nanoGPT and llm.c); the extra tokens never occur in the data."""
+    attention: Literal["auto", "xla", "cudnn"] = "auto"
+    """GPT attention: xla (written out, compiled by XLA), cudnn (jax.nn.dot_product_attention's cuDNN fused
+    kernel: an NVIDIA GPU, bf16/fp16, head dim a multiple of 8), auto (cudnn where it runs, else xla;
+    metadata.json records the choice). docs/language-models.md."""
+    init: Literal["normal", "gpt2"] = "normal"
+    """GPT initialisation: normal (matrices and embeddings normal(0.02), biases 0), gpt2 (as normal, with the
+    residual projections attn.proj and mlp_proj at 0.02 / sqrt(2 * n_layers), GPT-2's)."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the records come from and how the loader feeds them."""
+
+    source: Literal["digits", "text", "npz", "tokens"] = field(default="digits", metadata=BUILTIN_TASK)
+    """digits (scikit-learn's bundled 8x8 digits), text (a UTF-8 file, characters), npz (x, y arrays), tokens
+    (token shards: llm.c's format or nanoGPT's .bin, memory-mapped; docs/data.md)."""
+    path: str = field(default="", metadata=BUILTIN_TASK)
+    """File for the text or npz source; for tokens one shard, a directory of shards or a glob."""
+    val_fraction: float = field(default=0.2, metadata=BUILTIN_TASK)
+    """Fraction of records held out for validation (npz: ignored when x_val/y_val exist)."""
+    workers: int = field(default=0, metadata=HOST)
+    """Loader worker processes (0 = in the main process); batches are the same for every count."""
+    prefetch: int = field(default=2, metadata=HOST)
+    """Batches put on the device ahead of the step."""
+    eval_batch_size: int = field(default=0, metadata=HOST)
+    """Validation batch size (0 = batch_size)."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax rotating checkpoints: last N, best N by a validation metric, every M-th kept."""
+
+    every: int = 100
+    """Save every this many updates (and at the end); 0 = only at the end."""
+    keep_last: int = 2
+    """Keep the newest this many checkpoints."""
+    keep_best: int = 1
+    """Keep the best this many checkpoints by best_metric (0 = no best tracking)."""
+    keep_every: int = 0
+    """Keep every checkpoint whose update is a multiple of this, for good (0 = none)."""
+    best_metric: str = "val_loss"
+    """Validation metric that ranks checkpoints and drives early stopping (val_loss, val_acc, ema_val_*)."""
+    best_mode: Literal["min", "max"] = "min"
+    """Whether a smaller (min) or larger (max) best_metric is better."""
+    async_save: bool = True
+    """Write checkpoints in the background; the final save is always awaited."""
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Progress, writers, profiling and the run report."""
+
+    progress: Literal["auto", "bar", "plain", "off"] = "auto"
+    """Progress bar on a terminal, plain lines otherwise (auto), or forced."""
+    tensorboard: bool = True
+    """Write TensorBoard event files into run_dir/tb."""
+    profile_start: int = 0
+    """First update of a jax.profiler trace (with profile_steps > 0)."""
+    profile_steps: int = 0
+    """Updates captured by the profiler trace into run_dir/profile (0 = off)."""
+    price_per_hour: float = 0.0
+    """Machine price in $/hour, for the cost line of the report."""
+    report: bool = True
+    """Write report.md and its PNGs at the end of the run."""
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """Several processes (hosts) training one model: run the same command in each, with its process_id."""
+
+    num_processes: int = 1
+    """Processes taking part (1 = this process alone, over all its devices)."""
+    process_id: int = 0
+    """This process's index in [0, num_processes); process 0 writes the run's files."""
+    coordinator: str = ""
+    """host:port of process 0's coordination service (needed when num_processes > 1)."""
+    fsdp: int = 1
+    """Devices over which the state (params, optimizer state, EMA) is sharded; must divide the device
+    count, the other factor is the data-parallel axis (1 = state replicated on every device)."""
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """The memory plan of the update (jaxloop.update.memory_plan): checked against the device before the first update,
+    re-planned to fit. Every field keeps the math (a resume may change them) but changes the compiled call."""
+
+    budget: int = 0
+    """Bytes the compiled update may use (arguments + outputs + temporaries - donated); 0 = the device's
+    limit (memory_stats()['bytes_limit'] on an accelerator; on a CPU the available RAM beside the arguments)."""
+    auto_fit: bool = True
+    """When the compiled update does not fit: re-plan (memory.split x2 ..., then memory.remat) until it does,
+    and after an out-of-memory error at run time reload the last checkpoint and re-plan; off: only warn."""
+    split: int = 1
+    """Sub-batches each micro-batch is split into inside the step, their gradients averaged: the same records
+    per update and, for a loss that is a mean over records, the same update up to rounding. Must divide
+    the micro-batch's rows on each device (batch_size / device count)."""
+    remat: Literal["none", "blocks", "dots_saveable", "full"] = "none"
+    """Rematerialisation (activations recomputed in the backward pass): none; blocks (the model's own blocks
+    under nn.remat: the built-in GPT, or a Linen module with a `remat` field; torch_ref's GPT too, which reads
+    no other); dots_saveable or full (jax.checkpoint policies around the whole loss: keep only matmul outputs,
+    or nothing). The former model.remat=true (a flag, a file, a saved config) is read as blocks."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """A jaxloop run. Flags are the dotted field paths, e.g. --optim.peak_lr 3e-4."""
+
+    preset: str = field(default="digits", metadata=TRAJECTORY)
+    """Starting point for every other default: digits, shakespeare or debug."""
+    run_dir: str = field(default="runs/digits", metadata=HOST)
+    """Directory for config.json, metrics.jsonl, checkpoints and the report."""
+    seed: int = field(default=0, metadata=INPUTS)
+    """Seeds initialisation, data order and per-step randomness."""
+    steps: int = field(default=500, metadata=TRAJECTORY)
+    """Optimizer updates to run (each consumes optim.accum_steps micro-batches)."""
+    batch_size: int = field(default=64, metadata=TRAJECTORY)
+    """Global micro-batch size (records per micro-batch, over all processes)."""
+    eval_every: int = field(default=100, metadata=HOST)
+    """Validate over the whole validation split (or eval_batches' subset) every this many updates (0 = only
+    at the end)."""
+    eval_batches: int = field(default=0, metadata=INPUTS)
+    """Evaluate a fixed, seeded subset of this many validation batches (data.eval_batch_size records each), the
+    same at every evaluation (nanoGPT's eval_iters, Lightning's limit_val_batches); 0 = the whole split."""
+    log_every: int = field(default=10, metadata=HOST)
+    """Record metrics every this many updates."""
+    updates_per_call: int = field(default=0, metadata=HOST)
+    """Most updates the loop dispatches in one device call (one lax.scan); 0 = auto (up to 50). Every call
+    ends on the evaluation, checkpoint and end cadences; logs come from the call's per-update metrics. The
+    host waits for the device once per call: larger calls cost less, smaller ones answer a signal sooner."""
+    precision: Literal["fp32", "bf16", "bf16_full", "fp16", "fp64", "auto"] = field(default="fp32", metadata=TRAJECTORY)
+    """fp32; bf16: matmuls in bf16, the rest fp32 (torch.autocast's way); bf16_full: the whole model in bf16;
+    fp16: as bf16 with fp16 matmuls and a dynamic loss scale; fp64: float64 throughout (the run turns on JAX's
+    64-bit mode itself; for parity); auto: bf16 on an accelerator, fp32 on a CPU (the run's config.json
+    records the one chosen)."""
+    resume: Literal["auto", "never", "must"] = field(default="auto", metadata=HOST)
+    """auto: resume from run_dir if it holds a checkpoint; never: start fresh; must: fail without one."""
+    allow_steps_change: bool = field(default=False, metadata=HOST)
+    """Accept a different `steps` when resuming (the schedule then differs from the original run)."""
+    max_bad_steps: int = field(default=20, metadata=HOST)
+    """Stop the run after this many consecutive skipped (non-finite) updates."""
+    patience: int = field(default=0, metadata=HOST)
+    """Early stopping: stop after this many evaluations without a better best_metric (0 = off)."""
+    retain_host_memory: bool = field(default=True, metadata=HOST)
+    """Keep memory the process frees for reuse (glibc malloc; jaxloop.loop.host_memory): XLA:CPU's per-call
+    buffers then do not page-fault afresh each update (the small GPT's update: 84 -> 49-59 ms here)."""
+    deterministic: bool = field(default=True, metadata=HOST)
+    """GPU: ask XLA for deterministic kernels (XLA_FLAGS --xla_gpu_deterministic_ops=true, set before jax starts;
+    jaxloop.loop.determinism), so that every process computes the same bits; without it a fresh compile picks
+    kernels by timing them. No effect on the CPU, which is deterministic already. torch_ref always asks torch
+    for deterministic algorithms."""
+    compile_cache: str = field(default="~/.cache/jaxloop/xla", metadata=HOST)
+    """The compilation caches ("" = off): JAX's persistent cache, and for the built-in tasks the compiled calls
+    stored by config and source (jaxloop.loop.executables); a second run or a resume loads its compiled steps."""
+    init_from: str = field(default="", metadata=HOST)
+    """A run_dir (or its checkpoints/ directory) whose newest checkpoint's params initialise this fresh run
+    (optimizer, step and data position start afresh); empty = the model's own seeded init. Not allowed
+    when the run resumes from a checkpoint of its own run_dir."""
+    optim: OptimConfig = field(default_factory=OptimConfig, metadata=TRAJECTORY)
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={**TRAJECTORY, **BUILTIN_TASK})
+    data: DataConfig = field(default_factory=DataConfig, metadata=TRAJECTORY)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=HOST)
+    log: LogConfig = field(default_factory=LogConfig, metadata=HOST)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig, metadata=HOST)
+    memory: MemoryConfig = field(default_factory=MemoryConfig, metadata=PLAN)
+
+
+def preset(name: str) -> Config:
+    """The default Config of a preset."""
+    if name == "digits":
+        return Config()
+    if name == "debug":
+        return Config(
+            preset="debug", run_dir="runs/debug", steps=20, batch_size=32, eval_every=10, log_every=1,
+            optim=OptimConfig(peak_lr=1e-2, warmup_steps=4, end_lr=1e-4),
+            model=ModelConfig(hidden=(32,)),
+            checkpoint=CheckpointConfig(every=10),
+            log=LogConfig(report=False),
+        )
+    if name == "shakespeare":
+        return Config(
+            preset="shakespeare", run_dir="runs/shakespeare", steps=2000, batch_size=32,
+            eval_every=250, log_every=25,
+            optim=OptimConfig(peak_lr=1e-3, end_lr=1e-4, warmup_steps=100, weight_decay=0.1, b2=0.99),
+            model=ModelConfig(kind="gpt", context=128, d_model=128, n_layers=4, n_heads=4),
+            # 32 sequences per validation batch: on a CPU, forward passes of 32 ran at 2.3x the tokens/s
+            # of batches of 256 (ctx 128; 1.4x at ctx 64), whose temporaries outgrow the caches
+            data=DataConfig(source="text", val_fraction=0.1, eval_batch_size=32),
+            checkpoint=CheckpointConfig(every=250),
+        )
+    if name == "gpt2-small":
+        # GPT-2 small (124M with the padded vocabulary and tied embeddings) with nanoGPT's / llm.c's
+        # optimizer: AdamW 6e-4, betas (0.9, 0.95), decay 0.1, warmup then cosine to 6e-5, clip 1.0
+        return Config(
+            preset="gpt2-small", run_dir="runs/gpt2-small", steps=5000, batch_size=16, eval_every=250,
+            log_every=10, precision="auto",
+            optim=OptimConfig(peak_lr=6e-4, end_lr=6e-5, warmup_steps=700, weight_decay=0.1, b1=0.9, b2=0.95,
+                              clip_norm=1.0),
+            model=ModelConfig(kind="gpt", context=1024, d_model=768, n_layers=12, n_heads=12, mlp_ratio=4,
+                              dropout=0.0, tie_embeddings=True, vocab_multiple=64, attention="auto", init="gpt2"),
+            # token shards (python -m jaxloop.prepare, or llm.c's / nanoGPT's own) given by --data.path; 200
+            # validation batches per evaluation, as nanoGPT's eval_iters estimates (the same batches every time)
+            data=DataConfig(source="tokens", val_fraction=0.05, eval_batch_size=16),
+            eval_batches=200, checkpoint=CheckpointConfig(every=250),
+        )
+    raise ConfigError("preset", name, f"one of {', '.join(PRESETS)}")
+
+
+def padded_vocab(m: ModelConfig, from_data: int) -> int:
+    """The GPT's vocabulary: model.vocab_size (or the data's, when 0) rounded up to model.vocab_multiple."""
+    size = m.vocab_size or from_data
+    return -(-size // m.vocab_multiple) * m.vocab_multiple
+
+
+# ----------------------------------------------------------------------------- (de)serialisation
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A JSON-ready nested dict (tuples become lists); the optim section in the flat form (flat_view: every
+    field flat under optim., those its choices do not read at the preset's values), config.json's form."""
+    if isinstance(cfg, OptimConfig):
+        return _json(flat_view(cfg))
+    out = _json(cfg)
+    if isinstance(cfg, Config):
+        out["optim"] = _json(flat_view(cfg.optim, preset_baseline(cfg.preset)))
+    return out
+
+
+def _json(obj: Any) -> Any:
+    """A dataclass, or a dict of values some of which are dataclasses, as JSON-ready dicts and lists."""
+    if isinstance(obj, dict):
+        obj = {k: dataclasses.asdict(v) if is_dataclass(v) else v for k, v in obj.items()}
+    elif is_dataclass(obj):
+        obj = dataclasses.asdict(obj)
+    return json.loads(json.dumps(obj))
+
+
+def from_dict(d: dict[str, Any], base: Config | None = None, _cls: type = Config, _path: str = "") -> Any:
+    """Build a Config from a (partial) nested dict over `base`; unknown keys are a ConfigError. The fields of an
+    earlier version are read in today's terms (`upgrade`)."""
+    base = base if base is not None else _cls()
+    if _cls is Config:
+        d = upgrade(d, base.memory.remat)
+    if _cls is OptimConfig:  # an optim section alone (a saved record): the fields its choices do not read ignored
+        return _optim_from_dict(d, base, _path or "optim.", None, record=True)
+    hints = get_type_hints(_cls)
+    known = {f.name for f in fields(_cls)}
+    updates: dict[str, Any] = {}
+    for key, value in d.items():
+        name = key.replace("-", "_")
+        path = f"{_path}{name}"
+        if name not in known:
+            raise ConfigError(path, value, f"a known field{_did_you_mean(name, known, _path)}")
+        current = getattr(base, name)
+        if isinstance(current, OptimConfig):
+            if not isinstance(value, dict):
+                raise ConfigError(path, value, "a mapping of its fields")
+            # a field its choices do not read keeps the preset's value (the one a stored config.json records)
+            wanted = d.get("preset", base.preset if isinstance(base, Config) else "digits")
+            updates[name] = _optim_from_dict(value, current, path + ".", preset_baseline(str(wanted)))
+        elif is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(path, value, "a mapping of its fields")
+            updates[name] = from_dict(value, current, type(current), path + ".")
+        else:
+            updates[name] = _coerce(path, value, hints[name])
+    return replace(base, **updates)
+
+
+def upgrade(d: dict[str, Any], memory_remat: str = "none", stored: bool = False) -> dict[str, Any]:
+    """A config dict (a file, a saved config.json) with the fields of earlier versions in today's form:
+    model.remat (gone) true is memory.remat=blocks, false nothing. Beside memory.remat dots_saveable or full
+    (`memory_remat`, the value it would apply over, where the dict has none), a ConfigError naming what to
+    write instead; a `stored` run's config keeps that memory.remat (the plans compute the same math)."""
+    model = d.get("model") if isinstance(d, dict) else None
+    if not isinstance(model, dict) or "remat" not in model:
+        return d
+    old = model["remat"]
+    if not isinstance(old, bool):
+        raise ConfigError("model.remat", old, "true or false (model.remat=true is memory.remat=blocks now)")
+    memory = d.get("memory") if isinstance(d.get("memory"), dict) else {}
+    remat = memory.get("remat", memory_remat)
+    upgraded = {**d, "model": {k: v for k, v in model.items() if k != "remat"}}
+    if old and remat in ("none", "blocks"):
+        upgraded["memory"] = {**memory, "remat": "blocks"}
+    elif old and not stored:
+        raise ConfigError("model.remat", old, f"absent beside memory.remat={remat} (model.remat=true is "
+                          "memory.remat=blocks now): write one memory.remat")
+    return upgraded
+
+
+def _optim_from_dict(d: dict[str, Any], base: OptimConfig, path: str, baseline: dict[str, Any] | None,
+                     record: bool = False) -> OptimConfig:
+    """The flat optim section of a config file or config.json over `base` (with_flat), each value checked
+    against its flat field's type; plateau's nested mapping over the flat view's PlateauConfig. `record`: the
+    section is read as it is, what its choices do not read ignored (no preset to hold those to)."""
+    hints, view = flat_hints(), flat_view(base, baseline)
+    changes: dict[str, Any] = {}
+    for key, value in d.items():
+        name = key.replace("-", "_")
+        if name not in hints:
+            raise ConfigError(f"{path}{name}", value, f"a known field{_did_you_mean(name, set(hints), path)}")
+        if is_dataclass(view[name]):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}{name}", value, "a mapping of its fields")
+            changes[name] = from_dict(value, view[name], type(view[name]), f"{path}{name}.")
+        else:
+            changes[name] = _coerce(f"{path}{name}", value, hints[name])
+    return with_flat(base, changes, {**flat_view(base, baseline), **changes} if record else baseline)
+
+
+def _did_you_mean(name: str, known: set[str], section: str) -> str:
+    """"; did you mean optim.peak_lr?" for the closest known field, else the section's fields listed."""
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {section}{close[0]}?"
+    return f" of {section.rstrip('.') or 'the config'} ({', '.join(sorted(known))})"
+
+
+def _coerce(path: str, value: Any, hint: Any) -> Any:
+    """Check a value from a config file against its annotated type (ints are accepted as floats)."""
+    origin = getattr(hint, "__origin__", None)
+    if origin is Literal:
+        if value not in get_args(hint):
+            raise ConfigError(path, value, f"one of {', '.join(map(str, get_args(hint)))}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or not all(_is_int(v) for v in value):
+            raise ConfigError(path, value, "a list of integers")
+        return tuple(int(v) for v in value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(path, value, "true or false")
+        return value
+    if hint is int:
+        if not _is_int(value):
+            raise ConfigError(path, value, "an integer")
+        return int(value)
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(path, value, "a number")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(path, value, "a string")
+        return value
+    return value
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -> Config:
+    """Return cfg if every field is allowed, else raise ConfigError for the first that is not.
+
+    With check_paths, also checks that data.path is a readable non-empty file (text, npz) and that
+    run_dir could be created or written, without creating anything. builtin_task=False (a run of a Task of
+    one's own, which never reads data.path): data.path may be empty whatever data.source is.
+    """
+    o, m, d, c, lg = cfg.optim, cfg.model, cfg.data, cfg.checkpoint, cfg.log
+    _choice("preset", cfg.preset, PRESETS)
+    _choice("precision", cfg.precision, PRECISIONS)
+    _choice("resume", cfg.resume, ("auto", "never", "must"))
+    _positive_int("steps", cfg.steps)
+    if cfg.steps > MAX_STEPS:
+        raise ConfigError("steps", cfg.steps, f"an integer in [1, {MAX_STEPS}] (the learning-rate schedule is a "
+                          f"table of one float64 rate per update: {MAX_STEPS * 8 // 2**20} MiB at the bound)")
+    _positive_int("batch_size", cfg.batch_size)
+    _nonneg_int("seed", cfg.seed)
+    if cfg.seed > MAX_SEED:
+        raise ConfigError("seed", cfg.seed, f"an integer in [0, 2**63 - 1 = {MAX_SEED}]")
+    _nonneg_int("eval_every", cfg.eval_every)
+    _nonneg_int("eval_batches", cfg.eval_batches)
+    _positive_int("log_every", cfg.log_every)
+    _nonneg_int("updates_per_call", cfg.updates_per_call)
+    _positive_int("max_bad_steps", cfg.max_bad_steps)
+    _nonneg_int("patience", cfg.patience)
+    if not cfg.run_dir:
+        raise ConfigError("run_dir", cfg.run_dir, "a directory path")
+
+    _positive_float("optim.peak_lr", o.peak_lr)
+    _nonneg_float("optim.clip_norm", o.clip_norm)
+    _positive_int("optim.accum_steps", o.accum_steps)
+    _float("optim.ema_decay", o.ema_decay)
+    if not 0.0 <= o.ema_decay < 1.0:
+        raise ConfigError("optim.ema_decay", o.ema_decay, "a number in [0, 1) (0 = off)")
+    if type(o.optimizer) not in OPTIMIZERS.values():
+        raise ConfigError("optim.optimizer", o.optimizer, f"one of {', '.join(c.__name__ for c in OPTIMIZERS.values())}")
+    if type(o.lr_schedule) not in SCHEDULES.values():
+        raise ConfigError("optim.lr_schedule", o.lr_schedule,
+                          f"one of {', '.join(c.__name__ for c in SCHEDULES.values())}")
+    o.optimizer.validate()
+    o.lr_schedule.validate(o.peak_lr, cfg.steps)
+
+    _choice("model.kind", m.kind, ("mlp", "gpt"))
+    _choice("model.activation", m.activation, ("gelu", "relu", "tanh"))
+    if not m.hidden or not all(_is_int(h) and h > 0 for h in m.hidden):
+        raise ConfigError("model.hidden", m.hidden, "one or more positive integers")
+    for name in ("context", "d_model", "n_layers", "n_heads", "mlp_ratio"):
+        _positive_int(f"model.{name}", getattr(m, name))
+    if m.d_model % m.n_heads:
+        raise ConfigError("model.n_heads", m.n_heads, f"a divisor of model.d_model ({m.d_model})")
+    _float("model.dropout", m.dropout)
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError("model.dropout", m.dropout, "a number in [0, 1)")
+    _nonneg_int("model.vocab_size", m.vocab_size)
+    _positive_int("model.vocab_multiple", m.vocab_multiple)
+    _choice("model.attention", m.attention, ATTENTIONS)
+    _choice("model.init", m.init, ("normal", "gpt2"))
+    if (m.kind == "gpt") != (d.source in ("text", "tokens")):
+        raise ConfigError("model.kind", m.kind, f"gpt exactly when data.source is text or tokens (it is {d.source})")
+
+    _choice("data.source", d.source, ("digits", "text", "npz", "tokens"))
+    _float("data.val_fraction", d.val_fraction)
+    if not 0.0 < d.val_fraction < 1.0:
+        raise ConfigError("data.val_fraction", d.val_fraction, "a number in (0, 1)")
+    _nonneg_int("data.workers", d.workers)
+    _nonneg_int("data.prefetch", d.prefetch)
+    _nonneg_int("data.eval_batch_size", d.eval_batch_size)
+    if builtin_task and d.source in ("text", "npz") and not d.path:
+        raise ConfigError("data.path", d.path, f"the path of a {d.source} file (data.source={d.source})")
+    if builtin_task and d.source == "tokens" and not d.path:
+        raise ConfigError("data.path", d.path, "a token shard, a directory of shards or a glob (data.source=tokens)")
+    if d.source == "digits" and d.path:
+        raise ConfigError("data.path", d.path, "empty when data.source is digits")
+
+    _nonneg_int("checkpoint.every", c.every)
+    _positive_int("checkpoint.keep_last", c.keep_last)
+    _nonneg_int("checkpoint.keep_best", c.keep_best)
+    _nonneg_int("checkpoint.keep_every", c.keep_every)
+    _choice("checkpoint.best_metric", c.best_metric, ("val_loss", "val_acc", "ema_val_loss", "ema_val_acc"))
+    if c.best_metric.startswith("ema_") and not o.ema_decay:
+        raise ConfigError("checkpoint.best_metric", c.best_metric, "val_loss or val_acc unless optim.ema_decay > 0")
+    _choice("checkpoint.best_mode", c.best_mode, ("min", "max"))
+
+    _choice("log.progress", lg.progress, ("auto", "bar", "plain", "off"))
+    _nonneg_int("log.profile_start", lg.profile_start)
+    _nonneg_int("log.profile_steps", lg.profile_steps)
+    _nonneg_float("log.price_per_hour", lg.price_per_hour)
+
+    mem = cfg.memory
+    _nonneg_int("memory.budget", mem.budget)
+    if not isinstance(mem.auto_fit, bool):
+        raise ConfigError("memory.auto_fit", mem.auto_fit, "true or false")
+    _positive_int("memory.split", mem.split)
+    if cfg.batch_size % mem.split:
+        raise ConfigError("memory.split", mem.split, f"a divisor of batch_size ({cfg.batch_size})")
+    _choice("memory.remat", mem.remat, REMATS)
+
+    dist = cfg.distributed
+    _positive_int("distributed.num_processes", dist.num_processes)
+    _positive_int("distributed.fsdp", dist.fsdp)  # divides the device count: checked when jax starts
+    if not _is_int(dist.process_id) or not 0 <= dist.process_id < dist.num_processes:
+        raise ConfigError("distributed.process_id", dist.process_id,
+                          f"an integer in [0, distributed.num_processes={dist.num_processes})")
+    if dist.num_processes > 1:
+        host, _, port = dist.coordinator.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError("distributed.coordinator", dist.coordinator,
+                              "host:port of process 0 (needed when distributed.num_processes > 1)")
+
+    if check_paths:
+        if d.source in ("text", "npz"):
+            _readable_file("data.path", d.path)
+        if d.source == "tokens":
+            from jaxloop.core.shards import shard_paths
+
+            shard_paths(d.path)  # ConfigError when it names no file
+        _writable_dir("run_dir", cfg.run_dir)
+        if cfg.init_from and not os.path.isdir(cfg.init_from):
+            raise ConfigError("init_from", cfg.init_from, "empty or an existing run_dir or checkpoints directory")
+    return cfg
+
+
+def _choice(name: str, v: Any, allowed: tuple) -> None:
+    if v not in allowed:
+        raise ConfigError(name, v, f"one of {', '.join(allowed)}")
+
+
+def _float(name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ConfigError(name, v, "a finite number")
+
+
+def _positive_float(name: str, v: Any) -> None:
+    _float(name, v)
+    if v <= 0:
+        raise ConfigError(name, v, "a number > 0")
+
+
+def _nonneg_float(name: str, v: Any) -> None:
+    _float(name, v)
+    if v < 0:
+        raise ConfigError(name, v, "a number >= 0")
+
+
+MAX_STEPS = 100_000_000
+"""The most updates a run may have: the schedule's table (jaxloop.update.schedules.rates) holds a float64 rate per
+update on the host and its float32 copy on the device (1.2 GB together at the bound)."""
+MAX_SEED = 2**63 - 1
+"""The largest seed: jax's PRNG keys and the record order's SeedSequence take it as a 64-bit integer."""
+
+
+def _positive_int(name: str, v: Any) -> None:
+    if not _is_int(v) or v <= 0:
+        raise ConfigError(name, v, "an integer >= 1")
+
+
+def _nonneg_int(name: str, v: Any) -> None:
+    if not _is_int(v) or v < 0:
+        raise ConfigError(name, v, "an integer >= 0")
+
+
+def _readable_file(name: str, path: str) -> None:
+    if not os.path.isfile(path):
+        raise ConfigError(name, path, "an existing file")
+    if not os.access(path, os.R_OK):
+        raise ConfigError(name, path, "a readable file")
+    if os.path.getsize(path) == 0:
+        raise ConfigError(name, path, "a non-empty file")
+
+
+def _writable_dir(name: str, path: str) -> None:
+    """The directory exists and is writable, or its nearest existing ancestor is."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(name, path, f"a writable directory ({probe} is not writable)")
+
+
+def is_among(key: str, fields: tuple[str, ...]) -> bool:
+    """Whether the dotted field `key` is one of `fields`, where an entry ending in "." names a whole section."""
+    return any(key == f or (f.endswith(".") and key.startswith(f)) for f in fields)
+
+
+def declared(key: str, cls: type | None = None, prefix: str = "", inherited: Any = None) -> dict[str, Any]:
+    """{dotted field: its declared `key`} for every leaf field of `cls` (default Config): the value under `key`
+    in the field's metadata, else its section's; None where no declaration covers a field."""
+    cls = Config if cls is None else cls
+    hints = get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for f in fields(cls):
+        value = f.metadata.get(key, inherited)
+        if is_dataclass(hints[f.name]):
+            out.update(declared(key, hints[f.name], f"{prefix}{f.name}.", value))
+        else:
+            out[f"{prefix}{f.name}"] = value
+    return out
+
+
+def field_rules(cls: type | None = None) -> dict[str, Rule | None]:
+    """{dotted field: its Rule} for every leaf field of `cls` (default Config), from the declarations (RULE_KEY
+    in a field's metadata, or its section's); None where no declaration covers a field (see TRAJECTORY)."""
+    return declared(RULE_KEY, cls)
+
+
+def builtin_task_fields() -> tuple[str, ...]:
+    """The dotted fields only the built-in tasks read (declared BUILTIN_TASK, or in a section so declared)."""
+    return tuple(k for k, v in declared(BUILTIN_TASK_KEY).items() if v)
+
+
+def _fields_where(keep: Callable[[Rule], bool]) -> tuple[str, ...]:
+    """The dotted fields whose rule passes `keep` (an undeclared field's rule is TRAJECTORY's), a section whose
+    every field passes as one entry ending in "." (is_among): it also covers a field a saved config of
+    another version holds in that section."""
+    rules = {k: keep(r if r is not None else TRAJECTORY[RULE_KEY]) for k, r in field_rules().items()}
+    sections = {k.rpartition(".")[0] + "." for k in rules if "." in k}
+    whole = sorted(s for s in sections if all(ok for k, ok in rules.items() if k.startswith(s)))
+    top = [s for s in whole if not any(s != o and s.startswith(o) for o in whole)]
+    return tuple([k for k, ok in rules.items() if ok and not is_among(k, tuple(top))] + top)
+
+
+# Fields a resumed run may change: they do not alter the computed trajectory (HOST and PLAN fields).
+RESUME_SAFE = _fields_where(lambda r: r.resume_safe)
+
+# Fields no compiled call depends on (HOST and INPUTS fields): the key of a stored executable
+# (jaxloop.loop.executables) leaves them out; a change of any other field compiles afresh. Its own rule, not
+# RESUME_SAFE: a field may be resume-safe and still change the compiled code (memory.*), or change the run and
+# not the code (seed: initial values and data order).
+NOT_COMPILED = _fields_where(lambda r: not r.compiled)
+
+
+def compiled_fields(cfg: Config, excluded: tuple[str, ...]) -> dict[str, Any]:
+    """cfg as {dotted field: value}, without the `excluded` fields (is_among)."""
+    return {k: v for k, v in _flatten(to_dict(cfg)).items() if not is_among(k, excluded)}
+
+
+def resume_conflicts(saved: dict[str, Any], cfg: Config) -> list[str]:
+    """The dotted fields in which cfg differs from the saved config of the run it would resume.
+
+    Only fields that change the trajectory count; `steps` counts unless cfg.allow_steps_change. A field
+    missing from `saved` counts as its default (a config saved before the field existed).
+    """
+    current = _flatten(to_dict(cfg))
+    # a field the saved config lacks (it was saved before the field existed) had its default's effect
+    before = {**_flatten(to_dict(Config())), **_flatten(upgrade(saved, stored=True))}
+    conflicts = []
+    for key in sorted(set(current) | set(before)):
+        if is_among(key, RESUME_SAFE):
+            continue
+        if key == "steps" and cfg.allow_steps_change:
+            continue
+        if current.get(key) != before.get(key):
+            conflicts.append(f"{key}: {before.get(key)!r} -> {current.get(key)!r}")
+    return conflicts
+
+
+def changed_fields(saved: dict[str, Any], cfg: Config) -> dict[str, list[Any]]:
+    """Every field that differs from the saved config, as {field: [before, after]} (for the record)."""
+    current, before = _flatten(to_dict(cfg)), _flatten(upgrade(saved, stored=True))
+    return {k: [before.get(k), current.get(k)] for k in sorted(set(current) | set(before))
+            if current.get(k) != before.get(k)}
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -1,0 +1,87 @@
+"""The model half of a run's identity: the structure of its trained state, recorded in run_dir/model.json.
+
+A record is plain JSON: {"model": the model's class name (None when unknown), "leaves": [[path, shape,
+dtype], ...]} for every leaf of the TrainState, in its order (jaxloop.update.state.model_record builds one). A
+run resumed with a model whose record differs is refused before anything is written or moved, like a
+changed config: a different model is not a damaged checkpoint. Jax-free: records are compared as data.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jaxloop.core.config import ConfigError
+from jaxloop.core.atomic import atomic_write_text
+from jaxloop.core.layout import RunLayout
+
+SHOWN = 3
+"""How many differing leaves a refusal names."""
+
+
+def read_model_record(layout: RunLayout) -> dict[str, Any] | None:
+    """The run's model record, or None when it has none (a run from before records were kept)."""
+    record = layout.read_json(layout.model)
+    return record if isinstance(record, dict) and isinstance(record.get("leaves"), list) else None
+
+
+def write_model_record(layout: RunLayout, record: dict[str, Any]) -> None:
+    """Write run_dir/model.json atomically (a crash leaves the old record or the new one)."""
+    leaves = ",\n  ".join(json.dumps(leaf) for leaf in record["leaves"])  # one leaf a line
+    atomic_write_text(layout.model, f'{{"model": {json.dumps(record["model"])},\n "leaves": [\n  {leaves}\n ]}}\n')
+
+
+def _shape(shape: Any) -> str:
+    return str(tuple(shape))
+
+
+def model_differences(run: dict[str, Any], now: dict[str, Any], dtypes: bool = True) -> list[str]:
+    """What differs between the run's record and the model now, one phrase each, in the order of the model
+    now (then the run's leaves it lacks): `params/Dense_0/kernel: (4, 32) in the run, (4, 64) now`.
+    `dtypes`: compare dtypes too (False for --init_from, which casts)."""
+    out = []
+    if run.get("model") and now.get("model") and run["model"] != now["model"]:
+        out.append(f"the model's class: {run['model']} in the run, {now['model']} now")
+    before = {path: (shape, dtype) for path, shape, dtype in run["leaves"]}
+    after = {path: (shape, dtype) for path, shape, dtype in now["leaves"]}
+    for path, shape, dtype in now["leaves"]:
+        if path not in before:
+            out.append(f"{path}: absent in the run, {_shape(shape)} now")
+            continue
+        was, was_dtype = before[path]
+        if list(was) != list(shape):
+            out.append(f"{path}: {_shape(was)} in the run, {_shape(shape)} now")
+        elif dtypes and was_dtype != dtype:
+            out.append(f"{path}: {_shape(was)} {was_dtype} in the run, {_shape(shape)} {dtype} now")
+    out += [f"{path}: {_shape(shape)} in the run, absent now" for path, shape, _ in run["leaves"] if path not in after]
+    return out
+
+
+def first_differences(differences: list[str]) -> str:
+    """The first SHOWN differences joined, and how many more there are."""
+    more = len(differences) - SHOWN
+    return "; ".join(differences[:SHOWN]) + (f" (and {more} more)" if more > 0 else "")
+
+
+def check_model(layout: RunLayout, resume: str, now: dict[str, Any], run: dict[str, Any] | None,
+                flags: bool) -> None:
+    """Refuse (ConfigError, exit 2) to resume the run in `layout` with a model whose record `now` differs
+    from the run's (`run`: its model.json, or the structure of its latest checkpoint; None: nothing to
+    compare). `flags`: word the ways forward as command-line flags, else as Python arguments."""
+    if run is None:
+        return
+    differences = model_differences(run, now)
+    if not differences:
+        return
+    root = layout.root
+    if flags:
+        forward = (f"To train the new model, start a new run: --run_dir NEW_DIR; to start over in place, empty "
+                   f"{root} and pass --resume never; to continue this run, run it with the model it was saved with")
+    else:
+        forward = (f"To train the new model, start a new run: Config(run_dir=NEW_DIR); to start over in place, "
+                   f"empty {root} and pass Config(resume=\"never\"); to continue this run, give "
+                   "jaxloop.run the model it was saved with")
+    source = layout.model.name if layout.model.exists() else "its latest checkpoint"
+    raise ConfigError("resume", resume, f"a model that matches the checkpointed run's ({source}); these differ: "
+                      f"{first_differences(differences)}. {forward}")
+

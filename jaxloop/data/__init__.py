@@ -1,0 +1,1 @@
+"""The input pipeline: grain over any random-access records, ordered, sharded, prefetched, checkpointable."""

@@ -1,0 +1,53 @@
+"""JAX's persistent compilation cache: a second run (or a resume) loads its compiled steps from disk.
+
+    from jaxloop.loop.compilation import enable_compilation_cache
+    enable_compilation_cache("~/.cache/jaxloop/xla")   # before the first jit compiles
+
+Every executable is cached (no minimum compile time, no minimum size): the built-in steps compile in
+seconds on a CPU, below JAX's default threshold of one second per executable for some of them (the
+init and eval steps), and a cache hit costs a file read. The key covers the HLO, the jax/jaxlib
+versions, the backend and the compile options, so a changed model, shape, precision or version
+simply misses and compiles again.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax
+
+XLA_CACHES = "xla_gpu_per_fusion_autotune_cache_dir"
+"""The XLA caches JAX's cache directory holds (jax_persistent_cache_enable_xla_caches) where the setting
+asked for XLA's GPU kernel cache; JAX's own default, and any other choice a user made, stand."""
+KERNEL_CACHE = "xla_gpu_kernel_cache_file"
+
+
+def enable_compilation_cache(path: str | os.PathLike[str]) -> Path:
+    """Turn on JAX's persistent compilation cache in directory `path` (created); returns it.
+
+    Call it before the first compilation of the run: executables compiled earlier in the process are
+    not written. Calling it again with another path moves the cache there.
+    """
+    directory = Path(path).expanduser().resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)  # 0: cache every entry (-1 would disable)
+    try:
+        # GPU only. Never XLA's GPU kernel cache ("all" includes it): with it, an fp32 eval step compiled
+        # after the train step in one process died with CUDA_ERROR_ILLEGAL_INSTRUCTION on an H100.
+        chosen = jax.config.jax_persistent_cache_enable_xla_caches
+        if chosen == "all" or KERNEL_CACHE in str(chosen).split(","):
+            jax.config.update("jax_persistent_cache_enable_xla_caches", XLA_CACHES)
+    except (AttributeError, KeyError, ValueError):
+        pass
+    try:
+        # jax initialises the cache once, at the first compilation; a process that already compiled
+        # something would otherwise keep the cache off (or in its former directory).
+        from jax._src import compilation_cache as _cc
+
+        _cc.reset_cache()
+    except (ImportError, AttributeError):
+        pass
+    return directory

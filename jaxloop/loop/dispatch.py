@@ -1,0 +1,164 @@
+"""Device calls: the compiled train step run n updates at a time on prefetched micro-batches.
+
+The loop talks to the device only through a Dispatcher: `dispatch(state, step, n)` hands the device one
+compiled call of n updates (a lax.scan of train_step over K x n micro-batches already on the device, the
+state donated) and returns at once; `wait(call)` is where the host waits for it (its per-micro-batch
+metrics, fetched once). A call of each size is compiled on first use (`ready(n)` says whether it is)
+through a Compiler, which keeps compiled calls of a built-in task on disk (jaxloop.loop.executables). Given a
+memory plan (jaxloop.update.memory_plan), each call is fitted to the device's memory before it first runs: a call that
+does not fit is compiled again under a smaller plan (`memory`, then, is that plan). What a call computes
+is one record (CallPlan), who hears of its compiling another (CallEvents). The Dispatcher is also the test
+seam of the loop: wrap or subclass it to record or alter the calls.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from jaxloop.data.pipeline import DevicePrefetcher
+from jaxloop.update.distributed import pin_shardings
+from jaxloop.loop.executables import compile_cached
+from jaxloop.update.memory_plan import Fit, fit, plan_dict
+from jaxloop.observe.runinfo import Timings
+from jaxloop.update.state import TrainState
+from jaxloop.core.config import MemoryConfig
+
+
+class Compiler:
+    """jitted.lower(*args).compile(), through the store of compiled calls in `directory` (None: no store;
+    jaxloop.loop.executables) keyed by the call's name and `fields` (the config's fields that enter the
+    computation: jaxloop.core.config.compiled_fields)."""
+
+    def __init__(self, directory: str | None = None, fields: dict[str, Any] | None = None):
+        self.directory, self.fields = directory, fields or {}
+
+    def context(self, name: str) -> dict[str, Any]:
+        """What, beside jaxloop's sources and the arguments, the call `name` depends on (its store key)."""
+        return {"call": name, "config": self.fields}
+
+    def __call__(self, jitted: Any, args: tuple, name: str) -> Any:
+        return compile_cached(jitted, args, self.directory, self.context(name))
+
+    def planned(self, memory: MemoryConfig) -> "Compiler":
+        """The compiler of calls under another memory plan: its fields (the key) name that plan."""
+        return Compiler(self.directory, {**self.fields, **{f"memory.{k}": v for k, v in plan_dict(memory).items()}})
+
+
+class Call(NamedTuple):
+    """A dispatched call: its output state and stacked metrics (device arrays, maybe not computed yet)
+    and the applied update count it started from."""
+
+    state: TrainState
+    metrics: dict[str, jax.Array]
+    start: int
+
+
+class Finished(NamedTuple):
+    """A call the device has finished: its output state, its per-micro-batch metrics on the host, the
+    update counts before (start) and after it (step), when the host had them (synced, perf_counter) and
+    the data waits so far (data_wait, seconds)."""
+
+    state: TrainState
+    metrics: dict[str, np.ndarray]
+    start: int
+    step: int
+    synced: float
+    data_wait: float
+
+    def applied(self) -> np.ndarray:
+        """The state's update count after each micro-batch of the call (skipped updates do not count)."""
+        return self.start + np.cumsum(self.metrics["updated"])
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """What a call of the loop computes: `steps_of(memory)` builds the scanned train step under a memory
+    plan (scan_steps(train_step): K x n micro-batches per call of n updates); `memory` is the plan to start
+    from (None: the call is not fitted to the device's memory); batch_size and blocks bound the plans tried
+    (jaxloop.update.memory_plan.candidates)."""
+
+    steps_of: Callable[[MemoryConfig | None], Any]
+    accum_steps: int
+    memory: MemoryConfig | None = None
+    batch_size: int = 0
+    blocks: bool = False
+
+
+@dataclass(frozen=True)
+class CallEvents:
+    """Who hears of compiling: compile(n, compiled, seconds) before (compiled None) and after each call's
+    compiling; compiled() once a call is compiled (the loop's clock leaves that time out); fitted(fit, n,
+    step) of each call fitted to the device's memory, before it runs."""
+
+    compile: Callable[[int, Any, float], None] = lambda n, compiled, seconds: None
+    compiled: Callable[[], None] = lambda: None
+    fitted: Callable[[Fit, int, int], None] = lambda fitted, n, step: None
+
+
+class Dispatcher:
+    """Runs calls of `plan` on the micro-batches of `batches` (a DevicePrefetcher of stacked chunks).
+    Compiling a call is timed under "compile" and told to `events`."""
+
+    def __init__(self, plan: CallPlan, batches: DevicePrefetcher, compiler: Compiler, timings: Timings,
+                 events: CallEvents = CallEvents()):
+        self.plan, self.batches, self.compiler, self.timings, self.events = plan, batches, compiler, timings, events
+        self.memory, self.steps = plan.memory, plan.steps_of(plan.memory)
+        self.compiled: dict[int, Any] = {}
+
+    def ready(self, n: int) -> bool:
+        """Whether the call of n updates is compiled (dispatching it would not compile)."""
+        return n in self.compiled
+
+    def dispatch(self, state: TrainState, step: int, n: int) -> Call:
+        """Dispatch the call of n updates after update `step`; the state is donated to it. Returns at once."""
+        chunk = self.batches.take(self.plan.accum_steps * n)
+        new_state, metrics = self._compiled(n, state, chunk, step)(state, chunk)
+        return Call(new_state, metrics, step)
+
+    def wait(self, call: Call) -> Finished:
+        """The finished call: the host waits here for its metrics (the applied update count with them)."""
+        metrics = jax.device_get(call.metrics)
+        synced, waited = time.perf_counter(), self.batches.total_wait_s
+        return Finished(call.state, metrics, call.start, call.start + int(np.sum(metrics["updated"])), synced, waited)
+
+    def data_state(self) -> dict[str, Any]:
+        """The loader's checkpointable position: after the micro-batches dispatched, not those prefetched."""
+        return self.batches.state()
+
+    def _compiled(self, n: int, state: TrainState, chunk: Any, step: int) -> Any:
+        """The call running n updates, compiled on first use (its own compile time is timed) and, with a
+        memory plan, fitted to the device's memory (re-planned if it does not fit)."""
+        if n not in self.compiled:
+            self.events.compile(n, None, 0.0)
+            t0 = time.perf_counter()
+            with self.timings("compile"):
+                if self.memory is None:
+                    compiled = self._compile(n, state, chunk, None)
+                else:
+                    fitted = fit(lambda memory: self._compile(n, state, chunk, memory), self.memory,
+                                 self.plan.batch_size, self.plan.blocks, f"the call of {n} update(s)")
+                    if fitted.replanned:
+                        self.steps, self.memory, self.compiler = (self.plan.steps_of(fitted.memory), fitted.memory,
+                                                                  self.compiler.planned(fitted.memory))
+                        self.compiled.clear()  # calls of other sizes compiled under the former plan
+                    compiled = fitted.compiled
+                    self.events.fitted(fitted, n, step)
+                self.compiled[n] = compiled
+            self.events.compile(n, compiled, time.perf_counter() - t0)
+            self.events.compiled()
+        return self.compiled[n]
+
+    def _compile(self, n: int, state: TrainState, chunk: Any, memory: MemoryConfig | None) -> Any:
+        """The call of n updates under `memory` (None or the current plan: `steps`), jitted with the state
+        donated and returned in its own shardings (jaxloop.update.distributed)."""
+        if memory is None or memory == self.memory:
+            steps, compiler = self.steps, self.compiler
+        else:
+            steps, compiler = self.plan.steps_of(memory), self.compiler.planned(memory)
+        return compiler(pin_shardings(steps, state, donate=True), (state, chunk), f"train x{n}")

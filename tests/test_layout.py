@@ -1,0 +1,95 @@
+"""The package's layers are its subpackages, and nothing imports upward (DESIGN.md's layer order): a module
+imports jaxloop modules only from its own layer or the layers below, at the top of the file or inside a
+function alike; torch_ref imports only the core; the core imports neither jax nor torch."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# layer of each subpackage (and of the top-level modules: the commands and the public namespace)
+LAYERS = {"core": 0, "model": 1, "update": 2, "data": 2, "checkpoint": 3, "observe": 3, "loop": 4, "parity": 5}
+TOP = 6  # jaxloop/__init__ (the namespace), errors; the commands train, prepare, sample, report, schedule
+PUBLIC_BELOW_TOP = {"jaxloop.errors"}
+BUILDERS = ("build",)  # the exceptions' public home re-exports jaxloop.core.errors only
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    if module in PUBLIC_BELOW_TOP:
+        return 0
+    if len(parts) >= 2 and parts[1] in LAYERS:
+        return LAYERS[parts[1]]
+    return TOP
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path, skip: tuple[str, ...] = ()) -> set[str]:
+    """Every module `path` imports by absolute name, anywhere in the file (function-level imports too), but
+    inside the functions named in `skip`."""
+    tree = ast.parse(path.read_text())
+    skipped = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in skip
+               for n in ast.walk(f)}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}  # `from jaxloop.loop import runner`
+    return out
+
+
+def _upward_imports(package: str) -> list[str]:
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        me = _module_name(path)
+        mine = _layer(me) if package == "jaxloop" else 0
+        # a config class builds what it configures: the core's `build` methods import, when called, the layer
+        # that implements it (an optimizer's optax transformation); importing the core imports none of it
+        for name in _imports(path, skip=BUILDERS if me.startswith("jaxloop.core.") else ()):
+            if not (name == "jaxloop" or name.startswith("jaxloop.")):
+                continue
+            if package == "jaxloop" and me == "jaxloop":
+                continue  # the namespace names everything (lazily)
+            if _layer(name) > mine:
+                found.append(f"{me} -> {name}")
+    return found
+
+
+def test_no_jaxloop_module_imports_from_a_layer_above_its_own():
+    assert _upward_imports("jaxloop") == []
+
+
+def test_torch_ref_imports_only_the_core():
+    assert _upward_imports("torch_ref") == []
+
+
+def test_every_core_module_imports_without_jax_or_torch():
+    modules = sorted(_module_name(p) for p in (ROOT / "jaxloop/core").glob("*.py"))
+    code = ("import importlib, json, sys\n"
+            f"for m in {modules!r}: importlib.import_module(m)\n"
+            "print(json.dumps([m for m in ('jax', 'torch', 'flax', 'optax', 'orbax.checkpoint') if m in sys.modules]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                         cwd=ROOT)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_top_level_holds_only_the_namespace_the_commands_and_the_layers():
+    top = sorted(p.name for p in (ROOT / "jaxloop").iterdir() if p.suffix == ".py" or
+                 (p.is_dir() and (p / "__init__.py").exists()))
+    assert top == sorted(["__init__.py", "errors.py", "train.py", "prepare.py", "sample.py", "schedule.py", "report.py",
+                          *LAYERS]), top
