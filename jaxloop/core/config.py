@@ -134,6 +134,24 @@ class OptimConfig(OptimShared):
                                  f"{self.schedule} (read by {', '.join(readers(key))})")
         raise AttributeError(f"'OptimConfig' object has no attribute {key!r}")
 
+    def validate(self, steps: int) -> None:
+        """ConfigError for the first field that is not allowed (optim.*): the shared fields, then the chosen
+        optimizer's and schedule's own (their classes' validate; a schedule's spans read `steps`)."""
+        _positive_float("optim.peak_lr", self.peak_lr)
+        _nonneg_float("optim.clip_norm", self.clip_norm)
+        _positive_int("optim.accum_steps", self.accum_steps)
+        _float("optim.ema_decay", self.ema_decay)
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError("optim.ema_decay", self.ema_decay, "a number in [0, 1) (0 = off)")
+        if type(self.optimizer) not in OPTIMIZERS.values():
+            raise ConfigError("optim.optimizer", self.optimizer,
+                              f"one of {', '.join(c.__name__ for c in OPTIMIZERS.values())}")
+        if type(self.lr_schedule) not in SCHEDULES.values():
+            raise ConfigError("optim.lr_schedule", self.lr_schedule,
+                              f"one of {', '.join(c.__name__ for c in SCHEDULES.values())}")
+        self.optimizer.validate()
+        self.lr_schedule.validate(self.peak_lr, steps)
+
 
 # ----------------------------------------------------------------------------- the flat form (flags, files)
 # The flags (--optim.momentum), config files and config.json name every optimizer's and schedule's field flat
@@ -296,6 +314,24 @@ class ModelConfig:
     """GPT initialisation: normal (matrices and embeddings normal(0.02), biases 0), gpt2 (as normal, with the
     residual projections attn.proj and mlp_proj at 0.02 / sqrt(2 * n_layers), GPT-2's)."""
 
+    def validate(self) -> None:
+        """ConfigError for the first field that is not allowed (model.*)."""
+        _choice("model.kind", self.kind, ("mlp", "gpt"))
+        _choice("model.activation", self.activation, ("gelu", "relu", "tanh"))
+        if not self.hidden or not all(_is_int(h) and h > 0 for h in self.hidden):
+            raise ConfigError("model.hidden", self.hidden, "one or more positive integers")
+        for name in ("context", "d_model", "n_layers", "n_heads", "mlp_ratio"):
+            _positive_int(f"model.{name}", getattr(self, name))
+        if self.d_model % self.n_heads:
+            raise ConfigError("model.n_heads", self.n_heads, f"a divisor of model.d_model ({self.d_model})")
+        _float("model.dropout", self.dropout)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError("model.dropout", self.dropout, "a number in [0, 1)")
+        _nonneg_int("model.vocab_size", self.vocab_size)
+        _positive_int("model.vocab_multiple", self.vocab_multiple)
+        _choice("model.attention", self.attention, ATTENTIONS)
+        _choice("model.init", self.init, ("normal", "gpt2"))
+
 
 @dataclass(frozen=True)
 class DataConfig:
@@ -314,6 +350,17 @@ class DataConfig:
     """Batches put on the device ahead of the step."""
     eval_batch_size: int = field(default=0, metadata=HOST)
     """Validation batch size (0 = batch_size)."""
+
+    def validate(self) -> None:
+        """ConfigError for the first field that is not allowed (data.*; whether data.path names a readable
+        file is `validate(cfg, check_paths=True)`'s)."""
+        _choice("data.source", self.source, ("digits", "text", "npz", "tokens"))
+        _float("data.val_fraction", self.val_fraction)
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError("data.val_fraction", self.val_fraction, "a number in (0, 1)")
+        _nonneg_int("data.workers", self.workers)
+        _nonneg_int("data.prefetch", self.prefetch)
+        _nonneg_int("data.eval_batch_size", self.eval_batch_size)
 
 
 @dataclass(frozen=True)
@@ -335,6 +382,15 @@ class CheckpointConfig:
     async_save: bool = True
     """Write checkpoints in the background; the final save is always awaited."""
 
+    def validate(self) -> None:
+        """ConfigError for the first field that is not allowed (checkpoint.*)."""
+        _nonneg_int("checkpoint.every", self.every)
+        _positive_int("checkpoint.keep_last", self.keep_last)
+        _nonneg_int("checkpoint.keep_best", self.keep_best)
+        _nonneg_int("checkpoint.keep_every", self.keep_every)
+        _choice("checkpoint.best_metric", self.best_metric, ("val_loss", "val_acc", "ema_val_loss", "ema_val_acc"))
+        _choice("checkpoint.best_mode", self.best_mode, ("min", "max"))
+
 
 @dataclass(frozen=True)
 class LogConfig:
@@ -353,6 +409,13 @@ class LogConfig:
     report: bool = True
     """Write report.md and its PNGs at the end of the run."""
 
+    def validate(self) -> None:
+        """ConfigError for the first field that is not allowed (log.*)."""
+        _choice("log.progress", self.progress, ("auto", "bar", "plain", "off"))
+        _nonneg_int("log.profile_start", self.profile_start)
+        _nonneg_int("log.profile_steps", self.profile_steps)
+        _nonneg_float("log.price_per_hour", self.price_per_hour)
+
 
 @dataclass(frozen=True)
 class DistributedConfig:
@@ -367,6 +430,19 @@ class DistributedConfig:
     fsdp: int = 1
     """Devices over which the state (params, optimizer state, EMA) is sharded; must divide the device
     count, the other factor is the data-parallel axis (1 = state replicated on every device)."""
+
+    def validate(self) -> None:
+        """ConfigError for the first field that is not allowed (distributed.*)."""
+        _positive_int("distributed.num_processes", self.num_processes)
+        _positive_int("distributed.fsdp", self.fsdp)  # divides the device count: checked when jax starts
+        if not _is_int(self.process_id) or not 0 <= self.process_id < self.num_processes:
+            raise ConfigError("distributed.process_id", self.process_id,
+                              f"an integer in [0, distributed.num_processes={self.num_processes})")
+        if self.num_processes > 1:
+            host, _, port = self.coordinator.rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigError("distributed.coordinator", self.coordinator,
+                                  "host:port of process 0 (needed when distributed.num_processes > 1)")
 
 
 @dataclass(frozen=True)
@@ -389,6 +465,15 @@ class MemoryConfig:
     under nn.remat: the built-in GPT, or a Linen module with a `remat` field; torch_ref's GPT too, which reads
     no other); dots_saveable or full (jax.checkpoint policies around the whole loss: keep only matmul outputs,
     or nothing). The former model.remat=true (a flag, a file, a saved config) is read as blocks."""
+
+    def validate(self) -> None:
+        """ConfigError for the first field that is not allowed (memory.*; that split divides batch_size is
+        `validate(cfg)`'s)."""
+        _nonneg_int("memory.budget", self.budget)
+        if not isinstance(self.auto_fit, bool):
+            raise ConfigError("memory.auto_fit", self.auto_fit, "true or false")
+        _positive_int("memory.split", self.split)
+        _choice("memory.remat", self.remat, REMATS)
 
 
 @dataclass(frozen=True)
@@ -671,45 +756,13 @@ def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -
     if not cfg.run_dir:
         raise ConfigError("run_dir", cfg.run_dir, "a directory path")
 
-    _positive_float("optim.peak_lr", o.peak_lr)
-    _nonneg_float("optim.clip_norm", o.clip_norm)
-    _positive_int("optim.accum_steps", o.accum_steps)
-    _float("optim.ema_decay", o.ema_decay)
-    if not 0.0 <= o.ema_decay < 1.0:
-        raise ConfigError("optim.ema_decay", o.ema_decay, "a number in [0, 1) (0 = off)")
-    if type(o.optimizer) not in OPTIMIZERS.values():
-        raise ConfigError("optim.optimizer", o.optimizer, f"one of {', '.join(c.__name__ for c in OPTIMIZERS.values())}")
-    if type(o.lr_schedule) not in SCHEDULES.values():
-        raise ConfigError("optim.lr_schedule", o.lr_schedule,
-                          f"one of {', '.join(c.__name__ for c in SCHEDULES.values())}")
-    o.optimizer.validate()
-    o.lr_schedule.validate(o.peak_lr, cfg.steps)
+    o.validate(cfg.steps)
 
-    _choice("model.kind", m.kind, ("mlp", "gpt"))
-    _choice("model.activation", m.activation, ("gelu", "relu", "tanh"))
-    if not m.hidden or not all(_is_int(h) and h > 0 for h in m.hidden):
-        raise ConfigError("model.hidden", m.hidden, "one or more positive integers")
-    for name in ("context", "d_model", "n_layers", "n_heads", "mlp_ratio"):
-        _positive_int(f"model.{name}", getattr(m, name))
-    if m.d_model % m.n_heads:
-        raise ConfigError("model.n_heads", m.n_heads, f"a divisor of model.d_model ({m.d_model})")
-    _float("model.dropout", m.dropout)
-    if not 0.0 <= m.dropout < 1.0:
-        raise ConfigError("model.dropout", m.dropout, "a number in [0, 1)")
-    _nonneg_int("model.vocab_size", m.vocab_size)
-    _positive_int("model.vocab_multiple", m.vocab_multiple)
-    _choice("model.attention", m.attention, ATTENTIONS)
-    _choice("model.init", m.init, ("normal", "gpt2"))
+    m.validate()
     if (m.kind == "gpt") != (d.source in ("text", "tokens")):
         raise ConfigError("model.kind", m.kind, f"gpt exactly when data.source is text or tokens (it is {d.source})")
 
-    _choice("data.source", d.source, ("digits", "text", "npz", "tokens"))
-    _float("data.val_fraction", d.val_fraction)
-    if not 0.0 < d.val_fraction < 1.0:
-        raise ConfigError("data.val_fraction", d.val_fraction, "a number in (0, 1)")
-    _nonneg_int("data.workers", d.workers)
-    _nonneg_int("data.prefetch", d.prefetch)
-    _nonneg_int("data.eval_batch_size", d.eval_batch_size)
+    d.validate()
     if builtin_task and d.source in ("text", "npz") and not d.path:
         raise ConfigError("data.path", d.path, f"the path of a {d.source} file (data.source={d.source})")
     if builtin_task and d.source == "tokens" and not d.path:
@@ -717,40 +770,14 @@ def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -
     if d.source == "digits" and d.path:
         raise ConfigError("data.path", d.path, "empty when data.source is digits")
 
-    _nonneg_int("checkpoint.every", c.every)
-    _positive_int("checkpoint.keep_last", c.keep_last)
-    _nonneg_int("checkpoint.keep_best", c.keep_best)
-    _nonneg_int("checkpoint.keep_every", c.keep_every)
-    _choice("checkpoint.best_metric", c.best_metric, ("val_loss", "val_acc", "ema_val_loss", "ema_val_acc"))
+    c.validate()
     if c.best_metric.startswith("ema_") and not o.ema_decay:
         raise ConfigError("checkpoint.best_metric", c.best_metric, "val_loss or val_acc unless optim.ema_decay > 0")
-    _choice("checkpoint.best_mode", c.best_mode, ("min", "max"))
-
-    _choice("log.progress", lg.progress, ("auto", "bar", "plain", "off"))
-    _nonneg_int("log.profile_start", lg.profile_start)
-    _nonneg_int("log.profile_steps", lg.profile_steps)
-    _nonneg_float("log.price_per_hour", lg.price_per_hour)
-
-    mem = cfg.memory
-    _nonneg_int("memory.budget", mem.budget)
-    if not isinstance(mem.auto_fit, bool):
-        raise ConfigError("memory.auto_fit", mem.auto_fit, "true or false")
-    _positive_int("memory.split", mem.split)
-    if cfg.batch_size % mem.split:
-        raise ConfigError("memory.split", mem.split, f"a divisor of batch_size ({cfg.batch_size})")
-    _choice("memory.remat", mem.remat, REMATS)
-
-    dist = cfg.distributed
-    _positive_int("distributed.num_processes", dist.num_processes)
-    _positive_int("distributed.fsdp", dist.fsdp)  # divides the device count: checked when jax starts
-    if not _is_int(dist.process_id) or not 0 <= dist.process_id < dist.num_processes:
-        raise ConfigError("distributed.process_id", dist.process_id,
-                          f"an integer in [0, distributed.num_processes={dist.num_processes})")
-    if dist.num_processes > 1:
-        host, _, port = dist.coordinator.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError("distributed.coordinator", dist.coordinator,
-                              "host:port of process 0 (needed when distributed.num_processes > 1)")
+    lg.validate()
+    cfg.memory.validate()
+    if cfg.batch_size % cfg.memory.split:
+        raise ConfigError("memory.split", cfg.memory.split, f"a divisor of batch_size ({cfg.batch_size})")
+    cfg.distributed.validate()
 
     if check_paths:
         if d.source in ("text", "npz"):
