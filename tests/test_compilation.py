@@ -17,15 +17,23 @@ from jaxloop.loop.compilation import enable_compilation_cache, loaded_from_cache
 enable_compilation_cache(sys.argv[1])
 with loaded_from_cache() as cache:
     jax.jit(lambda x: jnp.tanh(x)[:, None] * jnp.ones((3, 5)) + x.sum()).lower(jnp.arange(3.0)).compile()
+    if sys.argv[2:]:  # and a function no run compiled before
+        jax.jit(lambda x: jnp.cos(x) * 3).lower(jnp.arange(3.0)).compile()
 print(cache["loaded"])
 """
 
 
-def one_run(cache: Path) -> str:
-    """A fresh process, as one run: compiles one function with JAX's cache in `cache`; prints whether it loaded it."""
-    out = subprocess.run([sys.executable, "-c", ONE_RUN, str(cache)], capture_output=True, text=True, timeout=120)
+def one_run(cache: Path, *new: str) -> str:
+    """A fresh process, as one run: compiles one function (and another, new, if `new`) with JAX's cache in `cache`;
+    prints whether it loaded them."""
+    return run_process(cache, *new).stdout.strip()
+
+
+def run_process(cache: Path, *new: str) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-c", ONE_RUN, str(cache), *new], capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
+    return out
 
 
 def test_a_second_process_loads_the_call_the_first_compiled_into_the_cache(tmp_path: Path) -> None:
@@ -34,6 +42,21 @@ def test_a_second_process_loads_the_call_the_first_compiled_into_the_cache(tmp_p
     assert entries
     assert one_run(tmp_path / "cache") == "True"  # loaded: no compile, no new entry
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == entries
+
+
+def test_a_call_of_which_one_compile_missed_the_cache_is_not_loaded(tmp_path: Path) -> None:
+    one_run(tmp_path / "cache")
+    assert one_run(tmp_path / "cache", "new") == "False"  # one hit, one miss: it compiled
+
+
+def test_a_damaged_entry_is_warned_of_and_the_call_compiled_afresh(tmp_path: Path) -> None:
+    # docs/faults.md: JAX reads the entry, fails to decompress it, warns, and compiles; the run goes on
+    one_run(tmp_path / "cache")
+    for entry in (tmp_path / "cache").iterdir():
+        entry.write_bytes(b"garbage")
+    out = run_process(tmp_path / "cache")
+    assert out.stdout.strip() == "False"
+    assert "Error reading persistent compilation cache entry" in out.stderr
 
 
 def test_the_cache_keeps_xla_s_autotuning_results_but_not_its_gpu_kernel_cache(tmp_path: Path) -> None:
