@@ -1,13 +1,12 @@
-"""Time to the first update of a second run, by what --compile_cache gives it: the stored executables
-(jaxloop.loop.executables, beside JAX's cache), JAX's persistent compilation cache alone, or no cache.
+"""Time to the first update of a second run, with --compile_cache (JAX's persistent compilation cache) and without.
 
     python benchmarks/bench_compile_cache.py [--rounds 3] [--shakespeare_steps 5]
 
 For each preset (the default digits run, and the shakespeare preset on tests/data's text) and each
-round, the three ways in turn (their order rotated each round): a first run fills a fresh cache
-directory, then a second run into a fresh run_dir is timed from Popen to its first train record in
-metrics.jsonl (log_every 1). "jax" is the same command with the store switched off in the child
-(jaxloop.loop.runner.executables_dir answering None, as for a user's Task), so only JAX's cache serves it.
+round, both ways in turn (their order alternated each round): with the cache, a first run fills a fresh
+cache directory; then a second run into a fresh run_dir is timed from Popen to its first train record in
+metrics.jsonl (log_every 1). The store of compiled executables this once also compared (a third way, up to
+the commit that removed jaxloop/loop/executables.py) is measured against JAX's cache in docs/speed.md.
 """
 
 from __future__ import annotations
@@ -25,9 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import run_child  # noqa: E402
 
-MODES = ("store", "jax", "none")
-NO_STORE = ("import sys, jaxloop.loop.runner as r; r.executables_dir = lambda cfg, builtin: None; "
-            "from jaxloop.train import main; sys.exit(main())")
+MODES = ("jax", "none")
 
 
 def preset_flags(name: str, shakespeare_steps: int) -> list[str]:
@@ -40,8 +37,7 @@ def preset_flags(name: str, shakespeare_steps: int) -> list[str]:
 
 def first_update_s(mode: str, flags: list[str], run_dir: Path, cache: Path) -> float:
     """Seconds from Popen to the first train record of one run."""
-    module = ["-c", NO_STORE] if mode == "jax" else ["-m", "jaxloop.train"]
-    args = [*module, *flags, "--run_dir", str(run_dir), "--log_every", "1", "--eval_every", "0",
+    args = ["-m", "jaxloop.train", *flags, "--run_dir", str(run_dir), "--log_every", "1", "--eval_every", "0",
             "--log.progress", "off", "--log.no-report", "--resume", "never",
             "--compile_cache", "" if mode == "none" else str(cache)]
     box: dict[str, float] = {}
@@ -72,7 +68,7 @@ def main() -> None:
     times: dict[str, dict[str, list[float]]] = {name: {m: [] for m in MODES} for name in args.presets}
     with tempfile.TemporaryDirectory() as work:
         for r in range(args.rounds):
-            order = MODES[r % 3:] + MODES[:r % 3]
+            order = MODES[r % 2:] + MODES[:r % 2]
             for name in args.presets:
                 flags = preset_flags(name, args.shakespeare_steps)
                 for mode in order:

@@ -1,7 +1,7 @@
 """Child-process entry points of the harness; each prints one JSON line (the parent adds wall time and peak RSS).
 
     python -m benchmarks.driver loop --shape gpt64 --accum 1 --steps 300 --reps 2 --dir D
-    python -m benchmarks.driver compile [--cache DIR [--executables]]
+    python -m benchmarks.driver compile [--cache DIR]
     python -m benchmarks.driver stepmem --framework jax|torch --shape mlp --updates 20
     python -m benchmarks.driver valloss --run_dir D     # a finished run's latest params, whole validation split
 """
@@ -73,17 +73,15 @@ def loop(args: argparse.Namespace) -> dict:
 def compile_(args: argparse.Namespace) -> dict:
     """The 4-block GPT (shakespeare preset shape): imports, state creation, first train_step compile."""
     t_start = time.perf_counter()
-    if args.cache:
-        from jaxloop.loop.compilation import enable_compilation_cache
+    from jaxloop.loop.compilation import enable_compilation_cache, loaded_from_cache
 
+    if args.cache:
         enable_compilation_cache(args.cache)
     import jax
 
     from jaxloop.core.sources import load_splits
     from jaxloop.model.builtin import make_model
     from jaxloop.loop.task import create_train_state
-    from jaxloop.loop.executables import compile_cached
-    from jaxloop.loop.runner import compiled_context
     from jaxloop.update.step import eval_step, train_step
     from benchmarks.step import host_batches, make_cfg
 
@@ -94,43 +92,26 @@ def compile_(args: argparse.Namespace) -> dict:
     batch = jax.device_put(host_batches(cfg, splits, 1)[0])
     jax.block_until_ready(state)
     t_state = time.perf_counter()
-    executables = f"{args.cache}/jaxloop-executables" if args.cache and args.executables else None
-    stored = _entries(executables)
     c0, t0 = time.process_time(), time.perf_counter()
-    if executables:  # the loop's way for a built-in task: an executable stored by config and source, no tracing
-        step = compile_cached(train_step, (state, batch), executables, compiled_context(cfg, "train_step"))
-        c1, t1 = c0, t0  # no separate lowering to time (a miss lowers and compiles inside)
-    else:
-        lowered = train_step.lower(state, batch)  # trace + lower to StableHLO (Python; JAX's cache cannot skip it)
-        c1, t1 = time.process_time(), time.perf_counter()
+    lowered = train_step.lower(state, batch)  # trace + lower to StableHLO (Python; JAX's cache cannot skip it)
+    c1, t1 = time.process_time(), time.perf_counter()
+    with loaded_from_cache() as cache:
         step = lowered.compile()  # XLA compile, or a persistent-cache hit
     compile_s, compile_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     lower_s, lower_cpu_s = t1 - t0, c1 - c0
-    loaded = executables is not None and _entries(executables) == stored
     t1 = time.perf_counter()
     state, m = step(state, batch)
     jax.block_until_ready((state, m))
     first_update_s = time.perf_counter() - t1
     c0, t0 = time.process_time(), time.perf_counter()
-    if executables:
-        compile_cached(eval_step, (state, batch), executables, compiled_context(cfg, "eval_step"))
-    else:
-        eval_step.lower(state, batch).compile()
+    eval_step.lower(state, batch).compile()
     eval_s, eval_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     return {"imports_s": t_imported - T_IMPORT, "state_s": t_state - t_imported, "compile_s": compile_s,
-            "executable_loaded": loaded,
+            "loaded_from_cache": cache["loaded"],
             "lower_s": lower_s, "lower_cpu_s": lower_cpu_s, "xla_s": compile_s - lower_s,
             "compile_cpu_s": compile_cpu_s, "first_update_s": first_update_s, "eval_compile_s": eval_s,
             "eval_compile_cpu_s": eval_cpu_s, "to_first_update_s": time.perf_counter() - T_IMPORT - eval_s,
             "setup_before_compile_s": t_state - t_start}
-
-
-def _entries(directory: str | None) -> list[tuple[str, int]]:
-    """The entries of a directory with their inodes: a rewritten entry (written aside, then renamed over)
-    counts as changed; a loaded one, whose modification time a load updates (eviction order), does not."""
-    if not (directory and os.path.isdir(directory)):
-        return []
-    return sorted((e.name, e.inode()) for e in os.scandir(directory))
 
 
 def stepmem(args: argparse.Namespace) -> dict:
@@ -190,7 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compile")
     c.add_argument("--shape", default="gpt128")
     c.add_argument("--cache", default="")
-    c.add_argument("--executables", action="store_true", help="with --cache: jaxloop.loop.executables, as the loop")
     m = sub.add_parser("stepmem")
     m.add_argument("--framework", choices=("jax", "torch"), required=True)
     m.add_argument("--shape", default="mlp")

@@ -1,22 +1,20 @@
-"""One rule per config field, declared with the field (jaxloop.core.config: TRAJECTORY, INPUTS, PLAN, HOST): what a
-resumed run may change (RESUME_SAFE) and what the compiled calls depend on (NOT_COMPILED) are derived from it.
-The tables below are the specification: a field added or reclassified without updating them fails here."""
+"""One rule per config field, declared with the field (jaxloop.core.config: TRAJECTORY, PLAN, HOST): what a
+resumed run may change (RESUME_SAFE) is derived from it. The tables below are the specification: a field added
+or reclassified without updating them fails here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from jaxloop.core.config import (HOST, NOT_COMPILED, RESUME_SAFE, Config, DataConfig, Rule, builtin_task_fields,
-                                 compiled_fields, field_rules, resume_conflicts, to_dict)
+from jaxloop.core.config import (HOST, RESUME_SAFE, Config, DataConfig, Rule, builtin_task_fields, field_rules,
+                                 resume_conflicts, to_dict)
 
 HOST_FIELDS = {"run_dir", "resume", "allow_steps_change", "compile_cache", "retain_host_memory", "eval_every",
                "log_every", "deterministic", "updates_per_call", "max_bad_steps", "patience", "init_from",
                "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed."}
-"""Neither the trajectory nor the compiled code: a resume may change them, no executable key holds them."""
+"""Not the trajectory, the host's business: a resume may change them."""
 PLAN_FIELDS = {"memory."}
-"""The same math, other compiled code."""
-INPUT_FIELDS = {"seed", "eval_batches"}
-"""Other values fed to the same code."""
+"""The same math, other compiled code: a resume may change them."""
 
 
 @dataclass(frozen=True)
@@ -39,25 +37,26 @@ def test_the_resume_safe_fields_are_the_host_and_plan_fields() -> None:
     assert set(RESUME_SAFE) == HOST_FIELDS | PLAN_FIELDS
 
 
-def test_the_fields_no_compiled_call_reads_are_the_host_and_input_fields() -> None:
-    assert set(NOT_COMPILED) == HOST_FIELDS | INPUT_FIELDS
+def test_the_seed_and_the_evaluation_subset_change_the_run() -> None:
+    """Other initial values, data order or evaluation batches: the same code, another trajectory."""
+    base = Config()
+    assert resume_conflicts(to_dict(base), replace(base, seed=1, eval_batches=2)) == [
+        "eval_batches: 0 -> 2", "seed: 0 -> 1"]
 
 
-def test_an_undeclared_field_changes_the_run_and_is_compiled() -> None:
-    """The safe choice for a field nobody classified: a resume refuses a change of it, the key covers it."""
+def test_an_undeclared_field_changes_the_run() -> None:
+    """The safe choice for a field nobody classified: a resume refuses a change of it."""
     rules = field_rules(Root)
-    assert rules == {"section.declared": Rule(resume_safe=True, compiled=False), "section.new": None}
+    assert rules == {"section.declared": Rule(resume_safe=True), "section.new": None}
 
 
-def test_a_field_declared_host_inside_a_run_changing_section_is_resume_safe_and_not_compiled() -> None:
+def test_a_field_declared_host_inside_a_run_changing_section_is_resume_safe() -> None:
     """data.workers (HOST) inside data (TRAJECTORY): the field's own declaration wins over its section's."""
     base = Config()
     workers = replace(base, data=DataConfig(workers=2))
     assert resume_conflicts(to_dict(base), workers) == []
-    assert compiled_fields(workers, NOT_COMPILED) == compiled_fields(base, NOT_COMPILED)
     path = replace(base, data=DataConfig(val_fraction=0.3))
     assert resume_conflicts(to_dict(base), path) == ["data.val_fraction: 0.2 -> 0.3"]
-    assert compiled_fields(path, NOT_COMPILED) != compiled_fields(base, NOT_COMPILED)
 
 
 def test_the_fields_only_the_builtin_tasks_read_are_the_model_and_the_data_source() -> None:

@@ -179,30 +179,13 @@ def test_re_planning_tries_splits_then_each_later_remat():
         check_plan(MemoryConfig(split=3), 8, None)
 
 
-def test_a_plan_is_resume_safe_but_keys_its_own_compiled_calls():
-    # the same math, so a resume may change it; other code, so a stored executable of another plan is a miss
-    from jaxloop.loop.runner import compiled_context
+def test_a_plan_is_resume_safe():
+    # the same math computed another way, so a resume may change it
     from jaxloop.core.config import resume_conflicts, to_dict
 
     cfg = preset("debug")
     for memory in (MemoryConfig(split=2), MemoryConfig(remat="full"), MemoryConfig(budget=1 << 30, auto_fit=False)):
-        replanned = replace(cfg, memory=memory)
-        assert resume_conflicts(to_dict(cfg), replanned) == []
-        if memory.split != 1 or memory.remat != "none":
-            assert compiled_context(replanned, "train x1") != compiled_context(cfg, "train x1")
-
-
-def test_a_call_re_planned_by_the_dispatcher_is_keyed_as_a_run_of_that_plan():
-    # the executable stored for a re-planned call must never be loaded for another plan
-    from jaxloop.loop.dispatch import Compiler
-    from jaxloop.core.config import NOT_COMPILED, compiled_fields
-
-    cfg = preset("debug")
-    plain = Compiler("/unused", compiled_fields(cfg, NOT_COMPILED))
-    for memory in (MemoryConfig(split=2), MemoryConfig(remat="dots_saveable")):
-        planned = plain.planned(memory).context("train x1")
-        assert planned != plain.context("train x1")
-        assert planned == Compiler("/unused", compiled_fields(replace(cfg, memory=memory), NOT_COMPILED)).context("train x1")
+        assert resume_conflicts(to_dict(cfg), replace(cfg, memory=memory)) == []
 
 
 # ----------------------------------------------------------------------------- the fit check in a run
@@ -289,7 +272,7 @@ INJECT = textwrap.dedent("""
     from jaxloop.train import main
 
     k, accum, when, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:]
-    compile_cached, device_get, fired = dispatch.compile_cached, jax.device_get, []
+    compile_call, device_get, fired = dispatch.Dispatcher._compile, jax.device_get, []
     ERROR = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 bytes."
 
     class OutOfMemoryAtK:
@@ -311,16 +294,15 @@ INJECT = textwrap.dedent("""
         def __getattr__(self, name):
             return getattr(self.compiled, name)
 
-    def injecting(jitted, args, directory, context, *rest):
-        compiled = compile_cached(jitted, args, directory, context, *rest)
-        return OutOfMemoryAtK(compiled) if context["call"].startswith("train") else compiled
+    def injecting(self, *args):
+        return OutOfMemoryAtK(compile_call(self, *args))
 
     def reading(tree):
         if isinstance(tree, dict) and "out_of_memory" in tree:
             raise jax.errors.JaxRuntimeError(ERROR)
         return device_get(tree)
 
-    dispatch.compile_cached, jax.device_get = injecting, reading
+    dispatch.Dispatcher._compile, jax.device_get = injecting, reading
     sys.exit(main(argv))
 """)
 

@@ -271,7 +271,7 @@ def _tiny_run(tmp_path: Path, run_dir: Path) -> Config:
         _meta(shards, 97)
     base = preset("shakespeare")
     # every update logged, one per call (the signal below stops the run where chosen); the runs share one
-    # compile cache (the second and third load their executables)
+    # compile cache (the second and third load their compiled calls from it)
     return replace(base, run_dir=str(run_dir), steps=12, batch_size=4, eval_every=6, eval_batches=2, log_every=1,
                    updates_per_call=1, compile_cache=str(tmp_path / "cache"),
                    optim=replace(base.optim, warmup_steps=2),

@@ -130,13 +130,13 @@ def test_linen_batch_stats_are_trained_checkpointed_and_loaded_back(tmp_path):
     assert set(variables) == {"params", "batch_stats"}
 
 
-def test_a_users_task_is_not_served_from_the_executable_cache(tmp_path):
-    # Its model and loss are code outside jaxloop's sources, which the key of a stored call covers: a run
-    # with a user's task compiles through JAX's cache only, and stores no executables.
+def test_a_users_task_fills_the_compile_cache_too(tmp_path):
+    # --compile_cache is JAX's persistent cache, keyed by the traced code: a user's model and loss are cached
+    # as the built-in ones are, so their next run loads its compiled calls.
     records = _records()
     jaxloop.run(_cfg(tmp_path / "run", compile_cache=str(tmp_path / "cache")),
                 jaxloop.Task(NormNet(), _mse, train=records[:192], val=records[192:]))
-    assert (tmp_path / "cache").is_dir() and not (tmp_path / "cache" / "jaxloop-executables").exists()
+    assert any(p.is_file() for p in (tmp_path / "cache").iterdir())
 
 
 def test_eval_metrics_are_logged_as_val_metrics(tmp_path):

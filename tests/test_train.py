@@ -81,17 +81,19 @@ def test_the_same_command_twice_gives_bit_identical_runs(debug_run, tmp_path):
 
 
 def test_a_second_run_loads_its_compiled_calls_and_gives_the_same_bits(debug_run, tmp_path):
-    # A built-in task's compiled calls (training and evaluation) are stored by config and source
-    # (jaxloop.loop.executables); the same command again loads them, rewriting none (a rewrite is a new file
-    # renamed over the entry: another inode), and trains the same bits.
+    # --compile_cache is JAX's persistent compilation cache (jaxloop.loop.compilation): the first run writes its
+    # compiled calls (training and evaluation) there; the same command again finds every one (a miss would
+    # write a new entry), says that it loaded the training call, and trains the same bits.
     cache = tmp_path / "cache"
     first = _cli(tmp_path / "a", "--preset", "debug", "--optim.accum_steps", "2", "--compile_cache", str(cache))
     assert first.returncode == 0, first.stderr
-    stored = {p.name: p.stat().st_ino for p in (cache / "jaxloop-executables").iterdir()}
-    assert len(stored) >= 2  # at least one training call and the evaluation
+    assert "compiled in " in first.stderr and "loaded the compiled training call" not in first.stderr
+    entries = sorted(str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_file())
+    assert len(entries) >= 2  # at least one training call and the evaluation
     second = _cli(tmp_path / "b", "--preset", "debug", "--optim.accum_steps", "2", "--compile_cache", str(cache))
     assert second.returncode == 0, second.stderr
-    assert {p.name: p.stat().st_ino for p in (cache / "jaxloop-executables").iterdir()} == stored
+    assert sorted(str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_file()) == entries
+    assert "loaded the compiled training call from the cache in " in second.stderr
     digests = [json.loads((d / "summary.json").read_text())["state_digest"] for d in (debug_run, tmp_path / "a",
                                                                                         tmp_path / "b")]
     assert digests[0] == digests[1] == digests[2]

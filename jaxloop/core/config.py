@@ -3,11 +3,11 @@
 Imports no jax and no torch: jaxloop, torch_ref and the CLI all read this module. A Config is
 validated once, at the edge (`validate`), and saved with every run (`to_dict` / `from_dict`).
 
-Each field declares, in its `metadata`, what changing it between runs does (TRAJECTORY, INPUTS, PLAN, HOST:
-whether a resume may change it, whether compiled calls depend on it) and whether only the built-in tasks
-read it (BUILTIN_TASK); a section's declaration (`optim: OptimConfig = field(..., metadata=TRAJECTORY)`)
-covers every field inside it that declares none, so a new config class under a section needs no
-declaration unless a field of it differs. A field no declaration covers changes the run and is compiled.
+Each field declares, in its `metadata`, whether a resumed run may change it (TRAJECTORY: no; PLAN, HOST: yes)
+and whether only the built-in tasks read it (BUILTIN_TASK); a section's declaration
+(`optim: OptimConfig = field(..., metadata=TRAJECTORY)`) covers every field inside it that declares none, so a
+new config class under a section needs no declaration unless a field of it differs. A field no declaration
+covers changes the run.
 """
 
 from __future__ import annotations
@@ -36,29 +36,27 @@ ATTENTIONS = ("auto", "xla", "cudnn")
 @dataclass(frozen=True)
 class Rule:
     """What a change of a field between runs does. `resume_safe`: a resumed run may change it (the trajectory
-    stays the same); `compiled`: a compiled call depends on it (the key of a stored executable covers it)."""
+    stays the same)."""
 
     resume_safe: bool
-    compiled: bool
 
 
 RULE_KEY = "jaxloop.rule"
-# The four rules, as the `metadata` of a field's declaration: `seed: int = field(default=0, metadata=INPUTS)`.
+# The rules, as the `metadata` of a field's declaration: `seed: int = field(default=0, metadata=TRAJECTORY)`.
 # A section's field (`memory: MemoryConfig = field(..., metadata=PLAN)`) gives its rule to every field inside
-# it that declares none of its own; a field no declaration covers changes the run and is compiled (the safe
-# choice). RESUME_SAFE and NOT_COMPILED (the bottom of this module) are derived from these declarations, and
-# tests/test_config_rules.py holds their expected contents: a new field is classified here, once.
-TRAJECTORY = {RULE_KEY: Rule(resume_safe=False, compiled=True)}
-"""Changes what is computed: a resume may not change it, a stored executable is not reused for it (the default)."""
-INPUTS = {RULE_KEY: Rule(resume_safe=False, compiled=False)}
-"""Changes the values the calls are fed (initial values, data order, which batches), not the code."""
-PLAN = {RULE_KEY: Rule(resume_safe=True, compiled=True)}
-"""Changes how the update is computed, not what: other compiled code, the same math (jaxloop.update.memory_plan)."""
-HOST = {RULE_KEY: Rule(resume_safe=True, compiled=False)}
+# it that declares none of its own; a field no declaration covers changes the run (the safe choice).
+# RESUME_SAFE (the bottom of this module) is derived from these declarations, and tests/test_config_rules.py
+# holds its expected contents: a new field is classified here, once.
+TRAJECTORY = {RULE_KEY: Rule(resume_safe=False)}
+"""Changes the trajectory (what is computed, from which initial values and data order, on which evaluation
+batches): a resume may not change it (the default)."""
+PLAN = {RULE_KEY: Rule(resume_safe=True)}
+"""Changes how the update is computed, not what: other compiled code, the same math (jaxloop.update.memory_plan);
+a resume may change it."""
+HOST = {RULE_KEY: Rule(resume_safe=True)}
 """The host's business (where and how often to write, log, evaluate, wait; how XLA:GPU picks kernels, not what
-they compute: deterministic, whose XLA_FLAGS the executable key holds itself; what the calls' arguments carry
-in their shapes and shardings, or their name: data.eval_batch_size, distributed.*, updates_per_call): neither
-the math nor the code's key."""
+they compute: deterministic; how the calls' arguments are laid out: data.eval_batch_size, distributed.*,
+updates_per_call): neither the math nor its inputs, so a resume may change it."""
 
 BUILTIN_TASK_KEY = "jaxloop.builtin_task"
 BUILTIN_TASK = {BUILTIN_TASK_KEY: True}
@@ -484,7 +482,7 @@ class Config:
     """Starting point for every other default: digits, shakespeare or debug."""
     run_dir: str = field(default="runs/digits", metadata=HOST)
     """Directory for config.json, metrics.jsonl, checkpoints and the report."""
-    seed: int = field(default=0, metadata=INPUTS)
+    seed: int = field(default=0, metadata=TRAJECTORY)
     """Seeds initialisation, data order and per-step randomness."""
     steps: int = field(default=500, metadata=TRAJECTORY)
     """Optimizer updates to run (each consumes optim.accum_steps micro-batches)."""
@@ -493,7 +491,7 @@ class Config:
     eval_every: int = field(default=100, metadata=HOST)
     """Validate over the whole validation split (or eval_batches' subset) every this many updates (0 = only
     at the end)."""
-    eval_batches: int = field(default=0, metadata=INPUTS)
+    eval_batches: int = field(default=0, metadata=TRAJECTORY)
     """Evaluate a fixed, seeded subset of this many validation batches (data.eval_batch_size records each), the
     same at every evaluation (nanoGPT's eval_iters, Lightning's limit_val_batches); 0 = the whole split."""
     log_every: int = field(default=10, metadata=HOST)
@@ -524,8 +522,8 @@ class Config:
     kernels by timing them. No effect on the CPU, which is deterministic already. torch_ref always asks torch
     for deterministic algorithms."""
     compile_cache: str = field(default="~/.cache/jaxloop/xla", metadata=HOST)
-    """The compilation caches ("" = off): JAX's persistent cache, and for the built-in tasks the compiled calls
-    stored by config and source (jaxloop.loop.executables); a second run or a resume loads its compiled steps."""
+    """JAX's persistent compilation cache ("" = off): a second run or a resume of the same config loads its
+    compiled steps from it (jaxloop.loop.compilation)."""
     init_from: str = field(default="", metadata=HOST)
     """A run_dir (or its checkpoints/ directory) whose newest checkpoint's params initialise this fresh run
     (optimizer, step and data position start afresh); empty = the model's own seeded init. Not allowed
@@ -896,18 +894,6 @@ def _fields_where(keep: Callable[[Rule], bool]) -> tuple[str, ...]:
 
 # Fields a resumed run may change: they do not alter the computed trajectory (HOST and PLAN fields).
 RESUME_SAFE = _fields_where(lambda r: r.resume_safe)
-
-# Fields no compiled call depends on (HOST and INPUTS fields): the key of a stored executable
-# (jaxloop.loop.executables) leaves them out; a change of any other field compiles afresh. Its own rule, not
-# RESUME_SAFE: a field may be resume-safe and still change the compiled code (memory.*), or change the run and
-# not the code (seed: initial values and data order).
-NOT_COMPILED = _fields_where(lambda r: not r.compiled)
-
-
-def compiled_fields(cfg: Config, excluded: tuple[str, ...]) -> dict[str, Any]:
-    """cfg as {dotted field: value}, without the `excluded` fields (is_among)."""
-    return {k: v for k, v in _flatten(to_dict(cfg)).items() if not is_among(k, excluded)}
-
 
 def resume_conflicts(saved: dict[str, Any], cfg: Config) -> list[str]:
     """The dotted fields in which cfg differs from the saved config of the run it would resume.

@@ -3,6 +3,9 @@
     from jaxloop.loop.compilation import enable_compilation_cache
     enable_compilation_cache("~/.cache/jaxloop/xla")   # before the first jit compiles
 
+A second run still traces and lowers each step in Python (the key is the HLO), then reads the executable
+instead of compiling it: `loaded_from_cache()` tells which a compile was.
+
 Every executable is cached (no minimum compile time, no minimum size): the built-in steps compile in
 seconds on a CPU, below JAX's default threshold of one second per executable for some of them (the
 init and eval steps), and a cache hit costs a file read. The key covers the HLO, the jax/jaxlib
@@ -13,6 +16,8 @@ simply misses and compiles again.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import jax
@@ -21,6 +26,8 @@ XLA_CACHES = "xla_gpu_per_fusion_autotune_cache_dir"
 """The XLA caches JAX's cache directory holds (jax_persistent_cache_enable_xla_caches) where the setting
 asked for XLA's GPU kernel cache; JAX's own default, and any other choice a user made, stand."""
 KERNEL_CACHE = "xla_gpu_kernel_cache_file"
+REQUEST, HIT = "/jax/compilation_cache/compile_requests_use_cache", "/jax/compilation_cache/cache_hits"
+"""jax.monitoring's events of a compile that asked the persistent cache, and of one it answered."""
 
 
 def enable_compilation_cache(path: str | os.PathLike[str]) -> Path:
@@ -51,3 +58,22 @@ def enable_compilation_cache(path: str | os.PathLike[str]) -> Path:
     except (ImportError, AttributeError):
         pass
     return directory
+
+
+@contextmanager
+def loaded_from_cache() -> Iterator[dict[str, bool]]:
+    """Yields {"loaded": ...}, set on exit: whether JAX's persistent cache answered every compile inside (at
+    least one; a miss, or the cache off, is False). Listens to jax.monitoring's events only inside the block."""
+    counts = {REQUEST: 0, HIT: 0}
+    seen = {"loaded": False}
+
+    def on_event(event: str, **kwargs: object) -> None:
+        if event in counts:
+            counts[event] += 1
+
+    jax.monitoring.register_event_listener(on_event)
+    try:
+        yield seen
+    finally:
+        jax.monitoring.unregister_event_listener(on_event)
+        seen["loaded"] = counts[HIT] == counts[REQUEST] > 0

@@ -3,8 +3,8 @@
 The loop talks to the device only through a Dispatcher: `dispatch(state, step, n)` hands the device one
 compiled call of n updates (a lax.scan of train_step over K x n micro-batches already on the device, the
 state donated) and returns at once; `wait(call)` is where the host waits for it (its per-micro-batch
-metrics, fetched once). A call of each size is compiled on first use (`ready(n)` says whether it is)
-through a Compiler, which keeps compiled calls of a built-in task on disk (jaxloop.loop.executables). Given a
+metrics, fetched once). A call of each size is compiled on first use (`ready(n)` says whether it is; JAX's
+persistent cache, when on, answers a compile a former run did: jaxloop.loop.compilation). Given a
 memory plan (jaxloop.update.memory_plan), each call is fitted to the device's memory before it first runs: a call that
 does not fit is compiled again under a smaller plan (`memory`, then, is that plan). What a call computes
 is one record (CallPlan), who hears of its compiling another (CallEvents). The Dispatcher is also the test
@@ -23,31 +23,11 @@ import numpy as np
 
 from jaxloop.data.pipeline import DevicePrefetcher
 from jaxloop.update.distributed import pin_shardings
-from jaxloop.loop.executables import compile_cached
-from jaxloop.update.memory_plan import Fit, fit, plan_dict
+from jaxloop.loop.compilation import loaded_from_cache
+from jaxloop.update.memory_plan import Fit, fit
 from jaxloop.observe.runinfo import Timings
 from jaxloop.update.state import TrainState
 from jaxloop.core.config import MemoryConfig
-
-
-class Compiler:
-    """jitted.lower(*args).compile(), through the store of compiled calls in `directory` (None: no store;
-    jaxloop.loop.executables) keyed by the call's name and `fields` (the config's fields that enter the
-    computation: jaxloop.core.config.compiled_fields)."""
-
-    def __init__(self, directory: str | None = None, fields: dict[str, Any] | None = None):
-        self.directory, self.fields = directory, fields or {}
-
-    def context(self, name: str) -> dict[str, Any]:
-        """What, beside jaxloop's sources and the arguments, the call `name` depends on (its store key)."""
-        return {"call": name, "config": self.fields}
-
-    def __call__(self, jitted: Any, args: tuple, name: str) -> Any:
-        return compile_cached(jitted, args, self.directory, self.context(name))
-
-    def planned(self, memory: MemoryConfig) -> "Compiler":
-        """The compiler of calls under another memory plan: its fields (the key) name that plan."""
-        return Compiler(self.directory, {**self.fields, **{f"memory.{k}": v for k, v in plan_dict(memory).items()}})
 
 
 class Call(NamedTuple):
@@ -92,11 +72,11 @@ class CallPlan:
 
 @dataclass(frozen=True)
 class CallEvents:
-    """Who hears of compiling: compile(n, compiled, seconds) before (compiled None) and after each call's
-    compiling; compiled() once a call is compiled (the loop's clock leaves that time out); fitted(fit, n,
-    step) of each call fitted to the device's memory, before it runs."""
+    """Who hears of compiling: compile(n, loaded, seconds) before (loaded None) and after each call's compiling
+    (loaded: whether JAX's persistent cache answered it); compiled() once a call is compiled (the loop's clock
+    leaves that time out); fitted(fit, n, step) of each call fitted to the device's memory, before it runs."""
 
-    compile: Callable[[int, Any, float], None] = lambda n, compiled, seconds: None
+    compile: Callable[[int, bool | None, float], None] = lambda n, loaded, seconds: None
     compiled: Callable[[], None] = lambda: None
     fitted: Callable[[Fit, int, int], None] = lambda fitted, n, step: None
 
@@ -105,9 +85,8 @@ class Dispatcher:
     """Runs calls of `plan` on the micro-batches of `batches` (a DevicePrefetcher of stacked chunks).
     Compiling a call is timed under "compile" and told to `events`."""
 
-    def __init__(self, plan: CallPlan, batches: DevicePrefetcher, compiler: Compiler, timings: Timings,
-                 events: CallEvents = CallEvents()):
-        self.plan, self.batches, self.compiler, self.timings, self.events = plan, batches, compiler, timings, events
+    def __init__(self, plan: CallPlan, batches: DevicePrefetcher, timings: Timings, events: CallEvents = CallEvents()):
+        self.plan, self.batches, self.timings, self.events = plan, batches, timings, events
         self.memory, self.steps = plan.memory, plan.steps_of(plan.memory)
         self.compiled: dict[int, Any] = {}
 
@@ -137,28 +116,24 @@ class Dispatcher:
         if n not in self.compiled:
             self.events.compile(n, None, 0.0)
             t0 = time.perf_counter()
-            with self.timings("compile"):
+            with self.timings("compile"), loaded_from_cache() as cache:
                 if self.memory is None:
                     compiled = self._compile(n, state, chunk, None)
                 else:
                     fitted = fit(lambda memory: self._compile(n, state, chunk, memory), self.memory,
                                  self.plan.batch_size, self.plan.blocks, f"the call of {n} update(s)")
                     if fitted.replanned:
-                        self.steps, self.memory, self.compiler = (self.plan.steps_of(fitted.memory), fitted.memory,
-                                                                  self.compiler.planned(fitted.memory))
+                        self.steps, self.memory = self.plan.steps_of(fitted.memory), fitted.memory
                         self.compiled.clear()  # calls of other sizes compiled under the former plan
                     compiled = fitted.compiled
                     self.events.fitted(fitted, n, step)
                 self.compiled[n] = compiled
-            self.events.compile(n, compiled, time.perf_counter() - t0)
+            self.events.compile(n, cache["loaded"], time.perf_counter() - t0)
             self.events.compiled()
         return self.compiled[n]
 
     def _compile(self, n: int, state: TrainState, chunk: Any, memory: MemoryConfig | None) -> Any:
         """The call of n updates under `memory` (None or the current plan: `steps`), jitted with the state
         donated and returned in its own shardings (jaxloop.update.distributed)."""
-        if memory is None or memory == self.memory:
-            steps, compiler = self.steps, self.compiler
-        else:
-            steps, compiler = self.plan.steps_of(memory), self.compiler.planned(memory)
-        return compiler(pin_shardings(steps, state, donate=True), (state, chunk), f"train x{n}")
+        steps = self.steps if memory is None or memory == self.memory else self.plan.steps_of(memory)
+        return pin_shardings(steps, state, donate=True).lower(state, chunk).compile()

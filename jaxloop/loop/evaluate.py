@@ -17,34 +17,18 @@ from jaxloop.update.step import make_eval_step
 Batch = dict[str, Any]
 
 
-def arg_types(tree: Any) -> tuple:
-    """The type (shape, dtype, weak type) and sharding of each leaf: what a compiled call is specific to."""
-    return tuple((jax.typeof(x), getattr(x, "sharding", None)) for x in jax.tree.leaves(tree))
-
-
 class Evaluator:
     """eval_loss over every batch of the validation split: its loss and aux metrics, each averaged over
     the records (batches weighted by their `weight`, 0 for the padding of the last one), for the params
     and, when the state keeps one, their EMA (prefix ema_val_).
 
-    batches: a fresh pass over the split's host batches (jaxloop.data.pipeline.run_val_batches); compile(jitted,
-    args, name): how a call is compiled (jaxloop.loop.dispatch.Compiler: cached on disk for built-in tasks).
+    batches: a fresh pass over the split's host batches (jaxloop.data.pipeline.run_val_batches).
     """
 
-    def __init__(self, eval_loss: LossFn, batches: Callable[[], Iterable[Batch]], mesh: Mesh,
-                 compile: Callable[[Any, tuple, str], Any]):
-        self.batches, self.mesh, self.compile = batches, mesh, compile
+    def __init__(self, eval_loss: LossFn, batches: Callable[[], Iterable[Batch]], mesh: Mesh):
+        self.batches, self.mesh = batches, mesh
         eval_step = make_eval_step(eval_loss)
-        self.jitted = jax.jit(lambda state, batch: eval_step(whole_params(state, mesh), batch))
-        self.compiled: dict[Any, Any] = {}
-
-    def step(self, state: TrainState, batch: Any, state_types: tuple) -> dict[str, jax.Array]:
-        """eval_step on one batch, compiled once per type and sharding of its arguments, as jax.jit would;
-        state_types: arg_types(state), taken once per pass."""
-        types = (state_types, arg_types(batch))
-        if types not in self.compiled:
-            self.compiled[types] = self.compile(self.jitted, (state, batch), "eval")
-        return self.compiled[types](state, batch)
+        self.step = jax.jit(lambda state, batch: eval_step(whole_params(state, mesh), batch))
 
     def __call__(self, state: TrainState) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -52,8 +36,7 @@ class Evaluator:
                                        if state.ema_params is not None else [])
         for prefix, s in variants:
             batches = list(self.batches())
-            state_types = arg_types(s)
-            sums = [self.step(s, shard_batch(b, self.mesh), state_types) for b in batches]
+            sums = [self.step(s, shard_batch(b, self.mesh)) for b in batches]
             # host waits for every validation batch's metrics
             sums = jax.device_get(sums)
             weights = [float(m.get("weight", b["weight"].sum())) for m, b in zip(sums, batches)]

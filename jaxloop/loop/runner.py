@@ -15,7 +15,6 @@ import errno
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -25,7 +24,7 @@ from jaxloop.loop import actions as act
 from jaxloop.checkpoint.manager import Checkpointer
 from jaxloop.checkpoint.write_errors import disk_full_line
 from jaxloop.data.pipeline import DevicePrefetcher, run_val_batches, train_loader
-from jaxloop.loop.dispatch import CallEvents, CallPlan, Compiler, Dispatcher
+from jaxloop.loop.dispatch import CallEvents, CallPlan, Dispatcher
 from jaxloop.update.distributed import (abstract_sharded, barrier, check_divisible, create_sharded, is_primary, make_mesh,
                                         shard_batch, to_host)
 from jaxloop.loop.evaluate import Evaluator
@@ -45,7 +44,7 @@ from jaxloop.update.step import make_train_step, scan_steps
 from jaxloop.loop.task import Task, builtin_task, check_builtin_fields, check_own_optimizer, run_state
 from jaxloop.core.cadence import MAX_UPDATES_PER_CALL, Cadence
 from jaxloop.core.errors import CheckpointWriteError, Interrupted, OutOfMemoryError
-from jaxloop.core.config import NOT_COMPILED, Config, MemoryConfig, compiled_fields, to_dict, validate
+from jaxloop.core.config import Config, MemoryConfig, to_dict, validate
 from jaxloop.core.identity import read_model_record, write_model_record
 from jaxloop.core.interrupt import on_abrupt_exit
 from jaxloop.core.lock import RunDirInUse, RunLock
@@ -53,20 +52,6 @@ from jaxloop.core.outcome import final_evaluation_due, summary as run_summary
 from jaxloop.core.records import BestTracker
 from jaxloop.core.run_dir import RunDir, resume_by_name
 from jaxloop.core.sources import Splits, write_vocab
-
-
-def executables_dir(cfg: Config, builtin: bool) -> str | None:
-    """Where the loop keeps compiled calls by config and source (jaxloop.loop.executables): beside JAX's cache,
-    for a built-in task in one process; None otherwise (a user's task is code jaxloop cannot key)."""
-    if not (builtin and cfg.compile_cache and jax.process_count() == 1):
-        return None
-    return str(Path(cfg.compile_cache).expanduser() / "jaxloop-executables")
-
-
-def compiled_context(cfg: Config, name: str) -> dict[str, Any]:
-    """The store key's context of the compiled call `name` of a run of cfg: the call, and the config's fields
-    but jaxloop.core.config.NOT_COMPILED (the compiled-call rule, apart from the resume rule)."""
-    return Compiler(None, compiled_fields(cfg, NOT_COMPILED)).context(name)
 
 
 @dataclass(frozen=True)
@@ -193,11 +178,9 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
                 if restored is not None:
                     rd.record_resume(restored.step)
                 timings.add("setup", time.perf_counter() - t_start)
-            planned = replace(cfg, memory=memory)
-            compiler = Compiler(executables_dir(cfg, builtin), compiled_fields(planned, NOT_COMPILED))
             try:
-                summary, state, signum = _train(planned, task, splits, state, restored, ckpt, timings, mesh, compiler,
-                                                list(hooks), rd, replans)
+                summary, state, signum = _train(replace(cfg, memory=memory), task, splits, state, restored, ckpt,
+                                                timings, mesh, list(hooks), rd, replans)
                 break
             except Replan as e:
                 memory, replans = e.memory, e.replans
@@ -238,7 +221,7 @@ def keep_timing_of_updates(summary: dict[str, Any], previous: Any) -> dict[str, 
 
 
 def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, ckpt: Checkpointer, timings: Timings,
-           mesh: Any, compiler: Compiler, hooks: list[act.Action], rd: RunDir,
+           mesh: Any, hooks: list[act.Action], rd: RunDir,
            replans: list[dict[str, Any]]) -> tuple[dict[str, Any], Any, int | None]:
     """The host loop over this run's dispatcher and actions, from `state` (restored or fresh) to the end, under
     the memory plan cfg.memory (and those the dispatcher re-plans to); Replan on an out-of-memory error.
@@ -251,7 +234,7 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     run = act.RunContext(cfg.steps, cfg.optim.accum_steps, logger, timings, act.Throughput(step, time.perf_counter()),
                          str(run_dir))
     tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
-    evaluator = Evaluator(task.eval_loss(), lambda: run_val_batches(cfg, splits), mesh, compiler)
+    evaluator = Evaluator(task.eval_loss(), lambda: run_val_batches(cfg, splits), mesh)
     evaluate = act.Evaluate(cadence, evaluator, tracker, cfg.checkpoint.best_metric)
     actions = run_actions(cfg, splits, ckpt, run, evaluate, hooks, restored.data if restored is not None else None)
     signals = next(a for a in actions if isinstance(a, act.SignalStop))
@@ -263,7 +246,7 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     memory = Memory(cfg.memory, replans, logger, ckpt, rd)
     plan = CallPlan(lambda planned: scan_steps(make_train_step(task.loss, planned)), K, cfg.memory, cfg.batch_size,
                     supports_blocks(state.model))
-    dispatcher = Dispatcher(plan, batches, compiler, timings,
+    dispatcher = Dispatcher(plan, batches, timings,
                             CallEvents(compile=CompileLines(logger, cfg), compiled=run.clock.restart,
                                        fitted=memory.fitted))
     if restored is not None:
@@ -330,25 +313,22 @@ def is_compile_line(line: str) -> bool:
 
 class CompileLines:
     """The lines around compiling a training call (silence at the start reads as a hang): what is compiled
-    and where the next run finds it, before; how long it took, or that it was loaded, after."""
+    and where the next run finds it, before; how long it took, or that JAX's persistent cache answered it
+    (the call traced and lowered, its executable read from disk), after."""
 
     def __init__(self, logger: RunLogger, cfg: Config):
         self.logger, self.cfg = logger, cfg
 
-    def __call__(self, n: int, compiled: Any, seconds: float) -> None:
-        from jaxloop.loop.executables import LoadedCall
-
-        if compiled is None:
+    def __call__(self, n: int, loaded: bool | None, seconds: float) -> None:
+        if loaded is None:
             cache = (f"the next run of this config loads it from the cache ({self.cfg.compile_cache})"
                      if self.cfg.compile_cache else "compile_cache is off: every run compiles it")
             self.logger.message(f"compiling the training call ({n} update(s) of batch {self.cfg.batch_size} per "
                                 f"device call); {cache}...")
-        elif isinstance(compiled, LoadedCall):
+        elif loaded:
             self.logger.message(f"loaded the compiled training call from the cache in {seconds:.1f}s")
         else:
             self.logger.message(f"compiled in {seconds:.1f}s")
-
-
 
 
 def resume_line(restored: Any) -> str:
