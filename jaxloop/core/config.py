@@ -15,14 +15,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal, get_args, get_type_hints
 
 from jaxloop.core.errors import ConfigError  # its home is jaxloop.core.errors; still importable from here
-from jaxloop.core.choice import FLOAT32_TINY, Choice  # noqa: F401  (FLOAT32_TINY: importable from here)
+from jaxloop.core.checks import (finite, is_int, nonneg_float, nonneg_int, one_of, positive_float, positive_int,
+                                 readable_file, writable_dir)
+from jaxloop.core.choice import Choice
 from jaxloop.core.optimizers_config import OPTIMIZERS, AdamWConfig, OptimizerConfig
 from jaxloop.core.schedules_config import (  # noqa: F401  (PlateauConfig: importable from here, as before)
     SCHEDULES, PlateauConfig, ScheduleConfig, WarmupCosineConfig)
@@ -135,10 +136,10 @@ class OptimConfig(OptimShared):
     def validate(self, steps: int) -> None:
         """ConfigError for the first field that is not allowed (optim.*): the shared fields, then the chosen
         optimizer's and schedule's own (their classes' validate; a schedule's spans read `steps`)."""
-        _positive_float("optim.peak_lr", self.peak_lr)
-        _nonneg_float("optim.clip_norm", self.clip_norm)
-        _positive_int("optim.accum_steps", self.accum_steps)
-        _float("optim.ema_decay", self.ema_decay)
+        positive_float("optim.peak_lr", self.peak_lr)
+        nonneg_float("optim.clip_norm", self.clip_norm)
+        positive_int("optim.accum_steps", self.accum_steps)
+        finite("optim.ema_decay", self.ema_decay)
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError("optim.ema_decay", self.ema_decay, "a number in [0, 1) (0 = off)")
         if type(self.optimizer) not in OPTIMIZERS.values():
@@ -314,21 +315,21 @@ class ModelConfig:
 
     def validate(self) -> None:
         """ConfigError for the first field that is not allowed (model.*)."""
-        _choice("model.kind", self.kind, ("mlp", "gpt"))
-        _choice("model.activation", self.activation, ("gelu", "relu", "tanh"))
-        if not self.hidden or not all(_is_int(h) and h > 0 for h in self.hidden):
+        one_of("model.kind", self.kind, ("mlp", "gpt"))
+        one_of("model.activation", self.activation, ("gelu", "relu", "tanh"))
+        if not self.hidden or not all(is_int(h) and h > 0 for h in self.hidden):
             raise ConfigError("model.hidden", self.hidden, "one or more positive integers")
         for name in ("context", "d_model", "n_layers", "n_heads", "mlp_ratio"):
-            _positive_int(f"model.{name}", getattr(self, name))
+            positive_int(f"model.{name}", getattr(self, name))
         if self.d_model % self.n_heads:
             raise ConfigError("model.n_heads", self.n_heads, f"a divisor of model.d_model ({self.d_model})")
-        _float("model.dropout", self.dropout)
+        finite("model.dropout", self.dropout)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError("model.dropout", self.dropout, "a number in [0, 1)")
-        _nonneg_int("model.vocab_size", self.vocab_size)
-        _positive_int("model.vocab_multiple", self.vocab_multiple)
-        _choice("model.attention", self.attention, ATTENTIONS)
-        _choice("model.init", self.init, ("normal", "gpt2"))
+        nonneg_int("model.vocab_size", self.vocab_size)
+        positive_int("model.vocab_multiple", self.vocab_multiple)
+        one_of("model.attention", self.attention, ATTENTIONS)
+        one_of("model.init", self.init, ("normal", "gpt2"))
 
 
 @dataclass(frozen=True)
@@ -352,13 +353,13 @@ class DataConfig:
     def validate(self) -> None:
         """ConfigError for the first field that is not allowed (data.*; whether data.path names a readable
         file is `validate(cfg, check_paths=True)`'s)."""
-        _choice("data.source", self.source, ("digits", "text", "npz", "tokens"))
-        _float("data.val_fraction", self.val_fraction)
+        one_of("data.source", self.source, ("digits", "text", "npz", "tokens"))
+        finite("data.val_fraction", self.val_fraction)
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError("data.val_fraction", self.val_fraction, "a number in (0, 1)")
-        _nonneg_int("data.workers", self.workers)
-        _nonneg_int("data.prefetch", self.prefetch)
-        _nonneg_int("data.eval_batch_size", self.eval_batch_size)
+        nonneg_int("data.workers", self.workers)
+        nonneg_int("data.prefetch", self.prefetch)
+        nonneg_int("data.eval_batch_size", self.eval_batch_size)
 
 
 @dataclass(frozen=True)
@@ -382,12 +383,12 @@ class CheckpointConfig:
 
     def validate(self) -> None:
         """ConfigError for the first field that is not allowed (checkpoint.*)."""
-        _nonneg_int("checkpoint.every", self.every)
-        _positive_int("checkpoint.keep_last", self.keep_last)
-        _nonneg_int("checkpoint.keep_best", self.keep_best)
-        _nonneg_int("checkpoint.keep_every", self.keep_every)
-        _choice("checkpoint.best_metric", self.best_metric, ("val_loss", "val_acc", "ema_val_loss", "ema_val_acc"))
-        _choice("checkpoint.best_mode", self.best_mode, ("min", "max"))
+        nonneg_int("checkpoint.every", self.every)
+        positive_int("checkpoint.keep_last", self.keep_last)
+        nonneg_int("checkpoint.keep_best", self.keep_best)
+        nonneg_int("checkpoint.keep_every", self.keep_every)
+        one_of("checkpoint.best_metric", self.best_metric, ("val_loss", "val_acc", "ema_val_loss", "ema_val_acc"))
+        one_of("checkpoint.best_mode", self.best_mode, ("min", "max"))
 
 
 @dataclass(frozen=True)
@@ -409,10 +410,10 @@ class LogConfig:
 
     def validate(self) -> None:
         """ConfigError for the first field that is not allowed (log.*)."""
-        _choice("log.progress", self.progress, ("auto", "bar", "plain", "off"))
-        _nonneg_int("log.profile_start", self.profile_start)
-        _nonneg_int("log.profile_steps", self.profile_steps)
-        _nonneg_float("log.price_per_hour", self.price_per_hour)
+        one_of("log.progress", self.progress, ("auto", "bar", "plain", "off"))
+        nonneg_int("log.profile_start", self.profile_start)
+        nonneg_int("log.profile_steps", self.profile_steps)
+        nonneg_float("log.price_per_hour", self.price_per_hour)
 
 
 @dataclass(frozen=True)
@@ -431,9 +432,9 @@ class DistributedConfig:
 
     def validate(self) -> None:
         """ConfigError for the first field that is not allowed (distributed.*)."""
-        _positive_int("distributed.num_processes", self.num_processes)
-        _positive_int("distributed.fsdp", self.fsdp)  # divides the device count: checked when jax starts
-        if not _is_int(self.process_id) or not 0 <= self.process_id < self.num_processes:
+        positive_int("distributed.num_processes", self.num_processes)
+        positive_int("distributed.fsdp", self.fsdp)  # divides the device count: checked when jax starts
+        if not is_int(self.process_id) or not 0 <= self.process_id < self.num_processes:
             raise ConfigError("distributed.process_id", self.process_id,
                               f"an integer in [0, distributed.num_processes={self.num_processes})")
         if self.num_processes > 1:
@@ -467,11 +468,11 @@ class MemoryConfig:
     def validate(self) -> None:
         """ConfigError for the first field that is not allowed (memory.*; that split divides batch_size is
         `validate(cfg)`'s)."""
-        _nonneg_int("memory.budget", self.budget)
+        nonneg_int("memory.budget", self.budget)
         if not isinstance(self.auto_fit, bool):
             raise ConfigError("memory.auto_fit", self.auto_fit, "true or false")
-        _positive_int("memory.split", self.split)
-        _choice("memory.remat", self.remat, REMATS)
+        positive_int("memory.split", self.split)
+        one_of("memory.remat", self.remat, REMATS)
 
 
 @dataclass(frozen=True)
@@ -697,7 +698,7 @@ def _coerce(path: str, value: Any, hint: Any) -> Any:
             raise ConfigError(path, value, f"one of {', '.join(map(str, get_args(hint)))}")
         return value
     if origin is tuple:
-        if not isinstance(value, (list, tuple)) or not all(_is_int(v) for v in value):
+        if not isinstance(value, (list, tuple)) or not all(is_int(v) for v in value):
             raise ConfigError(path, value, "a list of integers")
         return tuple(int(v) for v in value)
     if hint is bool:
@@ -705,7 +706,7 @@ def _coerce(path: str, value: Any, hint: Any) -> Any:
             raise ConfigError(path, value, "true or false")
         return value
     if hint is int:
-        if not _is_int(value):
+        if not is_int(value):
             raise ConfigError(path, value, "an integer")
         return int(value)
     if hint is float:
@@ -719,10 +720,6 @@ def _coerce(path: str, value: Any, hint: Any) -> Any:
     return value
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 # ----------------------------------------------------------------------------- validation
 
 
@@ -734,23 +731,23 @@ def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -
     one's own, which never reads data.path): data.path may be empty whatever data.source is.
     """
     o, m, d, c, lg = cfg.optim, cfg.model, cfg.data, cfg.checkpoint, cfg.log
-    _choice("preset", cfg.preset, PRESETS)
-    _choice("precision", cfg.precision, PRECISIONS)
-    _choice("resume", cfg.resume, ("auto", "never", "must"))
-    _positive_int("steps", cfg.steps)
+    one_of("preset", cfg.preset, PRESETS)
+    one_of("precision", cfg.precision, PRECISIONS)
+    one_of("resume", cfg.resume, ("auto", "never", "must"))
+    positive_int("steps", cfg.steps)
     if cfg.steps > MAX_STEPS:
         raise ConfigError("steps", cfg.steps, f"an integer in [1, {MAX_STEPS}] (the learning-rate schedule is a "
                           f"table of one float64 rate per update: {MAX_STEPS * 8 // 2**20} MiB at the bound)")
-    _positive_int("batch_size", cfg.batch_size)
-    _nonneg_int("seed", cfg.seed)
+    positive_int("batch_size", cfg.batch_size)
+    nonneg_int("seed", cfg.seed)
     if cfg.seed > MAX_SEED:
         raise ConfigError("seed", cfg.seed, f"an integer in [0, 2**63 - 1 = {MAX_SEED}]")
-    _nonneg_int("eval_every", cfg.eval_every)
-    _nonneg_int("eval_batches", cfg.eval_batches)
-    _positive_int("log_every", cfg.log_every)
-    _nonneg_int("updates_per_call", cfg.updates_per_call)
-    _positive_int("max_bad_steps", cfg.max_bad_steps)
-    _nonneg_int("patience", cfg.patience)
+    nonneg_int("eval_every", cfg.eval_every)
+    nonneg_int("eval_batches", cfg.eval_batches)
+    positive_int("log_every", cfg.log_every)
+    nonneg_int("updates_per_call", cfg.updates_per_call)
+    positive_int("max_bad_steps", cfg.max_bad_steps)
+    nonneg_int("patience", cfg.patience)
     if not cfg.run_dir:
         raise ConfigError("run_dir", cfg.run_dir, "a directory path")
 
@@ -779,37 +776,15 @@ def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -
 
     if check_paths:
         if d.source in ("text", "npz"):
-            _readable_file("data.path", d.path)
+            readable_file("data.path", d.path)
         if d.source == "tokens":
             from jaxloop.core.shards import shard_paths
 
             shard_paths(d.path)  # ConfigError when it names no file
-        _writable_dir("run_dir", cfg.run_dir)
+        writable_dir("run_dir", cfg.run_dir)
         if cfg.init_from and not os.path.isdir(cfg.init_from):
             raise ConfigError("init_from", cfg.init_from, "empty or an existing run_dir or checkpoints directory")
     return cfg
-
-
-def _choice(name: str, v: Any, allowed: tuple) -> None:
-    if v not in allowed:
-        raise ConfigError(name, v, f"one of {', '.join(allowed)}")
-
-
-def _float(name: str, v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ConfigError(name, v, "a finite number")
-
-
-def _positive_float(name: str, v: Any) -> None:
-    _float(name, v)
-    if v <= 0:
-        raise ConfigError(name, v, "a number > 0")
-
-
-def _nonneg_float(name: str, v: Any) -> None:
-    _float(name, v)
-    if v < 0:
-        raise ConfigError(name, v, "a number >= 0")
 
 
 MAX_STEPS = 100_000_000
@@ -817,37 +792,6 @@ MAX_STEPS = 100_000_000
 update on the host and its float32 copy on the device (1.2 GB together at the bound)."""
 MAX_SEED = 2**63 - 1
 """The largest seed: jax's PRNG keys and the record order's SeedSequence take it as a 64-bit integer."""
-
-
-def _positive_int(name: str, v: Any) -> None:
-    if not _is_int(v) or v <= 0:
-        raise ConfigError(name, v, "an integer >= 1")
-
-
-def _nonneg_int(name: str, v: Any) -> None:
-    if not _is_int(v) or v < 0:
-        raise ConfigError(name, v, "an integer >= 0")
-
-
-def _readable_file(name: str, path: str) -> None:
-    if not os.path.isfile(path):
-        raise ConfigError(name, path, "an existing file")
-    if not os.access(path, os.R_OK):
-        raise ConfigError(name, path, "a readable file")
-    if os.path.getsize(path) == 0:
-        raise ConfigError(name, path, "a non-empty file")
-
-
-def _writable_dir(name: str, path: str) -> None:
-    """The directory exists and is writable, or its nearest existing ancestor is."""
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(name, path, f"a writable directory ({probe} is not writable)")
 
 
 def is_among(key: str, fields: tuple[str, ...]) -> bool:

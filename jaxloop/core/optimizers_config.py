@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from jaxloop.core.choice import FLOAT32_TINY, Choice, at_least, positive, registry, within
+from jaxloop.core.checks import FLOAT32_TINY, at_least, positive, within
+from jaxloop.core.choice import Choice, registry
 from jaxloop.core.errors import ConfigError
 
 

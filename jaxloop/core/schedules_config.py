@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from jaxloop.core.choice import Choice, at_least, is_int, positive, registry, within
+from jaxloop.core.checks import at_least, is_int, positive, within
+from jaxloop.core.choice import Choice, registry
 from jaxloop.core.errors import ConfigError
 
 
