@@ -12,7 +12,7 @@
 The config classes live in the jax-free package `jaxloop.core` (shared with torch_ref) and are re-exported
 here; `jaxloop.Config` and `jaxloop.errors` import no jax, tyro or torch. Importing jaxloop imports nothing
 heavy and changes no global state: each name is imported on first use (the loop's Orbax and grain only
-with `run`), and process-wide settings are made by `run` itself.
+with `run`), and process-wide settings are made by `run` itself, jax's put back when it ends.
 """
 
 from __future__ import annotations

@@ -504,7 +504,7 @@ class Config:
     precision: Literal["fp32", "bf16", "bf16_full", "fp16", "fp64", "auto"] = field(default="fp32", metadata=TRAJECTORY)
     """fp32; bf16: matmuls in bf16, the rest fp32 (torch.autocast's way); bf16_full: the whole model in bf16;
     fp16: as bf16 with fp16 matmuls and a dynamic loss scale; fp64: float64 throughout (the run turns on JAX's
-    64-bit mode itself; for parity); auto: bf16 on an accelerator, fp32 on a CPU (the run's config.json
+    64-bit mode for its own length; for parity); auto: bf16 on an accelerator, fp32 on a CPU (the run's config.json
     records the one chosen)."""
     resume: Literal["auto", "never", "must"] = field(default="auto", metadata=HOST)
     """auto: resume from run_dir if it holds a checkpoint; never: start fresh; must: fail without one."""

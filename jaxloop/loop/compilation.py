@@ -49,15 +49,39 @@ def enable_compilation_cache(path: str | os.PathLike[str]) -> Path:
             jax.config.update("jax_persistent_cache_enable_xla_caches", XLA_CACHES)
     except (AttributeError, KeyError, ValueError):
         pass
+    # jax initialises the cache once, at the first compilation; a process that already compiled something
+    # would otherwise keep the cache off (or in its former directory)
+    _reset_cache()
+    return directory
+
+
+SETTINGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes", "jax_persistent_cache_enable_xla_caches")
+"""The jax settings enable_compilation_cache changes (the last only where jax has it)."""
+
+
+@contextmanager
+def compilation_cache(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """enable_compilation_cache(path) inside the block (yields the directory); JAX's settings as they were
+    before it afterwards, so that a run from Python leaves the process's cache as it found it."""
+    saved = {k: getattr(jax.config, k) for k in SETTINGS if hasattr(jax.config, k)}
     try:
-        # jax initialises the cache once, at the first compilation; a process that already compiled
-        # something would otherwise keep the cache off (or in its former directory).
+        yield enable_compilation_cache(path)
+    finally:
+        for key, value in saved.items():
+            jax.config.update(key, value)
+        _reset_cache()
+
+
+def _reset_cache() -> None:
+    """jax initialises its persistent cache once, at the first compilation after a reset: make the next
+    compile read the settings now in force."""
+    try:
         from jax._src import compilation_cache as _cc
 
         _cc.reset_cache()
     except (ImportError, AttributeError):
         pass
-    return directory
 
 
 @contextmanager

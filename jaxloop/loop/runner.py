@@ -38,7 +38,7 @@ from jaxloop.update.optimizer import optimizer_metrics
 from jaxloop.model.precision import resolve_precision
 from jaxloop.observe.runinfo import Profiler, Timings, run_metadata
 from jaxloop.update.schedules import steps_change_line
-from jaxloop.loop.process import configure_process
+from jaxloop.loop.process import process_settings
 from jaxloop.update.state import TrainState, state_digest
 from jaxloop.update.step import make_train_step, scan_steps
 from jaxloop.loop.task import Task, builtin_task, check_builtin_fields, check_own_optimizer, run_state
@@ -84,7 +84,12 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
     if task is not None:  # a Task of one's own: the built-in task's model and data fields at the preset's
         check_builtin_fields(cfg)
     validate(cfg, check_paths=task is None, builtin_task=task is None)  # bad input: a ConfigError, nothing written
-    configure_process(cfg)
+    with process_settings(cfg):  # x64 and the compile cache as they were when the run ends
+        return _run_configured(cfg, task, hooks, t_start)
+
+
+def _run_configured(cfg: Config, task: Task | None, hooks: Sequence[act.Action], t_start: float) -> RunResult:
+    """run() once its config is valid and the process is set up for it."""
     cfg = resolve_precision(cfg)  # precision=auto: bf16 on an accelerator, fp32 on a CPU, recorded as chosen
     builtin = task is None
     task = builtin_task(cfg) if builtin else task  # bad data is a ConfigError before anything is written
