@@ -255,11 +255,11 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(uninterrupted,
             for victim in files:
                 victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
         settled = []
-        monkeypatch.setattr(checkpoint, "settle_failed_read", lambda: settled.append(damage))
+        monkeypatch.setattr(checkpoint, "settle_abandoned_tasks", lambda: settled.append(damage))
         with pytest.warns(UserWarning, match=r"checkpoint at update 24 is damaged") as caught:
             summary = run(cfg)
         monkeypatch.undo()
-        # mutant seen failing: settle_failed_read() removed from checkpoint.restore()
+        # mutant seen failing: settle_abandoned_tasks() removed from checkpoint.restore()
         assert settled == [damage], "the fallback finalizes the reads the failed restore abandoned"
         # The cause is tensorstore's own error (the array it failed to read), not orbax's wrapper.
         message = next(str(w.message) for w in caught if "is damaged" in str(w.message))
@@ -271,13 +271,13 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(uninterrupted,
 
 def test_a_failed_read_is_settled_at_once_and_quietly(caplog):
     """Reads abandoned by a failed Orbax restore (tasks that finished with errors nobody retrieved, in
-    reference cycles) are finalized by settle_failed_read, not by a later arbitrary collection: CPython
+    reference cycles) are finalized by settle_abandoned_tasks, not by a later arbitrary collection: CPython
     3.11.7 raises SystemError when asyncio's report of them is logged inside ast.parse (it crashed CI
     under tyro). Mutants seen failing: no gc.collect() (the tasks stay alive); no log filter (reported)."""
     import asyncio
     import weakref
 
-    from jaxloop.checkpoint.manager import settle_failed_read
+    from jaxloop.checkpoint.manager import settle_abandoned_tasks
 
     async def read(i, tasks):  # `tasks` in the failing frame closes the cycle task -> error -> frame
         raise ValueError(f"array {i} truncated")
@@ -292,7 +292,7 @@ def test_a_failed_read_is_settled_at_once_and_quietly(caplog):
         await tasks[0]
 
     loop = asyncio.new_event_loop()
-    gc.disable()  # only settle_failed_read may collect
+    gc.disable()  # only settle_abandoned_tasks may collect
     try:
         with pytest.raises(ValueError, match="array 0"):
             loop.run_until_complete(restore())
@@ -300,7 +300,7 @@ def test_a_failed_read_is_settled_at_once_and_quietly(caplog):
         assert all(r() is not None and r()._log_traceback for r in abandoned), "alive, errors unretrieved"
         caplog.clear()
         with caplog.at_level(logging.ERROR, logger="asyncio"):
-            settle_failed_read()
+            settle_abandoned_tasks()
         assert [r() for r in abandoned if r() is not None] == [], "finalized now"
     finally:
         gc.enable()

@@ -61,7 +61,7 @@ from jaxloop.core.layout import DAMAGED_DIR, RunLayout
 from jaxloop.update.distributed import barrier, is_primary
 from jaxloop.checkpoint.digest import checkpoint_digest, finite, verify
 from jaxloop.checkpoint.write_errors import committed_steps, free_bytes, root_cause, size_text, write_error
-from jaxloop.checkpoint.orbax_quiet import MessageFilter, quiet_absl, quiet_checkpointing, settle_failed_read
+from jaxloop.checkpoint.orbax_quiet import MessageFilter, quiet_absl, quiet_checkpointing, settle_abandoned_tasks
 from jaxloop.update.state import TrainState, leaf_path, model_record
 
 
@@ -334,6 +334,9 @@ class Checkpointer:
             finally:
                 if failed is not None:
                     _release_signal_waiters()  # ... and those the failed save's last coroutines started since
+                    # the failed writes' futures, finalized here while Orbax is quieted, not by a later
+                    # collection after close (asyncio would log each as "exception was never retrieved")
+                    settle_abandoned_tasks()
                 self._quiet.close()
             if failed is not None:
                 raise write_error(failed.__cause__ or failed, self.directory, self._handed) from failed.__cause__
@@ -398,7 +401,7 @@ def restore(manager: ocp.CheckpointManager, step: int, target: Any, data: bool =
     try:
         out = manager.restore(step, args=ocp.args.Composite(**items))
     except Exception:
-        settle_failed_read()
+        settle_abandoned_tasks()
         raise
     verify(dict(out), dict(out["digest"]) if has_digest else None, directory, cast)
     return out

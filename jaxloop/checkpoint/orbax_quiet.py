@@ -100,11 +100,11 @@ class DropAbandonedWrites:
         self.previous(unraisable)
 
 
-def settle_failed_read() -> None:
-    """Finalize, here and quietly, the asyncio tasks a failed Orbax read leaves behind.
+def settle_abandoned_tasks() -> None:
+    """Finalize, here and quietly, the asyncio tasks a failed Orbax read or write leaves behind.
 
-    Orbax reads the arrays of a step with asyncio.gather, which stops at the first error; the other
-    reads stay in reference cycles, finished with errors nobody retrieved or pending on a closed loop.
+    Orbax reads (and writes) the arrays of a step with asyncio.gather, which stops at the first error; the
+    others stay in reference cycles, finished with errors nobody retrieved or pending on a closed loop.
     Left to the cyclic collector they are finalized at an arbitrary later allocation, and asyncio
     logs them there; inside ast.parse (tyro parses docstrings) CPython 3.11.7 then raises SystemError
     ("AST constructor recursion depth mismatch", cpython#106905). The caller names the cause (restore()
