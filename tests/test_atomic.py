@@ -61,21 +61,26 @@ def test_a_resume_killed_inside_the_metrics_rewrite_loses_no_record(tmp_path):
     old = _history(metrics)
     new = b"".join(line + b"\n" for line in old.splitlines() if kept_on_resume(json.loads(line), 9))
     assert len(new.splitlines()) > RECORDS * 8 // 10
-    t0 = time.monotonic()
-    assert _resume(run_dir).wait() == 0
-    duration_s = time.monotonic() - t0
-    assert metrics.read_bytes() == new
     killed_inside = 0
-    for fraction in (0.2, 0.4, 0.55, 0.7, 0.85):
+    for _ in range(3):  # a loaded machine may move the rewrite past the kills: measure again and retry
         metrics.write_bytes(old)
         resume = _resume(run_dir)
-        time.sleep(fraction * duration_s)
-        resume.send_signal(signal.SIGKILL)
-        resume.wait()
-        after = metrics.read_bytes()
-        assert after in (old, new), (f"killed at {fraction:.0%} of the rewrite: {len(after.splitlines())} of "
-                                     f"{len(old.splitlines())} records left")
-        killed_inside += resume.returncode == -signal.SIGKILL and after == old
+        t0 = time.monotonic()  # the rewrite's own duration, from its start (not the interpreter's)
+        assert resume.wait() == 0
+        duration_s = time.monotonic() - t0
+        assert metrics.read_bytes() == new
+        for fraction in (0.2, 0.4, 0.55, 0.7, 0.85):
+            metrics.write_bytes(old)
+            resume = _resume(run_dir)
+            time.sleep(fraction * duration_s)
+            resume.send_signal(signal.SIGKILL)
+            resume.wait()
+            after = metrics.read_bytes()
+            assert after in (old, new), (f"killed at {fraction:.0%} of the rewrite: {len(after.splitlines())} of "
+                                         f"{len(old.splitlines())} records left")
+            killed_inside += resume.returncode == -signal.SIGKILL and after == old
+        if killed_inside >= 2:
+            break
     assert killed_inside >= 2, "the kills must land inside the rewrite (before its rename) to show anything"
     # the temporaries killed rewrites left are deleted by the next one, which completes
     assert _resume(run_dir).wait() == 0
