@@ -25,7 +25,9 @@ PROG = "jaxloop.train"
 def main(argv: list[str] | None = None) -> int:
     """Parse, build, run; returns the exit status. Ctrl-C is answered from the first line (jaxloop.core.interrupt):
     jax is imported inside the session, so that even an interrupted import ends in one line."""
-    with cli_session(PROG):
+    from jaxloop.checkpoint.orbax_quiet import abandoned_orbax_tasks_quiet
+
+    with cli_session(PROG), abandoned_orbax_tasks_quiet():
         try:
             cfg = parse_or_exit(sys.argv[1:] if argv is None else argv, PROG)
             from jaxloop.loop.runner import run

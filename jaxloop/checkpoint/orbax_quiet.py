@@ -123,3 +123,25 @@ class _AbandonedTaskReport(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         return not ("exception was never retrieved" in message or "destroyed but it is pending" in message)
+
+
+@contextlib.contextmanager
+def abandoned_orbax_tasks_quiet() -> Iterator[None]:
+    """For a command's life: asyncio's reports of Orbax tasks a failed save abandoned ("exception was never
+    retrieved", "destroyed but it is pending") dropped wherever the collector finalizes them, and those left
+    finalized quietly at the end (the command has said what failed, in one line); every other report passes."""
+    asyncio_log = logging.getLogger("asyncio")
+    abandoned = _AbandonedOrbaxTask()
+    asyncio_log.addFilter(abandoned)
+    try:
+        yield
+    finally:
+        try:
+            gc.collect()
+        finally:
+            asyncio_log.removeFilter(abandoned)
+
+
+class _AbandonedOrbaxTask(_AbandonedTaskReport):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return super().filter(record) or "orbax" not in record.getMessage()
