@@ -54,3 +54,11 @@ def test_the_rules_that_join_sections_stay_with_the_whole_config():
     with pytest.raises(ConfigError) as e:
         validate(replace(Config(), model=ModelConfig(kind="gpt")), check_paths=False)
     assert e.value.field_path == "model.kind"
+
+
+def test_memory_auto_fit_is_refused_unless_true_or_false():
+    # the one bool field a section checks itself (with checks.check_type, as the optimizer classes check theirs);
+    # mutant seen failing: the check removed from MemoryConfig.validate
+    with pytest.raises(ConfigError) as e:
+        MemoryConfig(auto_fit="yes").validate()
+    assert (e.value.field_path, e.value.allowed) == ("memory.auto_fit", "true or false")

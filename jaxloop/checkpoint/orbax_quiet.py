@@ -110,36 +110,36 @@ def settle_abandoned_tasks() -> None:
     ("AST constructor recursion depth mismatch", cpython#106905). The caller names the cause (restore()
     re-raises the read's error).
     """
-    asyncio_log = logging.getLogger("asyncio")
-    abandoned = _AbandonedTaskReport()
-    asyncio_log.addFilter(abandoned)
-    try:
-        gc.collect()
-    finally:
-        asyncio_log.removeFilter(abandoned)
+    with _asyncio_reports_dropped(_AbandonedTaskReport()):
+        pass
 
 
-class _AbandonedTaskReport(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not ("exception was never retrieved" in message or "destroyed but it is pending" in message)
-
-
-@contextlib.contextmanager
-def abandoned_orbax_tasks_quiet() -> Iterator[None]:
+def abandoned_orbax_tasks_quiet() -> contextlib.AbstractContextManager[None]:
     """For a command's life: asyncio's reports of Orbax tasks a failed save abandoned ("exception was never
     retrieved", "destroyed but it is pending") dropped wherever the collector finalizes them, and those left
     finalized quietly at the end (the command has said what failed, in one line); every other report passes."""
+    return _asyncio_reports_dropped(_AbandonedOrbaxTask())
+
+
+@contextlib.contextmanager
+def _asyncio_reports_dropped(report: logging.Filter) -> Iterator[None]:
+    """asyncio's logger filtered by `report` for the scope, which ends with a collection: the abandoned tasks
+    still in reference cycles are finalized while the filter is on, not at some later allocation."""
     asyncio_log = logging.getLogger("asyncio")
-    abandoned = _AbandonedOrbaxTask()
-    asyncio_log.addFilter(abandoned)
+    asyncio_log.addFilter(report)
     try:
         yield
     finally:
         try:
             gc.collect()
         finally:
-            asyncio_log.removeFilter(abandoned)
+            asyncio_log.removeFilter(report)
+
+
+class _AbandonedTaskReport(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("exception was never retrieved" in message or "destroyed but it is pending" in message)
 
 
 class _AbandonedOrbaxTask(_AbandonedTaskReport):

@@ -12,6 +12,7 @@ from typing import ClassVar, get_type_hints
 
 from jaxloop.core.checks import check_type
 
+
 @dataclass(frozen=True)
 class Choice:
     """One entry of a menu (an optimizer or a schedule). Subclasses set `name` (the value of the flag that

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal, get_args, get_type_hints
 
 from jaxloop.core.errors import ConfigError  # its home is jaxloop.core.errors; still importable from here
-from jaxloop.core.checks import (finite, is_int, nonneg_float, nonneg_int, one_of, positive_float, positive_int,
-                                 readable_file, writable_dir)
+from jaxloop.core.checks import (check_type, finite, is_int, nonneg_float, nonneg_int, one_of, positive_float,
+                                 positive_int, readable_file, writable_dir)
 from jaxloop.core.choice import Choice
 from jaxloop.core.optimizers_config import OPTIMIZERS, AdamWConfig, OptimizerConfig
 from jaxloop.core.schedules_config import (  # noqa: F401  (PlateauConfig: importable from here, as before)
@@ -469,8 +469,7 @@ class MemoryConfig:
         """ConfigError for the first field that is not allowed (memory.*; that split divides batch_size is
         `validate(cfg)`'s)."""
         nonneg_int("memory.budget", self.budget)
-        if not isinstance(self.auto_fit, bool):
-            raise ConfigError("memory.auto_fit", self.auto_fit, "true or false")
+        check_type("memory.auto_fit", self.auto_fit, bool)
         positive_int("memory.split", self.split)
         one_of("memory.remat", self.remat, REMATS)
 
