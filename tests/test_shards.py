@@ -309,3 +309,48 @@ def test_a_run_on_shards_interrupted_and_resumed_ends_bit_identical(tmp_path, mo
     assert resumed["state_digest"] == reference["state_digest"]
     assert losses(tmp_path / "resumed")[-6:] == losses(tmp_path / "whole")[-6:]
     assert os.path.exists(tmp_path / "resumed" / "summary.json")
+
+
+# ----------------------------------------------------------------------------- data changed under a run
+
+_TRUNCATE_AT_UPDATE_2 = """
+import os, sys
+from jaxloop.observe.logger import RunLogger
+import jaxloop.train
+
+shard, original = sys.argv[1], RunLogger.train
+
+def train(self, record):  # update 2 logged: the training shard is cut to its header, in place (its pages
+    # past the first are then past the file's end: reading one is SIGBUS)
+    original(self, record)
+    if record["step"] == 2:
+        os.truncate(shard, 1024)
+
+RunLogger.train = train
+sys.exit(jaxloop.train.main(sys.argv[2:]))
+"""
+
+
+def test_a_shard_truncated_during_a_run_is_one_line_and_exit_2_not_sigbus(tmp_path):
+    """A memory-mapped read past a file's new end is SIGBUS (exit 135, no word); the loader checks the file's size
+    (an fstat of the map) before each read. Data are read in the main thread here (workers 0, prefetch 0), so the
+    truncation falls between two reads, never inside one."""
+    tokens = (np.arange(22000) * 7919 % 97).astype(np.uint16)  # 40 KB of training tokens: pages past the cut
+    (tmp_path / "shards").mkdir()
+    shard = tmp_path / "shards" / "x_train_000000.bin"
+    write_shard(str(shard), tokens[:20000])
+    write_shard(str(tmp_path / "shards" / "x_val_000000.bin"), tokens[20000:])
+    _meta(tmp_path / "shards", 97)
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRUNCATE_AT_UPDATE_2, str(shard), "--preset", "shakespeare", "--data.source", "tokens",
+         "--data.path", str(tmp_path / "shards"), "--model.context", "16", "--model.d_model", "32",
+         "--model.n_layers", "1", "--model.n_heads", "2", "--batch_size", "4", "--steps", "50",
+         "--optim.warmup_steps", "2", "--log_every", "1", "--updates_per_call", "1", "--eval_every", "0",
+         "--data.prefetch", "0", "--log.progress", "off",
+         "--log.no-report", "--compile_cache", str(tmp_path / "cache"), "--run_dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    lines = proc.stderr.strip().splitlines()  # the compile lines, then the error
+    assert "Traceback" not in proc.stderr and [line for line in lines if "error" in line] == lines[-1:], lines
+    assert lines[-1].startswith(f"jaxloop.train: error: token shard {shard} shrank during the run: it holds 1024 bytes "
+                                "now"), lines[-1]

@@ -1,4 +1,4 @@
-"""Token shards on disk: llm.c's format and nanoGPT's headerless .bin, read through np.memmap.
+"""Token shards on disk: llm.c's format and nanoGPT's headerless .bin, read through mmap.
 
 Imports numpy only (torch_ref reads shards through jaxloop.core.sources too). Formats, detected per file:
 
@@ -11,7 +11,8 @@ Imports numpy only (torch_ref reads shards through jaxloop.core.sources too). Fo
   `python -m jaxloop.prepare` writes) must hold llm.c shards only: a shard without the magic is corrupt.
 
 Nothing here reads a whole shard: a shard is its path, the byte offset of its tokens, their dtype and
-count, and `tokens()` maps it (file-backed pages, not the process's anonymous memory).
+count, and `tokens()` maps it (file-backed pages, not the process's anonymous memory). A file that shrinks
+under a map is ShardShrank at the next read (`Shard.check_size`), never SIGBUS.
 """
 
 from __future__ import annotations
@@ -47,22 +48,48 @@ class Shard:
     count: int
     format: str  # "llm.c" or "nanogpt"
 
+    @property
+    def end(self) -> int:
+        """The byte just past this shard's tokens in its file: the file must hold at least this many bytes."""
+        return self.offset + self.count * np.dtype(self.dtype).itemsize
+
     def tokens(self) -> np.ndarray:
-        """The shard's tokens, memory-mapped read-only (nothing is read until indexed)."""
+        """The shard's tokens, memory-mapped read-only (nothing is read until indexed). The array's buffer is the
+        file's mmap, which `check_size` asks for the file's current size."""
         if self.count == 0:
             return np.zeros(0, self.dtype)
-        tokens = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=(self.count,))
-        mapping = getattr(tokens, "_mmap", None)  # numpy's mmap.mmap object
-        if mapping is not None and hasattr(mmap, "MADV_RANDOM"):
+        with open(self.path, "rb") as f:
+            mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # keeps its own descriptor
+        if hasattr(mmap, "MADV_RANDOM"):
             # windows are read at random offsets: no read-ahead around each page fault (tens of ms a fault
             # on a busy machine, measured, instead of well under one)
             mapping.madvise(mmap.MADV_RANDOM)
-        return tokens
+        return np.frombuffer(mapping, dtype=self.dtype, count=self.count, offset=self.offset)
+
+    def check_size(self, tokens: np.ndarray, split: str) -> None:
+        """ShardShrank when the file under `tokens` (this shard's `tokens()`) now ends before the tokens it maps:
+        reading a page past a mapped file's end is SIGBUS, which kills the process with no word. The size is an
+        fstat of the mapping's own descriptor (the file it maps, even if its path was replaced since)."""
+        mapping = getattr(tokens.base, "obj", None)
+        size = mapping.size() if isinstance(mapping, mmap.mmap) else None
+        if size is not None and size < self.end:
+            raise ShardShrank(f"token shard {self.path} shrank during the run: it holds {size} bytes now, the "
+                              f"{split} split reads its bytes up to {self.end}; nothing past its end was read. Put "
+                              "the whole file back and resume (the run continues from its last checkpoint)")
 
     def part(self, start: int, stop: int) -> Shard:
         """Tokens start .. stop - 1 of this shard, as a shard."""
         size = np.dtype(self.dtype).itemsize
         return replace(self, offset=self.offset + start * size, count=max(stop - start, 0))
+
+
+class ShardShrank(ConfigError):
+    """A shard's file got shorter while a run was reading it (truncated or rewritten in place): one line naming
+    the file and the sizes (exit status 2, like any bad input), instead of the SIGBUS the read would end in."""
+
+    def __init__(self, message: str):  # one argument: it pickles (grain's worker processes raise it too)
+        ValueError.__init__(self, message)
+        self.field_path, self.value, self.allowed = "data.path", None, message
 
 
 def _bad(path: str, why: str) -> ConfigError:

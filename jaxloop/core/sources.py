@@ -180,6 +180,7 @@ class TokenWindows:
         windows = np.empty((idx.size, self.context + 1), np.int64)
         for k in np.unique(shard):
             rows = np.nonzero(shard == k)[0]
+            self.shards[k].check_size(self._maps[k], self.split)  # a shard truncated since: one line, not SIGBUS
             first = (idx[rows] - self.starts[k]) * self.stride
             windows[rows] = self._maps[k][first[:, None] + self._offsets]
         if windows.size and windows.max() >= self.vocab_size:
