@@ -11,7 +11,8 @@ from jaxloop.core.config import (HOST, RESUME_SAFE, Config, DataConfig, Rule, bu
 
 HOST_FIELDS = {"run_dir", "resume", "allow_steps_change", "compile_cache", "retain_host_memory", "eval_every",
                "log_every", "deterministic", "updates_per_call", "max_bad_steps", "patience", "init_from",
-               "data.workers", "data.prefetch", "data.eval_batch_size", "checkpoint.", "log.", "distributed."}
+               "data.workers", "data.prefetch", "data.eval_batch_size", "data.allow_changed", "checkpoint.", "log.",
+               "distributed."}
 """Not the trajectory, the host's business: a resume may change them."""
 PLAN_FIELDS = {"memory."}
 """The same math, other compiled code: a resume may change them."""
@@ -61,7 +62,9 @@ def test_a_field_declared_host_inside_a_run_changing_section_is_resume_safe() ->
 
 def test_the_fields_only_the_builtin_tasks_read_are_the_model_and_the_data_source() -> None:
     """What a run of a Task of one's own refuses set away from its preset's (jaxloop.loop.task.check_builtin_fields):
-    every model field by its section's declaration, and the three data fields that pick and split the records."""
+    every model field by its section's declaration, the data fields that pick and split the records, and
+    data.allow_changed (only the built-in sources have a data record to compare)."""
     model = {f"model.{k.split('.')[1]}" for k in field_rules() if k.startswith("model.")}
-    assert set(builtin_task_fields()) == model | {"data.source", "data.path", "data.val_fraction"}
+    assert set(builtin_task_fields()) == model | {"data.source", "data.path", "data.val_fraction", "data.train",
+                                                  "data.val", "data.allow_changed"}
     assert "model.kind" in model and "data.workers" not in builtin_task_fields()

@@ -21,6 +21,7 @@ from jaxloop.core.config import (
     ModelConfig,
     preset,
     replace,
+    validate,
 )
 from jaxloop.core.shards import HEADER_BYTES, read_shard, write_shard
 from jaxloop.core.sources import (
@@ -159,6 +160,79 @@ def test_data_path_is_a_directory_a_glob_or_one_file(tmp_path, form):
         assert (splits.num_train, first_val) == (300 - CTX, 300)
     else:
         assert (splits.num_train, first_val) == (400 - CTX, 500)
+
+
+def _names(record: dict, split: str) -> list[str]:
+    return [os.path.basename(f) for f in record["splits"][split]["files"]]
+
+
+@pytest.mark.parametrize("train, val", [("tiny_shakespeare_train.bin", "tiny_shakespeare_val.bin"),
+                                        ("fineweb_train_000001.bin", "fineweb_val_000000.bin"),
+                                        ("x_train_000000.bin", "x_validation_000000.bin"),
+                                        ("train.bin", "valid.bin"), ("TRAIN.bin", "eval.bin")])
+def test_llmc_nanogpt_and_hugging_face_split_names_assign_the_files(tmp_path, train, val):
+    """val, valid, validation and eval as a word of a file's name (any case) make it validation data: its windows
+    validate whole, none is trained on (before, x_validation_000000.bin was split 90/10 like a nameless file)."""
+    write_shard(str(tmp_path / train), np.arange(0, 400))
+    write_shard(str(tmp_path / val), np.arange(500, 600))
+    _meta(tmp_path, 1024)
+    splits = load_splits(_cfg(tmp_path))
+    assert (_names(splits.record, "train"), _names(splits.record, "val")) == ([train], [val])
+    assert (splits.num_train, int(splits.val.get([0])["x"][0, 0])) == (400 - CTX, 500)
+    assert splits.record["splits"]["assigned_by"] == "file names"
+
+
+def test_a_test_split_is_listed_and_never_trained_or_validated_on(tmp_path):
+    """nanoGPT-style train.bin / val.bin beside a test.bin: the test file is listed (record and console), not read."""
+    for name, first in (("train.bin", 0), ("val.bin", 500), ("test.bin", 900)):
+        np.arange(first, first + 100, dtype=np.uint16).tofile(tmp_path / name)
+    splits = load_splits(_cfg(tmp_path, vocab_size=1024))
+    assert splits.num_train == 100 - CTX  # train.bin's windows only
+    assert int(splits.val.get([0])["x"][0, 0]) == 500 and splits.num_val == (100 - 1) // CTX
+    assert splits.record["splits"]["test"] == {"files": [str(tmp_path / "test.bin")], "tokens": 100}
+    assert str(tmp_path / "test.bin") not in splits.record["files"]  # never read, so not fingerprinted
+    from jaxloop.core.data_identity import data_lines
+
+    assert data_lines(splits.record)[-1] == "data test (listed, never read): 1 file, 100 tokens: test.bin"
+
+
+def test_files_naming_no_split_beside_files_that_do_are_refused_naming_them(tmp_path):
+    for name in ("train.bin", "val.bin", "extra.bin", "more.bin"):
+        np.arange(100, dtype=np.uint16).tofile(tmp_path / name)
+    with pytest.raises(ConfigError, match=r"extra\.bin, more\.bin name no split, train\.bin, val\.bin do") as caught:
+        load_splits(_cfg(tmp_path, vocab_size=1024))
+    assert "--data.train and --data.val" in caught.value.cli_message
+
+
+def test_a_file_naming_two_splits_is_refused_naming_it(tmp_path):
+    np.arange(100, dtype=np.uint16).tofile(tmp_path / "train_val.bin")
+    with pytest.raises(ConfigError, match=r"train_val\.bin names train and val"):
+        load_splits(_cfg(tmp_path, vocab_size=1024))
+
+
+def test_a_directory_where_no_file_names_a_split_splits_each_file_and_says_so(tmp_path):
+    """docs/data.md's promise kept (each file's last val_fraction validates), and now said on the console."""
+    for name in ("a.bin", "b.bin"):
+        np.arange(100, dtype=np.uint16).tofile(tmp_path / name)
+    splits = load_splits(_cfg(tmp_path, vocab_size=1024))
+    assert splits.num_train == 2 * (75 - CTX)  # val_fraction 0.25
+    from jaxloop.core.data_identity import data_lines
+
+    assert data_lines(splits.record) == [
+        "data train (no file names a split): 2 files, 150 tokens: a.bin, b.bin",
+        "data val (the last 0.25 of each training file: data.val_fraction): 2 files, 50 tokens: a.bin, b.bin"]
+
+
+def test_data_train_and_data_val_name_the_splits_when_the_names_do_not(tmp_path):
+    for name, first in (("part_0.bin", 0), ("part_1.bin", 200), ("holdout.bin", 500)):
+        np.arange(first, first + 100, dtype=np.uint16).tofile(tmp_path / name)
+    base = _cfg(tmp_path, vocab_size=1024)
+    cfg = replace(base, data=replace(base.data, path="", train=str(tmp_path / "part_*.bin"),
+                                     val=str(tmp_path / "holdout.bin")))
+    splits = load_splits(validate(cfg))
+    assert (_names(splits.record, "train"), _names(splits.record, "val")) == (["part_0.bin", "part_1.bin"],
+                                                                              ["holdout.bin"])
+    assert splits.num_train == 2 * (100 - CTX) and int(splits.val.get([0])["x"][0, 0]) == 500
 
 
 # ----------------------------------------------------------------------------- order and evaluation subset

@@ -343,6 +343,14 @@ class DataConfig:
     """File for the text or npz source; for tokens one shard, a directory of shards or a glob."""
     val_fraction: float = field(default=0.2, metadata=BUILTIN_TASK)
     """Fraction of records held out for validation (npz: ignored when x_val/y_val exist)."""
+    train: str = field(default="", metadata=BUILTIN_TASK)
+    """tokens: the training shards (a glob, a directory or a file) when their names do not say it; data.path
+    is then empty (docs/data.md#token-shards)."""
+    val: str = field(default="", metadata=BUILTIN_TASK)
+    """tokens, with data.train: the validation shards (empty: each training file's last val_fraction)."""
+    allow_changed: bool = field(default=False, metadata={**HOST, **BUILTIN_TASK})
+    """Resume on data that changed since the run last started (refused otherwise: docs/faults.md); this
+    launch only."""
     workers: int = field(default=0, metadata=HOST)
     """Loader worker processes (0 = in the main process); batches are the same for every count."""
     prefetch: int = field(default=2, metadata=HOST)
@@ -360,6 +368,15 @@ class DataConfig:
         nonneg_int("data.workers", self.workers)
         nonneg_int("data.prefetch", self.prefetch)
         nonneg_int("data.eval_batch_size", self.eval_batch_size)
+        check_type("data.allow_changed", self.allow_changed, bool)
+        for name, value in (("data.train", self.train), ("data.val", self.val)):
+            if value and self.source != "tokens":
+                raise ConfigError(name, value, f"empty unless data.source is tokens (it is {self.source})")
+        if self.val and not self.train:
+            raise ConfigError("data.val", self.val, "empty unless data.train names the training shards too")
+        if self.train and self.path:
+            raise ConfigError("data.path", self.path, f"empty when data.train names the training shards "
+                              f"({self.train}); put the validation shards in data.val")
 
 
 @dataclass(frozen=True)
@@ -759,7 +776,7 @@ def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -
     d.validate()
     if builtin_task and d.source in ("text", "npz") and not d.path:
         raise ConfigError("data.path", d.path, f"the path of a {d.source} file (data.source={d.source})")
-    if builtin_task and d.source == "tokens" and not d.path:
+    if builtin_task and d.source == "tokens" and not (d.path or d.train):
         raise ConfigError("data.path", d.path, "a token shard, a directory of shards or a glob (data.source=tokens)")
     if d.source == "digits" and d.path:
         raise ConfigError("data.path", d.path, "empty when data.source is digits")
@@ -779,7 +796,9 @@ def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -
         if d.source == "tokens":
             from jaxloop.core.shards import shard_paths
 
-            shard_paths(d.path)  # ConfigError when it names no file
+            for name, value in (("data.path", d.path), ("data.train", d.train), ("data.val", d.val)):
+                if value or name == "data.path" and not d.train:
+                    shard_paths(value, name)  # ConfigError when it names no file
         writable_dir("run_dir", cfg.run_dir)
         if cfg.init_from and not os.path.isdir(cfg.init_from):
             raise ConfigError("init_from", cfg.init_from, "empty or an existing run_dir or checkpoints directory")

@@ -43,13 +43,14 @@ def ways_forward(run_dir: Path, python: bool = False) -> str:
 def saved_config(run_dir: str) -> Config | None:
     """The config saved in run_dir (its config.json), as the base of a resume by name: its run_dir is the
     one given (the directory may have moved) and the per-launch fields (resume, allow_steps_change,
-    init_from) are at their defaults. None when run_dir holds no readable config (a new run; a damaged
+    init_from, data.allow_changed) are at their defaults. None when run_dir holds no readable config (a new run; a damaged
     file is the run_dir rules' to report)."""
     try:
         saved = from_dict(upgrade(json.loads(RunLayout(Path(run_dir).expanduser()).config.read_text()), stored=True))
     except (OSError, ValueError):  # ValueError: a JSON error or a ConfigError
         return None
-    return replace(saved, run_dir=run_dir, resume="auto", allow_steps_change=False, init_from="")
+    return replace(saved, run_dir=run_dir, resume="auto", allow_steps_change=False, init_from="",
+                   data=replace(saved.data, allow_changed=False))
 
 
 def resume_by_name(cfg: Config) -> Config:

@@ -35,7 +35,8 @@ LLMC_FORMATS = {20240520: (1, np.dtype(np.uint16)), 20240801: (7, np.dtype(np.ui
 """llm.c's magic -> (version, token dtype)."""
 META_FILE = "meta.json"
 """The sidecar beside the shards: vocab_size, tokenizer, dtype, format (written by jaxloop.prepare)."""
-_VAL = re.compile(r"(^|[^a-z])val([^a-z]|$)", re.IGNORECASE)
+SPLIT_WORDS = {"train": "train", "val": "val", "valid": "val", "validation": "val", "eval": "val", "test": "test"}
+"""A word of a shard's file name -> the split it names (llm.c's, nanoGPT's and Hugging Face's names)."""
 
 
 @dataclass(frozen=True)
@@ -147,8 +148,9 @@ def write_shard(path: str, tokens: np.ndarray, dtype: str = "uint16") -> None:
     os.replace(tmp, path)
 
 
-def shard_paths(path: str) -> list[str]:
-    """The files data.path names: a directory's *.bin files, a glob's matches, or the one file; sorted."""
+def shard_paths(path: str, field: str = "data.path") -> list[str]:
+    """The files `path` names (the value of `field`): a directory's *.bin files, a glob's matches, or the one
+    file; sorted."""
     if os.path.isdir(path):
         files = sorted(glob.glob(os.path.join(glob.escape(path), "*.bin")))
         where = f"a directory holding .bin token shards ({path} holds none)"
@@ -159,13 +161,27 @@ def shard_paths(path: str) -> list[str]:
         files = [path] if os.path.isfile(path) else []
         where = "an existing token shard file, a directory of shards, or a glob"
     if not files:
-        raise ConfigError("data.path", path, where)
+        raise ConfigError(field, path, where)
     return files
 
 
+def split_of(path: str) -> str | None:
+    """The split a shard's file name names with one of SPLIT_WORDS as a word (letters between non-letters:
+    tiny_shakespeare_val.bin, fineweb_train_000001.bin, x_validation_000000.bin): "train", "val" or "test"; None
+    when it names none. ConfigError when it names two (train_val.bin)."""
+    name = os.path.basename(path)
+    named = sorted({SPLIT_WORDS[w] for w in re.findall(r"[a-z]+", name.lower()) if w in SPLIT_WORDS})
+    if len(named) > 1:
+        raise ConfigError("data.path", path, f"token shards whose file names name one split each ({name} names "
+                          f"{' and '.join(named)}): rename it, or name the splits with --data.train and --data.val",
+                          python=f"token shards whose file names name one split each ({name} names "
+                          f"{' and '.join(named)}): rename it, or name the splits with DataConfig(train=..., val=...)")
+    return named[0] if named else None
+
+
 def is_val(path: str) -> bool:
-    """Whether a shard's file name marks it as validation data (fineweb_val_000000.bin, val.bin)."""
-    return bool(_VAL.search(os.path.basename(path)))
+    """Whether a shard's file name marks it as validation data (fineweb_val_000000.bin, x_validation_000000.bin)."""
+    return split_of(path) == "val"
 
 
 def read_meta(files: list[str]) -> dict[str, Any] | None:
@@ -184,23 +200,75 @@ def read_meta(files: list[str]) -> dict[str, Any] | None:
     return meta
 
 
-def token_splits(path: str, val_fraction: float) -> tuple[list[Shard], list[Shard], dict[str, Any] | None]:
-    """(train shards, validation shards, meta.json or None) of data.path.
+@dataclass(frozen=True)
+class TokenSplits:
+    """The shards of each split, meta.json (or None), and how the files were assigned (`by`: "file names",
+    "data.train and data.val", or either way followed by how validation was cut from the training files)."""
 
-    Files whose name holds "val" as a word (val.bin, fineweb_val_000000.bin) are the validation split and
-    the others the training split. Without any such file, each file's first floor(n * (1 - val_fraction))
-    tokens train and the rest validate (contiguous, as the text source splits its characters).
+    train: list[Shard]
+    val: list[Shard]
+    test: list[Shard]
+    meta: dict[str, Any] | None
+    by: str
+    val_fraction: float
+
+    def record(self) -> dict[str, Any]:
+        """The assignment as metadata.json keeps it: per split its files (absolute paths) and tokens."""
+        return {"assigned_by": self.by, **({"val_fraction": self.val_fraction} if "val_fraction" in self.by else {}),
+                **{name: {"files": [s.path for s in shards], "tokens": int(sum(s.count for s in shards))}
+                   for name, shards in (("train", self.train), ("val", self.val), ("test", self.test))}}
+
+
+def _shown(paths: list[str], most: int = 4) -> str:
+    names = [os.path.basename(p) for p in paths]
+    return ", ".join(names) if len(names) <= most else ", ".join(names[:most - 1]) + f", ... {names[-1]}"
+
+
+def token_splits(path: str, val_fraction: float, train: str = "", val: str = "") -> TokenSplits:
+    """The token shards of each split (module doc of jaxloop.core.sources; docs/data.md#token-shards).
+
+    `train` / `val` (data.train, data.val: globs, a directory or a file) name the splits outright. Otherwise
+    the files of `path` are assigned by the split word in their names (split_of): train, val (also valid,
+    validation, eval) and test, which is listed and never read. A directory where some files name a split and
+    others none is refused naming them; where none does, every file is a training file. Without validation
+    files, each training file's first floor(n * (1 - val_fraction)) tokens train and the rest validate
+    (contiguous, as the text source splits its characters).
     """
-    files = shard_paths(path)
+    if train:
+        train_files = shard_paths(train, "data.train")
+        val_files = shard_paths(val, "data.val") if val else []
+        both = sorted(set(train_files) & set(val_files))
+        if both:
+            raise ConfigError("data.val", val, f"files that data.train ({train}) does not match too ({_shown(both)} "
+                              "would be trained and validated on)")
+        test_files, by, files = [], "data.train and data.val", train_files + val_files
+    else:
+        files = shard_paths(path)
+        named = {f: split_of(f) for f in files}
+        nameless = [f for f in files if named[f] is None]
+        if nameless and len(nameless) < len(files):
+            some = [f for f in files if named[f] is not None]
+            raise ConfigError("data.path", path, f"token shards whose file names all name a split or none do "
+                              f"({_shown(nameless)} name no split, {_shown(some)} do): rename them (train, val, "
+                              "test as a word in the name), move them away, or name the splits with --data.train "
+                              "and --data.val", python=f"token shards whose file names all name a split or none do "
+                              f"({_shown(nameless)} name no split, {_shown(some)} do): rename them, move them away, "
+                              "or name the splits with DataConfig(train=..., val=...)")
+        train_files = [f for f in files if named[f] in ("train", None)]
+        val_files = [f for f in files if named[f] == "val"]
+        test_files = [f for f in files if named[f] == "test"]
+        by = "file names" if not nameless else "no file names a split"
+        if not train_files:
+            raise ConfigError("data.path", path, f"shards for training too (only {_shown(files)} were found, named "
+                              "as validation or test files)")
     meta = read_meta(files)
     llmc = meta is not None and meta.get("format") == "llm.c"
-    shards = [read_shard(f, require_header=llmc) for f in files]
-    val = [s for s in shards if is_val(s.path)]
-    train = [s for s in shards if not is_val(s.path)]
-    if val and not train:
-        raise ConfigError("data.path", path, "shards for training too (only files named *val* were found)")
-    if not val:
-        cut = [int(np.floor(s.count * (1.0 - val_fraction))) for s in shards]
-        train = [s.part(0, c) for s, c in zip(shards, cut)]
-        val = [s.part(c, s.count) for s, c in zip(shards, cut)]
-    return train, val, meta
+    train_shards = [read_shard(f, require_header=llmc) for f in train_files]
+    val_shards = [read_shard(f, require_header=llmc) for f in val_files]
+    test_shards = [read_shard(f, require_header=llmc) for f in test_files]
+    if not val_shards:
+        by = f"{'data.train' if train else by}; validation: the last data.val_fraction of each training file"
+        cut = [int(np.floor(s.count * (1.0 - val_fraction))) for s in train_shards]
+        val_shards = [s.part(c, s.count) for s, c in zip(train_shards, cut)]
+        train_shards = [s.part(0, c) for s, c in zip(train_shards, cut)]
+    return TokenSplits(train_shards, val_shards, test_shards, meta, by, val_fraction)

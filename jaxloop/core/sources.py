@@ -69,6 +69,7 @@ import numpy as np
 
 from jaxloop.core.atomic import atomic_write_text
 from jaxloop.core.config import Config, ConfigError
+from jaxloop.core.data_identity import data_record
 from jaxloop.core.layout import VOCAB_FILE
 
 EVAL_SUBSET_KEY = 0x6576616C
@@ -315,6 +316,8 @@ class Splits:
     num_classes: label count (digits, npz: max label + 1) or vocabulary size (text).
     example_x: one input, shape [1, ...], with the dtype fed to the model (for initialisation).
     vocab: the text vocabulary (id -> character, "<unk>" possibly last), None for other sources.
+    record: the files read, their splits and fingerprints (jaxloop.core.data_identity; metadata.json's "data"),
+    None for the bundled digits and records of one's own.
     """
 
     source: str
@@ -323,6 +326,7 @@ class Splits:
     num_classes: int
     example_x: np.ndarray
     vocab: tuple[str, ...] | None = None
+    record: dict[str, Any] | None = None
 
     @property
     def num_train(self) -> int:
@@ -350,7 +354,7 @@ def load_splits(cfg: Config) -> Splits:
     elif d.source == "npz":
         splits = _load_npz(_file_key(d.path), d.val_fraction)
     elif d.source == "tokens":
-        splits = _load_tokens(d.path, d.val_fraction, cfg.model.context, cfg.model.vocab_size)
+        splits = _load_tokens(d.path, d.val_fraction, cfg.model.context, cfg.model.vocab_size, d.train, d.val)
     else:
         raise ConfigError("data.source", d.source, "one of digits, text, npz, tokens")
     if cfg.batch_size > splits.num_train:
@@ -463,6 +467,7 @@ def _load_text(key: tuple[str, int, int], val_fraction: float, context: int) -> 
         num_classes=len(vocab),
         example_x=np.zeros((1, context), np.int32),
         vocab=vocab,
+        record=data_record("text", path, [path]),
     )
 
 
@@ -568,6 +573,7 @@ def _load_npz(key: tuple[str, int, int], val_fraction: float) -> Splits:
         val=ArrayRecords(x_val, y_val),
         num_classes=num_classes,
         example_x=np.zeros((1,) + x.shape[1:], np.float32),
+        record=data_record("npz", path, [path]),
     )
 
 
@@ -599,10 +605,12 @@ def _check_labels(path: str, y_train: np.ndarray, y_val: np.ndarray, rows_train:
                           f"{where('val', i, rows_val, 'y_val' if own_val else 'y')} has label {int(y_val[i])}, "
                           f"a class seen only in validation (training labels are 0..{num_classes - 1})")
     return num_classes
-def _load_tokens(path: str, val_fraction: float, context: int, vocab_size: int) -> Splits:
+def _load_tokens(path: str, val_fraction: float, context: int, vocab_size: int, train_glob: str = "",
+                 val_glob: str = "") -> Splits:
     from jaxloop.core.shards import META_FILE, token_splits
 
-    train, val, meta = token_splits(path, val_fraction)
+    assigned = token_splits(path, val_fraction, train_glob, val_glob)
+    train, val, meta = assigned.train, assigned.val, assigned.meta
     vocab = int(meta["vocab_size"]) if meta is not None else vocab_size
     if not vocab:
         raise ConfigError("model.vocab_size", vocab_size, f"the token shards' vocabulary size (they have no {META_FILE} "
@@ -613,6 +621,7 @@ def _load_tokens(path: str, val_fraction: float, context: int, vocab_size: int) 
         val=TokenWindows(val, context, context, vocab, "val"),
         num_classes=vocab,
         example_x=np.zeros((1, context), np.int32),
+        record=data_record("tokens", path or train_glob, [s.path for s in train + val], assigned.record()),
     )
     for name, records, shards in (("training", splits.train, train), ("validation", splits.val, val)):
         if len(records) == 0:

@@ -251,9 +251,11 @@ def order_changes(state: dict[str, Any], seed: int, batch_size: int, num_train: 
 def train_loader(cfg: Config, splits: Splits, saved: dict[str, Any] | None = None) -> TrainLoader:
     """The run's loader (data.workers processes), at the start or where a checkpoint's loader state
     `saved` left off. ConfigError naming the field when the config's data order differs from the saved
-    run's (seed, batch_size, or a training split of another size: data.path)."""
+    run's (seed, batch_size, or a training split of another size: data.path, unless data.allow_changed)."""
     if saved is None:
         return TrainLoader(splits, seed=cfg.seed, batch_size=cfg.batch_size, workers=cfg.data.workers)
+    if cfg.data.allow_changed:  # data changed on purpose: the position goes on over the new training split
+        saved = {**saved, "num_train": splits.num_train}
     for key, before, now in order_changes(saved, cfg.seed, cfg.batch_size, splits.num_train):
         field = {"num_train": "data.path"}.get(key, key)
         shown = now if key != "num_train" else (cfg.data.path or cfg.data.source)

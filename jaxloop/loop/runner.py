@@ -45,6 +45,7 @@ from jaxloop.loop.task import Task, builtin_task, check_builtin_fields, check_ow
 from jaxloop.core.cadence import MAX_UPDATES_PER_CALL, Cadence
 from jaxloop.core.errors import CheckpointWriteError, Interrupted, OutOfMemoryError
 from jaxloop.core.config import Config, MemoryConfig, to_dict, validate
+from jaxloop.core.data_identity import check_same_data, data_lines
 from jaxloop.core.identity import read_model_record, write_model_record
 from jaxloop.core.interrupt import on_abrupt_exit
 from jaxloop.core.lock import RunDirInUse, RunLock
@@ -103,6 +104,9 @@ def _run_configured(cfg: Config, task: Task | None, hooks: Sequence[act.Action],
     ended = rd.finished()
     if ended is not None:  # a finished run started again: nothing to do, nothing written (not even the lock)
         return RunResult(state=None, summary={**ended, "already_complete": True})
+    if getattr(splits, "record", None) is not None:  # other data (jaxloop.core.data_identity): refused, nothing written
+        splits = replace(splits, record=check_same_data(rd.layout, splits.record, rd.saved is not None,
+                                                        cfg.data.allow_changed))
     lock = None
     try:
         lock = hold_run_dir(cfg)  # one run per run_dir; released at any exit (the kernel's flock, and here)
@@ -154,7 +158,7 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
     rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # again, held: a killed holder may have saved
     check_same_model(cfg, rd.layout, model, flags=builtin)  # again, held
     barrier("jaxloop: run_dir checked")  # nothing is written before every process has read run_dir
-    metadata = run_metadata(cfg)
+    metadata = run_metadata(cfg, data=getattr(splits, "record", None))
     if builtin and cfg.model.kind == "gpt":  # attention chosen, FLOPs per token, peak (jaxloop.model.flops)
         metadata["language_model"] = gpt_facts(cfg, splits.num_classes)
     rd.start(metadata)
@@ -236,6 +240,8 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     cadence = Cadence.of(cfg)
     logger = RunLogger(run_dir, cfg.log, start_step=step, total_steps=cfg.steps, log_every=cfg.log_every,
                        config=to_dict(cfg), writes=is_primary())
+    for line in data_lines(getattr(splits, "record", None)) if not replans else ():  # each split's files
+        logger.message(line)
     run = act.RunContext(cfg.steps, cfg.optim.accum_steps, logger, timings, act.Throughput(step, time.perf_counter()),
                          str(run_dir))
     tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)

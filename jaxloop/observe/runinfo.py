@@ -104,8 +104,9 @@ class Timings:
 # ----------------------------------------------------------------------------- run metadata
 
 
-def run_metadata(cfg: Config) -> dict[str, Any]:
-    """What produced this run: git commit (when in a repository), config, packages, devices, CPU, host."""
+def run_metadata(cfg: Config, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What produced this run: git commit (when in a repository), config, packages, devices, CPU, host; and
+    `data`, the files each split reads with their fingerprints (jaxloop.core.data_identity), when given."""
     import importlib.metadata
     import os
     import platform
@@ -158,6 +159,7 @@ def run_metadata(cfg: Config) -> dict[str, Any]:
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "started_unix": time.time(),
+        **({"data": data} if data is not None else {}),
     }
 
 
