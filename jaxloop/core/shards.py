@@ -10,6 +10,9 @@ Imports numpy only (torch_ref reads shards through jaxloop.core.sources too). Fo
   the first int32 is neither magic. A directory whose meta.json says "format": "llm.c" (what
   `python -m jaxloop.prepare` writes) must hold llm.c shards only: a shard without the magic is corrupt.
 
+Splits: the split word in a file's name (SPLIT_WORDS: train; val, valid, validation, eval; test, listed and
+never read), or data.train / data.val; `token_splits` says how (docs/data.md#splits-of-token-shards).
+
 Nothing here reads a whole shard: a shard is its path, the byte offset of its tokens, their dtype and
 count, and `tokens()` maps it (file-backed pages, not the process's anonymous memory). A file that shrinks
 under a map is ShardShrank at the next read (`Shard.check_size`), never SIGBUS.
@@ -248,12 +251,13 @@ def token_splits(path: str, val_fraction: float, train: str = "", val: str = "")
         nameless = [f for f in files if named[f] is None]
         if nameless and len(nameless) < len(files):
             some = [f for f in files if named[f] is not None]
+            which = (f"{_shown(nameless)} name{'s' if len(nameless) == 1 else ''} no split, {_shown(some)} "
+                     f"do{'es' if len(some) == 1 else ''}")
             raise ConfigError("data.path", path, f"token shards whose file names all name a split or none do "
-                              f"({_shown(nameless)} name no split, {_shown(some)} do): rename them (train, val, "
-                              "test as a word in the name), move them away, or name the splits with --data.train "
-                              "and --data.val", python=f"token shards whose file names all name a split or none do "
-                              f"({_shown(nameless)} name no split, {_shown(some)} do): rename them, move them away, "
-                              "or name the splits with DataConfig(train=..., val=...)")
+                              f"({which}): rename them (train, val, test as a word in the name), move them away, "
+                              "or name the splits with --data.train and --data.val",
+                              python=f"token shards whose file names all name a split or none do ({which}): rename "
+                              "them, move them away, or name the splits with DataConfig(train=..., val=...)")
         train_files = [f for f in files if named[f] in ("train", None)]
         val_files = [f for f in files if named[f] == "val"]
         test_files = [f for f in files if named[f] == "test"]

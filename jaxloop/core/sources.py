@@ -17,9 +17,10 @@ Sources (`load_splits(cfg) -> Splits`), each loaded once into numpy:
 - ``npz``: a user file with ``x`` and ``y`` (and optionally ``x_val`` and ``y_val``). x is cast to
   float32, y must hold integer labels >= 0 (cast to int32).
 - ``tokens``: token shards (`data.path`: one file, a directory of *.bin files, or a glob) in llm.c's
-  format or nanoGPT's headerless uint16 .bin (jaxloop.core.shards), memory-mapped, never read whole. Files
-  named *val* are the validation split, the others the training split (without any *val* file, each
-  file's last val_fraction of tokens validates). Training record i is the window of context + 1 tokens
+  format or nanoGPT's headerless uint16 .bin (jaxloop.core.shards), memory-mapped, never read whole. A
+  file's split is the split word in its name (train; val, valid, validation, eval; test, never read), or
+  data.train / data.val name them (jaxloop.core.shards.token_splits); without validation files, each
+  training file's last val_fraction of tokens validates. Training record i is the window of context + 1 tokens
   starting at token i of its shard (every offset, as nanoGPT samples; shards in file order, no window
   crossing a shard's end); validation record j the window starting at j * context of its shard (stride
   context). x = window[:-1], y = window[1:] as int32. The vocabulary size is meta.json's vocab_size
