@@ -127,3 +127,18 @@ def test_a_text_or_npz_file_changed_at_the_same_size_is_told_apart(tmp_path, sou
     assert os.path.getsize(path) == run["files"][str(path)]["bytes"]
     assert data_differences(run, data_record(source, str(path), [str(path)])) == [
         f"{path}: other content at the same size ({len(raw)} bytes)"]
+
+
+def test_with_data_allow_changed_the_data_position_goes_on_over_a_training_split_of_another_size():
+    """Without it a saved position over another number of records is refused (it would name other records)."""
+    from jaxloop.core.sources import load_splits
+    from jaxloop.data.pipeline import train_loader
+
+    cfg = preset("digits")
+    splits = load_splits(cfg)
+    saved = {"version": 1, "position": 9, "seed": cfg.seed, "batch_size": cfg.batch_size,
+             "num_train": splits.num_train + 100}
+    with pytest.raises(ConfigError, match=r"data.path='digits' .*num_train=1537, now 1437"):
+        train_loader(cfg, splits, saved)
+    with train_loader(replace(cfg, data=replace(cfg.data, allow_changed=True)), splits, saved) as loader:
+        assert (loader.position, loader.num_train) == (9, splits.num_train)

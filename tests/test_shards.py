@@ -235,6 +235,17 @@ def test_data_train_and_data_val_name_the_splits_when_the_names_do_not(tmp_path)
     assert splits.num_train == 2 * (100 - CTX) and int(splits.val.get([0])["x"][0, 0]) == 500
 
 
+@pytest.mark.parametrize("given, refused", [
+    (dict(val="v.bin"), "data.val='v.bin' is not allowed: empty unless data.train names the training shards too"),
+    (dict(path="d", train="t_*.bin"), "data.path='d' is not allowed: empty when data.train names the training shards"),
+    (dict(source="text", path="t.txt", train="t.bin"), "data.train='t.bin' is not allowed: empty unless data.source "
+                                                       "is tokens")])
+def test_data_train_and_data_val_are_refused_where_they_cannot_name_the_splits(given, refused):
+    with pytest.raises(ConfigError) as caught:
+        DataConfig(**{"source": "tokens", **given}).validate()
+    assert str(caught.value).startswith(refused), str(caught.value)
+
+
 # ----------------------------------------------------------------------------- order and evaluation subset
 
 
