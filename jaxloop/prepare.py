@@ -79,17 +79,47 @@ def _texts(files: list[str], val_from: int, split: str) -> Iterator[str]:
             yield piece.decode("utf-8")
 
 
-def load_tokenizer(args: argparse.Namespace, files: list[str], val_from: int) -> Any:
-    """The HF tokenizer (None for plain bytes): --tokenizer's file, or a byte-level BPE of --vocab tokens trained
-    on the training split."""
-    if args.tokenizer:
-        from tokenizers import Tokenizer
+def read_tokenizer(path: str) -> Any:
+    """A Hugging Face `tokenizers.Tokenizer` from `path`: a tokenizer.json file, or a model directory holding
+    tokenizer.json, or vocab.json + merges.txt (a byte-level BPE, GPT-2's: models.BPE.from_file with GPT-2's
+    byte-level pre-tokenizer and decoder). ValueError saying what `path` lacks."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+    if os.path.isdir(path):
+        files = {name: os.path.join(path, name) for name in ("tokenizer.json", "vocab.json", "merges.txt")}
+        if os.path.isfile(files["tokenizer.json"]):
+            path = files["tokenizer.json"]
+        elif os.path.isfile(files["vocab.json"]) and os.path.isfile(files["merges.txt"]):
+            try:
+                tok = Tokenizer(models.BPE.from_file(files["vocab.json"], files["merges.txt"]))
+            except Exception as e:  # noqa: BLE001 - any unreadable vocabulary is bad input
+                raise ValueError(f"a vocab.json and merges.txt that HF tokenizers reads ({_short(e)})") from None
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tok.decoder = decoders.ByteLevel()
+            return tok
+        else:
+            raise ValueError("a Hugging Face model directory holding tokenizer.json, or vocab.json and merges.txt "
+                             "(this one holds neither)")
+    elif not os.path.isfile(path):
+        raise ValueError("an existing tokenizer.json file or a Hugging Face model directory")
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001 - any unreadable tokenizer file is bad input
+        raise ValueError(f"a readable tokenizer.json of HF tokenizers ({_short(e)})") from None
+
+
+def _short(e: Exception) -> str:
+    return " ".join(str(e).split())[:120]
+
+
+def load_tokenizer(args: argparse.Namespace, files: list[str], val_from: int) -> Any:
+    """The HF tokenizer (None for plain bytes): --tokenizer's (read_tokenizer), or a byte-level BPE of --vocab
+    tokens trained on the training split."""
+    if args.tokenizer:
         try:
-            return Tokenizer.from_file(args.tokenizer)
-        except Exception as e:  # noqa: BLE001 - any unreadable tokenizer file is bad input
-            raise ConfigError("--tokenizer", args.tokenizer, f"a readable tokenizer.json of HF tokenizers "
-                              f"({' '.join(str(e).split())[:120]})") from None
+            return read_tokenizer(args.tokenizer)
+        except ValueError as e:
+            raise ConfigError("--tokenizer", args.tokenizer, str(e)) from None
     if args.vocab:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -147,8 +177,9 @@ def check(args: argparse.Namespace) -> tuple[list[str], int]:
         raise ConfigError("--shard_tokens", args.shard_tokens, "an integer >= 1")
     if args.vocab is not None and args.vocab < 256:
         raise ConfigError("--vocab", args.vocab, "an integer >= 256 (a byte-level BPE starts from the 256 bytes)")
-    if args.tokenizer and not os.path.isfile(args.tokenizer):
-        raise ConfigError("--tokenizer", args.tokenizer, "an existing tokenizer.json file")
+    if args.tokenizer and not os.path.exists(args.tokenizer):
+        raise ConfigError("--tokenizer", args.tokenizer, "an existing tokenizer.json file or a Hugging Face model "
+                          "directory")
     files = input_files(args.inputs)
     total = sum(os.path.getsize(f) for f in files)
     val_from = int(np.floor(total * (1.0 - args.val_fraction)))
@@ -191,12 +222,14 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     for w in writers.values():
         w.close()
     kind = "bytes" if tokenizer is None else ("file" if args.tokenizer else "bpe")
-    if args.tokenizer:
+    if args.tokenizer and os.path.isfile(args.tokenizer):
         shutil.copyfile(args.tokenizer, os.path.join(args.out, TOKENIZER_FILE))
     elif tokenizer is not None:
         tokenizer.save(os.path.join(args.out, TOKENIZER_FILE))
     meta = {"format": "llm.c", "vocab_size": vocab, "dtype": dtype, "tokenizer": kind,
-            "tokenizer_file": None if tokenizer is None else TOKENIZER_FILE, "inputs": [os.path.abspath(f) for f in files],
+            "tokenizer_file": None if tokenizer is None else TOKENIZER_FILE,
+            "tokenizer_from": os.path.abspath(args.tokenizer) if args.tokenizer else None,
+            "inputs": [os.path.abspath(f) for f in files],
             "val_fraction": args.val_fraction, "tokens": {s: w.tokens for s, w in writers.items()},
             "shards": {s: w.files for s, w in writers.items()}}
     tmp = os.path.join(args.out, META_FILE + ".tmp")
@@ -211,7 +244,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="+", help="text files or globs, read in the order given")
     p.add_argument("--out", required=True, help="directory for the shards and meta.json (new or empty)")
     how = p.add_mutually_exclusive_group()
-    how.add_argument("--tokenizer", metavar="FILE", help="a local tokenizer.json (HF tokenizers)")
+    how.add_argument("--tokenizer", metavar="PATH", help="a local tokenizer.json (HF tokenizers), or a Hugging Face "
+                     "model directory (its tokenizer.json, or vocab.json + merges.txt)")
     how.add_argument("--vocab", type=int, metavar="N", help="train a byte-level BPE of N tokens on the training text")
     p.add_argument("--val_fraction", type=float, default=0.1, help="the last fraction of the text that validates")
     p.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per shard (llm.c's 100M)")
