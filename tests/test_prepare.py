@@ -106,3 +106,48 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, case, says):
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("jaxloop.prepare: error: ")
     assert says in proc.stderr
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def _tiny_tokenizer():
+    """A 300-token byte-level BPE trained here on the test text (GPT-2's pre-tokenizer and decoder): what a Hugging
+    Face model directory ships, without a download."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([TEXT.read_text()[:20000]], trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    return tok
+
+
+@pytest.mark.parametrize("layout", ["tokenizer.json", "vocab.json + merges.txt"])
+def test_tokenizer_accepts_a_hugging_face_model_directory(tmp_path, layout):
+    # a model directory with tokenizer.json, or only GPT-2's older pair vocab.json + merges.txt: the shards hold
+    # that tokenizer's ids, the pretrained model's vocabulary
+    tok = _tiny_tokenizer()
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    if layout == "tokenizer.json":
+        tok.save(str(model_dir / "tokenizer.json"))
+    else:
+        tok.model.save(str(model_dir))
+        assert sorted(p.name for p in model_dir.iterdir()) == ["config.json", "merges.txt", "vocab.json"]
+    meta = _run(str(TEXT), "--out", str(tmp_path / "out"), "--tokenizer", str(model_dir))
+    train, val = _tokens(tmp_path / "out", "train"), _tokens(tmp_path / "out", "val")
+    text = TEXT.read_text()
+    assert (meta["vocab_size"], meta["tokenizer"], meta["tokenizer_from"]) == (300, "file", str(model_dir))
+    assert train.tolist() + val.tolist() == tok.encode(text, add_special_tokens=False).ids
+    saved = prepare.read_tokenizer(str(tmp_path / "out" / "tokenizer.json"))
+    assert saved.decode(train.tolist() + val.tolist()) == text
+
+
+def test_tokenizer_directory_without_tokenizer_files_is_refused(tmp_path):
+    (tmp_path / "model").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "jaxloop.prepare", str(TEXT), "--out", str(tmp_path / "out"),
+                           "--tokenizer", str(tmp_path / "model")], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "--tokenizer" in proc.stderr and "vocab.json and merges.txt" in proc.stderr
+    assert not (tmp_path / "out").exists()
