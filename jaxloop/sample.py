@@ -139,10 +139,11 @@ def run_codec(run_dir: str | Path, cfg: Config, tokenizer: str | None = None) ->
             return from_path(path, "data.path's meta.json tokenizer_file")
     if cfg.init_from and os.path.isdir(cfg.init_from):
         try:
-            return Codec(read_tokenizer(cfg.init_from).get_vocab_size(), cfg.init_from,
-                         tokenizer=read_tokenizer(cfg.init_from))
+            tok = read_tokenizer(cfg.init_from)  # a Hugging Face model directory's tokenizer files
         except ValueError:
-            pass
+            tok = None  # a jaxloop run: no tokenizer there
+        if tok is not None:
+            return Codec(tok.get_vocab_size(), cfg.init_from, tokenizer=tok)
     raise SampleError(f"{run_dir} is a token run whose tokenizer is not recorded (data.path={cfg.data.path} has no "
                       "meta.json naming one there): give --tokenizer tokenizer.json or a Hugging Face model directory")
 
@@ -171,11 +172,15 @@ def make_generate(model: Any, context: int, length: int, vocab: int | None = Non
     the model is causal); n: how many of buf are the prompt (1..context). vocab: only ids below it are
     drawn (a model.vocab_multiple model has logits for ids the vocabulary lacks); top_k: only the k most likely.
     kv_cache: prefill the window once, then one token per step against model's KV cache (cache_index: the
-    built-in GPT's decode path) until the window is full; without it every step runs the whole window.
+    built-in GPT's decode path; other models run the whole window) until the window is full; without it every
+    step runs the whole window.
     """
     import jax
     import jax.numpy as jnp
 
+    from jaxloop.model.builtin import GPT
+
+    kv_cache = kv_cache and isinstance(model, GPT)  # the decode path (cache_index) is the built-in GPT's
     model = model.clone(remat=False) if getattr(model, "remat", False) else model
 
     def full(params, buf, n):

@@ -156,3 +156,39 @@ def test_bad_input_is_one_line_and_status_2(bpe_run, flags, says):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert says in proc.stderr
 
+
+
+def test_a_run_initialised_from_a_hugging_face_directory_reads_its_tokenizer(bpe_run, tmp_path):
+    # init_from names a model directory holding tokenizer.json (its shards without a meta.json): that tokenizer
+    run_dir, shards = bpe_run
+    cfg = sample_mod.read_config(run_dir)
+    hf = tmp_path / "hf-model"
+    hf.mkdir()
+    shutil.copy(shards / "tokenizer.json", hf / "tokenizer.json")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    codec = sample_mod.run_codec(run_dir, replace(cfg, init_from=str(hf), data=replace(cfg.data, path=str(bare))))
+    assert codec.describe == str(hf) and codec.encode("ROMEO:").tolist() == sample_mod.run_codec(run_dir, cfg).encode(
+        "ROMEO:").tolist()
+
+
+def test_a_model_other_than_the_built_in_gpt_samples_without_the_cache():
+    # a hook's own Linen language model has no cache_index: generate runs its whole window for every token
+    import flax.linen as nn
+
+    class Bigram(nn.Module):
+        vocab_size: int = 5
+        context: int = 4
+
+        @nn.compact
+        def __call__(self, tokens, train=False):
+            return nn.Embed(self.vocab_size, self.vocab_size)(tokens)
+
+    model = Bigram()
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    text = sample_mod.generate(model, params, tuple("abcde"), "ab", length=6, temperature=0.0)
+    table = np.asarray(params["Embed_0"]["embedding"]).argmax(-1)
+    expect = [int(table[1])]
+    for _ in range(5):
+        expect.append(int(table[expect[-1]]))
+    assert text == "".join("abcde"[i] for i in expect)
