@@ -530,7 +530,7 @@ def test_sample_rejects_bad_input_with_one_line_and_status_2(debug_run, text_run
     no_ckpt = tmp_path / "no_ckpt"
     shutil.copytree(text_run[0], no_ckpt, ignore=shutil.ignore_patterns("checkpoints", "tb"))
     cases = [
-        ([str(debug_run[0]), "--prompt", "a"], "not a character-level text run"),
+        ([str(debug_run[0]), "--prompt", "a"], "not a language-model run"),
         ([str(tmp_path / "missing")], "not a jaxloop run directory"),
         ([str(no_ckpt), "--prompt", "To"], "holds no checkpoint"),
         ([str(text_run[0]), "--prompt", "To", "--checkpoint", "middle"], "one of best, latest"),

@@ -67,10 +67,14 @@ def choose(requested: str, dtype: Any, head_dim: int, dropout: float, device: An
     return Choice("xla", f"model.attention=auto: {why_not}")
 
 
-def mask(t: int, s: int, kv_lengths: jax.Array | None = None) -> jax.Array:
+def mask(t: int, s: int, kv_lengths: jax.Array | None = None, q_offset: jax.Array | None = None) -> jax.Array:
     """[B or 1, 1, t, s] booleans, True where a query may attend: causal (key <= query, queries aligned to the
-    last t keys), and keys before each sequence's kv_lengths[b] when given (padding at the end)."""
-    keep = jnp.tril(jnp.ones((t, s), dtype=bool), k=s - t)[None, None]
+    last t keys, or with q_offset the query i at key position q_offset + i: a KV cache), and keys before each
+    sequence's kv_lengths[b] when given (padding at the end)."""
+    if q_offset is None:
+        keep = jnp.tril(jnp.ones((t, s), dtype=bool), k=s - t)[None, None]
+    else:
+        keep = (jnp.arange(s)[None, :] <= q_offset + jnp.arange(t)[:, None])[None, None]
     if kv_lengths is not None:
         keep = keep & (jnp.arange(s)[None, None, None, :] < kv_lengths[:, None, None, None])
     return keep
@@ -78,14 +82,16 @@ def mask(t: int, s: int, kv_lengths: jax.Array | None = None) -> jax.Array:
 
 def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, implementation: str = "xla",
                           mm_dtype: Any = None, kv_lengths: jax.Array | None = None,
-                          dropout: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+                          dropout: Callable[[jax.Array], jax.Array] | None = None,
+                          q_offset: jax.Array | None = None) -> jax.Array:
     """Causal attention of q, k, v [B, T, H, D] -> [B, T, H, D] by `implementation` (xla or cudnn; see the
     module doc). mm_dtype: the autocast-like matmul dtype (jaxloop.model.builtin); kv_lengths: int32 [B], keys from
-    kv_lengths[b] on are padding; dropout: applied to the attention weights (xla only)."""
-    if implementation == "cudnn":
+    kv_lengths[b] on are padding; dropout: applied to the attention weights (xla only); q_offset: the key position
+    of the first query (q [B, t] against a KV cache k, v [B, S]; xla only)."""
+    if implementation == "cudnn" and q_offset is None:
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=kv_lengths,
                                             implementation="cudnn")
-    if implementation != "xla":
+    if implementation not in ("xla", "cudnn"):
         raise ValueError(f"implementation={implementation!r} is not allowed: xla or cudnn (resolve auto with choose())")
     d = q.shape[-1]
     scores = _einsum("bqhd,bkhd->bhqk", q, k, mm_dtype)
@@ -94,7 +100,7 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, implementati
     else:  # torch divides a bf16 tensor by a Python float in float32 and rounds once
         scores = (scores.astype(jnp.float32) / math.sqrt(d)).astype(scores.dtype)
     # softmax in at least float32 (bf16/fp16 compute), float64 under fp64
-    scores = jnp.where(mask(q.shape[1], k.shape[1], kv_lengths),
+    scores = jnp.where(mask(q.shape[1], k.shape[1], kv_lengths, q_offset),
                        scores.astype(jnp.promote_types(scores.dtype, jnp.float32)), -jnp.inf)
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     if dropout is not None:

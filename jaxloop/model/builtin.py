@@ -115,15 +115,28 @@ class CausalSelfAttention(nn.Module):
     proj_std: float = INIT_STD
 
     @nn.compact
-    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+    def __call__(self, x: jax.Array, train: bool, cache_index: jax.Array | None = None) -> jax.Array:
         b, t, c = x.shape
         h, d = self.n_heads, c // self.n_heads
         dense = partial(_gpt_dense, mm_dtype=self.mm_dtype)
         q, k, v = jnp.split(dense(3 * c, "qkv")(x), 3, axis=-1)
         q, k, v = (a.reshape(b, t, h, d) for a in (q, k, v))
         drop = nn.Dropout(self.dropout, deterministic=not train)
-        y = dot_product_attention(q, k, v, self.attention, self.mm_dtype, dropout=drop).reshape(b, t, c)
+        if cache_index is not None:
+            k, v = self._cached(k, v, cache_index)
+        y = dot_product_attention(q, k, v, self.attention, self.mm_dtype, dropout=drop,
+                                  q_offset=cache_index).reshape(b, t, c)
         return dense(c, "proj", std=self.proj_std)(y)
+
+    def _cached(self, k: jax.Array, v: jax.Array, index: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The KV cache (collection "cache"; as long as the first call's input) with k, v written from position
+        `index` on: the keys and values the queries attend to."""
+        cached_k = self.variable("cache", "key", jnp.zeros, k.shape, k.dtype)
+        cached_v = self.variable("cache", "value", jnp.zeros, v.shape, v.dtype)
+        at = (0, index, 0, 0)
+        cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k.astype(cached_k.value.dtype), at)
+        cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v.astype(cached_v.value.dtype), at)
+        return cached_k.value, cached_v.value
 
 
 class Block(nn.Module):
@@ -137,13 +150,13 @@ class Block(nn.Module):
     proj_std: float = INIT_STD
 
     @nn.compact
-    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+    def __call__(self, x: jax.Array, train: bool, cache_index: jax.Array | None = None) -> jax.Array:
         c = x.shape[-1]
         drop = nn.Dropout(self.dropout, deterministic=not train)
         dense = partial(_gpt_dense, mm_dtype=self.mm_dtype)
         # the residual stream keeps x's dtype (float32 under mm_dtype: a bf16 branch is promoted by the add)
         x = x + drop(CausalSelfAttention(self.n_heads, self.dropout, self.mm_dtype, self.attention, self.proj_std,
-                                         name="attn")(nn.LayerNorm(epsilon=LN_EPS, name="ln1")(x), train))
+                                         name="attn")(nn.LayerNorm(epsilon=LN_EPS, name="ln1")(x), train, cache_index))
         y = nn.LayerNorm(epsilon=LN_EPS, name="ln2")(x)
         y = dense(c, "mlp_proj", std=self.proj_std)(_act("gelu", dense(self.mlp_ratio * c, "mlp_fc")(y)))
         return x + drop(y)
@@ -168,16 +181,20 @@ class GPT(nn.Module):
     """model.init: normal (every matrix normal(0.02)) or gpt2 (the residual projections at 0.02 / sqrt(2 L))."""
 
     @nn.compact
-    def __call__(self, tokens: jax.Array, train: bool = False) -> jax.Array:
+    def __call__(self, tokens: jax.Array, train: bool = False, cache_index: jax.Array | None = None) -> jax.Array:
+        """Logits of `tokens` [B, T]. cache_index (decoding, jaxloop.sample): tokens sit at positions cache_index,
+        ... and attend to the KV cache (mutable collection "cache", created by the first call as long as its
+        tokens, e.g. model.context: apply(..., cache_index=0, mutable=["cache"])) after their keys are written."""
         init = nn.initializers.normal(INIT_STD)
         tok = nn.Embed(self.vocab_size, self.d_model, embedding_init=init, name="tok_embed")
         pos = nn.Embed(self.context, self.d_model, embedding_init=init, name="pos_embed")
-        x = tok(tokens) + pos(jnp.arange(tokens.shape[1]))[None]
+        positions = jnp.arange(tokens.shape[1]) if cache_index is None else cache_index + jnp.arange(tokens.shape[1])
+        x = tok(tokens) + pos(positions)[None]
         x = nn.Dropout(self.dropout, deterministic=not train)(x)
         block = nn.remat(Block, static_argnums=(2,)) if self.remat else Block
         for i in range(self.n_layers):
             x = block(self.n_heads, self.mlp_ratio, self.dropout, self.mm_dtype, self.attention,
-                      residual_std(self.init_scheme, self.n_layers), name=f"block_{i}")(x, train)
+                      residual_std(self.init_scheme, self.n_layers), name=f"block_{i}")(x, train, cache_index)
         x = nn.LayerNorm(epsilon=LN_EPS, name="ln_f")(x)
         if self.tie_embeddings:  # x @ E^T (flax's Embed.attend), a matmul
             return _matmul(x, tok.embedding, (((x.ndim - 1,), (1,)), ((), ())), self.mm_dtype)

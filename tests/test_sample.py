@@ -1,0 +1,194 @@
+"""`python -m jaxloop.sample` on token-shard runs: the tokenizer jaxloop.prepare recorded (or --tokenizer), prompts
+as text, nanoGPT's temperature and top-k, and the KV cache, which samples what the whole-window path samples."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxloop import prepare
+from jaxloop import sample as sample_mod
+from jaxloop.core.cli import parse_config
+from jaxloop.train import run
+
+REPO = Path(__file__).resolve().parents[1]
+TEXT = REPO / "tests" / "data" / "tinyshakespeare_60k.txt"
+CONTEXT = 16
+
+
+@pytest.fixture(scope="module")
+def bpe_run(tmp_path_factory):
+    """A tiny GPT trained for 60 updates at a high rate (enough for its draws to depend on the context) on shards of
+    a 300-token BPE that jaxloop.prepare trained."""
+    base = tmp_path_factory.mktemp("sample")
+    shards = base / "shards"
+    prepare.prepare(prepare.parser().parse_args([str(TEXT), "--out", str(shards), "--vocab", "300", "--no_progress"]))
+    run_dir = base / "run"
+    cfg = parse_config([
+        "--preset", "shakespeare", "--data.source", "tokens", "--data.path", str(shards), "--run_dir", str(run_dir),
+        "--steps", "60", "--batch_size", "16", "--eval_every", "60", "--eval_batches", "2", "--optim.warmup_steps", "4",
+        "--optim.peak_lr", "1e-2",
+        "--model.context", str(CONTEXT), "--model.d_model", "32", "--model.n_layers", "2", "--model.n_heads", "2",
+        "--log.no-report",
+    ])
+    with contextlib.redirect_stderr(io.StringIO()):
+        run(cfg)
+    return run_dir, shards
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "jaxloop.sample", *args], capture_output=True, text=True, cwd=REPO,
+                          env=env, timeout=300, check=False)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_kv_cache_samples_the_tokens_of_the_whole_window_path(bpe_run, temperature):
+    # 40 tokens after a short prompt: the cache fills at 16 positions, then each step runs the slid window.
+    # Temperature 0: the same argmax. Temperature 1: the same keys draw from logits equal within 1e-6 (the next
+    # test), so the same tokens unless a uniform draw falls within ~1e-6 of a boundary (seed 0: it does not).
+    # A one-token prompt: 15 of the 40 steps run on the cache
+    run_dir, _ = bpe_run
+    loaded = sample_mod.load_params(run_dir, "latest")
+    codec = sample_mod.run_codec(run_dir, loaded.cfg)
+    model = sample_mod.run_model(loaded)
+    window = codec.encode("I")
+    assert len(window) == 1
+    buf = np.zeros(CONTEXT, np.int32)
+    buf[:len(window)] = window
+    ids = {}
+    for cache in (True, False):
+        fn = sample_mod.make_generate(model, CONTEXT, 40, codec.size, kv_cache=cache)
+        ids[cache] = np.asarray(fn(loaded.params, jnp.asarray(buf), jnp.int32(len(window)), jax.random.PRNGKey(0),
+                                   jnp.float32(temperature))).tolist()
+    assert ids[True] == ids[False]
+    if temperature > 0:
+        assert len(set(ids[True])) > 10, "varied tokens: every position's logits matter"
+
+
+def test_cached_logits_equal_the_full_forward_within_float32_rounding(bpe_run):
+    # prefill 5 tokens, then one token per step: each step's logits against the whole sequence's forward at that
+    # position. Tolerance 1e-6 absolute on logits below 1 in magnitude (a few float32 ulps): the cache multiplies the
+    # same float32 numbers in other shapes (one query against 16 keys, masked), so only summation order differs
+    # (measured: 1.8e-7)
+    run_dir, _ = bpe_run
+    loaded = sample_mod.load_params(run_dir, "latest")
+    model = sample_mod.run_model(loaded)
+    apply = jax.jit(lambda variables, x, at: model.apply(variables, x, train=False, cache_index=at, mutable=["cache"]))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 300, CONTEXT), jnp.int32)
+    full = np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x, train=False))(loaded.params, tokens[None]))[0]
+    logits, v = apply({"params": loaded.params}, jnp.zeros(CONTEXT, jnp.int32).at[:5].set(tokens[:5])[None],
+                      jnp.int32(0))
+    got = [np.asarray(logits[0, :5])]
+    for i in range(5, CONTEXT):
+        out, v = apply({"params": loaded.params, "cache": v["cache"]}, tokens[None, i:i + 1], jnp.int32(i))
+        got.append(np.asarray(out[0]))
+    got = np.concatenate(got)
+    assert np.abs(full).max() > 0.1
+    np.testing.assert_allclose(got, full, rtol=0, atol=1e-6)
+
+
+def test_top_k_1_draws_the_most_likely_token_at_any_temperature(bpe_run):
+    run_dir, _ = bpe_run
+    loaded = sample_mod.load_params(run_dir, "latest")
+    greedy = sample_mod.sample(run_dir, "ROMEO:", length=20, temperature=0.0, loaded=loaded)
+    assert sample_mod.sample(run_dir, "ROMEO:", length=20, temperature=5.0, top_k=1, loaded=loaded) == greedy
+    assert sample_mod.sample(run_dir, "ROMEO:", length=20, temperature=5.0, loaded=loaded) != greedy
+
+
+def test_cli_prints_the_prompt_and_text_decoded_by_the_prepared_bpe(bpe_run):
+    from tokenizers import Tokenizer
+
+    run_dir, shards = bpe_run
+    proc = _cli(str(run_dir), "--prompt", "ROMEO:", "--length", "30", "--temperature", "0", "--checkpoint", "latest")
+    assert proc.returncode == 0, proc.stderr
+    tok = Tokenizer.from_file(str(shards / "tokenizer.json"))
+    loaded = sample_mod.load_params(run_dir, "latest")
+    assert proc.stdout == "ROMEO:" + sample_mod.sample(run_dir, "ROMEO:", 30, 0.0, loaded=loaded) + "\n"
+    generated = proc.stdout[len("ROMEO:"):-1]
+    assert len(tok.encode(generated, add_special_tokens=False).ids) >= 10, "BPE tokens decoded to words"
+    assert "30 tokens from the latest checkpoint (update 60)" in proc.stderr and "tokens/s (KV cache" in proc.stderr
+
+
+def test_a_token_run_without_a_recorded_tokenizer_takes_tokenizer_flag(bpe_run, tmp_path):
+    # the shards moved away from their meta.json: the run names no tokenizer; --tokenizer gives it (a file or the
+    # directory holding it)
+    run_dir, shards = bpe_run
+    cfg = sample_mod.read_config(run_dir)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in shards.glob("*.bin"):
+        shutil.copy(f, bare / f.name)
+    moved = replace(cfg, data=replace(cfg.data, path=str(bare)))
+    with pytest.raises(sample_mod.SampleError, match="--tokenizer"):
+        sample_mod.run_codec(run_dir, moved)
+    for given in (shards / "tokenizer.json", shards):
+        codec = sample_mod.run_codec(run_dir, moved, str(given))
+        assert codec.size == 300 and codec.decode(codec.encode("ROMEO: hi")) == "ROMEO: hi"
+
+
+def test_a_bytes_token_run_decodes_bytes(tmp_path):
+    shards = tmp_path / "bytes"
+    prepare.prepare(prepare.parser().parse_args([str(TEXT), "--out", str(shards), "--no_progress"]))
+    cfg = parse_config(["--preset", "shakespeare", "--data.source", "tokens", "--data.path", str(shards)])
+    codec = sample_mod.run_codec(tmp_path, cfg)
+    assert codec.encode("é!").tolist() == [0xC3, 0xA9, 0x21] and codec.decode([0xC3, 0xA9, 0x21]) == "é!"
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--tokenizer", "missing.json"], "--tokenizer="),
+    (["--top_k", "0"], "--top_k=0"),
+    (["--prompt", ""], "--prompt is empty"),
+])
+def test_bad_input_is_one_line_and_status_2(bpe_run, flags, says):
+    proc = _cli(str(bpe_run[0]), *flags)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert says in proc.stderr
+
+
+
+def test_a_run_initialised_from_a_hugging_face_directory_reads_its_tokenizer(bpe_run, tmp_path):
+    # init_from names a model directory holding tokenizer.json (its shards without a meta.json): that tokenizer
+    run_dir, shards = bpe_run
+    cfg = sample_mod.read_config(run_dir)
+    hf = tmp_path / "hf-model"
+    hf.mkdir()
+    shutil.copy(shards / "tokenizer.json", hf / "tokenizer.json")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    codec = sample_mod.run_codec(run_dir, replace(cfg, init_from=str(hf), data=replace(cfg.data, path=str(bare))))
+    assert codec.describe == str(hf) and codec.encode("ROMEO:").tolist() == sample_mod.run_codec(run_dir, cfg).encode(
+        "ROMEO:").tolist()
+
+
+def test_a_model_other_than_the_built_in_gpt_samples_without_the_cache():
+    # a hook's own Linen language model has no cache_index: generate runs its whole window for every token
+    import flax.linen as nn
+
+    class Bigram(nn.Module):
+        vocab_size: int = 5
+        context: int = 4
+
+        @nn.compact
+        def __call__(self, tokens, train=False):
+            return nn.Embed(self.vocab_size, self.vocab_size)(tokens)
+
+    model = Bigram()
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    text = sample_mod.generate(model, params, tuple("abcde"), "ab", length=6, temperature=0.0)
+    table = np.asarray(params["Embed_0"]["embedding"]).argmax(-1)
+    expect = [int(table[1])]
+    for _ in range(5):
+        expect.append(int(table[expect[-1]]))
+    assert text == "".join("abcde"[i] for i in expect)
