@@ -38,6 +38,8 @@ PROFILE_DIR = "profile"
 HOOKS_DIR = "hooks"
 REPORT_FILE = "report.md"
 MARKER_FILE = ".jaxloop-run"
+CHECKPOINT_CONFIG = "config/metadata"
+"""A checkpoint's copy of the run's config (Orbax's JSON item `config`), relative to checkpoints/<update>/."""
 
 
 @dataclass(frozen=True)
