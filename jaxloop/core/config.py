@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal, get_args, get_type_hints
 
-from jaxloop.core.errors import ConfigError  # its home is jaxloop.core.errors; still importable from here
+from jaxloop.core.errors import ConfigError, short_repr  # its home is jaxloop.core.errors; still importable from here
 from jaxloop.core.checks import (check_type, finite, is_int, nonneg_float, nonneg_int, one_of, positive_float,
                                  positive_int, readable_file, writable_dir)
 from jaxloop.core.choice import Choice
@@ -854,7 +854,7 @@ def resume_conflicts(saved: dict[str, Any], cfg: Config) -> list[str]:
         if key == "steps" and cfg.allow_steps_change:
             continue
         if current.get(key) != before.get(key):
-            conflicts.append(f"{key}: {before.get(key)!r} -> {current.get(key)!r}")
+            conflicts.append(f"{key}: {short_repr(before.get(key))} -> {short_repr(current.get(key))}")
     return conflicts
 
 
