@@ -72,8 +72,9 @@ def test_both_ways_forward_are_accepted(tmp_path):
     run_dir = tmp_path / "run"
     saved = _saved_run(tmp_path)
     # a new run, from this run's weights, with the new settings: nothing in its run_dir to conflict with
+    # (check_paths=False: this saved run holds no checkpoint for --init_from to read; the rule here is run_dir's)
     new = parse_config(["--preset", "debug", "--seed", "3", "--run_dir", str(tmp_path / "new"),
-                        "--init_from", str(run_dir)])
+                        "--init_from", str(run_dir)], check_paths=False)
     assert RunDir(new).check(has_checkpoint=False) is None
     # this run resumed with its own settings, read back from its config.json: no field differs
     again = parse_config(["--config", str(run_dir / CONFIG_FILE)])

@@ -24,6 +24,7 @@ from jaxloop.core.errors import ConfigError, short_repr  # its home is jaxloop.c
 from jaxloop.core.checks import (check_type, finite, is_int, nonneg_float, nonneg_int, one_of, positive_float,
                                  positive_int, readable_file, writable_dir)
 from jaxloop.core.choice import Choice
+from jaxloop.core.layout import RunLayout
 from jaxloop.core.optimizers_config import OPTIMIZERS, AdamWConfig, OptimizerConfig
 from jaxloop.core.schedules_config import (  # noqa: F401  (PlateauConfig: importable from here, as before)
     SCHEDULES, PlateauConfig, ScheduleConfig, WarmupCosineConfig)
@@ -328,6 +329,10 @@ class ModelConfig:
             raise ConfigError("model.dropout", self.dropout, "a number in [0, 1)")
         nonneg_int("model.vocab_size", self.vocab_size)
         positive_int("model.vocab_multiple", self.vocab_multiple)
+        for name in ("context", "d_model", "n_layers", "n_heads", "mlp_ratio", "vocab_size", "vocab_multiple", "hidden"):
+            for v in (self.hidden if name == "hidden" else (getattr(self, name),)):
+                if v > INT32_MAX:
+                    raise ConfigError(f"model.{name}", v, f"an integer <= {INT32_MAX} (sizes and token ids are int32)")
         one_of("model.attention", self.attention, ATTENTIONS)
         one_of("model.init", self.init, ("normal", "gpt2"))
 
@@ -578,6 +583,10 @@ def preset(name: str) -> Config:
     raise ConfigError("preset", name, f"one of {', '.join(PRESETS)}")
 
 
+INT32_MAX = 2**31 - 1
+"""The largest size or token id a model takes: the arrays index, and the tokens are, int32."""
+
+
 def padded_vocab(m: ModelConfig, from_data: int) -> int:
     """The GPT's vocabulary: model.vocab_size (or the data's, when 0) rounded up to model.vocab_multiple."""
     size = m.vocab_size or from_data
@@ -783,7 +792,31 @@ def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -
         writable_dir("run_dir", cfg.run_dir)
         if cfg.init_from and not os.path.isdir(cfg.init_from):
             raise ConfigError("init_from", cfg.init_from, "empty or an existing run_dir or checkpoints directory")
+        if cfg.init_from and not _holds_checkpoint(cfg.init_from):
+            raise ConfigError("init_from", cfg.init_from, f"a run_dir or checkpoints directory holding a checkpoint "
+                              f"({cfg.init_from} holds none)")
+        if cfg.compile_cache:
+            _makeable_dir("compile_cache", cfg.compile_cache)
     return cfg
+
+
+def _holds_checkpoint(path: str) -> bool:
+    """Whether a run_dir (or its checkpoints/ directory) holds a committed checkpoint (a digit-named directory)."""
+    checkpoints = RunLayout.of(path).checkpoints
+    try:
+        return any(p.name.isdigit() and p.is_dir() for p in checkpoints.iterdir())
+    except OSError:
+        return False
+
+
+def _makeable_dir(name: str, path: str) -> None:
+    """A directory, or a path where one can be made: no file stands at it or at an ancestor."""
+    probe = os.path.abspath(os.path.expanduser(path))
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ConfigError(name, path, f"a directory, or a path where one can be made ({probe} is a file), or \"\" "
+                          "for none")
 
 
 MAX_STEPS = 100_000_000

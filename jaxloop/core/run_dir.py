@@ -19,7 +19,7 @@ from typing import Any
 from jaxloop.core.atomic import atomic_write_text, is_temporary
 from jaxloop.core.config import Config, ConfigError, changed_fields, from_dict, resume_conflicts, to_dict, upgrade
 from jaxloop.core.layout import (CHECKPOINT_CONFIG, CHECKPOINT_DIR, DAMAGED_DIR, HOOKS_DIR, MARKER_FILE, PROFILE_DIR,
-                                 TB_DIR, RunLayout)
+                                 RUN_DIRS, RUN_FILES, TB_DIR, RunLayout)
 from jaxloop.core.lock import is_lock_file
 from jaxloop.core.outcome import EARLY_STOPPING
 from jaxloop.core.records import RecordsError, check_records
@@ -85,6 +85,10 @@ class RunDir:
                               f"jaxloop's own, marked {MARKER_FILE} or holding a checkpoint jaxloop wrote ({run_dir} "
                               f"holds other files: {shown}; a run writes config.json, summary.json, ... there): "
                               "choose another --run_dir")
+        misplaced = self.misplaced()
+        if misplaced:
+            raise ConfigError("run_dir", str(run_dir), f"a run directory whose files are files and directories "
+                              f"directories ({'; '.join(misplaced)}): move them aside, or choose another --run_dir")
         saved = self._saved_config() if has_checkpoint and cfg.resume != "never" else None
         if has_checkpoint and cfg.resume != "never":
             try:
@@ -132,6 +136,13 @@ class RunDir:
         if not names or MARKER_FILE in names or self.earlier_run():
             return []
         return names
+
+    def misplaced(self) -> list[str]:
+        """The run's own names that hold the wrong kind of thing (metrics.jsonl a directory, tb/ a file): a run
+        would fail on them halfway, after writing; named before it writes anything."""
+        wrong = [f"{self.path / n} is a directory, not a file" for n in RUN_FILES if (self.path / n).is_dir()]
+        return wrong + [f"{self.path / n} is not a directory" for n in RUN_DIRS
+                        if (self.path / n).exists() and not (self.path / n).is_dir()]
 
     def earlier_run(self) -> bool:
         """Whether run_dir is a run of a jaxloop from before MARKER_FILE: by evidence that jaxloop wrote it, a
