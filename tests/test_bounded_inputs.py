@@ -92,3 +92,38 @@ def test_short_repr_is_bounded_for_any_value():
         shown = short_repr(value)
         assert len(shown) <= VALUE_SHOWN + len(f"... (cut at {VALUE_SHOWN} characters)"), shown
     assert short_repr(10 ** 5000) == "<an integer of 16610 bits>"
+
+
+def test_data_workers_beyond_what_the_machine_runs_are_refused_naming_the_range(tmp_path):
+    # mutant seen failing: no upper bound (200 workers on 2 cores trained nothing in 90 s; 100000 left semaphores)
+    from jaxloop.core.config import WORKERS_PER_CORE, usable_cores
+
+    most = WORKERS_PER_CORE * usable_cores()
+    assert parse_config(["--data.workers", str(most), "--run_dir", str(tmp_path)]).data.workers == most
+    with pytest.raises(ConfigError) as refused:
+        parse_config(["--data.workers", str(most + 1), "--run_dir", str(tmp_path)])
+    assert refused.value.cli_message == (
+        f"data.workers={most + 1} is not allowed: an integer in [0, {most}] ({WORKERS_PER_CORE} per CPU core this "
+        f"process may use: {usable_cores()}; each worker is a process of its own)")
+
+
+def test_a_process_waiting_for_its_peers_says_so_at_once(tmp_path):
+    # the first line on stderr names the wait, before it (mutant seen failing: no line; the first one came from
+    # jax's error after its timeout). The process is stopped once the line is read: no clock is asserted on.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.Popen([sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(tmp_path / "r"),
+                             "--distributed.num_processes", "2", "--distributed.coordinator", f"localhost:{port}"],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    try:
+        first = proc.stderr.readline().strip()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    assert first == (f"distributed: process 0 waiting for all 2 processes at the coordinator localhost:{port} "
+                     "(up to 300 s)")

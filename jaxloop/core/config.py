@@ -363,8 +363,23 @@ class DataConfig:
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError("data.val_fraction", self.val_fraction, "a number in (0, 1)")
         nonneg_int("data.workers", self.workers)
+        cores = usable_cores()
+        if self.workers > WORKERS_PER_CORE * cores:
+            raise ConfigError("data.workers", self.workers, f"an integer in [0, {WORKERS_PER_CORE * cores}] "
+                              f"({WORKERS_PER_CORE} per CPU core this process may use: {cores}; each worker is a "
+                              "process of its own)")
         nonneg_int("data.prefetch", self.prefetch)
         nonneg_int("data.eval_batch_size", self.eval_batch_size)
+
+
+WORKERS_PER_CORE = 4
+"""data.workers is at most this many per CPU core the process may use: more only wait on each other, and each is
+a process with its own memory and semaphores (200 on 2 cores trained nothing in 90 s)."""
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
