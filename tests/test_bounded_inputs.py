@@ -127,3 +127,14 @@ def test_a_process_waiting_for_its_peers_says_so_at_once(tmp_path):
         proc.stderr.close()
     assert first == (f"distributed: process 0 waiting for all 2 processes at the coordinator localhost:{port} "
                      "(up to 300 s)")
+
+
+def test_a_long_value_in_a_flag_tyro_refuses_is_shown_cut(tmp_path):
+    # mutant seen failing: tyro's message passed on whole (a 3,191-character line for a 3,000-character value)
+    from jaxloop.core.cli import UsageError
+
+    with pytest.raises(UsageError) as refused:
+        parse_config(["--precision", "a" * 3000, "--run_dir", str(tmp_path)])
+    message = str(refused.value)
+    assert f"... (cut at {VALUE_SHOWN} characters)' for argument '--precision'. Expected one of" in message
+    assert len(message) < VALUE_SHOWN + 250

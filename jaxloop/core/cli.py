@@ -29,8 +29,8 @@ from jaxloop.core.config import (Config, ConfigError, OptimShared, flat_hints, f
 from jaxloop.core.optimizers_config import OPTIMIZERS
 from jaxloop.core.schedules_config import SCHEDULES
 from jaxloop.core.errors import (  # noqa: F401  (the exceptions' home is jaxloop.core.errors, free of tyro; kept importable here)
-    EXIT_BAD_INPUT, EXIT_CHECKPOINT_WRITE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_SIGNAL, CheckpointWriteError,
-    Interrupted, NonFiniteError, OutOfMemoryError, UsageError)
+    EXIT_BAD_INPUT, EXIT_CHECKPOINT_WRITE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_SIGNAL, VALUE_SHOWN,
+    CheckpointWriteError, Interrupted, NonFiniteError, OutOfMemoryError, UsageError)
 from jaxloop.core.argv import take_flag, take_option
 from jaxloop.core.config_file import read_config_file
 from jaxloop.core.layout import REPORT_FILE
@@ -215,6 +215,9 @@ def _tyro_parse(argv: list[str], base: Config, prog: str) -> Config:
         if e.code in (0, None):
             raise
         message = _first_section(err.getvalue()) or "invalid command line"
+        # a value tyro quotes is shown as ConfigError shows one: cut after VALUE_SHOWN characters
+        message = re.sub(f"'[^']{{{VALUE_SHOWN + 1},}}'", lambda m: f"{m[0][:VALUE_SHOWN + 1]}... (cut at "
+                         f"{VALUE_SHOWN} characters)'", message)
         raise UsageError(f"{message} (see --help)") from None
     optim = with_flat(base.optim, {f.name: getattr(parsed.optim, f.name) for f in dataclasses.fields(optim_cls)},
                       baseline)
