@@ -74,7 +74,8 @@ DAMAGED_RUNS = [
      ("a run directory whose model.json can be read (leaf 0 of ", "is ['params/hidden_0/bias', [32]], not [path, "
       "shape, dtype]); restore it from a copy, or delete it")),
     ("metrics.jsonl a directory", _dir_for("metrics.jsonl"),
-     ("a run directory whose files are files and directories directories (", "metrics.jsonl is a directory, not a file)")),
+     ("a run directory whose files are files and whose directories are directories (",
+      "metrics.jsonl is a directory, not a file)")),
     ("resumes.jsonl a directory", _dir_for("resumes.jsonl"), ("resumes.jsonl is a directory, not a file",)),
     ("tb a file", _file_for("tb"), ("tb is not a directory): move them aside, or choose another --run_dir",)),
 ]

@@ -87,8 +87,9 @@ class RunDir:
                               "choose another --run_dir")
         misplaced = self.misplaced()
         if misplaced:
-            raise ConfigError("run_dir", str(run_dir), f"a run directory whose files are files and directories "
-                              f"directories ({'; '.join(misplaced)}): move them aside, or choose another --run_dir")
+            raise ConfigError("run_dir", str(run_dir), f"a run directory whose files are files and whose "
+                              f"directories are directories ({'; '.join(misplaced)}): move them aside, or choose "
+                              "another --run_dir")
         saved = self._saved_config() if has_checkpoint and cfg.resume != "never" else None
         if has_checkpoint and cfg.resume != "never":
             try:
