@@ -55,13 +55,16 @@ def test_model_no_remat_over_a_file_that_asked_for_blocks_says_what_to_write(tmp
 
 
 def _saved_run(tmp_path: Path, model_remat: bool) -> tuple[Path, dict]:
-    """A run_dir as an earlier version left it: its config.json holds model.remat."""
+    """A run_dir as an earlier version left it: its config.json, and its checkpoint's copy of it (the evidence
+    that jaxloop wrote the directory, jaxloop.core.run_dir), hold model.remat."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     saved = to_dict(replace(Config(preset="debug"), run_dir=str(run_dir)))
     saved["model"]["remat"] = model_remat
     (run_dir / "config.json").write_text(json.dumps(saved))
     (run_dir / "metrics.jsonl").write_text("")
+    (run_dir / "checkpoints" / "10" / "config").mkdir(parents=True)
+    (run_dir / "checkpoints" / "10" / "config" / "metadata").write_text(json.dumps(saved))
     return run_dir, saved
 
 

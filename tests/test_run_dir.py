@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from jaxloop.core.cli import parse_config
 from jaxloop.core.config import ConfigError, resume_conflicts, to_dict
-from jaxloop.core.layout import CONFIG_FILE
+from jaxloop.core.layout import CHECKPOINT_CONFIG, CONFIG_FILE
 from jaxloop.core.run_dir import RunDir
 
 
@@ -66,8 +72,9 @@ def test_both_ways_forward_are_accepted(tmp_path):
     run_dir = tmp_path / "run"
     saved = _saved_run(tmp_path)
     # a new run, from this run's weights, with the new settings: nothing in its run_dir to conflict with
+    # (check_paths=False: this saved run holds no checkpoint for --init_from to read; the rule here is run_dir's)
     new = parse_config(["--preset", "debug", "--seed", "3", "--run_dir", str(tmp_path / "new"),
-                        "--init_from", str(run_dir)])
+                        "--init_from", str(run_dir)], check_paths=False)
     assert RunDir(new).check(has_checkpoint=False) is None
     # this run resumed with its own settings, read back from its config.json: no field differs
     again = parse_config(["--config", str(run_dir / CONFIG_FILE)])
@@ -100,22 +107,65 @@ def test_a_folder_holding_other_files_is_refused_naming_a_few_of_them(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["a.txt", "b.txt", "c.txt", "config.json", "summary.json"]
 
 
-@pytest.mark.parametrize("beside", ["metrics.jsonl", "checkpoints/10"])
-def test_a_run_directory_of_an_earlier_version_without_a_marker_still_resumes(tmp_path, beside):
-    # made before the marker existed: recognised by its layout (config.json beside metrics.jsonl or checkpoints/)
+OLD_CONFIG = Path(__file__).parent / "data" / "old_config" / "sgd_one_cycle.json"
+"""A config.json as an earlier jaxloop wrote it (tests/data/old_config): the flat optim form."""
+
+
+def _earlier_run(run_dir: Path, checkpoint_config: bytes) -> None:
+    """A run directory as a jaxloop from before the marker left it: config.json, metrics.jsonl and a committed
+    checkpoint (checkpoints/10/) whose config item holds `checkpoint_config`."""
+    (run_dir / "checkpoints" / "10" / "config").mkdir(parents=True)
+    (run_dir / "checkpoints" / "10" / CHECKPOINT_CONFIG).write_bytes(checkpoint_config)
+    (run_dir / CONFIG_FILE).write_bytes(OLD_CONFIG.read_bytes())
+    (run_dir / "metrics.jsonl").write_text("")
+
+
+def test_a_run_directory_of_an_earlier_version_without_a_marker_still_resumes(tmp_path):
+    # made before the marker existed: known by its checkpoint's copy of the config, which jaxloop reads
     run_dir = tmp_path / "run"
-    rd = RunDir(_cfg(run_dir))
-    rd.start()
-    rd.layout.marker.unlink()
-    has_checkpoint = beside.startswith("checkpoints")
-    if has_checkpoint:
-        (run_dir / beside).mkdir(parents=True)
-    else:
-        (run_dir / beside).write_text("")
-    again = RunDir(_cfg(run_dir))
-    assert again.check(has_checkpoint=has_checkpoint) == (to_dict(again.cfg) if has_checkpoint else None)
+    _earlier_run(run_dir, OLD_CONFIG.read_bytes())
+    again = RunDir(parse_config(["--run_dir", str(run_dir)], check_paths=False))  # resumed by name
+    assert again.foreign_files() == []
+    assert again.check(has_checkpoint=True) == json.loads(OLD_CONFIG.read_text())
     again.start()
     assert again.layout.marker.is_file()  # marked from now on
+
+
+@pytest.mark.parametrize("config_item", [b'{"epoch": 1, "acc": 0.5}', b"not json", b"[]"])
+def test_a_checkpoint_whose_config_jaxloop_cannot_read_is_no_evidence(tmp_path, config_item):
+    # mutant: any digit-named checkpoint counted as evidence (no read of its config): foreign_files() == []
+    run_dir = tmp_path / "run"
+    _earlier_run(run_dir, config_item)
+    assert RunDir(_cfg(run_dir)).foreign_files() == ["checkpoints", "config.json", "metrics.jsonl"]
+
+
+USERS_FOLDERS = {
+    # a folder of the user's own files that happens to hold names a run writes (issue 43's outside pass)
+    "metrics.jsonl beside config.json": {"config.json": b'{"lr": 0.1}\n', "metrics.jsonl": b'{"epoch": 1, "acc": 0.5}\n'},
+    "an empty checkpoints/ beside config.json, summary.json, report.md": {
+        "config.json": b'{"lr": 0.1}\n', "summary.json": b'{"acc": 0.5}\n', "report.md": b"# my notes\n",
+        "checkpoints/": b""},
+}
+
+
+@pytest.mark.parametrize("files", USERS_FOLDERS.values(), ids=USERS_FOLDERS.keys())
+def test_a_folder_that_only_looks_like_a_run_is_refused_in_one_line_and_left_byte_identical(tmp_path, files):
+    # a real launch of the CLI (mutant: the old layout rule, config.json beside metrics.jsonl or checkpoints/,
+    # accepted as an earlier version's run: exit 0, metrics.jsonl appended to and config.json replaced)
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for name, data in files.items():
+        (folder / name).mkdir() if name.endswith("/") else (folder / name).write_bytes(data)
+    before = {p.relative_to(folder): (p.read_bytes() if p.is_file() else None) for p in folder.rglob("*")}
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(folder)],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"jaxloop.train: error: run_dir='{folder}' is not allowed")
+    named = ", ".join(sorted(n.rstrip("/") for n in files if not n.endswith("/")))
+    assert f"holds other files: {named}" in lines[0]
+    assert {p.relative_to(folder): (p.read_bytes() if p.is_file() else None) for p in folder.rglob("*")} == before
 
 
 def test_an_empty_checkpoints_directory_made_beforehand_is_no_foreign_file(tmp_path):

@@ -157,3 +157,21 @@ def test_the_explorer_help_names_its_own_flags_and_the_train_flags(capsys):
     out = capsys.readouterr().out
     assert e.value.code == 0
     assert "--at" in out and "--plot" in out and "--optim.div-factor" in out.replace("_", "-")
+
+
+def test_the_rate_table_costs_8_bytes_per_update_on_the_host():
+    # config.MAX_STEPS's doc: a float64 rate per update (762 MiB at the bound). tracemalloc counts numpy's buffer;
+    # the margin (1 MiB) is the iteration's own. Mutant seen failing: the table built from a list first (a Python
+    # float and its pointer per update: 32 bytes, 6.4 MB here), as before issue 43.
+    import tracemalloc
+
+    steps = 200_000
+    optim = _o(steps, schedule="linear")
+    tracemalloc.start()
+    try:
+        table = rates(optim, steps)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert table.dtype == np.float64 and table.shape == (steps + 1,)
+    assert peak <= 8 * (steps + 1) + (1 << 20), peak

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import difflib
 import io
-import json
 import re
 import shlex
 import sys
@@ -30,9 +29,10 @@ from jaxloop.core.config import (Config, ConfigError, OptimShared, flat_hints, f
 from jaxloop.core.optimizers_config import OPTIMIZERS
 from jaxloop.core.schedules_config import SCHEDULES
 from jaxloop.core.errors import (  # noqa: F401  (the exceptions' home is jaxloop.core.errors, free of tyro; kept importable here)
-    EXIT_BAD_INPUT, EXIT_CHECKPOINT_WRITE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_SIGNAL, CheckpointWriteError,
-    Interrupted, NonFiniteError, OutOfMemoryError, UsageError)
+    EXIT_BAD_INPUT, EXIT_CHECKPOINT_WRITE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_SIGNAL, VALUE_SHOWN,
+    CheckpointWriteError, Interrupted, NonFiniteError, OutOfMemoryError, UsageError)
 from jaxloop.core.argv import take_flag, take_option
+from jaxloop.core.config_file import read_config_file
 from jaxloop.core.layout import REPORT_FILE
 from jaxloop.core.run_dir import saved_config
 
@@ -48,7 +48,7 @@ def parse_config(argv: Sequence[str], prog: str = "jaxloop.train", check_paths: 
     check_flags(argv)
     preset_flag = take_option(argv, "--preset", keep=True)
     config_file = take_option(argv, "--config", keep=False)
-    file_fields = _read_config_file(config_file) if config_file else {}
+    file_fields = read_config_file(config_file) if config_file else {}
     wanted_preset = preset_flag or file_fields.get("preset")
     base = preset(wanted_preset or "digits")
     run_dir = take_option(argv, "--run_dir", keep=True) or take_option(argv, "--run-dir", keep=True) \
@@ -174,30 +174,6 @@ def done_line(summary: dict[str, Any], run_dir: str) -> str:
     return f"done: {count} in {summary['wall_time_s']:.1f}s; {final}; outputs in {run_dir}"
 
 
-def _read_config_file(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError("--config", path, f"a readable YAML or JSON file ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError("--config", path, f"a UTF-8 text file (byte {e.object[e.start]:#04x} at offset {e.start} "
-                          "is not UTF-8)") from None
-    try:
-        if path.endswith(".json"):
-            data = json.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text)
-    except Exception as e:  # noqa: BLE001 - any parser error is bad input
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError("--config", path, f"valid YAML or JSON ({first})") from None
-    if not isinstance(data, dict):
-        raise ConfigError("--config", path, "a mapping of config fields")
-    return data
-
-
 DESCRIPTION = """Train a jaxloop run. Flags are the dotted field paths below (--optim.peak_lr 3e-4).
 
 --config FILE  a YAML or JSON file of fields (nested mappings or the config.json a run saves); precedence:
@@ -239,6 +215,9 @@ def _tyro_parse(argv: list[str], base: Config, prog: str) -> Config:
         if e.code in (0, None):
             raise
         message = _first_section(err.getvalue()) or "invalid command line"
+        # a value tyro quotes is shown as ConfigError shows one: cut after VALUE_SHOWN characters
+        message = re.sub(f"'[^']{{{VALUE_SHOWN + 1},}}'", lambda m: f"{m[0][:VALUE_SHOWN + 1]}... (cut at "
+                         f"{VALUE_SHOWN} characters)'", message)
         raise UsageError(f"{message} (see --help)") from None
     optim = with_flat(base.optim, {f.name: getattr(parsed.optim, f.name) for f in dataclasses.fields(optim_cls)},
                       baseline)

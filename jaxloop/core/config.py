@@ -20,10 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal, get_args, get_type_hints
 
-from jaxloop.core.errors import ConfigError  # its home is jaxloop.core.errors; still importable from here
+from jaxloop.core.errors import ConfigError, short_repr  # its home is jaxloop.core.errors; still importable from here
 from jaxloop.core.checks import (check_type, finite, is_int, nonneg_float, nonneg_int, one_of, positive_float,
                                  positive_int, readable_file, writable_dir)
 from jaxloop.core.choice import Choice
+from jaxloop.core.layout import RunLayout
 from jaxloop.core.optimizers_config import OPTIMIZERS, AdamWConfig, OptimizerConfig
 from jaxloop.core.schedules_config import (  # noqa: F401  (PlateauConfig: importable from here, as before)
     SCHEDULES, PlateauConfig, ScheduleConfig, WarmupCosineConfig)
@@ -328,6 +329,10 @@ class ModelConfig:
             raise ConfigError("model.dropout", self.dropout, "a number in [0, 1)")
         nonneg_int("model.vocab_size", self.vocab_size)
         positive_int("model.vocab_multiple", self.vocab_multiple)
+        for name in ("context", "d_model", "n_layers", "n_heads", "mlp_ratio", "vocab_size", "vocab_multiple", "hidden"):
+            for v in (self.hidden if name == "hidden" else (getattr(self, name),)):
+                if v > INT32_MAX:
+                    raise ConfigError(f"model.{name}", v, f"an integer <= {INT32_MAX} (sizes and token ids are int32)")
         one_of("model.attention", self.attention, ATTENTIONS)
         one_of("model.init", self.init, ("normal", "gpt2"))
 
@@ -366,6 +371,11 @@ class DataConfig:
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError("data.val_fraction", self.val_fraction, "a number in (0, 1)")
         nonneg_int("data.workers", self.workers)
+        cores = usable_cores()
+        if self.workers > WORKERS_PER_CORE * cores:
+            raise ConfigError("data.workers", self.workers, f"an integer in [0, {WORKERS_PER_CORE * cores}] "
+                              f"({WORKERS_PER_CORE} per CPU core this process may use: {cores}; each worker is a "
+                              "process of its own)")
         nonneg_int("data.prefetch", self.prefetch)
         nonneg_int("data.eval_batch_size", self.eval_batch_size)
         check_type("data.allow_changed", self.allow_changed, bool)
@@ -377,6 +387,16 @@ class DataConfig:
         if self.train and self.path:
             raise ConfigError("data.path", self.path, f"empty when data.train names the training shards "
                               f"({self.train}); put the validation shards in data.val")
+
+
+WORKERS_PER_CORE = 4
+"""data.workers is at most this many per CPU core the process may use: more only wait on each other, and each is
+a process with its own memory and semaphores (200 on 2 cores trained nothing in 90 s)."""
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -595,6 +615,10 @@ def preset(name: str) -> Config:
     raise ConfigError("preset", name, f"one of {', '.join(PRESETS)}")
 
 
+INT32_MAX = 2**31 - 1
+"""The largest size or token id a model takes: the arrays index, and the tokens are, int32."""
+
+
 def padded_vocab(m: ModelConfig, from_data: int) -> int:
     """The GPT's vocabulary: model.vocab_size (or the data's, when 0) rounded up to model.vocab_multiple."""
     size = m.vocab_size or from_data
@@ -802,7 +826,31 @@ def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -
         writable_dir("run_dir", cfg.run_dir)
         if cfg.init_from and not os.path.isdir(cfg.init_from):
             raise ConfigError("init_from", cfg.init_from, "empty or an existing run_dir or checkpoints directory")
+        if cfg.init_from and not _holds_checkpoint(cfg.init_from):
+            raise ConfigError("init_from", cfg.init_from, f"a run_dir or checkpoints directory holding a checkpoint "
+                              f"({cfg.init_from} holds none)")
+        if cfg.compile_cache:
+            _makeable_dir("compile_cache", cfg.compile_cache)
     return cfg
+
+
+def _holds_checkpoint(path: str) -> bool:
+    """Whether a run_dir (or its checkpoints/ directory) holds a committed checkpoint (a digit-named directory)."""
+    checkpoints = RunLayout.of(path).checkpoints
+    try:
+        return any(p.name.isdigit() and p.is_dir() for p in checkpoints.iterdir())
+    except OSError:
+        return False
+
+
+def _makeable_dir(name: str, path: str) -> None:
+    """A directory, or a path where one can be made: no file stands at it or at an ancestor."""
+    probe = os.path.abspath(os.path.expanduser(path))
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ConfigError(name, path, f"a directory, or a path where one can be made ({probe} is a file), or \"\" "
+                          "for none")
 
 
 MAX_STEPS = 100_000_000
@@ -873,7 +921,7 @@ def resume_conflicts(saved: dict[str, Any], cfg: Config) -> list[str]:
         if key == "steps" and cfg.allow_steps_change:
             continue
         if current.get(key) != before.get(key):
-            conflicts.append(f"{key}: {before.get(key)!r} -> {current.get(key)!r}")
+            conflicts.append(f"{key}: {short_repr(before.get(key))} -> {short_repr(current.get(key))}")
     return conflicts
 
 

@@ -14,6 +14,58 @@ EXIT_CHECKPOINT_WRITE = 3
 EXIT_OUT_OF_MEMORY = 4
 EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
+VALUE_SHOWN = 300
+"""An error message shows at most about this many characters of a value (short_repr)."""
+
+
+class _Full(Exception):
+    """short_repr's text reached its limit."""
+
+
+def short_repr(value: Any, limit: int = VALUE_SHOWN) -> str:
+    """repr(value), cut after `limit` characters: an error message's view of a value of any size (a YAML
+    file's expansion, a 2**40 vocabulary, a cyclic list), built in work bounded by `limit`, not by the value."""
+    out: list[str] = []
+    size = 0
+
+    def emit(text: str) -> None:
+        nonlocal size
+        out.append(text)
+        size += len(text)
+        if size > limit:
+            raise _Full
+
+    def walk(x: Any) -> None:
+        if type(x) in (list, tuple, set, frozenset) and x:
+            opening, closing = {list: ("[", "]"), tuple: ("(", ")"), set: ("{", "}"),
+                                frozenset: ("frozenset({", "})")}[type(x)]
+            emit(opening)
+            for i, item in enumerate(x):
+                emit(", " if i else "")
+                walk(item)
+            emit("," if type(x) is tuple and len(x) == 1 else "")
+            emit(closing)
+        elif type(x) is dict and x:
+            emit("{")
+            for i, (k, v) in enumerate(x.items()):
+                emit(", " if i else "")
+                walk(k)
+                emit(": ")
+                walk(v)
+            emit("}")
+        elif isinstance(x, (str, bytes)) and len(x) > limit:
+            emit(repr(x[:limit + 1]))
+        elif isinstance(x, int) and x.bit_length() > 4 * limit:  # repr would be over `limit` digits (or refused)
+            emit(f"{'-' if x < 0 else ''}<an integer of {x.bit_length()} bits>")
+        else:
+            emit(repr(x))
+
+    try:
+        walk(value)
+    except (_Full, RecursionError):  # RecursionError: a value nested deeper than the stack allows
+        return "".join(out)[:limit] + f"... (cut at {limit} characters)"
+    return "".join(out)
+
 
 class ConfigError(ValueError):
     """A config value that is not allowed: names the field, the value and what is allowed (the CLI's wording
@@ -23,8 +75,9 @@ class ConfigError(ValueError):
         self.field_path, self.value, self.allowed = field_path, value, allowed
         # where the way forward names flags, `python` words it in Config arguments for jaxloop.run's callers:
         # str(error) is that wording, and the CLI prints cli_message
-        self.cli_message = f"{field_path}={value!r} is not allowed: {allowed}"
-        super().__init__(f"{field_path}={value!r} is not allowed: {python}" if python else self.cli_message)
+        shown = short_repr(value)  # a value of any size, cut: the message stays one short line
+        self.cli_message = f"{field_path}={shown} is not allowed: {allowed}"
+        super().__init__(f"{field_path}={shown} is not allowed: {python}" if python else self.cli_message)
 
 
 class NonFiniteError(RuntimeError):

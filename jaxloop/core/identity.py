@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from jaxloop.core.config import ConfigError
+from jaxloop.core.errors import short_repr
 from jaxloop.core.atomic import atomic_write_text
 from jaxloop.core.layout import RunLayout
 
@@ -20,9 +21,18 @@ SHOWN = 3
 
 
 def read_model_record(layout: RunLayout) -> dict[str, Any] | None:
-    """The run's model record, or None when it has none (a run from before records were kept)."""
+    """The run's model record, or None when it has none (a run from before records were kept); a ConfigError
+    naming the first leaf that is not [path, shape, dtype] (an edited model.json), before anything is written."""
     record = layout.read_json(layout.model)
-    return record if isinstance(record, dict) and isinstance(record.get("leaves"), list) else None
+    if not (isinstance(record, dict) and isinstance(record.get("leaves"), list)):
+        return None
+    for i, leaf in enumerate(record["leaves"]):
+        if not (isinstance(leaf, list) and len(leaf) == 3 and isinstance(leaf[0], str) and isinstance(leaf[1], list)
+                and all(isinstance(n, int) for n in leaf[1]) and isinstance(leaf[2], str)):
+            raise ConfigError("run_dir", str(layout.root), f"a run directory whose {layout.model.name} can be read "
+                              f"(leaf {i} of {layout.model} is {short_repr(leaf)}, not [path, shape, dtype]); restore "
+                              "it from a copy, or delete it (the checkpoints' own metadata stands in for it)")
+    return record
 
 
 def write_model_record(layout: RunLayout, record: dict[str, Any]) -> None:

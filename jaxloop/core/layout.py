@@ -38,6 +38,13 @@ PROFILE_DIR = "profile"
 HOOKS_DIR = "hooks"
 REPORT_FILE = "report.md"
 MARKER_FILE = ".jaxloop-run"
+RUN_FILES = (CONFIG_FILE, METADATA_FILE, MODEL_FILE, METRICS_FILE, SUMMARY_FILE, RESUMES_FILE, VOCAB_FILE, REPORT_FILE,
+             MARKER_FILE)
+"""The names a run writes as files."""
+RUN_DIRS = (CHECKPOINT_DIR, DAMAGED_DIR, TB_DIR, PROFILE_DIR, HOOKS_DIR)
+"""The names a run writes as directories."""
+CHECKPOINT_CONFIG = "config/metadata"
+"""A checkpoint's copy of the run's config (Orbax's JSON item `config`), relative to checkpoints/<update>/."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 resuming into it, the same for both loops.
 
 Rules, checked before anything is written: a run writes only into its own directory (missing, empty, marked
-with MARKER_FILE when a run started there, or laid out as an earlier version's run); resume=never needs an
+with MARKER_FILE when a run started there, or an earlier version's run, made before the marker: a checkpoint
+whose saved config jaxloop reads); resume=never needs an
 empty or new run_dir; resume=must needs a checkpoint; a resumed run may not change a field that alters the
 trajectory (steps only with allow_steps_change). Every resume is recorded in resumes.jsonl with the fields it changed.
 """
@@ -17,7 +18,8 @@ from typing import Any
 
 from jaxloop.core.atomic import atomic_write_text, is_temporary
 from jaxloop.core.config import Config, ConfigError, changed_fields, from_dict, resume_conflicts, to_dict, upgrade
-from jaxloop.core.layout import CHECKPOINT_DIR, DAMAGED_DIR, HOOKS_DIR, MARKER_FILE, PROFILE_DIR, TB_DIR, RunLayout
+from jaxloop.core.layout import (CHECKPOINT_CONFIG, CHECKPOINT_DIR, DAMAGED_DIR, HOOKS_DIR, MARKER_FILE, PROFILE_DIR,
+                                 RUN_DIRS, RUN_FILES, TB_DIR, RunLayout)
 from jaxloop.core.lock import is_lock_file
 from jaxloop.core.outcome import EARLY_STOPPING
 from jaxloop.core.records import RecordsError, check_records
@@ -81,8 +83,14 @@ class RunDir:
             shown = ", ".join(foreign[:FOREIGN_SHOWN]) + (f" and {len(foreign) - FOREIGN_SHOWN} more"
                                                          if len(foreign) > FOREIGN_SHOWN else "")
             raise ConfigError("run_dir", str(run_dir), f"a missing or empty directory, or a run directory of "
-                              f"jaxloop's own ({run_dir} holds other files: {shown}; a run writes config.json, "
-                              "summary.json, ... there): choose another --run_dir")
+                              f"jaxloop's own, marked {MARKER_FILE} or holding a checkpoint jaxloop wrote ({run_dir} "
+                              f"holds other files: {shown}; a run writes config.json, summary.json, ... there): "
+                              "choose another --run_dir")
+        misplaced = self.misplaced()
+        if misplaced:
+            raise ConfigError("run_dir", str(run_dir), f"a run directory whose files are files and whose "
+                              f"directories are directories ({'; '.join(misplaced)}): move them aside, or choose "
+                              "another --run_dir")
         saved = self._saved_config() if has_checkpoint and cfg.resume != "never" else None
         if has_checkpoint and cfg.resume != "never":
             try:
@@ -120,18 +128,40 @@ class RunDir:
 
     def foreign_files(self) -> list[str]:
         """The files that make run_dir not this run's to write (sorted): none when it is missing, empty (but for
-        the lock's files and atomic writes' temporaries), marked as a run's (MARKER_FILE), or laid out as a run
-        of an earlier version, made before the marker (config.json beside metrics.jsonl or checkpoints/)."""
+        the lock's files and atomic writes' temporaries), marked as a run's (MARKER_FILE), or a run of an earlier
+        version, made before the marker (earlier_run). Files that merely look like a run's are the user's."""
         try:
             names = sorted(p.name for p in self.path.iterdir())
         except (FileNotFoundError, NotADirectoryError):
             return []
         names = [n for n in names if not is_lock_file(n) and not is_temporary(n) and not self._empty_own_dir(n)]
-        layout = self.layout
-        if (not names or MARKER_FILE in names
-                or (layout.config.is_file() and (layout.metrics.is_file() or layout.checkpoints.is_dir()))):
+        if not names or MARKER_FILE in names or self.earlier_run():
             return []
         return names
+
+    def misplaced(self) -> list[str]:
+        """The run's own names that hold the wrong kind of thing (metrics.jsonl a directory, tb/ a file): a run
+        would fail on them halfway, after writing; named before it writes anything."""
+        wrong = [f"{self.path / n} is a directory, not a file" for n in RUN_FILES if (self.path / n).is_dir()]
+        return wrong + [f"{self.path / n} is not a directory" for n in RUN_DIRS
+                        if (self.path / n).exists() and not (self.path / n).is_dir()]
+
+    def earlier_run(self) -> bool:
+        """Whether run_dir is a run of a jaxloop from before MARKER_FILE: by evidence that jaxloop wrote it, a
+        committed checkpoint (checkpoints/<update>/) whose copy of the run's config jaxloop reads as a Config."""
+        try:
+            steps = sorted((p for p in self.checkpoints.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+        except OSError:
+            return False
+        for step in reversed(steps):
+            try:
+                saved = json.loads((step / CHECKPOINT_CONFIG).read_bytes())
+                if isinstance(saved, dict):
+                    from_dict(upgrade(saved, stored=True))
+                    return True
+            except (OSError, ValueError, TypeError):  # ValueError: not JSON, or a ConfigError
+                continue
+        return False
 
     def _empty_own_dir(self, name: str) -> bool:
         """An empty directory of the run's layout made beforehand (checkpoints/ as a mount point, say)."""

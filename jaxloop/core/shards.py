@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxloop.core.config import ConfigError
+from jaxloop.core.config import INT32_MAX, ConfigError
+from jaxloop.core.errors import short_repr
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -198,8 +199,9 @@ def read_meta(files: list[str]) -> dict[str, Any] | None:
     except (OSError, ValueError) as e:
         raise ConfigError("data.path", path, f"a readable JSON {META_FILE} ({e})") from None
     vocab = meta.get("vocab_size") if isinstance(meta, dict) else None
-    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
-        raise ConfigError("data.path", path, f"a {META_FILE} whose vocab_size is an integer >= 1 (got {vocab!r})")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or not 1 <= vocab <= INT32_MAX:
+        raise ConfigError("data.path", path, f"a {META_FILE} whose vocab_size is an integer in [1, {INT32_MAX}] "
+                          f"(got {short_repr(vocab)}; token ids are int32)")
     return meta
 
 

@@ -6,8 +6,10 @@ command prints the weight mapping, then one row per check (measured difference, 
 the first diverging layer with its diagnoses, and a summary line.
 
 Exit status: 0 when every check is within tolerance, 1 when one is not, 2 on bad input (a missing
-file or factory, torch not installed, weights that do not map, a batch a model rejects), with one
-clear message.
+file or factory, torch not installed, weights that do not map, a batch a model rejects, a Port the check
+cannot run on, a factory that raised or ended the process), 130 when interrupted, with one clear message.
+The command runs the check in a child process and requires its verdict: a process that ends without one
+(a factory calling os._exit(0)) is an error, never a silent 0.
 """
 
 from __future__ import annotations
@@ -15,11 +17,17 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
+import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 BAD_INPUT = 2
+INTERRUPTED = 130
+VERDICT_FILE = "JAXLOOP_PARITY_VERDICT"
+"""The environment variable naming the file the child process writes its exit status to (cli())."""
 
 
 class BadInput(Exception):
@@ -108,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-mapping", action="store_true", help="leave the weight mapping table out")
     args = parser.parse_args(argv)
     try:
+        check_outputs(args.updates, args.markdown)
         from jaxloop.parity.torchside import require_torch
 
         require_torch()
@@ -116,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
             made = factory()
         except SystemExit as e:  # not the check's status: the factory never returned
             raise BadInput(f"{args.factory} called sys.exit({e.code!r}) instead of returning {EXPECTED}") from e
-        except Exception as e:  # the user's factory failed
-            raise BadInput(f"{args.factory} raised {type(e).__name__}: {e}") from e
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - the user's factory failed, with any exception
+            raise BadInput(f"{args.factory} raised {type(e).__name__}: {first_line(e)}") from e
         port = port_of(made, args.factory)
         from jaxloop.parity.compare import check
         from jaxloop.parity.errors import ModelError
@@ -127,20 +138,75 @@ def main(argv: list[str] | None = None) -> int:
             report = check(port, precisions=args.precision, trajectory=0 if args.no_trajectory else args.updates)
         except (MappingError, ModelError) as e:
             raise BadInput(str(e)) from e
+        except Exception as e:  # noqa: BLE001 - a Port the check cannot run on (no batch, a loss that is a vector)
+            raise BadInput(f"the check could not run on the Port {args.factory} returned: {type(e).__name__}: "
+                           f"{first_line(e)}") from e
+        print(report.text(mapping=not args.no_mapping))
+        if args.markdown:
+            print(f"markdown: {report.write_markdown(args.markdown)}")
+        if args.plots:
+            for path in report.plot(args.plots):
+                print(f"plot: {path}")
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return BAD_INPUT
-    except ImportError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ImportError, OSError) as e:  # OSError: the markdown or a plot could not be written
+        print(f"error: {first_line(e)}", file=sys.stderr)
         return BAD_INPUT
-    print(report.text(mapping=not args.no_mapping))
-    if args.markdown:
-        print(f"markdown: {report.write_markdown(args.markdown)}")
-    if args.plots:
-        for path in report.plot(args.plots):
-            print(f"plot: {path}")
+    except KeyboardInterrupt:
+        print("error: interrupted (a Ctrl-C, or a KeyboardInterrupt the factory or a model raised)", file=sys.stderr)
+        return INTERRUPTED
     return 0 if report.ok else 1
 
 
+def first_line(error: BaseException) -> str:
+    """An exception's message as one line of at most a few hundred characters (or its class's name)."""
+    from jaxloop.core.errors import VALUE_SHOWN
+
+    text = str(error).strip()
+    line = text.splitlines()[0] if text else type(error).__name__
+    return line if len(line) <= VALUE_SHOWN else line[:VALUE_SHOWN] + f"... (cut at {VALUE_SHOWN} characters)"
+
+
+def check_outputs(updates: int, markdown: str | None) -> None:
+    """BadInput, before the check runs, for --updates below 0 or a --markdown file whose directory is missing."""
+    if updates < 0:
+        raise BadInput(f"--updates={updates} is not allowed: an integer >= 0 (0 = no trajectory)")
+    if markdown:
+        parent = Path(markdown).expanduser().absolute().parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise BadInput(f"--markdown={markdown!r} is not allowed: a file in an existing, writable directory "
+                           f"({parent} {'is not writable' if parent.is_dir() else 'is not a directory'})")
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """`python -m jaxloop.parity`: main() in a child process, whose verdict (its exit status, written to the
+    file VERDICT_FILE names once main returns) is required: a child that ends without one (the factory or a
+    model called os._exit, or the process was killed) is reported in one line, with status 2."""
+    argv = sys.argv[1:] if argv is None else argv
+    verdict = os.environ.pop(VERDICT_FILE, None)  # popped: a command the check starts is a command of its own
+    if verdict:  # the child: main, then its verdict
+        try:
+            status = main(argv)
+        except SystemExit as e:  # argparse's --help (0) or usage error (2)
+            status = e.code if isinstance(e.code, int) else BAD_INPUT
+        Path(verdict).write_text(str(status))
+        return status
+    with tempfile.TemporaryDirectory(prefix="jaxloop-parity-") as directory:
+        file = Path(directory) / "verdict"
+        child = subprocess.Popen([sys.executable, "-m", "jaxloop.parity", *argv],
+                                 env={**os.environ, VERDICT_FILE: str(file)})
+        try:
+            code = child.wait()
+        except KeyboardInterrupt:  # the child got the Ctrl-C too (one process group): it answers it
+            code = child.wait()
+        if file.is_file():
+            return int(file.read_text())
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+    print(f"error: the check ended without its verdict: its process {how} before main() returned (does the "
+          "factory or a model call os._exit?)", file=sys.stderr)
+    return BAD_INPUT
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

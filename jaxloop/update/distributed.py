@@ -20,6 +20,7 @@ any state pytree (a user's own model, Linen or NNX state).
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,8 @@ from jaxloop.core.config import Config, ConfigError, DistributedConfig
 DATA_AXIS = "data"
 FSDP_AXIS = "fsdp"
 BATCH_AXES = (DATA_AXIS, FSDP_AXIS)
+PEER_TIMEOUT_S = 300
+"""How long a process waits for all of the run's processes to reach the coordinator (jax's default)."""
 """The batch's first axis is split over both mesh axes: every device gets its own rows."""
 MIN_SHARD_SIZE = 2**12
 """Leaves with fewer elements (biases, norm scales, scalars, counters, rng) stay replicated: sharding them
@@ -44,8 +47,18 @@ def initialize(cfg: Config) -> None:
     if d.num_processes == 1:
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU all-reduce across processes
-    jax.distributed.initialize(coordinator_address=d.coordinator, num_processes=d.num_processes,
-                               process_id=d.process_id)
+    # at once, before the wait: a missing peer would otherwise be minutes of silence
+    print(f"distributed: process {d.process_id} waiting for all {d.num_processes} processes at the coordinator "
+          f"{d.coordinator} (up to {PEER_TIMEOUT_S} s)", file=sys.stderr, flush=True)
+    try:
+        jax.distributed.initialize(coordinator_address=d.coordinator, num_processes=d.num_processes,
+                                   process_id=d.process_id, initialization_timeout=PEER_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - jax's error for a peer that never came (its text varies by version)
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise ConfigError("distributed.coordinator", d.coordinator, f"a coordinator that all "
+                          f"{d.num_processes} processes reach within {PEER_TIMEOUT_S} s (this is process "
+                          f"{d.process_id}; {type(e).__name__}: {why}): start the others with the same "
+                          "--distributed.* flags and their own --distributed.process_id") from None
 
 
 def is_primary() -> bool:
