@@ -531,25 +531,18 @@ def _state_metadata(step_dir: Path) -> Any:
     return meta
 
 
-def saved_structures(directory: str | Path) -> list[tuple[int, dict[str, Any]]]:
-    """(step, model record: jaxloop.update.state.model_record, the class unknown) of every committed checkpoint
-    in `directory` whose metadata reads, newest first, from Orbax's metadata alone: what each holds, compared
-    with the model before a resume. A step whose metadata does not read is left out: its restore calls it
-    damaged (its own files are missing or broken)."""
-    out = []
+def saved_structure(directory: str | Path) -> dict[str, Any] | None:
+    """The model record (jaxloop.update.state.model_record; the class unknown) of the newest committed checkpoint
+    in `directory` whose metadata reads, from Orbax's metadata alone: what a resume would restore first,
+    compared with the model before anything is written (and the identity of a run from before model.json).
+    None when no checkpoint's metadata reads. A step whose metadata does not read is skipped: its restore
+    calls it damaged (its own files are missing or broken)."""
     for step in reversed(committed_steps(Path(directory).absolute())):
         try:
-            out.append((step, model_record(_state_metadata(Path(directory) / str(step)))))
+            return model_record(_state_metadata(Path(directory) / str(step)))
         except Exception:  # noqa: BLE001 - unreadable metadata: the restore will call it damaged
             continue
-    return out
-
-
-def saved_structure(directory: str | Path) -> dict[str, Any] | None:
-    """The model record of the newest committed checkpoint in `directory` whose metadata reads (None: none
-    reads): the identity of a run from before model.json was written."""
-    found = saved_structures(directory)
-    return found[0][1] if found else None
+    return None
 
 
 def check_structure(directory: Path, step: int, expected: dict[str, Any]) -> None:

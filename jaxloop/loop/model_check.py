@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
-from jaxloop.checkpoint.manager import Checkpointer, saved_structure, saved_structures
+from jaxloop.checkpoint.manager import Checkpointer, saved_structure
 from jaxloop.update.state import hash_array, model_record
 from jaxloop.loop.task import Task, run_state
 from jaxloop.core.config import Config, ConfigError
@@ -94,15 +94,14 @@ def jaxpr_text(jaxpr: Any) -> str:
 
 def check_same_model(cfg: Config, layout: RunLayout, now: dict[str, Any], flags: bool) -> None:
     """A run that would resume a checkpoint must train the model it was saved with: compared with
-    run_dir/model.json, or for a run from before that record, with its newest checkpoint's structure.
+    run_dir/model.json and with its newest readable checkpoint's structure.
     `flags`: word the refusal for the command line (else for Python callers)."""
     if cfg.resume == "never" or not Checkpointer.has_checkpoint(layout.checkpoints):
         return
     check_model(layout, cfg.resume, now, read_model_record(layout), flags)
-    # and every checkpoint's own structure (checkpoints copied in from another run, under an intact model.json)
-    for i, (step, structure) in enumerate(saved_structures(layout.checkpoints)):
-        check_model(layout, cfg.resume, now, structure, flags,
-                    source="its latest checkpoint" if i == 0 else f"its checkpoint of update {step}")
+    # and the newest checkpoint's own structure (checkpoints copied in from another run, under an intact
+    # model.json); an older one is checked by the restore before it is read (Checkpointer.restore_latest)
+    check_model(layout, cfg.resume, now, saved_structure(layout.checkpoints), flags, source="its latest checkpoint")
 
 
 def check_init_from(cfg: Config, now: dict[str, Any]) -> None:
