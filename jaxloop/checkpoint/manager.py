@@ -3,11 +3,15 @@
 Retention is Orbax's AnyPreservationPolicy of LatestN(keep_last), BestN(keep_best by best_metric) and
 EveryNSteps(keep_every): the newest checkpoint is never deleted (unlike max_to_keep + best_fn, orbax
 #526). Restores go against the fresh state as target, so optimizer states come back as their own types.
-A damaged step (a file missing or truncated, an array or data position that fails its digest, a non-finite
-state) is moved aside with a warning and the previous one is used.
+A damaged step (a file missing or truncated, an array or data position that fails its digest, a digest of
+another update or of an unknown form, a non-finite state) is moved aside with a warning and the previous one
+is used. Damage needs that proof from the step's own bytes: a step whose structure (leaf paths, shapes,
+dtypes, read from Orbax's metadata) differs from the state being resumed holds another model, and the
+restore is refused (CheckpointMismatch, a ConfigError: exit 2) with nothing moved.
 
-Every checkpoint carries a digest of what it holds (item `digest`, jaxloop.checkpoint.digest: sha256 of each
-state leaf's dtype, shape and bytes, jaxloop.update.state.leaf_digests, and of the data position's JSON), computed
+Every checkpoint carries a digest of what it holds (item `digest`, jaxloop.checkpoint.digest: the update it is
+saved at, sha256 of each state leaf's dtype, shape and bytes, jaxloop.update.state.leaf_digests, and of the
+data position's JSON), computed
 from the arrays as handed to Orbax (the hand-over thread of an async save: off the loop's path) and
 committed with the step. Every
 restore (resume, load_model, --init_from, sampling) checks it; a checkpoint written before digests is
@@ -55,8 +59,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
-from jaxloop.core.errors import CheckpointWriteError
+from jaxloop.core.errors import CheckpointWriteError, ConfigError
 from jaxloop.core.config import CheckpointConfig, Config
+from jaxloop.core.identity import first_differences, model_differences
 from jaxloop.core.layout import DAMAGED_DIR, RunLayout
 from jaxloop.update.distributed import barrier, is_primary
 from jaxloop.checkpoint.digest import checkpoint_digest, finite, verify
@@ -74,6 +79,10 @@ class NonFiniteStateError(RuntimeError):
     """Raised instead of saving a state that holds NaN or Inf."""
 
 
+class CheckpointMismatch(ConfigError):
+    """A checkpoint whose structure is not the state's being resumed: another model's, refused, not damaged."""
+
+
 @dataclass
 class Restored:
     step: int
@@ -82,6 +91,9 @@ class Restored:
     metadata: dict[str, Any]
     path: Path | None = None
     """The checkpoint's directory."""
+    verified: bool = True
+    """Whether its bytes were checked against a digest (False: a checkpoint of an older jaxloop, or of
+    several processes, checked only for being finite)."""
 
 
 def preservation_policy(c: CheckpointConfig) -> cm.PreservationPolicy:
@@ -256,7 +268,7 @@ class Checkpointer:
             metadata=ocp.args.JsonSave(self.metadata),
             # read from the arrays handed to Orbax (host views, or a device copy), before it holds them;
             # several processes hold only their shards of the state: no digest there
-            digest=ocp.args.JsonSave(checkpoint_digest(state, data) if jax.process_count() == 1 else
+            digest=ocp.args.JsonSave(checkpoint_digest(state, data, step) if jax.process_count() == 1 else
                                      {"algorithm": None, "why": "several processes: each holds part of the state"}),
         )
         self._handed.append(step)
@@ -270,20 +282,30 @@ class Checkpointer:
                 handover.result()
 
     def restore_latest(self, target: TrainState) -> Restored | None:
-        """The newest checkpoint that restores; damaged newer ones are warned about and moved aside."""
+        """The newest checkpoint that restores; damaged newer ones are warned about and moved aside. A step of
+        another structure than `target` is not damaged: CheckpointMismatch, nothing moved."""
+        expected = model_record(target)
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
+                check_structure(self.directory, step, expected)
                 out = restore(self.manager, step, target, data=True)
                 return Restored(step=step, state=out["state"], data=dict(out["data"]),
-                                metadata=dict(out["metadata"] or {}), path=self.directory / str(step))
-            except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
-                cause = root_cause(e)
-                warnings.warn(f"checkpoint at update {step} is damaged ({cause}); "
-                              f"moving it to {DAMAGED_DIR}/ and trying the previous one", stacklevel=2)
-                self._quarantine(step)
+                                metadata=dict(out["metadata"] or {}), path=self.directory / str(step),
+                                verified=out["verified"])
+            except CheckpointMismatch:
+                raise
+            except Exception as e:  # noqa: BLE001 - any other failure to read a step means it is damaged
+                self.set_aside(step, root_cause(e))
         return None
 
+    def set_aside(self, step: int, why: str) -> None:
+        """Warn that the checkpoint of `step` is damaged (`why`) and move it to checkpoints_damaged/."""
+        warnings.warn(f"checkpoint at update {step} is damaged ({why}); "
+                      f"moving it to {DAMAGED_DIR}/ and trying the previous one", stacklevel=3)
+        self._quarantine(step)
+
     def _quarantine(self, step: int) -> None:
+        self._finish_handover()
         if is_primary():  # every process found the step damaged; one moves it
             damaged = self.layout.damaged
             damaged.mkdir(exist_ok=True)
@@ -394,7 +416,7 @@ def restore(manager: ocp.CheckpointManager, step: int, target: Any, data: bool =
     items = {"state": ocp.args.StandardRestore(target)}
     if data:
         items.update(data=ocp.args.JsonRestore(), metadata=ocp.args.JsonRestore())
-    directory = Path(manager.directory)
+    directory = Path(manager.directory).absolute()
     has_digest = (directory / str(step) / "digest").is_dir()
     if has_digest:
         items["digest"] = ocp.args.JsonRestore()
@@ -403,8 +425,8 @@ def restore(manager: ocp.CheckpointManager, step: int, target: Any, data: bool =
     except Exception:
         settle_abandoned_tasks()
         raise
-    verify(dict(out), dict(out["digest"]) if has_digest else None, directory, cast)
-    return out
+    verified = verify(dict(out), out["digest"] if has_digest else None, directory, cast, step=step)
+    return {**dict(out), "verified": verified}
 
 
 def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None = None,
@@ -473,26 +495,70 @@ def _read_steps(run_dir: Path, directory: Path, cfg: Config, which: str) -> tupl
     raise FileNotFoundError(f"no checkpoint of {run_dir} could be read")
 
 
+def read_state(run_dir: str | Path, step: int, target: TrainState) -> TrainState | None:
+    """The state a run saved at `step`, restored against `target` (the run's state, abstract) and checked
+    against its digest, read-only: a finished run's final state. None, with a warning, where it does not
+    read (its step deleted or damaged: nothing is moved)."""
+    directory = RunLayout.of(Path(run_dir).absolute()).checkpoints
+    with contextlib.ExitStack() as scope:
+        scope.enter_context(quiet_absl(logging.ERROR))  # Orbax warns at length about read-only managers
+        options = ocp.CheckpointManagerOptions(read_only=True, create=False)
+        manager = scope.enter_context(ocp.CheckpointManager(directory, options=options, item_names=ITEMS))
+        try:
+            if step not in manager.all_steps():
+                raise FileNotFoundError(f"no checkpoint of update {step} in {directory}")
+            check_structure(directory, step, model_record(target))
+            return restore(manager, step, target)["state"]
+        except CheckpointMismatch:
+            raise
+        except Exception as e:  # noqa: BLE001 - the summary is still the run's; the state is not to be had
+            warnings.warn(f"the final state of {directory.parent} could not be read ({root_cause(e)}); "
+                          "no state returned", stacklevel=3)
+            return None
+
+
 def _state_metadata(step_dir: Path) -> Any:
-    """Orbax's metadata tree of a step's state (shapes and dtypes, no arrays read). Orbax's warning that the
-    item has no _CHECKPOINT_METADATA of its own (the step directory holds it) is kept off the console."""
-    with quiet_absl(logging.NOTSET, MessageFilter("Metadata file does not exist")), \
-            ocp.StandardCheckpointer() as reader:
-        return reader.metadata(step_dir / "state").item_metadata
+    """Orbax's metadata tree of a step's state (shapes and dtypes, no arrays read); ValueError when there is
+    none. The path is made absolute: Orbax reads no metadata from a relative one (and says so only in a log
+    line). Orbax's warning that the item has no _CHECKPOINT_METADATA of its own (the step directory holds it)
+    is kept off the console."""
+    item = Path(step_dir).absolute() / "state"
+    with quiet_absl(logging.NOTSET, MessageFilter("Metadata file does not exist"),
+                    MessageFilter("Failed to get item metadata")), ocp.StandardCheckpointer() as reader:
+        meta = reader.metadata(item).item_metadata
+    if meta is None or not jax.tree.leaves(meta):  # Orbax reads a missing state item as an empty tree
+        raise ValueError(f"no readable state metadata in {item}")
+    return meta
 
 
 def saved_structure(directory: str | Path) -> dict[str, Any] | None:
     """The model record (jaxloop.update.state.model_record; the class unknown) of the newest committed checkpoint
-    in `directory` whose metadata reads, from Orbax's metadata alone: the identity of a run from before
-    model.json was written. None when no checkpoint's metadata reads."""
-    for step in reversed(committed_steps(directory)):
+    in `directory` whose metadata reads, from Orbax's metadata alone: what a resume would restore first,
+    compared with the model before anything is written (and the identity of a run from before model.json).
+    None when no checkpoint's metadata reads. A step whose metadata does not read is skipped: its restore
+    calls it damaged (its own files are missing or broken)."""
+    for step in reversed(committed_steps(Path(directory).absolute())):
         try:
-            record = model_record(_state_metadata(Path(directory) / str(step)))
+            return model_record(_state_metadata(Path(directory) / str(step)))
         except Exception:  # noqa: BLE001 - unreadable metadata: the restore will call it damaged
             continue
-        if record["leaves"]:  # Orbax reads a missing state item as an empty tree
-            return record
     return None
+
+
+def check_structure(directory: Path, step: int, expected: dict[str, Any]) -> None:
+    """CheckpointMismatch when the checkpoint of `step` holds leaves of other paths, shapes or dtypes than
+    `expected` (a model record). Metadata that does not read (ocdbt keeps it in the array files, so a
+    truncated array breaks it too) is left to the restore, which reads the same files, reports what failed
+    and calls the step damaged."""
+    try:
+        saved = model_record(_state_metadata(directory / str(step)))
+    except Exception:  # noqa: BLE001 - the restore reads the same files and reports them damaged
+        return
+    differences = model_differences(saved, expected)
+    if differences:
+        raise CheckpointMismatch("run_dir", str(directory.parent), f"checkpoints of the model trained now; the "
+                                 f"checkpoint of update {step} holds another: {first_differences(differences)}; "
+                                 "nothing was moved")
 
 
 def load_model(run_dir: str | Path, model: Any, which: str = "best") -> Any:

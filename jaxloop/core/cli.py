@@ -155,7 +155,7 @@ def finish(prog: str, cfg: Config, run: Callable[[], dict[str, Any]],
         print(f"{prog}: {e} received: saved and stopped{saved}; resume with: "
               f"{resume_command(prog, e.run_dir or cfg.run_dir)}", file=sys.stderr)
         return EXIT_SIGNAL[e.signum]
-    if announce():
+    if announce() and not summary.get("already_complete"):  # jaxloop.run says that itself
         print(done_line(summary, cfg.run_dir), file=sys.stderr)
     return 0
 

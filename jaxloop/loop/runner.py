@@ -12,6 +12,7 @@ time ends the host loop, and the run reloads its last checkpoint and trains on u
 from __future__ import annotations
 
 import errno
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -21,7 +22,7 @@ import jax
 import numpy as np
 
 from jaxloop.loop import actions as act
-from jaxloop.checkpoint.manager import Checkpointer
+from jaxloop.checkpoint.manager import Checkpointer, read_state
 from jaxloop.checkpoint.write_errors import disk_full_line
 from jaxloop.data.pipeline import DevicePrefetcher, run_val_batches, train_loader
 from jaxloop.loop.dispatch import CallEvents, CallPlan, Dispatcher
@@ -43,7 +44,7 @@ from jaxloop.update.state import TrainState, state_digest
 from jaxloop.update.step import make_train_step, scan_steps
 from jaxloop.loop.task import Task, builtin_task, check_builtin_fields, check_own_optimizer, run_state
 from jaxloop.core.cadence import MAX_UPDATES_PER_CALL, Cadence
-from jaxloop.core.errors import CheckpointWriteError, Interrupted, OutOfMemoryError
+from jaxloop.core.errors import CheckpointWriteError, Interrupted, NonFiniteError, OutOfMemoryError
 from jaxloop.core.config import Config, MemoryConfig, to_dict, validate
 from jaxloop.core.data_identity import check_same_data, data_lines
 from jaxloop.core.identity import read_model_record, write_model_record
@@ -78,8 +79,9 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
     """Train `task` (default: the preset's built-in task) according to cfg, with research code's `hooks`
     (jaxloop.Hook) among the loop's periodic actions; returns the trained state and the summary written to
     run_dir/summary.json (RunResult). `Config(run_dir=DIR)` alone resumes the run saved in DIR with its own
-    config (jaxloop.core.run_dir); a run that has already ended writes nothing and returns its summary, with
-    `already_complete` True (and no state: jaxloop.load_model reads it back)."""
+    config (jaxloop.core.run_dir); a run that has already ended writes nothing, says so on stderr ("already
+    complete: ...") and returns its summary, with `already_complete` True, and its final state read back from
+    its last checkpoint (None, with a warning, where that checkpoint does not read)."""
     t_start = time.perf_counter()
     cfg = resume_by_name(cfg)
     if task is not None:  # a Task of one's own: the built-in task's model and data fields at the preset's
@@ -103,7 +105,7 @@ def _run_configured(cfg: Config, task: Task | None, hooks: Sequence[act.Action],
     model = check_model_identity(cfg, task, splits, rd, builtin)  # another model: refused, nothing written
     ended = rd.finished()
     if ended is not None:  # a finished run started again: nothing to do, nothing written (not even the lock)
-        return RunResult(state=None, summary={**ended, "already_complete": True})
+        return already_complete(cfg, task, splits, rd, ended)
     if getattr(splits, "record", None) is not None:  # other data (jaxloop.core.data_identity): refused, nothing written
         splits = replace(splits, record=check_same_data(rd.layout, splits.record, rd.saved is not None,
                                                         cfg.data.allow_changed))
@@ -119,6 +121,18 @@ def _run_configured(cfg: Config, task: Task | None, hooks: Sequence[act.Action],
     finally:
         if lock is not None:
             lock.release()
+
+
+def already_complete(cfg: Config, task: Task, splits: Splits, rd: RunDir, ended: dict[str, Any]) -> RunResult:
+    """A finished run started again: the line that says so (on stderr, once per job), and the run's final state
+    read from the checkpoint of its last update, read-only."""
+    from jaxloop.core.cli import done_line
+
+    summary = {**ended, "already_complete": True}
+    if is_primary():
+        print(done_line(summary, cfg.run_dir), file=sys.stderr)
+    target = abstract_sharded(lambda: run_state(cfg, task, splits), make_mesh(cfg.distributed))
+    return RunResult(state=read_state(rd.path, int(ended["final_step"]), target), summary=summary)
 
 
 def hold_run_dir(cfg: Config) -> RunLock | None:
@@ -171,13 +185,13 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
     mesh = make_mesh(cfg.distributed)  # (data, fsdp): the state is sharded over fsdp, the batch over both
     init = lambda: run_state(cfg, task, splits)  # noqa: E731
     ckpt = Checkpointer(cfg.checkpoint, rd.path, config=to_dict(cfg), metadata=metadata)
-    memory, replans = cfg.memory, []
+    memory, replans, fell_back = cfg.memory, [], False
     try:
         while True:
             # a resume reads every shard straight into place: no fresh state is built only to be replaced
-            resume = cfg.resume != "never" or bool(replans)  # after a re-plan: this run's own last checkpoint
+            resume = cfg.resume != "never" or bool(replans) or fell_back  # after a re-plan: this run's own last checkpoint
             restored = ckpt.restore_latest(abstract_sharded(init, mesh)) if resume else None
-            if not replans:
+            if not replans and not fell_back:
                 rd.must_have_resumed(restored)
             state = restored.state if restored is not None else create_sharded(init, mesh)
             if restored is None and cfg.init_from:  # a fresh run from another run's params (--init_from)
@@ -186,7 +200,8 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
             if not replans:
                 if restored is not None:
                     rd.record_resume(restored.step)
-                timings.add("setup", time.perf_counter() - t_start)
+                if not fell_back:
+                    timings.add("setup", time.perf_counter() - t_start)
             try:
                 summary, state, signum = _train(replace(cfg, memory=memory), task, splits, state, restored, ckpt,
                                                 timings, mesh, list(hooks), rd, replans)
@@ -195,6 +210,13 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
                 memory, replans = e.memory, e.replans
                 with timings("checkpoint"):
                     ckpt.wait()  # the last save is committed before it is read back
+            except NonFiniteError as e:
+                ckpt.wait()
+                if not unverified_and_bad(restored, ckpt.all_steps()):
+                    raise
+                ckpt.set_aside(restored.step, "restored without a digest to check its bytes, and the updates from it "
+                                              f"went non-finite before the next save: {e}")
+                fell_back = True
     finally:
         with timings("checkpoint"):
             ckpt.close()  # awaits the last async save and surfaces its errors
@@ -209,6 +231,14 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
     if signum is not None:
         raise Interrupted(signum, step=summary["final_step"], run_dir=cfg.run_dir)
     return RunResult(state=state, summary=summary)
+
+
+def unverified_and_bad(restored: Any, saved: list[int]) -> bool:
+    """Whether a non-finite streak is taken for damage of the checkpoint resumed: it carried no digest (an
+    older jaxloop's, whose bytes nothing vouches for) and the streak came before this run saved another
+    (`saved`: the committed steps), so every update of the run since descends from its bytes alone. Without
+    this, each rerun would resume it and stop at the same streak."""
+    return restored is not None and not restored.verified and bool(saved) and saved[-1] == restored.step
 
 
 def check_model_identity(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool) -> dict[str, Any]:
