@@ -6,6 +6,7 @@
     python -m benchmarks --out results.json      # also write the rows, machine and versions as JSON
     python -m benchmarks --markdown BENCHMARKS.md [--from-json results.json]   # (re)write the record
     python -m benchmarks --list                  # the row names
+    python -m benchmarks --gpu [--tiny] [--out F] # a lent GPU in one shot (benchmarks/gpu.py; gpu.sh installs first)
 
 Each row prints jaxloop's figure, the reference's, their ratio, the goal and whether it was met. Rows
 that cannot run here (no GPU) print as unmeasured; a row that fails prints as failed with the error,
@@ -267,8 +268,21 @@ def main(argv: list[str] | None = None) -> int:
                         "files win; machine from the first, rows run on another machine named with theirs)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores, as XLA:CPU)")
     p.add_argument("--list", action="store_true", help="print the row names and exit")
+    p.add_argument("--gpu", action="store_true", help="GPT-2 small on a GPU in one shot: jaxloop, torch eager and "
+                   "torch.compile, deterministic kernels on/off, cuDNN/XLA attention, the loop (benchmarks/gpu.py); "
+                   "the JSON record goes to benchmarks/records/gpu-<device>.json or --out")
+    p.add_argument("--tiny", action="store_true", help="with --gpu: the same path at a CPU size (CI's check)")
     add_text_option(p)
     args = p.parse_args(argv)
+    if args.gpu:
+        from benchmarks import gpu
+
+        record = gpu.run(args.tiny, Path(args.out) if args.out else None, None if args.tiny else gpu.BUDGET_S)
+        failed = [f"{section}.{name}" for section in gpu.PARTS for name, entry in record[section].items()
+                  if isinstance(entry, dict) and entry.get("status") == "failed"]
+        if failed:
+            print(f"python -m benchmarks --gpu: failed: {', '.join(failed)} (errors in the record)", file=sys.stderr)
+        return 1 if failed else 0
     use_text(args)
     if args.list:
         for name, _ in registry():
