@@ -181,3 +181,29 @@ def test_a_missing_tracker_library_is_one_line_naming_the_extra(monkeypatch):
                             "pip install 'jaxloop[wandb]'")
     with pytest.raises(ConfigError, match="one of wandb, mlflow"):
         LogConfig(trackers=("neptune",)).validate()
+
+
+def test_a_cli_resume_continues_both_tracker_runs_from_the_run_directory(cli_run, tmp_path):
+    # The finished 6-update run resumed to 9 updates by the same command with --steps 9 --allow_steps_change
+    # (config.json read back):
+    # each tracker holds updates 1..9 once, in the run it started (the ids in state.json are unchanged).
+    import shutil
+
+    run_dir, proc = cli_run
+    assert proc.returncode == 0, proc.stderr
+    resumed = tmp_path / "debug"
+    shutil.copytree(run_dir, resumed)
+    before = json.loads((tracker_dir(resumed) / "state.json").read_text())
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "WANDB_BASE_URL": "http://127.0.0.1:9", "PYTHONPATH": str(REPO)}
+    again = subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(resumed), "--steps", "9",
+         "--allow_steps_change",
+         "--eval_every", "3", "--log.progress", "off", "--log.report", "--log.trackers", "mlflow", "wandb"],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert again.returncode == 0, again.stderr
+    after = json.loads((tracker_dir(resumed) / "state.json").read_text())
+    assert {k: v["run_id"] for k, v in after.items()} == {k: v["run_id"] for k, v in before.items()}
+    losses = [(r["step"], r["loss"]) for r in read_records(resumed) if r["kind"] == "train"]
+    assert [s for s, _ in losses] == list(range(1, 10))
+    assert mlflow_history(resumed, "train/loss") == losses
+    assert wandb_history(resumed, "train/loss") == losses
