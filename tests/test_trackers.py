@@ -137,7 +137,8 @@ def test_the_cli_run_exits_quietly_with_the_config_and_every_metric_in_both_trac
 
     run_dir, proc = cli_run
     assert proc.returncode == 0, proc.stderr
-    assert "wandb" not in proc.stderr.lower() and "mlflow" not in proc.stderr.lower(), proc.stderr
+    printed = (proc.stdout + proc.stderr).lower()
+    assert "wandb" not in printed and "mlflow" not in printed, proc.stdout + proc.stderr
     losses = [(r["step"], r["loss"]) for r in read_records(run_dir) if r["kind"] == "train"]
     assert len(losses) == 6
     # every update's loss, bit for bit (both store float64; metrics.jsonl writes repr)
