@@ -39,6 +39,7 @@ def test_the_tiny_gpu_script_runs_every_part_into_one_record(tmp_path):
             assert entry["tokens_per_s"] == pytest.approx(2 * 32 / entry["s_per_update"], rel=1e-12)
             assert entry["mfu"] is None and entry["peak_mem_bytes"] is None, "no table peak or device memory on a CPU"
     assert record["attention"]["cudnn"]["status"] == "unavailable"
+    assert record["deterministic"]["on"] == {**record["gpt2"]["jaxloop"], "from": "gpt2.jaxloop"}
     loop = record["loop"]["loop"]
     assert loop["status"] == "ok" and loop["updates"] == 3
     assert loop["tokens_per_s"] == pytest.approx(loop["updates_per_s"] * 2 * 32, rel=1e-12)
@@ -51,8 +52,8 @@ def test_a_part_that_starts_with_under_a_minute_of_the_budget_left_is_skipped_an
     out = tmp_path / "gpu.json"
     record = gpu.run(tiny=True, out=out, budget_s=30.0)
     assert json.loads(out.read_text()) == json.loads(json.dumps(record)), "the record returned is the one written"
-    entries = [record["gpt2"]["part"], record["deterministic"]["on"], record["deterministic"]["off"],
-               record["attention"]["part"], record["loop"]["loop"]]
+    entries = [record["gpt2"]["part"], record["loop"]["loop"], record["attention"]["part"],
+               record["deterministic"]["off"], record["deterministic"]["on"]]
     assert [e["status"] for e in entries] == ["skipped"] * 5
     assert "loop_over_update" not in record["loop"]
 
