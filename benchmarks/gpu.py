@@ -10,6 +10,8 @@ shards written for the run (random ids: the work per update does not depend on w
     attention      jaxloop with model.attention xla and cudnn (cuDNN's fused attention; unavailable off a GPU)
     loop           `python -m jaxloop.train` for 200 updates on the shards (data, host work and logging
                    included), against the update alone
+    breakdown      the loop's median update split into data wait, forward, backward, optimizer, host and the
+                   rest (benchmarks/breakdown.py: compiled forward, forward + backward and update variants)
 
 Each part runs in its own process (a child's XLA_FLAGS, memory and failure are its own), one after the other,
 and the record is written after each part (a part that fails or runs out of time keeps the others). --tiny is
@@ -34,16 +36,20 @@ from typing import Any
 
 import numpy as np
 
+from jaxloop.core.records import read_records
+
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "benchmarks" / "records"
 SCHEMA = 1
-PARTS = ("gpt2", "deterministic", "attention", "loop")
+PARTS = ("gpt2", "deterministic", "attention", "loop", "breakdown")
 GPT2_VOCAB = 50257
 SIZES = {  # the model, the batch and the counts of each size
     "full": {"n_layers": 12, "d_model": 768, "n_heads": 12, "context": 1024, "batch": 16, "vocab": GPT2_VOCAB,
-             "precision": "bf16", "warm": 3, "updates": 20, "rounds": 3, "loop_updates": 200, "timeout_s": 240},
+             "precision": "bf16", "warm": 3, "updates": 20, "rounds": 3, "loop_updates": 200, "log_every": 10,
+             "timeout_s": 240},
     "tiny": {"n_layers": 2, "d_model": 64, "n_heads": 4, "context": 32, "batch": 2, "vocab": 512,
-             "precision": "fp32", "warm": 1, "updates": 2, "rounds": 1, "loop_updates": 3, "timeout_s": 300},
+             "precision": "fp32", "warm": 1, "updates": 2, "rounds": 1, "loop_updates": 3, "log_every": 1,
+             "timeout_s": 300},
 }
 DETERMINISTIC = "--xla_gpu_deterministic_ops"
 BUDGET_S = 480.0
@@ -160,7 +166,7 @@ def loop_run(s: dict[str, Any], shards: Path) -> dict[str, Any]:
                 "--precision", s["precision"], "--model.n_layers", str(s["n_layers"]),
                 "--model.d_model", str(s["d_model"]), "--model.n_heads", str(s["n_heads"]),
                 "--model.context", str(s["context"]), "--model.vocab_size", str(s["vocab"]),
-                "--eval_every", "0", "--eval_batches", "1", "--checkpoint.every", "0", "--log_every", "10",
+                "--eval_every", "0", "--eval_batches", "1", "--checkpoint.every", "0", "--log_every", str(s["log_every"]),
                 "--optim.warmup_steps", "1", "--log.progress", "plain", "--log.no_tensorboard", "--log.no_report"]
         t0 = time.perf_counter()
         proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=os.environ.copy(),
@@ -169,9 +175,14 @@ def loop_run(s: dict[str, Any], shards: Path) -> dict[str, Any]:
         if proc.returncode != 0:
             return failure(f"exit {proc.returncode}: {proc.stderr.strip()[-400:]}")
         summary = json.loads((run_dir / "summary.json").read_text())
+        train = [r for r in read_records(run_dir) if r.get("kind") == "train"][1:] or [{}]  # after the first interval
     rate = float(summary["updates_per_s"])
+    step_ms = [r["step_ms"] for r in train if r.get("step_ms") is not None]
+    wait_ms = [r["data_wait_ms"] for r in train if r.get("data_wait_ms") is not None]
     return {"status": "ok", "updates": int(summary["final_step"]), "updates_per_s": rate,
             "tokens_per_s": rate * s["batch"] * s["context"], "wall_s": wall,
+            "median_step_ms": float(np.median(step_ms)) if step_ms else None,
+            "median_data_wait_ms": float(np.median(wait_ms)) if wait_ms else 0.0,
             "timings_s": summary.get("timings_s")}
 
 
@@ -197,6 +208,12 @@ def part(name: str, tiny: bool, shards: Path) -> dict[str, Any]:
         return out
     if name == "loop":
         return {"loop": loop_run(s, shards)}
+    if name == "breakdown":
+        from benchmarks.breakdown import variant_times
+        from jaxloop.core.sources import load_splits
+
+        cfg = gpt_cfg(s, shards)
+        return {"variants_s": variant_times(cfg, load_splits(cfg), s["updates"])}
     raise ValueError(f"part {name!r}: one of {', '.join(PARTS)}")
 
 
@@ -215,6 +232,7 @@ def run_part(name: str, tiny: bool, shards: Path, deterministic: bool = True,
     """A part in a child process: its JSON (the last stdout line), or a failure naming the exit and stderr (under
     the part's own key: deterministic's "on" or "off", loop's "loop", else "part")."""
     key = ("on" if deterministic else "off") if name == "deterministic" else "loop" if name == "loop" else "part"
+    key = "variants_s" if name == "breakdown" else key
     s = size_of(tiny)
     timeout = s["timeout_s"] + 60 if left_s is None else min(s["timeout_s"] + 60, left_s)
     if timeout < 60:
@@ -261,7 +279,7 @@ def run(tiny: bool, out: Path | None = None, budget_s: float | None = None) -> d
     with tempfile.TemporaryDirectory() as tmp:
         shards = write_shards(Path(tmp) / "shards", s)
         # most wanted first (the budget may cut the last); deterministic kernels on are the gpt2 part's jaxloop
-        steps = [("gpt2", True), ("loop", True), ("attention", True), ("deterministic", False)]
+        steps = [("gpt2", True), ("loop", True), ("attention", True), ("deterministic", False), ("breakdown", True)]
         for name, deterministic in steps:
             print(f"gpu: {name}{'' if deterministic else ' (deterministic off)'}...", file=sys.stderr, flush=True)
             left = None if budget_s is None else budget_s - (time.perf_counter() - t0)
@@ -276,7 +294,14 @@ def run(tiny: bool, out: Path | None = None, budget_s: float | None = None) -> d
     loop, update = record["loop"].get("loop", {}), record["gpt2"].get("jaxloop", {})
     if loop.get("status") == "ok" and update.get("status") == "ok":
         record["loop"]["loop_over_update"] = loop["tokens_per_s"] / update["tokens_per_s"]
-        out.write_text(json.dumps(record, indent=1) + "\n")
+    variants = record["breakdown"].get("variants_s", {})
+    if loop.get("status") == "ok" and loop.get("median_step_ms") and "status" not in variants:
+        from benchmarks.breakdown import rounded, split_update
+
+        record["breakdown"]["parts_ms"] = rounded(split_update(
+            loop["median_step_ms"] / 1e3, loop["median_data_wait_ms"] / 1e3, variants["forward"],
+            variants["fwd_bwd"], variants["update"]))
+    out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"gpu: wrote {out} in {record['wall_s']:.0f} s", file=sys.stderr)
     return record
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu
+from benchmarks.breakdown import PARTS
 
 REPO = Path(__file__).resolve().parents[1]
 MEASURED = {"status", "s_per_update", "tokens_per_s", "mfu", "peak_mem_bytes"}
@@ -46,6 +47,11 @@ def test_the_tiny_gpu_script_runs_every_part_into_one_record(tmp_path):
     assert record["loop"]["loop_over_update"] == pytest.approx(
         loop["tokens_per_s"] / record["gpt2"]["jaxloop"]["tokens_per_s"], rel=1e-12)
     assert record["wall_s"] > 0
+    # the loop's median update split by part (benchmarks/breakdown.py), each part printed to 0.001 ms
+    assert set(record["breakdown"]["variants_s"]) == {"forward", "fwd_bwd", "update"}
+    parts = record["breakdown"]["parts_ms"]
+    assert tuple(parts) == PARTS and min(parts.values()) >= 0
+    assert abs(sum(parts.values()) - loop["median_step_ms"]) <= (len(PARTS) + 1) * 0.0005 + 1e-9
 
 
 def test_a_part_that_starts_with_under_a_minute_of_the_budget_left_is_skipped_and_recorded(tmp_path):
@@ -53,8 +59,9 @@ def test_a_part_that_starts_with_under_a_minute_of_the_budget_left_is_skipped_an
     record = gpu.run(tiny=True, out=out, budget_s=30.0)
     assert json.loads(out.read_text()) == json.loads(json.dumps(record)), "the record returned is the one written"
     entries = [record["gpt2"]["part"], record["loop"]["loop"], record["attention"]["part"],
-               record["deterministic"]["off"], record["deterministic"]["on"]]
-    assert [e["status"] for e in entries] == ["skipped"] * 5
+               record["deterministic"]["off"], record["deterministic"]["on"], record["breakdown"]["variants_s"]]
+    assert [e["status"] for e in entries] == ["skipped"] * 6
+    assert "parts_ms" not in record["breakdown"]
     assert "loop_over_update" not in record["loop"]
 
 
