@@ -107,6 +107,29 @@ def test_a_resumed_run_continues_the_tracker_run_and_logs_no_update_twice(tmp_pa
     assert [r["step"] for r in read_records(tmp_path)] == list(range(1, 9)), "metrics.jsonl as before"
 
 
+def test_log_mlflow_uri_names_another_store_and_the_artifacts_stay_in_the_run_directory(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)  # MLflow's own default artifact root is ./mlartifacts: none must appear here
+    store = f"sqlite:///{tmp_path / 'shared.db'}"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    log = replace(_log(("mlflow",)), mlflow_uri=store)
+    logger = RunLogger(run_dir, log, start_step=0, total_steps=2, config={"steps": 2})
+    logger.train({"step": 1, "loss": 3.0})
+    logger.close()
+    (run_dir / "report.md").write_text("# report\n")
+    from jaxloop.observe.trackers import report_to_trackers
+
+    report_to_trackers(run_dir, ("mlflow",), "jaxloop", store)
+    run_id = json.loads((tracker_dir(run_dir) / "state.json").read_text())["mlflow"]["run_id"]
+    client = MlflowClient(tracking_uri=store)
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")] == [(1, 3.0)]
+    assert not (tracker_dir(run_dir) / "mlflow.db").exists() and not (tmp_path / "mlartifacts").exists()
+    assert (tracker_dir(run_dir) / "mlflow-artifacts").is_dir()
+    assert [f.path for f in client.list_artifacts(run_id)] == ["report.md"]
+
+
 def test_wandb_sessions_share_one_run_id(tmp_path):
     logger = RunLogger(tmp_path, _log(("wandb",)), start_step=0, total_steps=4, config={"steps": 4})
     logger.train({"step": 1, "loss": 1.0})

@@ -97,8 +97,11 @@ class MlflowTracker:
             self.client = MlflowClient(tracking_uri=self.uri)
             if run_id is None:
                 experiment = self.client.get_experiment_by_name(project)
+                # artifacts in run_dir/trackers, unless a server (http, databricks) keeps them where it puts them
+                server = uri.startswith(("http://", "https://", "databricks"))
+                local = None if server else (tracker_dir(run_dir) / "mlflow-artifacts").resolve().as_uri()
                 experiment_id = experiment.experiment_id if experiment is not None else self.client.create_experiment(
-                    project, artifact_location=(tracker_dir(run_dir) / "mlflow-artifacts").resolve().as_uri())
+                    project, artifact_location=local)
                 run_id = self.client.create_run(experiment_id, run_name=run_dir.resolve().name).info.run_id
             else:
                 self.client.update_run(run_id, status="RUNNING")
