@@ -6,6 +6,7 @@
     python -m benchmarks --out results.json      # also write the rows, machine and versions as JSON
     python -m benchmarks --markdown BENCHMARKS.md [--from-json results.json]   # (re)write the record
     python -m benchmarks --list                  # the row names
+    python -m benchmarks --gpu [--tiny] [--out F] # a lent GPU in one shot (benchmarks/gpu.py; gpu.sh installs first)
 
 Each row prints jaxloop's figure, the reference's, their ratio, the goal and whether it was met. Rows
 that cannot run here (no GPU) print as unmeasured; a row that fails prints as failed with the error,
@@ -29,13 +30,13 @@ from benchmarks.common import Options, Row, add_text_option, as_dict, machine, u
 # (--quick keeps one row per kind of measurement, on the smallest shapes: a smoke check, not a record)
 QUICK_SKIP = ("step.gpt64.k4", "step.gpt128.k1", "step.gpt128.k4", "eval.gpt128", "loop.mlp.k4", "loop.gpt64.k1",
               "loop.gpt64.k4", "startup.compile",
-              "memory.step.mlp", "memory.step.gpt128", "memory.plan", "checkpoint", "gpt2.cpu")
+              "memory.step.mlp", "memory.step.gpt128", "memory.plan", "checkpoint", "gpt2.cpu", "breakdown.gpt64")
 FULL_SKIP = ("eval.gpt64",)  # the quick stand-in for eval.gpt128
 
 
 def registry() -> list[tuple[str, Callable[[Options], Row | list[Row]]]]:
     """(name, function) in run order; a function may return several rows (names share its prefix)."""
-    from benchmarks import bench_gpt2, plan, procs, step
+    from benchmarks import bench_gpt2, breakdown, plan, procs, step
 
     rows: list[tuple[str, Callable[[Options], Any]]] = [("peak", step.matmul_peak)]
     for shape in ("mlp", "gpt64", "gpt128"):
@@ -47,6 +48,7 @@ def registry() -> list[tuple[str, Callable[[Options], Row | list[Row]]]]:
         for k in (1, 4):
             rows.append((f"loop.{shape}.k{k}", lambda o, s=shape, k=k: procs.loop_row(o, s, k)))
     rows += [
+        ("breakdown.gpt64", breakdown.breakdown_row),
         ("e2e.shakespeare64", procs.e2e_row),
         ("e2e.script64", procs.script64_row),
         ("startup.compile", procs.compile_row),
@@ -267,8 +269,21 @@ def main(argv: list[str] | None = None) -> int:
                         "files win; machine from the first, rows run on another machine named with theirs)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores, as XLA:CPU)")
     p.add_argument("--list", action="store_true", help="print the row names and exit")
+    p.add_argument("--gpu", action="store_true", help="GPT-2 small on a GPU in one shot: jaxloop, torch eager and "
+                   "torch.compile, deterministic kernels on/off, cuDNN/XLA attention, the loop (benchmarks/gpu.py); "
+                   "the JSON record goes to benchmarks/records/gpu-<device>.json or --out")
+    p.add_argument("--tiny", action="store_true", help="with --gpu: the same path at a CPU size (CI's check)")
     add_text_option(p)
     args = p.parse_args(argv)
+    if args.gpu:
+        from benchmarks import gpu
+
+        record = gpu.run(args.tiny, Path(args.out) if args.out else None, None if args.tiny else gpu.BUDGET_S)
+        failed = [f"{section}.{name}" for section in gpu.PARTS for name, entry in record[section].items()
+                  if isinstance(entry, dict) and entry.get("status") == "failed"]
+        if failed:
+            print(f"python -m benchmarks --gpu: failed: {', '.join(failed)} (errors in the record)", file=sys.stderr)
+        return 1 if failed else 0
     use_text(args)
     if args.list:
         for name, _ in registry():

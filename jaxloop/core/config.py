@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import json
 import os
 from collections.abc import Callable
@@ -428,6 +429,11 @@ class CheckpointConfig:
         one_of("checkpoint.best_mode", self.best_mode, ("min", "max"))
 
 
+TRACKER_MODULES = {"wandb": ("wandb",), "mlflow": ("mlflow", "sqlalchemy", "alembic")}
+"""log.trackers' names and the modules each needs (the extra of its name installs them; MLflow's sqlite store
+needs SQLAlchemy and Alembic beside mlflow-skinny)."""
+
+
 @dataclass(frozen=True)
 class LogConfig:
     """Progress, writers, profiling and the run report."""
@@ -444,10 +450,23 @@ class LogConfig:
     """Machine price in $/hour, for the cost line of the report."""
     report: bool = True
     """Write report.md and its PNGs at the end of the run."""
+    trackers: tuple[str, ...] = ()
+    """Experiment trackers beside metrics.jsonl and TensorBoard (like HF's report_to): wandb (offline run files
+    in run_dir/trackers), mlflow (a sqlite store in run_dir/trackers unless log.mlflow_uri); see docs/observing.md."""
+    project: str = "jaxloop"
+    """The W&B project and the MLflow experiment a run is logged under (its run name: the run_dir's name)."""
+    mlflow_uri: str = ""
+    """MLflow's tracking URI ("" = sqlite:///<run_dir>/trackers/mlflow.db)."""
 
     def validate(self) -> None:
         """ConfigError for the first field that is not allowed (log.*)."""
         one_of("log.progress", self.progress, ("auto", "bar", "plain", "off"))
+        for name in self.trackers:
+            one_of("log.trackers", name, tuple(TRACKER_MODULES))
+            missing = [m for m in TRACKER_MODULES[name] if importlib.util.find_spec(m) is None]
+            if missing:
+                raise ConfigError("log.trackers", name, f"an installed tracker ({missing[0]} is not installed): "
+                                  f"pip install 'jaxloop[{name}]'")
         nonneg_int("log.profile_start", self.profile_start)
         nonneg_int("log.profile_steps", self.profile_steps)
         nonneg_float("log.price_per_hour", self.price_per_hour)

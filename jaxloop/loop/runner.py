@@ -228,6 +228,10 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
         from jaxloop.observe.run_report import write_report
 
         write_report(rd.path)
+        if cfg.log.trackers:
+            from jaxloop.observe.trackers import report_to_trackers
+
+            report_to_trackers(rd.path, cfg.log.trackers, cfg.log.project, cfg.log.mlflow_uri)
     if signum is not None:
         raise Interrupted(signum, step=summary["final_step"], run_dir=cfg.run_dir)
     return RunResult(state=state, summary=summary)

@@ -1,4 +1,5 @@
-"""Run metrics sinks: console progress, metrics.jsonl (always) and TensorBoard writers.
+"""Run metrics sinks: console progress, metrics.jsonl (always), TensorBoard writers and the experiment trackers
+(log.trackers: W&B, MLflow; jaxloop.observe.trackers).
 
 Records are plain dicts of Python scalars; floats are written at full precision (repr) so that two runs
 can be compared bit for bit. A resumed run first truncates metrics.jsonl to the records up to the
@@ -228,6 +229,11 @@ class RunLogger:
             if config is not None:
                 self._tb.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```", start_step)
         self._progress = Progress(log.progress if writes else "off", total_steps, start_step, stream, log_every)
+        self._trackers = None
+        if writes and log.trackers:
+            from jaxloop.observe.trackers import Trackers
+
+            self._trackers = Trackers(run_dir, log.trackers, log.project, log.mlflow_uri, config)
 
     def train(self, record: dict[str, Any]) -> None:
         record = dict(record)
@@ -237,12 +243,14 @@ class RunLogger:
             self.peak_mem_bytes = max(mem, self.peak_mem_bytes or 0)
         self._write({"kind": "train", **record})
         self._scalars("train", record)
+        self._track("train", record)
         self._progress.train(record)
 
     def eval(self, record: dict[str, Any]) -> None:
         self._write({"kind": "eval", **record})
         self.flush()
         self._scalars("eval", record)
+        self._track("eval", record)
         self._progress.eval(record)
 
     def flush(self) -> None:
@@ -250,6 +258,8 @@ class RunLogger:
         thread holding it then can keep the loop waiting for milliseconds)."""
         if self._file is not None:
             self._file.flush()
+        if self._trackers is not None:
+            self._trackers.flush()
         self._progress.flush()
 
     def message(self, text: str) -> None:
@@ -259,6 +269,7 @@ class RunLogger:
         """A hook's scalars: a `hook` record in metrics.jsonl and TensorBoard scalars under hook/."""
         self._write({"kind": "hook", "step": int(step), **scalars})
         self._scalars("hook", {"step": step, **scalars})
+        self._track("hook", {"step": step, **scalars})
 
     def text(self, step: int, name: str, text: str) -> None:
         """A hook's text: a `hook` record {name: text} and TensorBoard text under hook/."""
@@ -301,6 +312,10 @@ class RunLogger:
                   for v in scalar(tb_tag(kind, key), float(value)).value]
         self._tb._get_file_writer().add_summary(Summary(value=values), int(record["step"]))
 
+    def _track(self, kind: str, record: dict[str, Any]) -> None:
+        if self._trackers is not None:
+            self._trackers.log(kind, record)
+
     def _write(self, record: dict[str, Any]) -> None:
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
@@ -310,6 +325,9 @@ class RunLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._trackers is not None:
+            self._trackers.close()
+            self._trackers = None
         if self._file is not None and not self._file.closed:
             self._file.close()
 
