@@ -1,5 +1,5 @@
 """The model half of a run's identity, checked before a run writes anything (jaxloop.core.identity holds the
-record and the rules): a resume whose model differs from the run's, or --init_from a run whose params
+record and the rules): a resume whose model differs from the run's, or --init_from a run (or a Hugging Face GPT-2) whose params
 have other shapes, is refused with a ConfigError (exit 2) naming the first differing leaves.
 """
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 
+from jaxloop.checkpoint import hf_gpt2
 from jaxloop.checkpoint.manager import Checkpointer, saved_structure
 from jaxloop.update.state import model_record
 from jaxloop.loop.task import Task, run_state
@@ -36,6 +37,9 @@ def check_same_model(cfg: Config, layout: RunLayout, now: dict[str, Any], flags:
 def check_init_from(cfg: Config, now: dict[str, Any]) -> None:
     """--init_from must name a run whose params have this model's paths and shapes (dtypes are cast)."""
     if not cfg.init_from:
+        return
+    if hf_gpt2.is_hf_dir(cfg.init_from):  # a Hugging Face GPT-2: its tensors' shapes, from the file's header
+        hf_gpt2.to_params(hf_gpt2.tensor_shapes(cfg.init_from), cfg.model, cfg.init_from)
         return
     source = saved_structure(RunLayout.of(cfg.init_from).checkpoints)
     if source is None:
