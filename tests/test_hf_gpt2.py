@@ -32,9 +32,12 @@ SHAPES = {  # two GPT-2s that differ in every field the checkpoint decides
 
 
 def tiny_gpt2(directory, seed: int = 0, safetensors: bool = True, **config) -> GPT2LMHeadModel:
-    """A random GPT-2 of `config` saved in `directory` by save_pretrained (no download)."""
+    """A random GPT-2 of `config` saved in `directory` by save_pretrained (no download). Its matrices are
+    drawn at std 0.3 instead of GPT-2's 0.02, so that the MLP's inputs span GELU's bend (where its exact and
+    tanh forms differ by up to 1e-3) rather than the near-linear middle."""
     torch.manual_seed(seed)
-    model = GPT2LMHeadModel(GPT2Config(**{"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, **config}))
+    model = GPT2LMHeadModel(GPT2Config(**{"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+                                          "initializer_range": 0.3, **config}))
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 1:

@@ -297,8 +297,10 @@ def gpt_logits(params: dict[str, Any], m: ModelConfig, tokens: np.ndarray, preci
     from jaxloop.model.builtin import make_model
 
     dtype = np.float64 if precision == "fp64" else np.float32
+    vocab = int(np.shape(params["tok_embed"]["embedding"])[0])  # the params' own (a padded vocabulary too)
+    fields = {**_fields(m), "attention": "xla", "dropout": 0.0, "vocab_size": vocab, "vocab_multiple": 1}
     with jax.enable_x64(True) if precision == "fp64" else contextlib.nullcontext():
-        model = make_model(ModelConfig(**{**_fields(m), "attention": "xla", "dropout": 0.0}), m.vocab_size, precision)
+        model = make_model(ModelConfig(**fields), vocab, precision)
         p = jax.tree.map(lambda a: jnp.asarray(np.asarray(a, dtype)), params)
         return np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x))(p, jnp.asarray(tokens, jnp.int32)))
 
