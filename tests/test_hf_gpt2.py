@@ -105,6 +105,16 @@ def test_the_load_check_refuses_a_gpt_that_differs(tmp_path):
         hf_gpt2.check_logits(tmp_path, params, replace(m, ln_eps=1e-1))
 
 
+def test_without_transformers_the_load_check_says_the_logits_were_not_compared(tmp_path, monkeypatch):
+    # mutant seen failing: the ImportError not caught (the run stops where torch or transformers is missing)
+    tiny_gpt2(tmp_path, **SHAPES["tied"])
+    params, m = loaded(tmp_path)
+    monkeypatch.setitem(__import__("sys").modules, "transformers", None)  # `import transformers` raises ImportError
+    assert hf_gpt2.check_logits(tmp_path, params, m) == (
+        "every tensor mapped with the GPT's shapes; logits not compared with transformers' GPT2LMHeadModel "
+        "(torch and transformers are not both installed)")
+
+
 def test_pytorch_model_bin_reads_as_safetensors_does(tmp_path):
     tiny_gpt2(tmp_path / "st", **SHAPES["tied"])
     tiny_gpt2(tmp_path / "bin", safetensors=False, **SHAPES["tied"])

@@ -535,8 +535,9 @@ class Config:
     compiled steps from it (jaxloop.loop.compilation)."""
     init_from: str = field(default="", metadata=HOST)
     """A run_dir (or its checkpoints/ directory) whose newest checkpoint's params initialise this fresh run
-    (optimizer, step and data position start afresh); empty = the model's own seeded init. Not allowed
-    when the run resumes from a checkpoint of its own run_dir."""
+    (optimizer, step and data position start afresh); empty = the model's own seeded init. Or a Hugging Face
+    GPT-2 directory (config.json + model.safetensors), which also gives the built-in GPT its shape
+    (docs/language-models.md). Not allowed when the run resumes from a checkpoint of its own run_dir."""
     optim: OptimConfig = field(default_factory=OptimConfig, metadata=TRAJECTORY)
     model: ModelConfig = field(default_factory=ModelConfig, metadata={**TRAJECTORY, **BUILTIN_TASK})
     data: DataConfig = field(default_factory=DataConfig, metadata=TRAJECTORY)
@@ -804,7 +805,8 @@ def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -
             shard_paths(d.path)  # ConfigError when it names no file
         writable_dir("run_dir", cfg.run_dir)
         if cfg.init_from and not os.path.isdir(cfg.init_from):
-            raise ConfigError("init_from", cfg.init_from, "empty or an existing run_dir or checkpoints directory")
+            raise ConfigError("init_from", cfg.init_from, "empty or an existing run_dir or checkpoints directory "
+                              "(or a Hugging Face GPT-2 directory)")
     return cfg
 
 
