@@ -77,6 +77,14 @@ def test_the_export_is_config_json_and_model_safetensors_of_the_checkpoint_asked
         f"jaxloop.export: error: {gpt_run} holds no checkpoint of update 0 (it holds 3)\n")
 
 
+def test_ema_of_a_run_without_one_is_one_line_exit_2(gpt_run, tmp_path):
+    # mutant seen failing: the EMA check removed (a traceback mapping None)
+    code, out, err = export(str(gpt_run), "--ema", "--out", str(tmp_path / "x"))
+    assert (code, out) == (2, "")
+    assert err == f"jaxloop.export: error: --ema: {gpt_run} keeps no EMA of its params (optim.ema_decay was 0)\n"
+    assert not (tmp_path / "x").exists()
+
+
 # ----------------------------------------------------------------------------- any run: params.safetensors
 
 
