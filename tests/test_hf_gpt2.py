@@ -146,6 +146,20 @@ def test_a_gpt2_variant_the_builtin_gpt_lacks_is_refused_by_name(tmp_path):
 # ----------------------------------------------------------------------------- the command line
 
 
+def test_the_finetune_preset_is_nanogpts_finetune_shakespeare():
+    # nanoGPT's config/finetune_shakespeare.py: 20 iterations of 32 sequences (batch 1 x accumulation 32 there),
+    # learning rate 3e-5 not decayed, eval every 5 over 40 batches; its train.py's AdamW betas (0.9, 0.95), decay
+    # 0.1, clip 1.0. mutant seen failing: the preset left on warmup-cosine
+    from jaxloop.core.config import flat_view, preset
+
+    cfg = preset("gpt2-finetune")
+    o = flat_view(cfg.optim)
+    assert (cfg.steps, cfg.batch_size * cfg.optim.accum_steps, cfg.eval_every, cfg.eval_batches) == (20, 32, 5, 40)
+    assert (o["name"], o["schedule"], o["peak_lr"], o["warmup_steps"]) == ("adamw", "constant", 3e-5, 0)
+    assert (o["b1"], o["b2"], o["weight_decay"], o["clip_norm"]) == (0.9, 0.95, 0.1, 1.0)
+    assert cfg.data.source == "tokens" and cfg.model.kind == "gpt" and cfg.model.dropout == 0.0
+
+
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     """Byte-token shards (vocabulary 256) of a small text (python -m jaxloop.prepare)."""
