@@ -92,4 +92,5 @@ def test_the_top_level_holds_only_the_namespace_the_commands_and_the_layers():
     top = sorted(p.name for p in (ROOT / "jaxloop").iterdir() if p.suffix == ".py" or
                  (p.is_dir() and (p / "__init__.py").exists()))
     assert top == sorted(["__init__.py", "errors.py", "train.py", "prepare.py", "sample.py", "schedule.py", "report.py",
+                          "export.py",
                           *LAYERS]), top

@@ -431,7 +431,8 @@ def restore(manager: ocp.CheckpointManager, step: int, target: Any, data: bool =
 
 def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None = None,
                     follow_x64: bool = True) -> tuple[int, str, dict]:
-    """(step, "best" or "latest", the saved TrainState as nested dicts) of a run, read-only.
+    """(step, "best" or "latest" (or the step asked for by its number), the saved TrainState as nested dicts)
+    of a run, read-only.
 
     Nothing in run_dir is changed (a damaged step is skipped with a warning, not moved). The state is
     restored against an abstract tree built from the checkpoint's own metadata, on the first local
@@ -468,6 +469,12 @@ def _read_steps(run_dir: Path, directory: Path, cfg: Config, which: str) -> tupl
         if not steps:
             raise FileNotFoundError(f"{run_dir} holds no committed checkpoint (in {directory})")
         chosen, first = which, steps[0]
+        if which.isdigit():  # one step by its number: that step or nothing
+            if int(which) not in steps:
+                raise FileNotFoundError(f"{run_dir} holds no checkpoint of update {which} (it holds "
+                                        f"{', '.join(map(str, sorted(steps)))})")
+            first = int(which)
+            steps = [first]
         if which == "best":
             try:
                 best = manager.best_step()

@@ -32,7 +32,7 @@ from jaxloop.core.schedules_config import (  # noqa: F401  (PlateauConfig: impor
 
 PRECISIONS = ("fp32", "bf16", "bf16_full", "fp16", "fp64", "auto")
 REMATS = ("none", "blocks", "dots_saveable", "full")
-PRESETS = ("digits", "shakespeare", "debug", "gpt2-small")
+PRESETS = ("digits", "shakespeare", "debug", "gpt2-small", "gpt2-finetune")
 ATTENTIONS = ("auto", "xla", "cudnn")
 
 
@@ -314,6 +314,11 @@ class ModelConfig:
     init: Literal["normal", "gpt2"] = "normal"
     """GPT initialisation: normal (matrices and embeddings normal(0.02), biases 0), gpt2 (as normal, with the
     residual projections attn.proj and mlp_proj at 0.02 / sqrt(2 * n_layers), GPT-2's)."""
+    gelu: Literal["tanh", "exact"] = "tanh"
+    """GPT MLP activation: GELU's tanh approximation (GPT-2's gelu_new) or its exact erf form (transformers'
+    gelu); --init_from a Hugging Face GPT-2 sets it from the checkpoint's config."""
+    ln_eps: float = 1e-5
+    """GPT LayerNorm epsilon (GPT-2's layer_norm_epsilon; torch's default)."""
 
     def validate(self) -> None:
         """ConfigError for the first field that is not allowed (model.*)."""
@@ -336,6 +341,10 @@ class ModelConfig:
                     raise ConfigError(f"model.{name}", v, f"an integer <= {INT32_MAX} (sizes and token ids are int32)")
         one_of("model.attention", self.attention, ATTENTIONS)
         one_of("model.init", self.init, ("normal", "gpt2"))
+        one_of("model.gelu", self.gelu, ("tanh", "exact"))
+        finite("model.ln_eps", self.ln_eps)
+        if self.ln_eps <= 0:
+            raise ConfigError("model.ln_eps", self.ln_eps, "a positive number")
 
 
 @dataclass(frozen=True)
@@ -582,8 +591,9 @@ class Config:
     compiled steps from it (jaxloop.loop.compilation)."""
     init_from: str = field(default="", metadata=HOST)
     """A run_dir (or its checkpoints/ directory) whose newest checkpoint's params initialise this fresh run
-    (optimizer, step and data position start afresh); empty = the model's own seeded init. Not allowed
-    when the run resumes from a checkpoint of its own run_dir."""
+    (optimizer, step and data position start afresh); empty = the model's own seeded init. Or a Hugging Face
+    GPT-2 directory (config.json + model.safetensors), which also gives the built-in GPT its shape
+    (docs/language-models.md). Not allowed when the run resumes from a checkpoint of its own run_dir."""
     optim: OptimConfig = field(default_factory=OptimConfig, metadata=TRAJECTORY)
     model: ModelConfig = field(default_factory=ModelConfig, metadata={**TRAJECTORY, **BUILTIN_TASK})
     data: DataConfig = field(default_factory=DataConfig, metadata=TRAJECTORY)
@@ -630,6 +640,19 @@ def preset(name: str) -> Config:
             # validation batches per evaluation, as nanoGPT's eval_iters estimates (the same batches every time)
             data=DataConfig(source="tokens", val_fraction=0.05, eval_batch_size=16),
             eval_batches=200, checkpoint=CheckpointConfig(every=250),
+        )
+    if name == "gpt2-finetune":
+        # nanoGPT's config/finetune_shakespeare.py: a pretrained GPT-2 (--init_from a Hugging Face directory, whose
+        # config.json gives the model's shape) fine-tuned for 20 updates of 32 sequences at a constant 3e-5
+        return Config(
+            preset="gpt2-finetune", run_dir="runs/gpt2-finetune", steps=20, batch_size=8, eval_every=5,
+            log_every=1, precision="auto",
+            optim=with_flat(OptimConfig(peak_lr=3e-5, warmup_steps=0, weight_decay=0.1, b1=0.9, b2=0.95,
+                                        clip_norm=1.0, accum_steps=4), {"schedule": "constant"}),
+            model=ModelConfig(kind="gpt", context=1024, d_model=768, n_layers=12, n_heads=12, vocab_size=50257,
+                              dropout=0.0, tie_embeddings=True, attention="auto"),
+            data=DataConfig(source="tokens", val_fraction=0.1, eval_batch_size=8),
+            eval_batches=40, checkpoint=CheckpointConfig(every=5, keep_last=1),
         )
     raise ConfigError("preset", name, f"one of {', '.join(PRESETS)}")
 
@@ -844,10 +867,11 @@ def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -
                     shard_paths(value, name)  # ConfigError when it names no file
         writable_dir("run_dir", cfg.run_dir)
         if cfg.init_from and not os.path.isdir(cfg.init_from):
-            raise ConfigError("init_from", cfg.init_from, "empty or an existing run_dir or checkpoints directory")
-        if cfg.init_from and not _holds_checkpoint(cfg.init_from):
-            raise ConfigError("init_from", cfg.init_from, f"a run_dir or checkpoints directory holding a checkpoint "
-                              f"({cfg.init_from} holds none)")
+            raise ConfigError("init_from", cfg.init_from, "empty or an existing run_dir or checkpoints directory "
+                              "(or a Hugging Face GPT-2 directory)")
+        if cfg.init_from and not (_holds_checkpoint(cfg.init_from) or is_hf_model_dir(cfg.init_from)):
+            raise ConfigError("init_from", cfg.init_from, f"a run_dir or checkpoints directory holding a checkpoint, "
+                              f"or a Hugging Face GPT-2 directory ({cfg.init_from} holds neither)")
         if cfg.compile_cache:
             _makeable_dir("compile_cache", cfg.compile_cache)
     return cfg
@@ -860,6 +884,13 @@ def _holds_checkpoint(path: str) -> bool:
         return any(p.name.isdigit() and p.is_dir() for p in checkpoints.iterdir())
     except OSError:
         return False
+
+
+def is_hf_model_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is a Hugging Face model directory: config.json and model.safetensors or pytorch_model.bin."""
+    p = os.fspath(path)
+    return os.path.isfile(os.path.join(p, "config.json")) and any(
+        os.path.isfile(os.path.join(p, f)) for f in ("model.safetensors", "pytorch_model.bin"))
 
 
 def _makeable_dir(name: str, path: str) -> None:

@@ -1,6 +1,7 @@
 """The model half of a run's identity, checked before a run writes anything (jaxloop.core.identity holds the
 record and the rules): a resume whose model differs from the run's (its leaves, or what its loss computes),
-or --init_from a run whose params have other shapes, is refused with a ConfigError (exit 2) naming the first
+or --init_from a run (or a Hugging Face GPT-2) whose params
+have other shapes, is refused with a ConfigError (exit 2) naming the first
 differing leaves, or that the computation changed.
 
 What a model computes is fingerprinted from the jaxpr of its loss in training mode, traced (jax.make_jaxpr:
@@ -21,6 +22,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
+from jaxloop.checkpoint import hf_gpt2
 from jaxloop.checkpoint.manager import Checkpointer, saved_structure
 from jaxloop.update.state import hash_array, model_record
 from jaxloop.loop.task import Task, run_state
@@ -107,6 +109,9 @@ def check_same_model(cfg: Config, layout: RunLayout, now: dict[str, Any], flags:
 def check_init_from(cfg: Config, now: dict[str, Any]) -> None:
     """--init_from must name a run whose params have this model's paths and shapes (dtypes are cast)."""
     if not cfg.init_from:
+        return
+    if hf_gpt2.is_hf_dir(cfg.init_from):  # a Hugging Face GPT-2: its tensors' shapes, from the file's header
+        hf_gpt2.to_params(hf_gpt2.tensor_shapes(cfg.init_from), cfg.model, cfg.init_from)
         return
     source = saved_structure(RunLayout.of(cfg.init_from).checkpoints)
     if source is None:

@@ -31,7 +31,7 @@ from jaxloop.update.distributed import (abstract_sharded, barrier, check_divisib
 from jaxloop.loop.evaluate import Evaluator
 from jaxloop.loop.model_check import check_init_from, check_same_model, this_model
 from jaxloop.model.flops import gpt_facts, mfu_inputs
-from jaxloop.checkpoint.init_from import init_params_from
+from jaxloop.checkpoint.init_from import initial_params, shaped_by_init_from
 from jaxloop.observe.logger import RunLogger
 from jaxloop.loop.host_loop import train, updates_per_call
 from jaxloop.update.memory_plan import Fit, candidates, check_plan, describe_plan, is_out_of_memory, plan_dict, supports_blocks
@@ -84,6 +84,7 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
     its last checkpoint (None, with a warning, where that checkpoint does not read)."""
     t_start = time.perf_counter()
     cfg = resume_by_name(cfg)
+    cfg = shaped_by_init_from(cfg, own_task=task is not None)  # --init_from a Hugging Face GPT-2: its shape
     if task is not None:  # a Task of one's own: the built-in task's model and data fields at the preset's
         check_builtin_fields(cfg)
     validate(cfg, check_paths=task is None, builtin_task=task is None)  # bad input: a ConfigError, nothing written
@@ -194,8 +195,10 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
             if not replans and not fell_back:
                 rd.must_have_resumed(restored)
             state = restored.state if restored is not None else create_sharded(init, mesh)
-            if restored is None and cfg.init_from:  # a fresh run from another run's params (--init_from)
-                params = init_params_from(cfg.init_from, state.params)
+            if restored is None and cfg.init_from:  # a fresh run from another run's (or a GPT-2's) params
+                params, line = initial_params(cfg.init_from, state.params, cfg.model, cfg.precision)
+                if line and cfg.log.progress != "off" and is_primary():
+                    print(line, file=sys.stderr)
                 state = state.replace(params=params, ema_params=None if state.ema_params is None else params)
             if not replans:
                 if restored is not None:

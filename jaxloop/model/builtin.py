@@ -30,6 +30,7 @@ from jaxloop.core.config import ModelConfig, padded_vocab
 
 ACTIVATIONS = {
     "gelu": lambda x: nn.gelu(x, approximate=True),
+    "gelu_exact": lambda x: nn.gelu(x, approximate=False),
     "relu": nn.relu,
     "tanh": jnp.tanh,
 }
@@ -148,6 +149,8 @@ class Block(nn.Module):
     mm_dtype: Any = None
     attention: str = "xla"
     proj_std: float = INIT_STD
+    gelu: str = "tanh"  # model.gelu: tanh (GPT-2's gelu_new) or exact
+    ln_eps: float = LN_EPS
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool, cache_index: jax.Array | None = None) -> jax.Array:
@@ -156,9 +159,11 @@ class Block(nn.Module):
         dense = partial(_gpt_dense, mm_dtype=self.mm_dtype)
         # the residual stream keeps x's dtype (float32 under mm_dtype: a bf16 branch is promoted by the add)
         x = x + drop(CausalSelfAttention(self.n_heads, self.dropout, self.mm_dtype, self.attention, self.proj_std,
-                                         name="attn")(nn.LayerNorm(epsilon=LN_EPS, name="ln1")(x), train, cache_index))
-        y = nn.LayerNorm(epsilon=LN_EPS, name="ln2")(x)
-        y = dense(c, "mlp_proj", std=self.proj_std)(_act("gelu", dense(self.mlp_ratio * c, "mlp_fc")(y)))
+                                         name="attn")(nn.LayerNorm(epsilon=self.ln_eps, name="ln1")(x), train,
+                                                      cache_index))
+        y = nn.LayerNorm(epsilon=self.ln_eps, name="ln2")(x)
+        act = "gelu" if self.gelu == "tanh" else "gelu_exact"
+        y = dense(c, "mlp_proj", std=self.proj_std)(_act(act, dense(self.mlp_ratio * c, "mlp_fc")(y)))
         return x + drop(y)
 
 
@@ -179,6 +184,10 @@ class GPT(nn.Module):
     """xla or cudnn (jaxloop.model.attention; make_model resolves model.attention=auto to one of them)."""
     init_scheme: str = "normal"
     """model.init: normal (every matrix normal(0.02)) or gpt2 (the residual projections at 0.02 / sqrt(2 L))."""
+    gelu: str = "tanh"
+    """model.gelu: tanh (GELU's tanh approximation, GPT-2's gelu_new) or exact (erf)."""
+    ln_eps: float = LN_EPS
+    """model.ln_eps: every LayerNorm's epsilon."""
 
     @nn.compact
     def __call__(self, tokens: jax.Array, train: bool = False, cache_index: jax.Array | None = None) -> jax.Array:
@@ -194,8 +203,9 @@ class GPT(nn.Module):
         block = nn.remat(Block, static_argnums=(2,)) if self.remat else Block
         for i in range(self.n_layers):
             x = block(self.n_heads, self.mlp_ratio, self.dropout, self.mm_dtype, self.attention,
-                      residual_std(self.init_scheme, self.n_layers), name=f"block_{i}")(x, train, cache_index)
-        x = nn.LayerNorm(epsilon=LN_EPS, name="ln_f")(x)
+                      residual_std(self.init_scheme, self.n_layers), self.gelu, self.ln_eps,
+                      name=f"block_{i}")(x, train, cache_index)
+        x = nn.LayerNorm(epsilon=self.ln_eps, name="ln_f")(x)
         if self.tie_embeddings:  # x @ E^T (flax's Embed.attend), a matmul
             return _matmul(x, tok.embedding, (((x.ndim - 1,), (1,)), ((), ())), self.mm_dtype)
         return Dense(self.vocab_size, use_bias=False, kernel_init=init, mm_dtype=self.mm_dtype, name="head")(x)
@@ -215,7 +225,7 @@ def make_model(m: ModelConfig, num_classes: int, precision: str = "fp32") -> nn.
         vocab_size=padded_vocab(m, num_classes), context=m.context, d_model=m.d_model, n_layers=m.n_layers,
         n_heads=m.n_heads, mlp_ratio=m.mlp_ratio, dropout=m.dropout,
         tie_embeddings=m.tie_embeddings, mm_dtype=mm_dtype,
-        attention=attention.implementation, init_scheme=m.init,
+        attention=attention.implementation, init_scheme=m.init, gelu=m.gelu, ln_eps=m.ln_eps,
     )
 
 
