@@ -32,7 +32,7 @@ from jaxloop.core.schedules_config import SCHEDULES
 from jaxloop.core.errors import (  # noqa: F401  (the exceptions' home is jaxloop.core.errors, free of tyro; kept importable here)
     EXIT_BAD_INPUT, EXIT_CHECKPOINT_WRITE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_SIGNAL, CheckpointWriteError,
     Interrupted, NonFiniteError, OutOfMemoryError, UsageError)
-from jaxloop.core.argv import take_flag, take_option
+from jaxloop.core.argv import foreign_flag, take_flag, take_option
 from jaxloop.core.layout import REPORT_FILE
 from jaxloop.core.run_dir import saved_config
 
@@ -81,7 +81,8 @@ def _model_remat_flags(argv: list[str], on: bool, off: bool, base_remat: str) ->
 
 
 def check_flags(argv: Sequence[str]) -> None:
-    """UsageError for the first flag that names no field, with the closest known flag (`did you mean`)."""
+    """UsageError for the first flag that names no field: another loop's name gets jaxloop's (argv.FOREIGN_FLAGS),
+    a typo the closest known flag (`did you mean`), compared without the leading dashes that every flag shares."""
     known = known_flags()
     for arg in argv:
         if not arg.startswith("--"):
@@ -90,8 +91,11 @@ def check_flags(argv: Sequence[str]) -> None:
         spelled = "--" + name[2:].replace("-", "_")
         if spelled in known:
             continue
-        close = difflib.get_close_matches(spelled, sorted(known), n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]}?" if close else " (see --help)"
+        foreign = foreign_flag(name)
+        if foreign:
+            raise UsageError(f"unknown flag {name}; {foreign}")
+        close = difflib.get_close_matches(spelled[2:], sorted(k[2:] for k in known), n=1, cutoff=0.6)
+        hint = f"; did you mean --{close[0]}?" if close else " (see --help)"
         raise UsageError(f"unknown flag {name}{hint}")
 
 
