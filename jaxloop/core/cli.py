@@ -37,8 +37,10 @@ from jaxloop.core.layout import REPORT_FILE
 from jaxloop.core.run_dir import saved_config
 
 
-def parse_config(argv: Sequence[str], prog: str = "jaxloop.train", check_paths: bool = True) -> Config:
-    """Parse and validate argv; raise ConfigError or UsageError (never SystemExit, except for --help).
+def parse_config(argv: Sequence[str], prog: str = "jaxloop.train", check_paths: bool = True,
+                 description: str = "") -> Config:
+    """Parse and validate argv; raise ConfigError or UsageError (never SystemExit, except for --help, which
+    begins with `description`: the train command's DESCRIPTION unless another command gives its own).
 
     Resume by name: when the run_dir named (by flag, config file or preset) holds a saved config.json, that
     config is the base instead of the preset's defaults, so `--run_dir DIR` alone resumes DIR's run; the
@@ -59,7 +61,7 @@ def parse_config(argv: Sequence[str], prog: str = "jaxloop.train", check_paths: 
         base = stored
     base = from_dict(file_fields, base)
     _model_remat_flags(argv, *model_remat, base.memory.remat)
-    cfg = _tyro_parse(argv, base, prog)
+    cfg = _tyro_parse(argv, base, prog, description or DESCRIPTION)
     return validate(cfg, check_paths=check_paths)
 
 
@@ -196,9 +198,17 @@ def _read_config_file(path: str) -> dict:
             data = yaml.safe_load(text)
     except Exception as e:  # noqa: BLE001 - any parser error is bad input
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        mark = getattr(e, "problem_mark", None)  # YAML's: where the parser stopped (JSON's message says it)
+        if mark is not None:
+            first = f"line {mark.line + 1}, column {mark.column + 1}: {getattr(e, 'problem', None) or first}"
         raise ConfigError("--config", path, f"valid YAML or JSON ({first})") from None
     if not isinstance(data, dict):
         raise ConfigError("--config", path, "a mapping of config fields")
+    for key, value in data.items():
+        head, dot, rest = str(key).partition(".")
+        if dot:  # a flag's dotted path written as a key: files nest sections
+            raise ConfigError(str(key), value, f"in --config {path}, nest it under its section ({head}:, then "
+                              f"'  {rest}: {value}' on the next line): a file's keys are not dotted")
     return data
 
 
@@ -225,7 +235,7 @@ def _first_section(boxed: str) -> str:
     return " ".join(body)
 
 
-def _tyro_parse(argv: list[str], base: Config, prog: str) -> Config:
+def _tyro_parse(argv: list[str], base: Config, prog: str, description: str = "") -> Config:
     """tyro.cli over the flat form of the config (`_cli_class`), translated back (jaxloop.core.config.with_flat),
     with tyro's boxed multi-line errors reduced to their first line. `--help` after --optim.name X or
     --optim.schedule Y lists only X's and Y's fields."""
@@ -238,7 +248,8 @@ def _tyro_parse(argv: list[str], base: Config, prog: str) -> Config:
                   optim=optim_cls(**{f.name: view[f.name] for f in dataclasses.fields(optim_cls)}))
     try:
         with contextlib.redirect_stderr(err):
-            parsed = tyro.cli(cls, default=default, args=argv, prog=prog, use_underscores=True, description=DESCRIPTION)
+            parsed = tyro.cli(cls, default=default, args=argv, prog=prog, use_underscores=True,
+                                description=description or DESCRIPTION)
     except SystemExit as e:
         if e.code in (0, None):
             raise
@@ -269,7 +280,7 @@ def _cli_class(names: tuple[str, ...] = tuple(OPTIMIZERS), schedules: tuple[str,
     hints = flat_hints()
 
     def menu(cls_of: dict[str, Any], selector: str) -> str:
-        return "; ".join(f"{n}: {(c.__doc__ or '').strip().splitlines()[0].rstrip('.')}" for n, c in cls_of.items()) + \
+        return "; ".join(f"{n}: {_first_sentence(c.__doc__ or '')}" for n, c in cls_of.items()) + \
             f" (--optim.{selector} X --help lists X's fields)"
 
     name_hint, schedule_hint = hints["name"], hints["schedule"]
@@ -282,3 +293,9 @@ def _cli_class(names: tuple[str, ...] = tuple(OPTIMIZERS), schedules: tuple[str,
     optim = dataclasses.make_dataclass("optim", own, bases=(OptimShared, *bases), frozen=True)
     return dataclasses.make_dataclass("Config", [("optim", optim, dataclasses.field(default_factory=optim))],
                                       bases=(Config,), frozen=True)
+
+
+def _first_sentence(doc: str) -> str:
+    """A docstring's first sentence on one line, without its period (a sentence may wrap: plateau's does)."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    return re.split(r"(?<!\.)\.(?:\s|$)", paragraph + " ", maxsplit=1)[0]
