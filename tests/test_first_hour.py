@@ -291,3 +291,20 @@ def test_the_line_that_ends_the_process_at_once_starts_a_line_of_its_own_on_a_te
     monkeypatch.setattr(os, "_exit", exits.append)
     interrupt.exit_now(130, "second SIGINT: stopped at once")
     assert terminal.getvalue().splitlines()[-1] == "second SIGINT: stopped at once" and exits == [130]
+
+
+def test_a_runs_silences_are_announced_and_its_last_line_times_the_process(tmp_path):
+    # each stage of seconds says what it is (no timings asserted); mutants seen failing: no say() around the
+    # state, no FirstCallAnnounced around the evaluator, no say() around the report, done_line without the
+    # process's time
+    status, err = _cli(*FLAGS, "--log.report", "--run_dir", str(tmp_path / "r"))
+    lines = err.splitlines()
+    assert status == 0, err
+
+    def at(start: str) -> int:
+        return next(i for i, line in enumerate(lines) if line.startswith(start))
+
+    assert at("creating the state...") < at("the state is ready (") < at("compiling the training call")
+    assert at("compiling the training call") < at("compiling the evaluation...") < at("compiled and ran the evaluation (")
+    assert at("compiled and ran the evaluation (") < at("writing the report...") < at("wrote the report (") < at("done: ")
+    assert " of it in jaxloop.run); " in lines[at("done: ")]
