@@ -16,6 +16,7 @@ import argparse
 import importlib.util
 import inspect
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plots", metavar="DIR", help="also write the layer and trajectory plots (PNG)")
     parser.add_argument("--no-mapping", action="store_true", help="leave the weight mapping table out")
     args = parser.parse_args(argv)
+    start = time.monotonic()
+
+    def progress(message: str) -> None:  # on stderr, so that stdout stays the report
+        print(f"{message} (at {time.monotonic() - start:.1f}s)", file=sys.stderr, flush=True)
+
     try:
         from jaxloop.parity.torchside import require_torch
 
@@ -119,12 +125,14 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # the user's factory failed
             raise BadInput(f"{args.factory} raised {type(e).__name__}: {e}") from e
         port = port_of(made, args.factory)
+        progress(f"{args.factory}: torch and the Port loaded")  # an error before this is one line alone
         from jaxloop.parity.compare import check
         from jaxloop.parity.errors import ModelError
         from jaxloop.parity.weights import MappingError
 
         try:
-            report = check(port, precisions=args.precision, trajectory=0 if args.no_trajectory else args.updates)
+            report = check(port, precisions=args.precision, trajectory=0 if args.no_trajectory else args.updates,
+                           progress=progress)
         except (MappingError, ModelError) as e:
             raise BadInput(str(e)) from e
     except BadInput as e:
@@ -133,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as e:
         print(f"error: {e}", file=sys.stderr)
         return BAD_INPUT
+    progress("checked")
     print(report.text(mapping=not args.no_mapping))
     if args.markdown:
         print(f"markdown: {report.write_markdown(args.markdown)}")
