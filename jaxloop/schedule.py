@@ -23,11 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     from jaxloop.core.config import ConfigError
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--help" in argv or "-h" in argv:
-        print(EXPLORER_HELP)
     try:
         at, plot = take_option(argv, "--at"), take_option(argv, "--plot")
-        cfg = parse_config(argv, "jaxloop.schedule", check_paths=False)
+        cfg = parse_config(argv, "jaxloop.schedule", check_paths=False, description=EXPLORER_HELP)
         updates = shown_updates(cfg.optim, cfg.steps)
         if at is not None:
             try:

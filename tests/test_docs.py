@@ -36,6 +36,47 @@ def test_bash_blocks_run(page, torch, doc_run):
     assert out.returncode == 0, f"{name(page)}: this block failed:\n{out.failed}\n{out.stderr[-3000:]}"
 
 
+RUN_DIR = re.compile(r"\bruns/(?:shards/)?[\w.-]+")
+
+
+def test_each_pages_examples_train_in_run_directories_of_their_own():
+    # Run one after another in one checkout, as a reader does, two pages' commands on one run directory trip
+    # over each other: a resume refused (steps 20 -> 30), "already complete" for a run of another shape.
+    # mutant seen failing: docs/observing.md's command on runs/shakespeare again (README's)
+    owner: dict[str, str] = {}
+    shared = []
+    for page in PAGES:
+        for b in blocks(page):
+            if b.reason is None and b.lang in ("python", "bash"):
+                for run_dir in set(RUN_DIR.findall(b.body)):
+                    if owner.setdefault(run_dir, name(page)) != name(page):
+                        shared.append((run_dir, owner[run_dir], name(page)))
+    assert shared == [], shared
+
+
+def test_no_example_refuses_to_run_twice():
+    # resume="never" on a run directory that exists (the example's own, from its first run) is an error:
+    # mutant seen failing: the README's hooks example with "resume": "never" again
+    never = re.compile(r"""resume["']?\s*[=:]\s*["']never["']|--resume never""")
+    found = [(name(p), b.body.splitlines()[0]) for p in PAGES for b in blocks(p)
+             if b.reason is None and b.lang in ("python", "bash") and never.search(b.body)]
+    assert found == [], found
+
+
+@pytest.mark.parametrize(("page", "lang", "torch"),
+                         [pytest.param(page, lang, torch, marks=[pytest.mark.torch] if torch else [],
+                                       id=f"{name(page)}-{lang}{'-torch' if torch else ''}")
+                          for lang in ("python", "bash") for page in PAGES for torch in (False, True)
+                          if runnable(page, lang, torch)])
+def test_a_pages_commands_write_nothing_beside_the_repositorys_files_but_runs(page, lang, torch, doc_run):
+    # the blocks run in a directory that links the repository's top-level entries: what they write anywhere
+    # but runs/ (ignored by git) a reader running them in the checkout finds left in the repository.
+    # mutant seen failing: docs/optimizers.md's --plot one_cycle.png again
+    out = doc_run(page, lang, torch)
+    left = sorted(p.name for p in out.cwd.iterdir() if not p.is_symlink() and p.name not in ("runs", "page.py"))
+    assert left == [], f"{name(page)}'s {lang} blocks left {left} in the repository's top level"
+
+
 def test_only_bash_blocks_are_left_unrun_and_each_says_why():
     unrun = [(name(p), b) for p in PAGES for b in blocks(p) if b.reason is not None]
     assert all(b.lang == "bash" and b.reason.strip() for _, b in unrun), unrun

@@ -26,4 +26,4 @@ def test_the_explorer_block_prints_one_cycles_start_peak_and_end(doc_run):
     printed = out.outputs[index]
     rows = {int(line.split()[0]): float(line.split()[1]) for line in printed.splitlines() if line.strip()[:1].isdigit()}
     assert rows == {0: pytest.approx(4e-5), 299: pytest.approx(1e-3), 999: pytest.approx(4e-9)}
-    assert (out.cwd / "one_cycle.png").stat().st_size > 0
+    assert (out.cwd / "runs" / "one_cycle.png").stat().st_size > 0

@@ -205,3 +205,106 @@ def test_an_invocation_that_ran_no_update_keeps_the_former_wall_time_and_rate():
     assert (kept["wall_time_s"], kept["updates_per_s"], kept["timings_s"]) == (2.88, 310.0, {"compile": 0.8})
     ran = {**now, "updates_this_run": 100}
     assert keep_timing_of_updates(ran, previous) == ran  # an invocation that trained reports its own
+
+
+# ----------------------------------------------------------------------------- the first hour, second pass
+
+
+def test_the_preset_help_names_every_preset(capsys):
+    # mutant (the former doc, "digits, shakespeare or debug"): gpt2-small is missing
+    from jaxloop.core.config import PRESETS
+
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    preset_help = text.split("--preset STR", 1)[1].split("(default: digits)", 1)[0]
+    assert all(name in preset_help for name in PRESETS), preset_help
+
+
+def test_the_schedule_menu_gives_each_entry_its_whole_first_sentence(capsys):
+    # mutant (the docstring's first line, as before): plateau's entry ends at "checkpoint.best_metric, by"
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "plateau: ReduceLROnPlateau (optim.schedule=plateau): at each evaluation checkpoint.best_metric, by " \
+           "checkpoint.best_mode, decides whether the rate is multiplied by `factor` (torch's rule and names)" in text
+
+
+def test_the_schedule_commands_help_is_its_own(capsys):
+    # mutant (parse_config without the description: the train command's): "Train a jaxloop run." in it
+    from jaxloop.schedule import main as schedule_main
+
+    with pytest.raises(SystemExit) as e:
+        schedule_main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert "Train a jaxloop run" not in text
+    assert text.split("\n\n", 1)[1].startswith("python -m jaxloop.schedule [--at U,U,...]")
+
+
+def test_a_broken_yaml_file_is_answered_with_its_line(tmp_path):
+    # mutant (the parser's first line of message only): "while parsing a flow sequence", no line
+    f = tmp_path / "run.yaml"
+    f.write_text("steps: 5\noptim:\n  peak_lr: 1e-3\n  milestones: [1, 2\nseed: 3\n")
+    with pytest.raises(ConfigError) as e:
+        parse_config(["--config", str(f)])
+    assert "valid YAML or JSON (line 5, column 5: expected ',' or ']', but got ':')" in str(e.value), str(e.value)
+
+
+def test_a_flat_dotted_key_in_a_config_file_is_told_to_nest(tmp_path):
+    # mutant (no dotted-key check): "optim.peak_lr=0.001 is not allowed: a known field of the config (...)"
+    f = tmp_path / "run.yaml"
+    f.write_text("steps: 5\noptim.peak_lr: 0.001\n")
+    with pytest.raises(ConfigError) as e:
+        parse_config(["--config", str(f)])
+    assert str(e.value) == (f"optim.peak_lr=0.001 is not allowed: in --config {f}, nest it under its section "
+                            "(optim:, then '  peak_lr: 0.001' on the next line): a file's keys are not dotted")
+
+
+def test_sigterms_acknowledgement_offers_no_ctrl_c():
+    # mutant (the former line whatever the signal): "; Ctrl-C again to stop at once without saving" after SIGTERM
+    import signal
+
+    from jaxloop.core.interrupt import Session
+    from jaxloop.loop import actions
+
+    stop, run_ctx = actions.SignalStop(), _Run()
+    stop._run, stop.session, stop.trained, stop.stops_after = run_ctx, Session(), True, 40
+    stop._acknowledge(signal.SIGTERM)
+    assert run_ctx.messages == ["SIGTERM received: stopping after update 40: saving..."]
+
+
+def test_the_line_that_ends_the_process_at_once_starts_a_line_of_its_own_on_a_terminal(monkeypatch):
+    # a progress bar holds the terminal's line without a newline; mutant (no leading newline on a tty): the
+    # second Ctrl-C's line is glued to the bar
+    import os
+
+    from jaxloop.core import interrupt
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal, exits = Terminal(), []
+    terminal.write(" 40%|####      | 200/500")
+    monkeypatch.setattr(interrupt.sys, "stderr", terminal)
+    monkeypatch.setattr(os, "_exit", exits.append)
+    interrupt.exit_now(130, "second SIGINT: stopped at once")
+    assert terminal.getvalue().splitlines()[-1] == "second SIGINT: stopped at once" and exits == [130]
+
+
+def test_a_runs_silences_are_announced_and_its_last_line_times_the_process(tmp_path):
+    # each stage of seconds says what it is (no timings asserted); mutants seen failing: no say() around the
+    # state, no FirstCallAnnounced around the evaluator, no say() around the report, done_line without the
+    # process's time
+    status, err = _cli(*FLAGS, "--log.report", "--run_dir", str(tmp_path / "r"))
+    lines = err.splitlines()
+    assert status == 0, err
+
+    def at(start: str) -> int:
+        return next(i for i, line in enumerate(lines) if line.startswith(start))
+
+    assert at("creating the state...") < at("the state is ready (") < at("compiling the training call")
+    assert at("compiling the training call") < at("compiling the evaluation...") < at("compiled and ran the evaluation (")
+    assert at("compiled and ran the evaluation (") < at("writing the report...") < at("wrote the report (") < at("done: ")
+    assert " of it in jaxloop.run); " in lines[at("done: ")]

@@ -36,7 +36,7 @@ from jaxloop.core.sources import encode, read_vocab
 from jaxloop.update.optimizer import skip_nonfinite_windows
 from jaxloop.update.state import TrainState
 from jaxloop.update.step import cross_entropy_loss, train_step
-from jaxloop.loop.runner import run
+from jaxloop.loop.runner import is_compile_line, run
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -367,7 +367,8 @@ def test_a_resumed_run_says_where_it_resumed_from(tmp_path):
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         run(replace(cfg, steps=30, allow_steps_change=True))
-    first = err.getvalue().splitlines()[0]
+    # the first line past the announcements of the restore (jaxloop.loop.runner.is_compile_line)
+    first = next(line for line in err.getvalue().splitlines() if not is_compile_line(line))
     assert first == (f"resuming from update 20 (checkpoint {tmp_path.absolute()}/checkpoints/20), data position 20 "
                      "(epoch 0, micro-batch 20 of 44)"), first
 

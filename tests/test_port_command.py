@@ -165,3 +165,19 @@ def test_without_torch_compare_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
     with pytest.raises(TorchMissing, match="pip install torch"):
         compare(None, None, {})
+
+
+def test_the_command_says_on_stderr_what_it_is_checking_while_it_runs(ports, capsys):
+    # a check of minutes is not silent: each stage and every tenth of the trajectory, with when it began (no
+    # timing asserted); stdout stays the report. mutant seen failing: main() without progress=
+    code = main([f"{ports}:good", "--precision", "fp64", "--updates", "10"])
+    out, err = capsys.readouterr()
+    assert code == 0, out
+    said = [line.rsplit(" (at ", 1)[0] for line in err.splitlines()]
+    configs = len(training.update_configs(1.0))
+    assert said == [f"{ports}:good: torch and the Port loaded",
+                    "[fp64] the forward pass, layer by layer (eval and train mode)...", "[fp64] the gradients...",
+                    f"[fp64] the optimizers: {configs} configs x 3 updates...",
+                    "[fp64] the trajectory: 10 updates on each side...",
+                    *(f"[fp64] the trajectory: update {u}/10" for u in range(1, 10)), "checked"], err
+    assert "[fp64]" not in out

@@ -31,14 +31,16 @@ from jaxloop.core.schedules_config import SCHEDULES
 from jaxloop.core.errors import (  # noqa: F401  (the exceptions' home is jaxloop.core.errors, free of tyro; kept importable here)
     EXIT_BAD_INPUT, EXIT_CHECKPOINT_WRITE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_SIGNAL, VALUE_SHOWN,
     CheckpointWriteError, Interrupted, NonFiniteError, OutOfMemoryError, UsageError)
-from jaxloop.core.argv import take_flag, take_option
+from jaxloop.core.argv import foreign_flag, take_flag, take_option
 from jaxloop.core.config_file import read_config_file
 from jaxloop.core.layout import REPORT_FILE
 from jaxloop.core.run_dir import saved_config
 
 
-def parse_config(argv: Sequence[str], prog: str = "jaxloop.train", check_paths: bool = True) -> Config:
-    """Parse and validate argv; raise ConfigError or UsageError (never SystemExit, except for --help).
+def parse_config(argv: Sequence[str], prog: str = "jaxloop.train", check_paths: bool = True,
+                 description: str = "") -> Config:
+    """Parse and validate argv; raise ConfigError or UsageError (never SystemExit, except for --help, which
+    begins with `description`: the train command's DESCRIPTION unless another command gives its own).
 
     Resume by name: when the run_dir named (by flag, config file or preset) holds a saved config.json, that
     config is the base instead of the preset's defaults, so `--run_dir DIR` alone resumes DIR's run; the
@@ -59,7 +61,7 @@ def parse_config(argv: Sequence[str], prog: str = "jaxloop.train", check_paths: 
         base = stored
     base = from_dict(file_fields, base)
     _model_remat_flags(argv, *model_remat, base.memory.remat)
-    cfg = _tyro_parse(argv, base, prog)
+    cfg = _tyro_parse(argv, base, prog, description or DESCRIPTION)
     return validate(cfg, check_paths=check_paths)
 
 
@@ -81,7 +83,8 @@ def _model_remat_flags(argv: list[str], on: bool, off: bool, base_remat: str) ->
 
 
 def check_flags(argv: Sequence[str]) -> None:
-    """UsageError for the first flag that names no field, with the closest known flag (`did you mean`)."""
+    """UsageError for the first flag that names no field: another loop's name gets jaxloop's (argv.FOREIGN_FLAGS),
+    a typo the closest known flag (`did you mean`), compared without the leading dashes that every flag shares."""
     known = known_flags()
     for arg in argv:
         if not arg.startswith("--"):
@@ -90,8 +93,11 @@ def check_flags(argv: Sequence[str]) -> None:
         spelled = "--" + name[2:].replace("-", "_")
         if spelled in known:
             continue
-        close = difflib.get_close_matches(spelled, sorted(known), n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]}?" if close else " (see --help)"
+        foreign = foreign_flag(name)
+        if foreign:
+            raise UsageError(f"unknown flag {name}; {foreign}")
+        close = difflib.get_close_matches(spelled[2:], sorted(k[2:] for k in known), n=1, cutoff=0.6)
+        hint = f"; did you mean --{close[0]}?" if close else " (see --help)"
         raise UsageError(f"unknown flag {name}{hint}")
 
 
@@ -156,13 +162,23 @@ def finish(prog: str, cfg: Config, run: Callable[[], dict[str, Any]],
               f"{resume_command(prog, e.run_dir or cfg.run_dir)}", file=sys.stderr)
         return EXIT_SIGNAL[e.signum]
     if announce() and not summary.get("already_complete"):  # jaxloop.run says that itself
-        print(done_line(summary, cfg.run_dir), file=sys.stderr)
+        print(done_line(summary, cfg.run_dir, process_seconds()), file=sys.stderr)
     return 0
 
 
-def done_line(summary: dict[str, Any], run_dir: str) -> str:
-    """The last line of a run: the updates this invocation ran apart from the run's total, or, for a run
-    that had already ended, that it is complete and where its report is."""
+def process_seconds() -> float:
+    """Seconds since this process started (imports, data, state and compiles included: what a user waited)."""
+    import time
+
+    import psutil
+
+    return time.time() - psutil.Process().create_time()
+
+
+def done_line(summary: dict[str, Any], run_dir: str, process_s: float | None = None) -> str:
+    """The last line of a run: the updates this invocation ran apart from the run's total, in the process's
+    time (`process_s`, since it started; else the run's own), or, for a run that had already ended, that it
+    is complete and where its report is."""
     final = ", ".join(f"{k} {v:.4f}" for k, v in summary["final"].items())
     total = summary["final_step"]
     if summary.get("already_complete"):
@@ -171,7 +187,9 @@ def done_line(summary: dict[str, Any], run_dir: str) -> str:
         return f"already complete: this run ended at update {total} ({summary['stop_reason']}); {final}; {where}"
     this = summary.get("updates_this_run", total)
     count = f"{this} updates" if this == total else f"{this} updates this time ({total} in all)"
-    return f"done: {count} in {summary['wall_time_s']:.1f}s; {final}; outputs in {run_dir}"
+    took = f"{summary['wall_time_s']:.1f}s" if process_s is None else \
+        f"{process_s:.1f}s ({summary['wall_time_s']:.1f}s of it in jaxloop.run)"
+    return f"done: {count} in {took}; {final}; outputs in {run_dir}"
 
 
 DESCRIPTION = """Train a jaxloop run. Flags are the dotted field paths below (--optim.peak_lr 3e-4).
@@ -197,7 +215,7 @@ def _first_section(boxed: str) -> str:
     return " ".join(body)
 
 
-def _tyro_parse(argv: list[str], base: Config, prog: str) -> Config:
+def _tyro_parse(argv: list[str], base: Config, prog: str, description: str = "") -> Config:
     """tyro.cli over the flat form of the config (`_cli_class`), translated back (jaxloop.core.config.with_flat),
     with tyro's boxed multi-line errors reduced to their first line. `--help` after --optim.name X or
     --optim.schedule Y lists only X's and Y's fields."""
@@ -210,7 +228,8 @@ def _tyro_parse(argv: list[str], base: Config, prog: str) -> Config:
                   optim=optim_cls(**{f.name: view[f.name] for f in dataclasses.fields(optim_cls)}))
     try:
         with contextlib.redirect_stderr(err):
-            parsed = tyro.cli(cls, default=default, args=argv, prog=prog, use_underscores=True, description=DESCRIPTION)
+            parsed = tyro.cli(cls, default=default, args=argv, prog=prog, use_underscores=True,
+                                description=description or DESCRIPTION)
     except SystemExit as e:
         if e.code in (0, None):
             raise
@@ -244,7 +263,7 @@ def _cli_class(names: tuple[str, ...] = tuple(OPTIMIZERS), schedules: tuple[str,
     hints = flat_hints()
 
     def menu(cls_of: dict[str, Any], selector: str) -> str:
-        return "; ".join(f"{n}: {(c.__doc__ or '').strip().splitlines()[0].rstrip('.')}" for n, c in cls_of.items()) + \
+        return "; ".join(f"{n}: {_first_sentence(c.__doc__ or '')}" for n, c in cls_of.items()) + \
             f" (--optim.{selector} X --help lists X's fields)"
 
     name_hint, schedule_hint = hints["name"], hints["schedule"]
@@ -257,3 +276,9 @@ def _cli_class(names: tuple[str, ...] = tuple(OPTIMIZERS), schedules: tuple[str,
     optim = dataclasses.make_dataclass("optim", own, bases=(OptimShared, *bases), frozen=True)
     return dataclasses.make_dataclass("Config", [("optim", optim, dataclasses.field(default_factory=optim))],
                                       bases=(Config,), frozen=True)
+
+
+def _first_sentence(doc: str) -> str:
+    """A docstring's first sentence on one line, without its period (a sentence may wrap: plateau's does)."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    return re.split(r"(?<!\.)\.(?:\s|$)", paragraph + " ", maxsplit=1)[0]

@@ -544,7 +544,7 @@ class Config:
     """A jaxloop run. Flags are the dotted field paths, e.g. --optim.peak_lr 3e-4."""
 
     preset: str = field(default="digits", metadata=TRAJECTORY)
-    """Starting point for every other default: digits, shakespeare or debug."""
+    """Starting point for every other default: digits, shakespeare, debug or gpt2-small."""
     run_dir: str = field(default="runs/digits", metadata=HOST)
     """Directory for config.json, metrics.jsonl, checkpoints and the report."""
     seed: int = field(default=0, metadata=TRAJECTORY)

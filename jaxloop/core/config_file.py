@@ -75,7 +75,15 @@ def read_config_file(path: str) -> dict[str, Any]:
                           "followed (a config has a few hundred; these aliases expand beyond that)") from None
     except Exception as e:  # noqa: BLE001 - any parser error is bad input
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        mark = getattr(e, "problem_mark", None)  # YAML's: where the parser stopped (JSON's message says it)
+        if mark is not None:
+            first = f"line {mark.line + 1}, column {mark.column + 1}: {getattr(e, 'problem', None) or first}"
         raise ConfigError("--config", path, f"valid YAML or JSON ({first})") from None
     if not isinstance(data, dict):
         raise ConfigError("--config", path, "a mapping of config fields")
+    for key, value in data.items():
+        head, dot, rest = str(key).partition(".")
+        if dot:  # a flag's dotted path written as a key: files nest sections
+            raise ConfigError(str(key), value, f"in --config {path}, nest it under its section ({head}:, then "
+                              f"'  {rest}: {value}' on the next line): a file's keys are not dotted")
     return data

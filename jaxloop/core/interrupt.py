@@ -110,7 +110,8 @@ def exit_now(status: int, line: str) -> None:
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     with contextlib.suppress(Exception):
-        sys.stderr.write(line + "\n")
+        # on a terminal a progress bar may hold the current line without its newline: start a line of our own
+        sys.stderr.write(("\n" if sys.stderr.isatty() else "") + line + "\n")
         sys.stderr.flush()
     os._exit(status)
 

@@ -247,7 +247,7 @@ class SignalStop(Action):
             self.session.exit(EXIT_SIGNAL[signum], f"second {name}: stopped at once without saving (the run resumes "
                               f"from its last checkpoint); {resume}")
         if self.received == 1:
-            again = "; Ctrl-C again to stop at once without saving" if cli else ""
+            again = "; Ctrl-C again to stop at once without saving" if cli and signum == signal.SIGINT else ""
             self._run.logger.message(f"{name} received: stopping after update {self.stops_after}: saving...{again}")
 
     def before_dispatch(self, run: RunContext, step: int, n: int) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -191,10 +191,14 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
         while True:
             # a resume reads every shard straight into place: no fresh state is built only to be replaced
             resume = cfg.resume != "never" or bool(replans) or fell_back  # after a re-plan: this run's own last checkpoint
+            began = time.perf_counter()
+            restoring = resume and Checkpointer.has_checkpoint(rd.checkpoints)
+            say(rd, "restoring the state from the last checkpoint..." if restoring else "creating the state...")
             restored = ckpt.restore_latest(abstract_sharded(init, mesh)) if resume else None
             if not replans and not fell_back:
                 rd.must_have_resumed(restored)
             state = restored.state if restored is not None else create_sharded(init, mesh)
+            say(rd, f"the state is ready ({time.perf_counter() - began:.1f}s)")
             if restored is None and cfg.init_from:  # a fresh run from another run's (or a GPT-2's) params
                 params, line = initial_params(cfg.init_from, state.params, cfg.model, cfg.precision)
                 if line and cfg.log.progress != "off" and is_primary():
@@ -230,11 +234,14 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
     if cfg.log.report and rd.writes:
         from jaxloop.observe.run_report import write_report
 
+        began = time.perf_counter()
+        say(rd, "writing the report...")
         write_report(rd.path)
         if cfg.log.trackers:
             from jaxloop.observe.trackers import report_to_trackers
 
             report_to_trackers(rd.path, cfg.log.trackers, cfg.log.project, cfg.log.mlflow_uri)
+        say(rd, f"wrote the report ({time.perf_counter() - began:.1f}s)")
     if signum is not None:
         raise Interrupted(signum, step=summary["final_step"], run_dir=cfg.run_dir)
     return RunResult(state=state, summary=summary)
@@ -246,6 +253,31 @@ def unverified_and_bad(restored: Any, saved: list[int]) -> bool:
     (`saved`: the committed steps), so every update of the run since descends from its bytes alone. Without
     this, each rerun would resume it and stop at the same streak."""
     return restored is not None and not restored.verified and bool(saved) and saved[-1] == restored.step
+
+
+def say(rd: RunDir, line: str) -> None:
+    """A line on stderr before the run's logger exists or after it closed (setup, the report): what the run is
+    doing through a silence of seconds. The process that writes the run's files says it."""
+    if rd.writes:
+        print(line, file=sys.stderr, flush=True)
+
+
+class FirstCallAnnounced:
+    """`fn` whose first call, the one that compiles, is announced with its time: a first evaluation that compiles
+    for minutes (gpt2-small) is not a silence after the last update line."""
+
+    def __init__(self, fn: Callable[..., Any], logger: RunLogger, what: str):
+        self.fn, self.logger, self.what, self.called = fn, logger, what, False
+
+    def __call__(self, *args: Any) -> Any:
+        if self.called:
+            return self.fn(*args)
+        self.called = True
+        began = time.perf_counter()
+        self.logger.message(f"compiling {self.what}...")
+        out = self.fn(*args)
+        self.logger.message(f"compiled and ran {self.what} ({time.perf_counter() - began:.1f}s)")
+        return out
 
 
 def check_model_identity(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool) -> dict[str, Any]:
@@ -282,7 +314,8 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     run = act.RunContext(cfg.steps, cfg.optim.accum_steps, logger, timings, act.Throughput(step, time.perf_counter()),
                          str(run_dir))
     tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
-    evaluator = Evaluator(task.eval_loss(), lambda: run_val_batches(cfg, splits), mesh)
+    evaluator = FirstCallAnnounced(Evaluator(task.eval_loss(), lambda: run_val_batches(cfg, splits), mesh), logger,
+                                   "the evaluation")
     evaluate = act.Evaluate(cadence, evaluator, tracker, cfg.checkpoint.best_metric)
     actions = run_actions(cfg, splits, ckpt, run, evaluate, hooks, restored.data if restored is not None else None)
     signals = next(a for a in actions if isinstance(a, act.SignalStop))
@@ -351,11 +384,15 @@ def run_actions(cfg: Config, splits: Splits, ckpt: Checkpointer, run: act.RunCon
     return [*actions, act.Save(cadence, ckpt, keyed)]
 
 
-COMPILE_LINE_STARTS = ("compiling the training call", "compiled in ", "loaded the compiled training call")
+COMPILE_LINE_STARTS = ("compiling the training call", "compiled in ", "loaded the compiled training call",
+                       "creating the state...", "restoring the state from", "the state is ready (",
+                       "compiling the evaluation...", "compiled and ran the evaluation (", "writing the report...",
+                       "wrote the report (")
 
 
 def is_compile_line(line: str) -> bool:
-    """Whether a line of stderr is one of CompileLines' (informational: a reader of the errors skips them)."""
+    """Whether a line of stderr is one of CompileLines' or another announcement of a stage of seconds (say,
+    FirstCallAnnounced): informational, a reader of the errors skips them."""
     return line.startswith(COMPILE_LINE_STARTS)
 
 

@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plots", metavar="DIR", help="also write the layer and trajectory plots (PNG)")
     parser.add_argument("--no-mapping", action="store_true", help="leave the weight mapping table out")
     args = parser.parse_args(argv)
+    start = time.monotonic()
+
+    def progress(message: str) -> None:  # on stderr, so that stdout stays the report
+        print(f"{message} (at {time.monotonic() - start:.1f}s)", file=sys.stderr, flush=True)
+
     try:
         check_outputs(args.updates, args.markdown)
         from jaxloop.parity.torchside import require_torch
@@ -130,17 +136,20 @@ def main(argv: list[str] | None = None) -> int:
         except BaseException as e:  # noqa: BLE001 - the user's factory failed, with any exception
             raise BadInput(f"{args.factory} raised {type(e).__name__}: {first_line(e)}") from e
         port = port_of(made, args.factory)
+        progress(f"{args.factory}: torch and the Port loaded")  # an error before this is one line alone
         from jaxloop.parity.compare import check
         from jaxloop.parity.errors import ModelError
         from jaxloop.parity.weights import MappingError
 
         try:
-            report = check(port, precisions=args.precision, trajectory=0 if args.no_trajectory else args.updates)
+            report = check(port, precisions=args.precision, trajectory=0 if args.no_trajectory else args.updates,
+                           progress=progress)
         except (MappingError, ModelError) as e:
             raise BadInput(str(e)) from e
         except Exception as e:  # noqa: BLE001 - a Port the check cannot run on (no batch, a loss that is a vector)
             raise BadInput(f"the check could not run on the Port {args.factory} returned: {type(e).__name__}: "
                            f"{first_line(e)}") from e
+        progress("checked")
         print(report.text(mapping=not args.no_mapping))
         if args.markdown:
             print(f"markdown: {report.write_markdown(args.markdown)}")

@@ -57,12 +57,14 @@ def compare(torch_module: Any, flax_module: Any, batch: Batch, torch_loss: Calla
             flax_loss: Callable | None = None, *, precisions: Sequence[str] = ("fp64", "fp32"), trajectory: int = 0,
             batches: Callable[[int], Batch] | Sequence[Batch] | None = None, overrides: dict[str, Any] | None = None,
             rename: list[tuple[str, str]] | None = None, checks: Sequence[str] = CHECKS, update_steps: int = 3,
-            tolerances: dict[tuple[str, str], float] | None = None, name: str = "") -> Report:
+            tolerances: dict[tuple[str, str], float] | None = None, name: str = "",
+            progress: Callable[[str], None] | None = None) -> Report:
     """Check a Flax translation (Linen or NNX) of a PyTorch module; returns the Report (report.assert_ok()
     in a test). Losses default to 0.5 mean(model(batch["x"])^2). `checks`: "forward" (with the train-mode
     buffers; always), "gradients", "update". `trajectory`: updates of the optional trajectory check (0 =
     none), on `batches(u)` (or the example batch). Raises TorchMissing without torch, MappingError when
-    the weights do not map, ModelError when a model rejects the batch."""
+    the weights do not map, ModelError when a model rejects the batch. `progress(message)`: told as each stage
+    begins (the command prints it: a check of minutes is not silent)."""
     require_torch()
     precisions = check_precisions(list(precisions))
     if "forward" not in checks or set(checks) - set(CHECKS):
@@ -71,6 +73,7 @@ def compare(torch_module: Any, flax_module: Any, batch: Batch, torch_loss: Calla
     flax_loss = flax_loss or flax_output_loss
     report = Report(name=name)
     runs: dict[str, training.Trajectory] = {}
+    tell = progress or (lambda message: None)
     for p in precisions:
         with pinned(p), functional_dropout_off(), attention_dropout_off():
             report.settings = settings()
@@ -78,15 +81,16 @@ def compare(torch_module: Any, flax_module: Any, batch: Batch, torch_loss: Calla
             if note:
                 report.notes.append(f"[{p}] {note}")
             _one_precision(report, p, torch_module, module, batch, torch_loss, flax_loss, overrides, rename, checks,
-                           update_steps, trajectory, batches, runs, tolerances)
+                           update_steps, trajectory, batches, runs, tolerances, tell)
     return report
 
 
 def _one_precision(report: Report, p: str, torch_module: Any, flax_module: Any, batch: Batch, torch_loss: Callable,
                    flax_loss: Callable, overrides: dict | None, rename: list | None, checks: Sequence[str],
                    update_steps: int, trajectory: int, batches: Any, runs: dict[str, training.Trajectory],
-                   tolerances: dict | None) -> None:
+                   tolerances: dict | None, tell: Callable[[str], None]) -> None:
     """Every check in precision p (module doc); the mapping is made in the first precision checked."""
+    tell(f"[{p}] the forward pass, layer by layer (eval and train mode)...")
     tm = prepared(torch_module, p)
     fm = flax_model(flax_module, flax_loss, batch_to_jax(batch, p))
     tcap = layers.capture_torch(tm, torch_loss, batch, False, p)
@@ -102,17 +106,21 @@ def _one_precision(report: Report, p: str, torch_module: Any, flax_module: Any, 
     _buffers(report, mapping, fm, tcap, tcap_t, fcap_t, p, tolerances)
     if "gradients" not in checks and "update" not in checks and trajectory == 0:
         return
+    tell(f"[{p}] the gradients...")
     fgrads = _gradients(report, mapping, fm, prepared(torch_module, p), torch_loss, flax_loss, batch, p, tolerances,
                         row="gradients" in checks)
     grad_norm = float(math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in fgrads.values())))
     if "update" in checks:
         t = tolerance("update", p, tolerances)
+        tell(f"[{p}] the optimizers: {len(training.update_configs(grad_norm))} configs x {update_steps} updates...")
         for r in training.updates(tm, fm, mapping, fgrads, p, training.update_configs(grad_norm), update_steps):
             clipping = {"acting": "; clipping acted", "idle": "; note: clipping did not act", "": ""}[r.clipping]
             report.rows.append(Row(f"update x{update_steps}: {r.label}", p, r.diff, t.value, t.reason + clipping, r.where))
     if trajectory > 0:
+        tell(f"[{p}] the trajectory: {trajectory} updates on each side...")
         runs[p] = training.trajectory(tm, fm, mapping, torch_loss, flax_loss, batches, batch,
-                                      training.trajectory_config(grad_norm), trajectory, p)
+                                      training.trajectory_config(grad_norm), trajectory, p,
+                                      lambda u: tell(f"[{p}] the trajectory: update {u}/{trajectory}"))
         _trajectory(report, runs[p], p, trajectory, runs, tolerances)
 
 
@@ -258,14 +266,26 @@ def _trajectory(report: Report, tr: training.Trajectory, p: str, n: int, runs: d
                            pv, pr + SCALE, tr.worst_tensor))
     report.rows.append(Row(f"trajectory ({n} updates): params after every update, whole tree", p,
                            float(np.max(tr.whole_diffs)), pv, pr + "; every tensor as one vector"))
-    if measured:  # the measured bound must itself be small, or it would pass anything
-        cap = tolerance("trajectory", "fp32").value / 4
-        report.rows.append(Row(f"trajectory ({n} updates): the float32 bound's own gap", p, max(value, pv) / 4, cap,
-                               f"each framework's own float32-vs-float64 gap (a quarter of the bounds above) within "
-                               f"{cap:g}: a bound beyond the fixed float32 one ({4 * cap:g}) would pass anything"))
+    if measured:  # the measured bound must follow the model's chaos, not a Flax side of its own
+        torch_own, flax_own = (max(curve_rel_diff(getattr(tr, f"{side}_losses"), getattr(runs["fp64"], f"{side}_losses")),
+                                   _own_param_gap(tr, runs["fp64"], side)) for side in ("torch", "flax"))
+        floor = tolerance("trajectory", "fp32").value / 4
+        report.rows.append(Row(f"trajectory ({n} updates): Flax's own float32-vs-float64 gap", p, flax_own,
+                               max(floor, OWN_GAP_RATIO * torch_own), OWN_GAP_REASON.format(
+                                   floor=floor, ratio=OWN_GAP_RATIO, torch=torch_own)))
     if tr.buffer_diff is not None:
         report.rows.append(Row(f"trajectory ({n} updates): buffers at the end", p, tr.buffer_diff, pv, pr))
     report.curves[p] = {"torch_losses": tr.torch_losses, "flax_losses": tr.flax_losses, "param_diffs": tr.param_diffs}
+
+
+# How far the Flax side's own float32 run may depart from its float64 run, against torch's departure: float32
+# rounding compounds alike in both frameworks, so their own gaps are alike in a correct port (docs/porting.md
+# measures them at 30, 100 and 300 updates), however chaotic the model's training is.
+OWN_GAP_RATIO = 4
+OWN_GAP_REASON = ("the bounds above are measured, so the Flax side's own float32-vs-float64 gap must itself be "
+                  "explained: at most {floor:g} or {ratio} x torch's own gap ({torch:.1e}), the model's and optimizer's "
+                  "float32 chaos, alike in both frameworks; a Flax side that departs alone (a layer computing below "
+                  "float32) would widen the bound to pass anything. The float64 trajectory judges the port either way")
 
 
 def _own_param_gap(a: training.Trajectory, b: training.Trajectory, side: str) -> float:

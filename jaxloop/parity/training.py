@@ -245,8 +245,10 @@ def batch_at(batches: Callable[[int], dict] | Sequence[dict] | None, example: di
 
 
 def trajectory(torch_module: Any, fm: FlaxModel, mapping: Mapping, torch_loss: Callable, flax_loss: Callable,
-               batches: Any, example: dict, o: OptimConfig, n: int, precision: str) -> Trajectory:
-    """`n` updates through jaxloop.make_train_step and through a plain torch loop, from the same weights."""
+               batches: Any, example: dict, o: OptimConfig, n: int, precision: str,
+               done: Callable[[int], None] = lambda u: None) -> Trajectory:
+    """`n` updates through jaxloop.make_train_step and through a plain torch loop, from the same weights;
+    `done(u)` after every tenth of them (the command's progress)."""
     from jaxloop.update.state import TrainState
     from jaxloop.update.step import make_train_step
 
@@ -278,6 +280,8 @@ def trajectory(torch_module: Any, fm: FlaxModel, mapping: Mapping, torch_loss: C
         whole.append(whole_rel_diff(jp, tp))
         if not d <= worst_value:
             worst_value, worst_tensor = d, w
+        if (u + 1) % max(1, n // 10) == 0 and u + 1 < n:
+            done(u + 1)
     buffers = {k: v for k, v in leaves.items() if kinds[k] == "buffer"}
     buffer_diff = None
     if buffers:

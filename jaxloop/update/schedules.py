@@ -49,6 +49,7 @@ from the previous one); parity_tests measure how far that drifts from these.
 from __future__ import annotations
 
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -130,6 +131,7 @@ def plot_schedule(optim: OptimConfig, steps: int, path: str) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    Path(path).parent.mkdir(parents=True, exist_ok=True)  # runs/one_cycle.png in a fresh checkout
     fig = Figure(figsize=(7, 3.5))
     FigureCanvasAgg(fig)
     ax = fig.subplots()
