@@ -71,6 +71,7 @@ class Throughput:
     data_wait: float = 0.0
     updates: int = 0
     seconds: float = 0.0
+    compiles: int = 0
 
     def interval(self, step: int, now: float, data_wait: float) -> dict[str, float]:
         updates = max(step - self.step, 1)
@@ -85,9 +86,15 @@ class Throughput:
         """Exclude time spent outside training (evaluation) from the current interval."""
         self.time += seconds
 
-    def restart(self) -> None:
-        """Start the current interval now (after a compile: compiling is not training time)."""
-        self.time = time.perf_counter()
+    def compiled(self, seconds: float) -> None:
+        """Leave a compile of `seconds` out of the current interval (compiling is not training time): the
+        first starts it now (the setup before it is not either), a later one (a call of another size) is
+        paused out of it."""
+        if self.compiles:
+            self.pause(seconds)
+        else:
+            self.time = time.perf_counter()
+        self.compiles += 1
 
     @property
     def updates_per_s(self) -> float:
@@ -210,26 +217,39 @@ class SignalStop(Action):
     several processes they agree once per call, so that all dispatch and stop alike.
 
     The signal is acknowledged at once (jaxloop.core.interrupt's watcher thread: the main thread may be waiting
-    on the device or compiling), naming the update the run will stop and save after. Under the CLI
-    (jaxloop.core.interrupt.CLI_SESSION), in one process, a signal before the first call finished (setup, the
-    first compile: nothing trained in this run yet) ends the process at once, and so does a second SIGINT."""
+    on the device or compiling), naming the updates the run finishes (the calls on the device: paced calls
+    last about a second, jaxloop.loop.host_loop.Pace) and the update it stops and saves after. Under the CLI
+    (jaxloop.core.interrupt.CLI_SESSION), in one process, a signal before the first compile ended (setup,
+    the first compile: nothing trained in this run yet) ends the process at once, and so does a second
+    SIGINT; one during the first call waits for it and saves what it trained."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
         self.received = 0
-        self.trained = False  # a call of this run finished: there is something new to save
+        self.trained = False  # the first call is compiled: what it trains is worth finishing and saving
+        self.finished = 0  # the update the call on the device started from
         self.stops_after: int | None = None  # the last update dispatched: the run stops and saves there
         self._scope: contextlib.ExitStack | None = None
         self._run: RunContext | None = None
         self.session: Session | None = None
 
     def start(self, run: RunContext, step: int) -> None:
-        self._run, self.stops_after = run, step
+        self._run, self.stops_after, self.finished = run, step, step
         # read here: the watcher thread runs in a context of its own. Several processes stop together only
         # through poll's agreement: none of them ends alone (the others would wait in a collective)
         self.session = CLI_SESSION.get() if jax.process_count() == 1 else None
         self._scope = contextlib.ExitStack()
         self._scope.enter_context(watch_signals(self._acknowledge, handler=self._on_signal))
+
+    def heard(self, compile_event: Callable[[int, bool | None, float], None]) -> Callable[[int, bool | None, float], None]:
+        """The dispatcher's compile event (jaxloop.loop.dispatch.CallEvents.compile), heard here too: once a
+        compile ended, a signal lets the call run and saves what it trained."""
+
+        def event(n: int, loaded: bool | None, seconds: float) -> None:
+            compile_event(n, loaded, seconds)
+            self.trained = self.trained or loaded is not None
+
+        return event
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.signal = self.signal or signum  # finish the calls dispatched, save, then exit
@@ -248,10 +268,10 @@ class SignalStop(Action):
                               f"from its last checkpoint); {resume}")
         if self.received == 1:
             again = "; Ctrl-C again to stop at once without saving" if cli else ""
-            self._run.logger.message(f"{name} received: stopping after update {self.stops_after}: saving...{again}")
+            self._run.logger.message(f"{name} received: {stop_line(self.finished, self.stops_after)}{again}")
 
     def before_dispatch(self, run: RunContext, step: int, n: int) -> None:
-        self.stops_after = step + n
+        self.finished, self.stops_after = step, step + n  # the call before it has finished
 
     def poll(self, run: RunContext) -> str | None:
         self.trained = True
@@ -269,6 +289,13 @@ class SignalStop(Action):
         if self._scope is not None:
             self._scope.close()
             self._scope = None
+
+
+def stop_line(finished: int, stops_after: int | None) -> str:
+    """What a stop does next: finish the updates on the device (after update `finished`), then save."""
+    if stops_after is None or stops_after <= finished:
+        return f"stopping after update {finished}: saving..."
+    return f"finishing updates {finished + 1}-{stops_after}, then stopping after update {stops_after}: saving..."
 
 
 class NonFiniteStreak(Action):
