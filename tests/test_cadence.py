@@ -41,10 +41,16 @@ def test_a_set_maximum_bounds_a_call():
     assert call_sizes(50, [100, 7]) == (50, 32, 16, 8, 7, 4, 2, 1)
 
 
-def test_off_the_grid_the_loop_steps_back_onto_it_in_a_few_calls():
-    # after a skipped update the next boundary is nearer than a whole call: 7 = 4 + 2 + 1, not 7 calls of 1
-    assert call_plan(13, 40, [20], 20) == [4, 2, 1, 20]
+def test_between_boundaries_the_calls_are_the_few_sizes_that_reach_the_next():
+    assert call_plan(13, 40, [20], 20) == [4, 2, 1, 20], "7 = 4 + 2 + 1"
     assert next_call_size(30, [15], 45, 15) == 15 and next_call_size(30, [10], 35, 10) == 4, "never past steps"
+
+
+def test_unsettled_the_calls_are_of_the_cap_and_of_one_update():
+    # after the pace's probes or a skipped update: a distance met once is not worth compiling sizes for
+    assert next_call_size(2, [50], 500, 50, settled=False) == 1
+    assert next_call_size(2, [50], 500, 50) == 32
+    assert next_call_size(2, [100], 500, 16, settled=False) == 16
 
 
 def test_the_pace_fits_a_call_into_the_target_seconds_in_powers_of_two():
@@ -119,8 +125,8 @@ def test_the_next_call_is_dispatched_before_the_host_logs_the_finished_one(tmp_p
                   checkpoint=CheckpointConfig(every=20), log=replace(base.log, progress="off", tensorboard=False))
     run(cfg)
     calls = [step for kind, step in events if kind == "dispatch"]
-    # the pace's probe of one update, 4 back onto the grid of the loader's chunks of 5, then calls of 5
-    assert calls == [0, 1, 5, 10, 15, 20, 25, 30, 35]
+    # the pace's two probes of one update, single updates back onto the loader's chunks of 5, then calls of 5
+    assert calls == [0, 1, 2, 3, 4, 5, 10, 15, 20, 25, 30, 35]
     sizes = [b - a for a, b in zip(calls, [*calls[1:], 40])]
     for i, end in enumerate(calls[1:], 1):  # the call that reached `end`: its records, and the next call's dispatch
         first_record, next_call = events.index(("log", calls[i - 1] + 1)), events.index(("dispatch", end))

@@ -295,7 +295,8 @@ def stop_line(finished: int, stops_after: int | None) -> str:
     """What a stop does next: finish the updates on the device (after update `finished`), then save."""
     if stops_after is None or stops_after <= finished:
         return f"stopping after update {finished}: saving..."
-    return f"finishing updates {finished + 1}-{stops_after}, then stopping after update {stops_after}: saving..."
+    updates = f"update {stops_after}" if stops_after == finished + 1 else f"updates {finished + 1}-{stops_after}"
+    return f"finishing {updates}, then stopping after update {stops_after}: saving..."
 
 
 class NonFiniteStreak(Action):
