@@ -85,8 +85,8 @@ def _evaluate(steps: int, every: int, losses: dict[int, float], patience: int = 
 
 def _run(steps: int, actions_of, max_per_call: int = 50, evaluate: Evaluate | None = None):
     events: list = []
-    actions = actions_of(events)
-    ended = train(0, 0, FakeDispatcher(events), actions, _context(steps), max_per_call, evaluate)
+    actions = [*([evaluate] if evaluate is not None else []), *actions_of(events)]
+    ended = train(0, 0, FakeDispatcher(events), actions, _context(steps), max_per_call)
     return ended, events
 
 
@@ -184,9 +184,10 @@ def test_a_signal_during_the_actions_ends_the_run_at_that_boundary_with_one_call
         ("s", 2, False), ("s", 4, False), ("save", 4, True)], "called once each; the save (due at the end) sees it"
 
 
-def test_the_evaluation_runs_before_every_action_and_its_results_are_in_their_record():
-    # The recorder comes first in the list: it is handed the evaluation of its update all the same (mutant:
-    # the evaluation run after the actions: the recorder sees None; seen failing).
+def test_the_evaluation_is_an_action_whose_results_are_in_the_record_of_those_after_it():
+    # Evaluate is listed before the recorder (as the run lists it before the plateau, the hooks and the
+    # save): the recorder is handed the evaluation of its update (mutant: the evaluation listed after the
+    # recorder: the recorder sees None; seen failing).
     evaluate = _evaluate(12, 4, {4: 0.5, 8: 0.25})
     ended, events = _run(12, lambda ev: [Recorder("first", ev, every=2, needs_state=True)], evaluate=evaluate)
     seen = {e[2]: e[4] for e in events if e[1:2] == ("record",)}

@@ -17,17 +17,18 @@ state is due, or the run ends there. The loop calls, for every action, in list o
                                       returns a new record (another state, a stop) for the actions after it
     close(run)                        at the end, however the run ends (in reverse order)
 
-Every stop known before a boundary (the last update, a signal, a non-finite streak, the evaluation's early
-stopping: the evaluation runs before the actions, Evaluate) is in the record the actions get, so each is
-called once per boundary and none keeps an "already done at this update" guard. A stop an action decides
+Every stop known before a boundary (the last update, a signal, a non-finite streak) is in the record the
+actions get, and one an action decides (the evaluation's early stopping: Evaluate comes before the actions
+that read its results) in the record of those after it, so each is called once per boundary and none
+keeps an "already done at this update" guard. A stop an action decides
 at the boundary (a hook's `info.stop`, a signal that came during the actions) is in the record of the
 actions after it; the loop then calls, once, those before it that the end makes due (a hook's last call).
 `run` (RunContext) holds the run's immutable inputs: its length and its sinks.
 
-Built in: SignalStop, NonFiniteStreak, LogTrain, Profile, Evaluate (the stage before the actions, with
-early stopping), PlateauRate (the plateau schedule's decision after each evaluation), Save; and
-Hook, a research code's own action (`jaxloop.run(cfg, task, hooks=[Hook(fn, every=200)])`). An action
-with a `key` keeps a JSON state in every checkpoint's data item (state_dict / load_state_dict).
+Built in: SignalStop, NonFiniteStreak, LogTrain, Profile, Evaluate (with early stopping), PlateauRate (the
+plateau schedule's decision after each evaluation), Save; and Hook, a research code's own action
+(`jaxloop.run(cfg, task, hooks=[Hook(fn, every=200)])`). An action with a `key` keeps a JSON state in every
+checkpoint's data item (state_dict / load_state_dict).
 """
 
 from __future__ import annotations
@@ -373,10 +374,11 @@ class Profile(Action):
         self.profiler.close()
 
 
-class Evaluate:
-    """The validation split every `every` updates and at the end (cadence.evaluates): the stage the loop runs
-    at a boundary before the actions, whose results and early stopping are in the record they get. An eval
-    record, the best metric tracked, early stopping after `patience` evaluations without a better one."""
+class Evaluate(Action):
+    """The validation split every `every` updates and at the end (cadence.evaluates): an eval record, the best
+    metric tracked, early stopping after `patience` evaluations without a better one. The run lists it before
+    every action that reads `b.evaluation` (the plateau's rate, the hooks, the save): they get its results,
+    and its early stopping, in their record."""
 
     needs_state = True
     key = "best"
@@ -386,11 +388,12 @@ class Evaluate:
         self.every, self.cadence, self.evaluate = cadence.eval_every, cadence, evaluate
         self.tracker, self.metric = tracker, metric
 
-    def cuts(self, step: int) -> bool:
-        return due(self.every, step)
+    def due(self, b: Boundary) -> bool:
+        return self.cadence.evaluates(b.step)
 
-    def due(self, step: int) -> bool:
-        return self.cadence.evaluates(step)
+    def at_boundary(self, run: RunContext, b: Boundary) -> Boundary:
+        evaluation, early = self(run, b.step, b.state)
+        return b.replace(evaluation=evaluation).stopping(early)
 
     def __call__(self, run: RunContext, step: int, state: TrainState) -> tuple[dict[str, float], str | None]:
         """The evaluation of update `step`, and EARLY_STOPPING where it ends the run (else None)."""

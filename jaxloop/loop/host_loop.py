@@ -4,10 +4,11 @@ It keeps the device busy while the host works: as soon as a call's metrics are i
 next call, unless the state reached is needed (an action that reads the state is due there, or the run
 ends) or the next call is still to be compiled (compiling is not training time); then it hands the
 finished call to the actions (logs, streaks, metric hooks). At a boundary it decides first how the run
-stands (the last update, a signal, the evaluation and its early stopping), then calls each action due
-there once, with the boundary's immutable record (jaxloop.loop.actions.Boundary), before dispatching again.
-It knows no action by name (jaxloop.loop.actions) and reaches the device only through a Dispatcher
-(jaxloop.loop.dispatch). `jaxloop.run` builds both.
+stands (the last update, a signal), then calls each action due there once, in order, with the boundary's
+immutable record (jaxloop.loop.actions.Boundary; the evaluation is one of them, listed before those that
+read its results), before dispatching again. How many updates each call runs is the Pace's (paced to
+about a second, jaxloop.core.cadence). It knows no action by name (jaxloop.loop.actions) and reaches the
+device only through a Dispatcher (jaxloop.loop.dispatch). `jaxloop.run` builds both.
 """
 
 from __future__ import annotations
@@ -16,15 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from jaxloop.loop.actions import Action, Boundary, Evaluate, RunContext, metrics_of
+from jaxloop.loop.actions import Action, Boundary, RunContext, metrics_of
 from jaxloop.loop.dispatch import Call, Dispatcher, Finished
 from jaxloop.update.state import TrainState
 from jaxloop.core.cadence import TARGET_CALL_S, call_sizes, grid, next_call_size, paced_cap
 from jaxloop.core.outcome import COMPLETED
-
-EVALUATION = -1
-"""The evaluation's place in a boundary's set of parts already run (the actions': their index)."""
-
 
 PROBES = 2
 """A paced run's first calls, of one update each, whose device time sets the cap."""
@@ -61,7 +58,7 @@ class Pace:
             self.cap = self.max_per_call
 
     @classmethod
-    def of(cls, steps: int, actions: Sequence[Action | Evaluate], max_per_call: int, **options: Any) -> "Pace":
+    def of(cls, steps: int, actions: Sequence[Action], max_per_call: int, **options: Any) -> "Pace":
         """The pace of a run of `steps` updates whose `actions` that read the state end calls on their updates."""
         periods = tuple(sorted({a.every for a in actions if a.needs_state and a.every > 0}))
         g = grid(steps, periods, max_per_call)
@@ -140,21 +137,23 @@ def act(run: RunContext, actions: Sequence[Action], b: Boundary, acted: set[int]
     the one before it returned; where one of them ends the run, the actions before it that the end makes
     due are called then (once: a hook's call at the end)."""
     ends = b.ends
-    for i, action in enumerate(actions):
-        if i not in acted and action.due(b):
-            acted.add(i)
-            b = action.at_boundary(run, b) or b
-    return act(run, actions, b, acted) if b.ends and not ends else b
+    while True:
+        for i, action in enumerate(actions):
+            if i not in acted and action.due(b):
+                acted.add(i)
+                b = action.at_boundary(run, b) or b
+        if ends or not b.ends:
+            return b
+        ends = True  # one more pass: those before the one that ended the run, now due at its end
 
 
 class Parts(NamedTuple):
-    """What train() runs: the dispatcher, the actions, the run's inputs, the calls' pace, the evaluation."""
+    """What train() runs: the dispatcher, the actions, the run's inputs, the calls' pace."""
 
     dispatcher: Dispatcher
     actions: Sequence[Action]
     run: RunContext
     pace: Pace
-    evaluate: Evaluate | None
 
     def dispatch(self, state: TrainState, step: int) -> Call:
         n = self.pace.size(step)
@@ -169,20 +168,15 @@ class Parts(NamedTuple):
 
     def cuts(self, done: Finished, stop: str | None) -> bool:
         """Whether the call ends here: the run ends, or something reading the state is due."""
-        return (done.step >= self.run.steps or stop is not None or any(a.cuts(done.step) for a in self.actions)
-                or (self.evaluate is not None and self.evaluate.cuts(done.step)))
+        return done.step >= self.run.steps or stop is not None or any(a.cuts(done.step) for a in self.actions)
 
     def boundary(self, done: Finished, stop: str | None, acted: Acted) -> tuple[Boundary, Acted]:
-        """The record of the boundary `done` reached, evaluated there first when due; the actions, once."""
+        """The record of the boundary `done` reached, and the actions due there, once."""
         if acted.step != done.step:
             acted = Acted(done.step, set(), None)
         b = Boundary(done.step, done.state, metrics_of(done, done.step, self.run.accum_steps),
                      self.dispatcher.data_state(), acted.record.evaluation if acted.record is not None else None,
                      stop, final=done.step >= self.run.steps)
-        if self.evaluate is not None and EVALUATION not in acted.parts and self.evaluate.due(b.step):
-            acted.parts.add(EVALUATION)
-            evaluation, early = self.evaluate(self.run, b.step, b.state)
-            b = b.replace(evaluation=evaluation).stopping(early)
         b = act(self.run, self.actions, b, acted.parts)
         if not b.ends:  # a signal that came during the actions stops here, not a call later
             reason = self.polled("poll")
@@ -192,17 +186,16 @@ class Parts(NamedTuple):
 
 
 def train(state: TrainState, step: int, dispatcher: Dispatcher, actions: Sequence[Action], run: RunContext,
-          pace: Pace | int, evaluate: Evaluate | None = None) -> Ended:
+          pace: Pace | int) -> Ended:
     """Train from `state` (after `step` applied updates) to the end of the run, in calls of `pace` (an int:
-    unpaced calls of up to that many updates); `evaluate` runs at each boundary where it is due, before the
-    actions (its results and early stopping are in their record)."""
+    unpaced calls of up to that many updates), calling `actions` in order (the evaluation among them)."""
     if isinstance(pace, int):
-        pace = Pace.of(run.steps, [*actions, *([evaluate] if evaluate is not None else [])], pace)
-    parts = Parts(dispatcher, actions, run, pace, evaluate)
+        pace = Pace.of(run.steps, actions, pace)
+    parts = Parts(dispatcher, actions, run, pace)
     for action in actions:
         action.start(run, step)
     # the update the run starts from was acted on by the session before it (or is the initial state)
-    acted = Acted(step, {EVALUATION, *range(len(actions))}, None)
+    acted = Acted(step, set(range(len(actions))), None)
     last_eval: dict[str, float] = {}
     try:
         if step >= run.steps:  # a finished run started again (resumed at its end): no update to run

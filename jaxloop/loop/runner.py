@@ -243,7 +243,7 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     evaluate = act.Evaluate(cadence, evaluator, tracker, cfg.checkpoint.best_metric)
     actions = run_actions(cfg, splits, ckpt, run, evaluate, hooks, restored.data if restored is not None else None)
     signals = next(a for a in actions if isinstance(a, act.SignalStop))
-    pace = Pace.of(cfg.steps, [evaluate, *actions], cfg.updates_per_call or MAX_UPDATES_PER_CALL, probe=True,
+    pace = Pace.of(cfg.steps, actions, cfg.updates_per_call or MAX_UPDATES_PER_CALL, probe=True,
                    paced=lambda pace: record_pace(pace, logger, ckpt, rd))
     loader = train_loader(cfg, splits, restored.data["loader"] if restored is not None else None)
     K = cfg.optim.accum_steps
@@ -263,7 +263,7 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
             logger.message(moved)
     try:
         try:
-            state, stop_reason, final = train(state, step, dispatcher, actions, run, pace, evaluate)
+            state, stop_reason, final = train(state, step, dispatcher, actions, run, pace)
         except jax.errors.JaxRuntimeError as e:
             if not is_out_of_memory(e):
                 raise
@@ -289,20 +289,22 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
 def run_actions(cfg: Config, splits: Splits, ckpt: Checkpointer, run: act.RunContext, evaluate: act.Evaluate,
                 hooks: list[act.Action], restored: dict[str, Any] | None) -> list[act.Action]:
     """The run's periodic actions in order: the signal stop (first), the non-finite streak, logs, the profiler,
-    the plateau's rate, the research code's hooks, and the save last (it saves the state those before it
-    hand on, with every keyed part's state, restored here from a resumed checkpoint's data item)."""
+    the evaluation (before every action that reads its results), the plateau's rate, the research code's hooks,
+    and the save last (it saves the state those before it hand on, with every keyed part's state, restored here
+    from a resumed checkpoint's data item)."""
     cadence = Cadence.of(cfg)
     actions: list[act.Action] = [
         act.SignalStop(), act.NonFiniteStreak(cfg.max_bad_steps),
         act.LogTrain(cadence, cfg.batch_size, cfg.model.context if splits.source in ("text", "tokens") else 0,
                      **mfu_inputs(ckpt.metadata.get("language_model"))),
-        act.Profile(Profiler(cfg.log.profile_start, cfg.log.profile_steps, run.logger.layout.profile, run.timings))]
+        act.Profile(Profiler(cfg.log.profile_start, cfg.log.profile_steps, run.logger.layout.profile, run.timings)),
+        evaluate]
     if cfg.optim.schedule == "plateau":  # decides the rate of the next updates from each evaluation
         from jaxloop.loop.plateau import Plateau
 
         actions.append(act.PlateauRate(Plateau.of(cfg), cfg.checkpoint.best_metric, cadence.eval_every))
     actions += hooks
-    keyed = [evaluate, *actions]  # what a checkpoint's data item holds beside the loader's position
+    keyed = list(actions)  # what a checkpoint's data item holds beside the loader's position
     for part in keyed:
         if restored is not None and part.key is not None and part.key in restored:
             part.load_state_dict(restored[part.key])
