@@ -243,7 +243,8 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     evaluate = act.Evaluate(cadence, evaluator, tracker, cfg.checkpoint.best_metric)
     actions = run_actions(cfg, splits, ckpt, run, evaluate, hooks, restored.data if restored is not None else None)
     signals = next(a for a in actions if isinstance(a, act.SignalStop))
-    pace = Pace.of(cfg.steps, actions, cfg.updates_per_call or MAX_UPDATES_PER_CALL, probe=True,
+    # paced in one process only: processes timing their own calls could choose other sizes, and wait apart
+    pace = Pace.of(cfg.steps, actions, cfg.updates_per_call or MAX_UPDATES_PER_CALL, probe=jax.process_count() == 1,
                    paced=lambda pace: record_pace(pace, logger, ckpt, rd))
     loader = train_loader(cfg, splits, restored.data["loader"] if restored is not None else None)
     K = cfg.optim.accum_steps
