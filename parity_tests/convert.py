@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +210,9 @@ def _prepare(src: Path, dst: Path) -> tuple[Config, Splits]:
     cfg = _config(src, dst)
     splits = load_splits(cfg)
     dst.mkdir(parents=True, exist_ok=True)
+    # marked as a run's, as a run marks its directory when it starts (jaxloop.core.run_dir): the loop that
+    # resumes it takes it for one by that evidence
+    RunLayout(dst).marker.write_text(json.dumps({"created": time.time(), "converted_from": str(src)}) + "\n")
     return cfg, splits
 
 

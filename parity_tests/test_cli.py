@@ -109,7 +109,8 @@ def test_metrics_jsonl_of_both_command_lines_agree(cli_runs, parity):
 
 
 def test_init_from_is_validated(tmp_path):
-    """init_from: empty or an existing directory; refused when the run would resume a checkpoint of its own."""
+    """init_from: empty or a directory holding a checkpoint of either loop (refused before anything is written
+    when it holds none); refused when the run would resume a checkpoint of its own."""
     from jaxloop.core.config import ConfigError, validate
     from jaxloop.core.run_dir import RunDir
 
@@ -117,6 +118,10 @@ def test_init_from_is_validated(tmp_path):
     validate(cfg)
     with pytest.raises(ConfigError, match="init_from"):
         validate(replace(cfg, init_from=str(tmp_path / "missing")))
+    with pytest.raises(ConfigError, match="holds neither"):
+        validate(replace(cfg, init_from=str(tmp_path)))  # an existing folder with no checkpoint in it
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "step_00000040.pt").write_bytes(b"")  # torch_ref's checkpoint file name
     validate(replace(cfg, init_from=str(tmp_path)))
     with pytest.raises(ConfigError, match="init_from"):
         RunDir(replace(cfg, init_from=str(tmp_path))).check(has_checkpoint=True)

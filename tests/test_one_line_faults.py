@@ -120,8 +120,8 @@ def test_init_from_a_folder_without_a_checkpoint_is_refused_before_the_run_folde
     # was made: its marker, config.json, metadata.json, model.json and the lock left behind)
     (tmp_path / "empty").mkdir()
     out = _cli(tmp_path, *DEBUG, "--run_dir", "run", "--init_from", "empty")
-    _one_line(out, "init_from='empty' is not allowed: a run_dir or checkpoints directory holding a checkpoint "
-                   "(empty holds none)")
+    _one_line(out, "init_from='empty' is not allowed: a run_dir or checkpoints directory holding a checkpoint, "
+                   "or a Hugging Face GPT-2 directory (empty holds neither)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
 
 

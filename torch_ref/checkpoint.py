@@ -27,7 +27,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import time
 import warnings
@@ -39,9 +38,9 @@ import torch
 
 from jaxloop.core.atomic import fsync_dir
 from jaxloop.core.config import Config
-from jaxloop.core.layout import CHECKPOINT_DIR, DAMAGED_DIR
+from jaxloop.core.layout import CHECKPOINT_DIR, DAMAGED_DIR, TORCH_CHECKPOINT
 FORMAT = "torch_ref-checkpoint-1"
-_NAME = re.compile(r"^step_(\d{8,})\.pt$")
+_NAME = TORCH_CHECKPOINT
 
 Metrics = Mapping[str, float] | float | None
 

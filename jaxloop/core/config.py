@@ -25,7 +25,7 @@ from jaxloop.core.errors import ConfigError, short_repr  # its home is jaxloop.c
 from jaxloop.core.checks import (check_type, finite, is_int, nonneg_float, nonneg_int, one_of, positive_float,
                                  positive_int, readable_file, writable_dir)
 from jaxloop.core.choice import Choice
-from jaxloop.core.layout import RunLayout
+from jaxloop.core.layout import TORCH_CHECKPOINT, RunLayout
 from jaxloop.core.optimizers_config import OPTIMIZERS, AdamWConfig, OptimizerConfig
 from jaxloop.core.schedules_config import (  # noqa: F401  (PlateauConfig: importable from here, as before)
     SCHEDULES, PlateauConfig, ScheduleConfig, WarmupCosineConfig)
@@ -544,7 +544,7 @@ class Config:
     """A jaxloop run. Flags are the dotted field paths, e.g. --optim.peak_lr 3e-4."""
 
     preset: str = field(default="digits", metadata=TRAJECTORY)
-    """Starting point for every other default: digits, shakespeare, debug or gpt2-small."""
+    """Starting point for every other default: digits, shakespeare, debug, gpt2-small or gpt2-finetune."""
     run_dir: str = field(default="runs/digits", metadata=HOST)
     """Directory for config.json, metrics.jsonl, checkpoints and the report."""
     seed: int = field(default=0, metadata=TRAJECTORY)
@@ -878,10 +878,12 @@ def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -
 
 
 def _holds_checkpoint(path: str) -> bool:
-    """Whether a run_dir (or its checkpoints/ directory) holds a committed checkpoint (a digit-named directory)."""
+    """Whether a run_dir (or its checkpoints/ directory) holds a committed checkpoint: jaxloop's (a directory
+    named by its update) or torch_ref's (a step_<update>.pt file), whichever loop reads it."""
     checkpoints = RunLayout.of(path).checkpoints
     try:
-        return any(p.name.isdigit() and p.is_dir() for p in checkpoints.iterdir())
+        return any(p.name.isdigit() and p.is_dir() or TORCH_CHECKPOINT.match(p.name) and p.is_file()
+                   for p in checkpoints.iterdir())
     except OSError:
         return False
 
@@ -961,9 +963,7 @@ def resume_conflicts(saved: dict[str, Any], cfg: Config) -> list[str]:
     Only fields that change the trajectory count; `steps` counts unless cfg.allow_steps_change. A field
     missing from `saved` counts as its default (a config saved before the field existed).
     """
-    current = _flatten(to_dict(cfg))
-    # a field the saved config lacks (it was saved before the field existed) had its default's effect
-    before = {**_flatten(to_dict(Config())), **_flatten(upgrade(saved, stored=True))}
+    current, before = _flatten(to_dict(cfg)), _saved_fields(saved)
     conflicts = []
     for key in sorted(set(current) | set(before)):
         if is_among(key, RESUME_SAFE):
@@ -976,10 +976,16 @@ def resume_conflicts(saved: dict[str, Any], cfg: Config) -> list[str]:
 
 
 def changed_fields(saved: dict[str, Any], cfg: Config) -> dict[str, list[Any]]:
-    """Every field that differs from the saved config, as {field: [before, after]} (for the record)."""
-    current, before = _flatten(to_dict(cfg)), _flatten(upgrade(saved, stored=True))
+    """Every field that differs from the saved config, as {field: [before, after]} (for the record); a field
+    missing from `saved` counts as its default, as in resume_conflicts."""
+    current, before = _flatten(to_dict(cfg)), _saved_fields(saved)
     return {k: [before.get(k), current.get(k)] for k in sorted(set(current) | set(before))
             if current.get(k) != before.get(k)}
+
+
+def _saved_fields(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config's dotted fields; a field it lacks (saved before the field existed) had its default's effect."""
+    return {**_flatten(to_dict(Config())), **_flatten(upgrade(saved, stored=True))}
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

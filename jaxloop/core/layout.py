@@ -18,6 +18,7 @@ never through a file name of their own. Imports nothing of the project.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ RUN_FILES = (CONFIG_FILE, METADATA_FILE, MODEL_FILE, METRICS_FILE, SUMMARY_FILE,
 """The names a run writes as files."""
 RUN_DIRS = (CHECKPOINT_DIR, DAMAGED_DIR, TB_DIR, PROFILE_DIR, HOOKS_DIR)
 """The names a run writes as directories."""
+TORCH_CHECKPOINT = re.compile(r"^step_(\d{8,})\.pt$")
+"""torch_ref's checkpoint files in checkpoints/ (jaxloop's are Orbax directories named by their update)."""
 CHECKPOINT_CONFIG = "config/metadata"
 """A checkpoint's copy of the run's config (Orbax's JSON item `config`), relative to checkpoints/<update>/."""
 
