@@ -19,6 +19,7 @@ MEASURED = {"status", "s_per_update", "tokens_per_s", "mfu", "peak_mem_bytes"}
 
 
 @pytest.mark.slow
+@pytest.mark.torch  # torch eager and torch.compile are contenders (the test extra has torch on Python 3.11 only)
 def test_the_tiny_gpu_script_runs_every_part_into_one_record(tmp_path):
     out = tmp_path / "gpu.json"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHON": sys.executable}
