@@ -30,13 +30,14 @@ from benchmarks.common import Options, Row, add_text_option, as_dict, machine, u
 # (--quick keeps one row per kind of measurement, on the smallest shapes: a smoke check, not a record)
 QUICK_SKIP = ("step.gpt64.k4", "step.gpt128.k1", "step.gpt128.k4", "eval.gpt128", "loop.mlp.k4", "loop.gpt64.k1",
               "loop.gpt64.k4", "startup.compile",
-              "memory.step.mlp", "memory.step.gpt128", "memory.plan", "checkpoint", "gpt2.cpu", "breakdown.gpt64")
+              "memory.step.mlp", "memory.step.gpt128", "memory.plan", "checkpoint", "gpt2.cpu", "breakdown.gpt64",
+              "sample.gpt")
 FULL_SKIP = ("eval.gpt64",)  # the quick stand-in for eval.gpt128
 
 
 def registry() -> list[tuple[str, Callable[[Options], Row | list[Row]]]]:
     """(name, function) in run order; a function may return several rows (names share its prefix)."""
-    from benchmarks import bench_gpt2, breakdown, plan, procs, step
+    from benchmarks import bench_gpt2, bench_sample, breakdown, plan, procs, step
 
     rows: list[tuple[str, Callable[[Options], Any]]] = [("peak", step.matmul_peak)]
     for shape in ("mlp", "gpt64", "gpt128"):
@@ -49,6 +50,7 @@ def registry() -> list[tuple[str, Callable[[Options], Row | list[Row]]]]:
             rows.append((f"loop.{shape}.k{k}", lambda o, s=shape, k=k: procs.loop_row(o, s, k)))
     rows += [
         ("breakdown.gpt64", breakdown.breakdown_row),
+        ("sample.gpt", bench_sample.sample_row),
         ("e2e.shakespeare64", procs.e2e_row),
         ("e2e.script64", procs.script64_row),
         ("startup.compile", procs.compile_row),

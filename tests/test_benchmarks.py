@@ -180,3 +180,12 @@ def test_gpt2_gpu_row_without_a_gpu_says_unmeasured(monkeypatch):
     row = bench_gpt2.gpu_row(Options(quick=True))
     assert (row.status, row.notes) == ("unmeasured", "unmeasured: no GPU lent to this task")
     assert {"gpt2.cpu", "gpt2.gpu"} <= {name for name, _ in registry()}
+
+
+def test_the_sample_row_times_the_cached_and_the_whole_window_generation_of_the_same_tokens(tmp_path):
+    # --smoke: a one-layer GPT, one round; the shape of the row and that both contenders drew the same tokens
+    result = run(Options(quick=True, smoke=True, workdir=tmp_path, log=lambda s: None), only=["sample.gpt"])
+    (row,) = result["rows"]
+    assert row["status"] == "ok", row["notes"]
+    assert row["jax"] > 0 and row["ref"] > 0 and row["ratio"] == pytest.approx(row["jax"] / row["ref"])
+    assert row["extra"]["same_tokens"] is True and set(row["extra"]["tokens_per_s"]) == {"kv cache", "whole window"}
