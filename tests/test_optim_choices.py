@@ -32,7 +32,8 @@ def test_a_run_dir_saved_in_the_old_flat_form_resumes_by_name_without_conflicts(
     shutil.copy(OLD / name, run_dir / "config.json")
     cfg = parse_config(["--run_dir", str(run_dir)], check_paths=False)
     assert resume_conflicts(saved, cfg) == []
-    assert changed_fields(saved, cfg) == {"run_dir": [saved["run_dir"], str(run_dir)]}
+    added = {f"{section}.{k}": [None, v] for section, fields in ADDED_SINCE.items() for k, v in fields.items()}
+    assert changed_fields(saved, cfg) == {"run_dir": [saved["run_dir"], str(run_dir)], **added}  # recorded, no conflict
     assert to_dict(cfg)["optim"] == saved["optim"]
 
 

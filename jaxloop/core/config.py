@@ -976,9 +976,9 @@ def resume_conflicts(saved: dict[str, Any], cfg: Config) -> list[str]:
 
 
 def changed_fields(saved: dict[str, Any], cfg: Config) -> dict[str, list[Any]]:
-    """Every field that differs from the saved config, as {field: [before, after]} (for the record); a field
-    missing from `saved` counts as its default, as in resume_conflicts."""
-    current, before = _flatten(to_dict(cfg)), _saved_fields(saved)
+    """Every field that differs from the saved config, as {field: [before, after]} (for the record: a field the
+    saved config lacks, saved before the field existed, is recorded as None -> its value)."""
+    current, before = _flatten(to_dict(cfg)), _flatten(upgrade(saved, stored=True))
     return {k: [before.get(k), current.get(k)] for k in sorted(set(current) | set(before))
             if current.get(k) != before.get(k)}
 
