@@ -1,6 +1,6 @@
 """The one closed-form oracle of the learning-rate schedule (jax-free, torch-free), for every test.
 
-Written from DESIGN.md's definition, not from either loop's code: linear warmup from init_lr to peak_lr
+Written from the documented definition (docs/training.md), not from either loop's code: linear warmup from init_lr to peak_lr
 over warmup_steps updates, then the textbook cosine end + (peak - end) * 0.5 * (1 + cos(pi t)) with
 t = (min(u, steps) - warmup) / (steps - warmup); with warmup == steps the rate is end_lr from u = steps.
 Evaluated in numpy's long double (80-bit extended precision on x86-64, 64-bit mantissa), so that the

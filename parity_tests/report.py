@@ -325,7 +325,7 @@ def _docs_section(checks: list[dict[str, Any]], wall: float, when: str) -> str:
         "## Parity with PyTorch",
         "",
         "`parity_tests/` runs jaxloop and torch_ref on the same configs, initial weights (drawn by jax, transferred to "
-        "torch) and batches, and checks each contract of DESIGN.md number by number: the rate of every update, one "
+        "torch) and batches, and checks each parity contract number by number: the rate of every update, one "
         "clipped AdamW update, gradient accumulation, the data order, 300-update trajectories of both presets' models "
         "(float64, float32, bf16), resume within and across the frameworks, checkpoint rotation and fp16 loss scaling.",
         "",

@@ -1,4 +1,4 @@
-"""The package's layers are its subpackages, and nothing imports upward (DESIGN.md's layer order): a module
+"""The package's layers are its subpackages, and nothing imports upward (the layer order docs/training.md draws): a module
 imports jaxloop modules only from its own layer or the layers below, at the top of the file or inside a
 function alike; torch_ref imports only the core; the core imports neither jax nor torch."""
 
