@@ -170,10 +170,10 @@ def test_a_second_ctrl_c_under_the_cli_ends_at_once(monkeypatch):
     session = Session()
     monkeypatch.setattr(session, "exit", lambda status, line: exits.append((status, line)))
     stop, run_ctx = actions.SignalStop(), _Run()
-    stop._run, stop.session, stop.trained, stop.finished, stop.stops_after = run_ctx, session, True, 30, 40
+    stop._run, stop.session, stop.trained, stop.stops_after = run_ctx, session, True, 40
     stop._acknowledge(signal.SIGINT)
-    assert run_ctx.messages == ["SIGINT received: finishing updates 31-40, then stopping after update 40: saving...; "
-                                "Ctrl-C again to stop at once without saving"] and exits == []
+    assert run_ctx.messages == ["SIGINT received: stopping after update 40: saving...; Ctrl-C again to stop at "
+                                "once without saving"] and exits == []
     stop._acknowledge(signal.SIGINT)
     assert exits == [(130, "second SIGINT: stopped at once without saving (the run resumes from its last "
                            "checkpoint); resume with: python -m jaxloop.train --run_dir runs/x")]

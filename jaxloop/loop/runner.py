@@ -33,7 +33,7 @@ from jaxloop.loop.model_check import check_init_from, check_same_model, this_mod
 from jaxloop.model.flops import gpt_facts, mfu_inputs
 from jaxloop.checkpoint.init_from import initial_params, shaped_by_init_from
 from jaxloop.observe.logger import RunLogger
-from jaxloop.loop.host_loop import Pace, train
+from jaxloop.loop.host_loop import train, updates_per_call
 from jaxloop.update.memory_plan import Fit, candidates, check_plan, describe_plan, is_out_of_memory, plan_dict, supports_blocks
 from jaxloop.update.optimizer import optimizer_metrics
 from jaxloop.model.precision import resolve_precision
@@ -319,18 +319,16 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     evaluate = act.Evaluate(cadence, evaluator, tracker, cfg.checkpoint.best_metric)
     actions = run_actions(cfg, splits, ckpt, run, evaluate, hooks, restored.data if restored is not None else None)
     signals = next(a for a in actions if isinstance(a, act.SignalStop))
-    # paced in one process only: processes timing their own calls could choose other sizes, and wait apart
-    pace = Pace.of(cfg.steps, actions, cfg.updates_per_call or MAX_UPDATES_PER_CALL, probe=jax.process_count() == 1,
-                   paced=lambda pace: record_pace(pace, logger, ckpt, rd))
+    per_call = updates_per_call(cfg.steps, [evaluate, *actions], cfg.updates_per_call or MAX_UPDATES_PER_CALL)
     loader = train_loader(cfg, splits, restored.data["loader"] if restored is not None else None)
     K = cfg.optim.accum_steps
     batches = DevicePrefetcher(loader, size=cfg.data.prefetch, put=lambda b: shard_batch(b, mesh, stacked=True),
-                               chunk=K * pace.chunk, first_chunk=K * (-step % pace.chunk))
+                               chunk=K * per_call, first_chunk=K * (-step % per_call))
     memory = Memory(cfg.memory, replans, logger, ckpt, rd)
     plan = CallPlan(lambda planned: scan_steps(make_train_step(task.loss, planned)), K, cfg.memory, cfg.batch_size,
                     supports_blocks(state.model))
     dispatcher = Dispatcher(plan, batches, timings,
-                            CallEvents(compile=signals.heard(CompileLines(logger, cfg)), compiled=run.clock.compiled,
+                            CallEvents(compile=CompileLines(logger, cfg), compiled=run.clock.restart,
                                        fitted=memory.fitted))
     if restored is not None:
         logger.message(resume_line(restored))
@@ -340,7 +338,7 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
             logger.message(moved)
     try:
         try:
-            state, stop_reason, final = train(state, step, dispatcher, actions, run, pace)
+            state, stop_reason, final = train(state, step, dispatcher, actions, run, per_call, evaluate)
         except jax.errors.JaxRuntimeError as e:
             if not is_out_of_memory(e):
                 raise
@@ -366,36 +364,24 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
 def run_actions(cfg: Config, splits: Splits, ckpt: Checkpointer, run: act.RunContext, evaluate: act.Evaluate,
                 hooks: list[act.Action], restored: dict[str, Any] | None) -> list[act.Action]:
     """The run's periodic actions in order: the signal stop (first), the non-finite streak, logs, the profiler,
-    the evaluation (before every action that reads its results), the plateau's rate, the research code's hooks,
-    and the save last (it saves the state those before it hand on, with every keyed part's state, restored here
-    from a resumed checkpoint's data item)."""
+    the plateau's rate, the research code's hooks, and the save last (it saves the state those before it
+    hand on, with every keyed part's state, restored here from a resumed checkpoint's data item)."""
     cadence = Cadence.of(cfg)
     actions: list[act.Action] = [
         act.SignalStop(), act.NonFiniteStreak(cfg.max_bad_steps),
         act.LogTrain(cadence, cfg.batch_size, cfg.model.context if splits.source in ("text", "tokens") else 0,
                      **mfu_inputs(ckpt.metadata.get("language_model"))),
-        act.Profile(Profiler(cfg.log.profile_start, cfg.log.profile_steps, run.logger.layout.profile, run.timings)),
-        evaluate]
+        act.Profile(Profiler(cfg.log.profile_start, cfg.log.profile_steps, run.logger.layout.profile, run.timings))]
     if cfg.optim.schedule == "plateau":  # decides the rate of the next updates from each evaluation
         from jaxloop.loop.plateau import Plateau
 
         actions.append(act.PlateauRate(Plateau.of(cfg), cfg.checkpoint.best_metric, cadence.eval_every))
     actions += hooks
-    keyed = list(actions)  # what a checkpoint's data item holds beside the loader's position
+    keyed = [evaluate, *actions]  # what a checkpoint's data item holds beside the loader's position
     for part in keyed:
         if restored is not None and part.key is not None and part.key in restored:
             part.load_state_dict(restored[part.key])
     return [*actions, act.Save(cadence, ckpt, keyed)]
-
-
-def record_pace(pace: Pace, logger: RunLogger, ckpt: Checkpointer, rd: RunDir) -> None:
-    """A cap chosen for the calls: said when below the bound, and recorded in metadata.json (`calls`)."""
-    line = pace.line()
-    if line:
-        logger.message(line)
-    ckpt.metadata["calls"] = pace.record()
-    if rd.writes:
-        rd.write_json(rd.layout.metadata, ckpt.metadata)
 
 
 COMPILE_LINE_STARTS = ("compiling the training call", "compiled in ", "loaded the compiled training call",
