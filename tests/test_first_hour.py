@@ -269,9 +269,9 @@ def test_sigterms_acknowledgement_offers_no_ctrl_c():
     from jaxloop.loop import actions
 
     stop, run_ctx = actions.SignalStop(), _Run()
-    stop._run, stop.session, stop.trained, stop.finished, stop.stops_after = run_ctx, Session(), True, 30, 40
+    stop._run, stop.session, stop.trained, stop.stops_after = run_ctx, Session(), True, 40
     stop._acknowledge(signal.SIGTERM)
-    assert run_ctx.messages == ["SIGTERM received: finishing updates 31-40, then stopping after update 40: saving..."]
+    assert run_ctx.messages == ["SIGTERM received: stopping after update 40: saving..."]
 
 
 def test_the_line_that_ends_the_process_at_once_starts_a_line_of_its_own_on_a_terminal(monkeypatch):
