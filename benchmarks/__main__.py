@@ -28,10 +28,23 @@ from benchmarks.common import Options, Row, add_text_option, as_dict, machine, u
 
 # rows left out under --quick unless named with --only (their cost is mostly another compile)
 # (--quick keeps one row per kind of measurement, on the smallest shapes: a smoke check, not a record)
-QUICK_SKIP = ("step.gpt64.k4", "step.gpt128.k1", "step.gpt128.k4", "eval.gpt128", "loop.mlp.k4", "loop.gpt64.k1",
-              "loop.gpt64.k4", "startup.compile",
-              "memory.step.mlp", "memory.step.gpt128", "memory.plan", "checkpoint", "gpt2.cpu", "breakdown.gpt64",
-              "sample.gpt")
+QUICK_SKIP = (
+    "step.gpt64.k4",
+    "step.gpt128.k1",
+    "step.gpt128.k4",
+    "eval.gpt128",
+    "loop.mlp.k4",
+    "loop.gpt64.k1",
+    "loop.gpt64.k4",
+    "startup.compile",
+    "memory.step.mlp",
+    "memory.step.gpt128",
+    "memory.plan",
+    "checkpoint",
+    "gpt2.cpu",
+    "breakdown.gpt64",
+    "sample.gpt",
+)
 FULL_SKIP = ("eval.gpt64",)  # the quick stand-in for eval.gpt128
 
 
@@ -76,12 +89,12 @@ def selected(name: str, only: list[str] | None, quick: bool) -> bool:
     return name not in (QUICK_SKIP if quick else FULL_SKIP)
 
 
-def run(opts: Options, only: list[str] | None = None,
-        save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def run(
+    opts: Options, only: list[str] | None = None, save: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
     """Run the selected rows; `save` gets the result so far after each row (a killed run keeps its rows)."""
     info = machine()
-    info["threads"] = {"xla_cpu": f"all {opts.threads} cores (default Eigen pool)",
-                       "torch": opts.threads}
+    info["threads"] = {"xla_cpu": f"all {opts.threads} cores (default Eigen pool)", "torch": opts.threads}
     results: list[Row] = []
     t0 = time.perf_counter()
     for name, fn in registry():
@@ -91,8 +104,9 @@ def run(opts: Options, only: list[str] | None = None,
         opts.log(f"[benchmarks] {name} ...")
         out = fn(opts)
         for row in out if isinstance(out, list) else [out]:
-            if only and not any(row.name == o or row.name.startswith(o + ".") or name == o or name.startswith(o + ".")
-                                for o in only):
+            if only and not any(
+                row.name == o or row.name.startswith(o + ".") or name == o or name.startswith(o + ".") for o in only
+            ):
                 continue
             results.append(row)
             opts.log(f"[benchmarks]   {format_row(row)}  ({time.perf_counter() - t:.1f} s)")
@@ -135,8 +149,10 @@ def _met(r: dict[str, Any]) -> str:
 
 def format_row(row: Row) -> str:
     r = as_dict(row)
-    return (f"{r['name']}: jax {_num(r['jax'])} / ref {_num(r['ref'])} {r['unit']}, ratio {_num(r['ratio'])} "
-            f"(goal {r['goal'] or '-'}: {_met(r)}) {r['notes']}")
+    return (
+        f"{r['name']}: jax {_num(r['jax'])} / ref {_num(r['ref'])} {r['unit']}, ratio {_num(r['ratio'])} "
+        f"(goal {r['goal'] or '-'}: {_met(r)}) {r['notes']}"
+    )
 
 
 COLUMNS = ("row", "jaxloop", "reference", "unit", "ratio", "goal", "met")
@@ -144,9 +160,18 @@ COLUMNS = ("row", "jaxloop", "reference", "unit", "ratio", "goal", "met")
 
 def table_cells(result: dict[str, Any]) -> list[list[str]]:
     mixed = result["machine"].get("quick") == "mixed"
-    return [[r["name"] + (f" [{r.get('mode')}]" if mixed else ""), _num(r["jax"]), _num(r["ref"]), r["unit"],
-             _num(r["ratio"]), r["goal"] or "-", _met(r)]
-            for r in result["rows"]]
+    return [
+        [
+            r["name"] + (f" [{r.get('mode')}]" if mixed else ""),
+            _num(r["jax"]),
+            _num(r["ref"]),
+            r["unit"],
+            _num(r["ratio"]),
+            r["goal"] or "-",
+            _met(r),
+        ]
+        for r in result["rows"]
+    ]
 
 
 def header_lines(result: dict[str, Any]) -> list[str]:
@@ -163,8 +188,10 @@ def header_lines(result: dict[str, Any]) -> list[str]:
         f"{_load(m.get('load_avg_at_start'))}, at end {_load(m.get('load_avg_at_end'))}; harness {m.get('harness_s', 0):.0f} s",
     ]
     for other in m.get("elsewhere", []):
-        lines.append(f"rows {', '.join(other['rows'])} measured on another machine: "
-                     + "; ".join(header_lines({"machine": other["machine"]})))
+        lines.append(
+            f"rows {', '.join(other['rows'])} measured on another machine: "
+            + "; ".join(header_lines({"machine": other["machine"]}))
+        )
     return lines
 
 
@@ -195,13 +222,17 @@ NOTES = Path(__file__).resolve().parents[1] / "docs" / "benchmark-notes.md"
 def notes() -> str:
     """docs/benchmark-notes.md from its first `##` heading on (its title and introduction left out)."""
     text = NOTES.read_text()
-    return text[text.index("\n## ") + 1:]
+    return text[text.index("\n## ") + 1 :]
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = ["# Benchmarks", "",
-             "Generated by `python -m benchmarks --markdown BENCHMARKS.md` (rewrite it from a saved run with "
-             "`--from-json FILE`). Do not edit the tables by hand.", ""]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `python -m benchmarks --markdown BENCHMARKS.md` (rewrite it from a saved run with "
+        "`--from-json FILE`). Do not edit the tables by hand.",
+        "",
+    ]
     lines += [f"- {line}" for line in header_lines(result)]
     gpu = any(r["name"].startswith("accel") and r["status"] != "unmeasured" for r in result["rows"])
     if not gpu:
@@ -266,14 +297,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", action="append", metavar="ROW", help="run this row or row prefix (repeatable)")
     p.add_argument("--out", metavar="FILE.json", help="write the results as JSON")
     p.add_argument("--markdown", metavar="FILE.md", help="write the results as the BENCHMARKS.md record")
-    p.add_argument("--from-json", metavar="FILE.json", nargs="+",
-                   help="take the results from saved --out files, run nothing (several: rows merged by name, later "
-                        "files win; machine from the first, rows run on another machine named with theirs)")
+    p.add_argument(
+        "--from-json",
+        metavar="FILE.json",
+        nargs="+",
+        help="take the results from saved --out files, run nothing (several: rows merged by name, later "
+        "files win; machine from the first, rows run on another machine named with theirs)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores, as XLA:CPU)")
     p.add_argument("--list", action="store_true", help="print the row names and exit")
-    p.add_argument("--gpu", action="store_true", help="GPT-2 small on a GPU in one shot: jaxloop, torch eager and "
-                   "torch.compile, deterministic kernels on/off, cuDNN/XLA attention, the loop (benchmarks/gpu.py); "
-                   "the JSON record goes to benchmarks/records/gpu-<device>.json or --out")
+    p.add_argument(
+        "--gpu",
+        action="store_true",
+        help="GPT-2 small on a GPU in one shot: jaxloop, torch eager and "
+        "torch.compile, deterministic kernels on/off, cuDNN/XLA attention, the loop (benchmarks/gpu.py); "
+        "the JSON record goes to benchmarks/records/gpu-<device>.json or --out",
+    )
     p.add_argument("--tiny", action="store_true", help="with --gpu: the same path at a CPU size (CI's check)")
     add_text_option(p)
     args = p.parse_args(argv)
@@ -281,22 +320,34 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import gpu
 
         record = gpu.run(args.tiny, Path(args.out) if args.out else None, None if args.tiny else gpu.BUDGET_S)
-        failed = [f"{section}.{name}" for section in gpu.PARTS for name, entry in record[section].items()
-                  if isinstance(entry, dict) and entry.get("status") == "failed"]
+        failed = [
+            f"{section}.{name}"
+            for section in gpu.PARTS
+            for name, entry in record[section].items()
+            if isinstance(entry, dict) and entry.get("status") == "failed"
+        ]
         if failed:
             print(f"python -m benchmarks --gpu: failed: {', '.join(failed)} (errors in the record)", file=sys.stderr)
         return 1 if failed else 0
     use_text(args)
     if args.list:
         for name, _ in registry():
-            print(name + ("  (skipped under --quick)" if name in QUICK_SKIP else
-                          "  (--quick only)" if name in FULL_SKIP else ""))
+            print(
+                name
+                + (
+                    "  (skipped under --quick)"
+                    if name in QUICK_SKIP
+                    else "  (--quick only)"
+                    if name in FULL_SKIP
+                    else ""
+                )
+            )
         return 0
     if args.from_json:
         result = merge([json.loads(Path(f).read_text()) for f in args.from_json])
     else:
-        from jaxloop.loop.determinism import request_deterministic_ops
         from jaxloop.core.config import Config
+        from jaxloop.loop.determinism import request_deterministic_ops
         from jaxloop.loop.host_memory import retain_freed_memory
 
         # The step rows run jaxloop and torch in this process: both get the allocator policy jaxloop.run

@@ -45,9 +45,9 @@ import numpy as np
 
 from jaxloop.checkpoint.manager import Checkpointer
 from jaxloop.core.config import CheckpointConfig, Config, DataConfig, ModelConfig, to_dict
+from jaxloop.loop.task import create_train_state
 from jaxloop.model.builtin import make_model
 from jaxloop.update.state import TrainState
-from jaxloop.loop.task import create_train_state
 
 
 def main() -> None:
@@ -71,7 +71,9 @@ def _state(size: str) -> tuple[ModelConfig, TrainState]:
     """The model config and fresh TrainState of a size: "mlp" (digits) or "DxL" (GPT d_model x n_layers)."""
     if size == "mlp":
         base = Config()
-        return base.model, create_train_state(base, make_model(base.model, 10, base.precision), np.zeros((1, 64), np.float32))
+        return base.model, create_train_state(
+            base, make_model(base.model, 10, base.precision), np.zeros((1, 64), np.float32)
+        )
     d_model, n_layers = (int(v) for v in size.split("x"))
     model_cfg = ModelConfig(kind="gpt", context=128, d_model=d_model, n_layers=n_layers, n_heads=8)
     base = Config(preset="shakespeare", model=model_cfg, data=DataConfig(source="text", path="unused"))
@@ -84,18 +86,23 @@ def measure_cpu(size: str, rounds: int) -> None:
 
     model_cfg, state = _state(size)
     views = _for_orbax(state, _host_views(state))
-    print(f"state {size}: {len(jax.tree.leaves(state))} leaves, {sum(x.nbytes for x in jax.tree.leaves(state)) / 2**20:.1f} MiB; "
-          f"views are NumPy: {all(isinstance(v, np.ndarray) for v in jax.tree.leaves(views))}")
+    print(
+        f"state {size}: {len(jax.tree.leaves(state))} leaves, {sum(x.nbytes for x in jax.tree.leaves(state)) / 2**20:.1f} MiB; "
+        f"views are NumPy: {all(isinstance(v, np.ndarray) for v in jax.tree.leaves(views))}"
+    )
     floor = {"x": np.zeros(4, np.float32)}  # Orbax's fixed cost per save: the same items, almost no bytes
     cpu: dict[str, list[float]] = {"jax.Array": [], "NumPy views": [], "one 4-float leaf": []}
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = Checkpointer(CheckpointConfig(keep_last=1, keep_best=0, async_save=False), tmp,
-                            config=to_dict(Config(run_dir=tmp, model=model_cfg)))
+        ckpt = Checkpointer(
+            CheckpointConfig(keep_last=1, keep_best=0, async_save=False),
+            tmp,
+            config=to_dict(Config(run_dir=tmp, model=model_cfg)),
+        )
         saved = 0
         try:
             for step in range(1, 2 * rounds + 3):
                 trio = (("jax.Array", state), ("NumPy views", views), ("one 4-float leaf", floor))
-                for name, tree in (trio if step % 2 else trio[::-1]):  # the order reverses every other round
+                for name, tree in trio if step % 2 else trio[::-1]:  # the order reverses every other round
                     c0 = time.process_time()
                     saved += 1
                     ckpt._save(saved, tree, {"position": saved}, None)  # noqa: SLF001
@@ -105,9 +112,11 @@ def measure_cpu(size: str, rounds: int) -> None:
         finally:
             ckpt.close()
     med = {k: statistics.median(v) for k, v in cpu.items()}
-    print(f"process CPU per save (median of {len(cpu['jax.Array'])}): jax.Array {1e3 * med['jax.Array']:.1f} ms, "
-          f"NumPy views {1e3 * med['NumPy views']:.1f} ms; ratio {med['NumPy views'] / med['jax.Array']:.2f}; "
-          f"one 4-float leaf (Orbax's floor) {1e3 * med['one 4-float leaf']:.1f} ms")
+    print(
+        f"process CPU per save (median of {len(cpu['jax.Array'])}): jax.Array {1e3 * med['jax.Array']:.1f} ms, "
+        f"NumPy views {1e3 * med['NumPy views']:.1f} ms; ratio {med['NumPy views'] / med['jax.Array']:.2f}; "
+        f"one 4-float leaf (Orbax's floor) {1e3 * med['one 4-float leaf']:.1f} ms"
+    )
 
 
 def measure(d_model: int, n_layers: int, rounds: int) -> None:
@@ -117,9 +126,14 @@ def measure(d_model: int, n_layers: int, rounds: int) -> None:
     print(f"state: {n_params / 1e6:.1f}M params, {n_bytes / 2**20:.0f} MiB to save; device {jax.devices()[0]}")
 
     with tempfile.TemporaryDirectory() as tmp:
-        ckpts = {mode: Checkpointer(CheckpointConfig(keep_last=1, keep_best=0, async_save=mode == "async"),
-                                    f"{tmp}/{mode}", config=to_dict(Config(run_dir=f"{tmp}/{mode}", model=model_cfg)))
-                 for mode in ("async", "sync")}
+        ckpts = {
+            mode: Checkpointer(
+                CheckpointConfig(keep_last=1, keep_best=0, async_save=mode == "async"),
+                f"{tmp}/{mode}",
+                config=to_dict(Config(run_dir=f"{tmp}/{mode}", model=model_cfg)),
+            )
+            for mode in ("async", "sync")
+        }
         try:
             blocked, committed = measure_blocked(ckpts, state, rounds)
             restore_s = measure_restore(ckpts["sync"], state, rounds)
@@ -129,22 +143,31 @@ def measure(d_model: int, n_layers: int, rounds: int) -> None:
                 ckpt.close()
     med = {m: statistics.median(v) for m, v in blocked.items()}
     for m in ("sync", "async"):
-        print(f"{m:5s}: blocked median {1e3 * med[m]:8.1f} ms  (save committed after median "
-              f"{1e3 * statistics.median(committed[m]):8.1f} ms; rounds {', '.join(f'{1e3 * t:.0f}' for t in blocked[m])} ms)")
+        print(
+            f"{m:5s}: blocked median {1e3 * med[m]:8.1f} ms  (save committed after median "
+            f"{1e3 * statistics.median(committed[m]):8.1f} ms; rounds {', '.join(f'{1e3 * t:.0f}' for t in blocked[m])} ms)"
+        )
     print(f"ratio async/sync blocked time: {med['async'] / med['sync']:.3f}  (goal <= 0.1)")
-    print(f"restore: median {1e3 * statistics.median(restore_s):.1f} ms "
-          f"(rounds {', '.join(f'{1e3 * t:.0f}' for t in restore_s)} ms)")
+    print(
+        f"restore: median {1e3 * statistics.median(restore_s):.1f} ms "
+        f"(rounds {', '.join(f'{1e3 * t:.0f}' for t in restore_s)} ms)"
+    )
     digest = measure_digest(state, rounds)
     if digest is not None:
-        print(f"digest: save {1e3 * digest[0]:.1f} ms (the hand-over thread's, for an async save), restore check "
-              f"{1e3 * digest[1]:.1f} ms (medians)")
-    print(f"loop of donating steps ({step_ms:.1f} ms each, a save every {steps_per_round}): wall time lost per save "
-          f"sync {1e3 * lost['sync']:.1f} ms, async {1e3 * lost['async']:.1f} ms; "
-          f"ratio async/sync lost time: {lost['async'] / lost['sync']:.3f}")
+        print(
+            f"digest: save {1e3 * digest[0]:.1f} ms (the hand-over thread's, for an async save), restore check "
+            f"{1e3 * digest[1]:.1f} ms (medians)"
+        )
+    print(
+        f"loop of donating steps ({step_ms:.1f} ms each, a save every {steps_per_round}): wall time lost per save "
+        f"sync {1e3 * lost['sync']:.1f} ms, async {1e3 * lost['async']:.1f} ms; "
+        f"ratio async/sync lost time: {lost['async'] / lost['sync']:.3f}"
+    )
 
 
-def measure_blocked(ckpts: dict[str, Checkpointer], state: TrainState, rounds: int
-                    ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def measure_blocked(
+    ckpts: dict[str, Checkpointer], state: TrainState, rounds: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     blocked: dict[str, list[float]] = {"async": [], "sync": []}
     committed: dict[str, list[float]] = {"async": [], "sync": []}
     for step in range(1, rounds + 2):
@@ -195,13 +218,16 @@ def measure_digest(state: TrainState, rounds: int) -> tuple[float, float] | None
 
 def _bump(state: TrainState) -> TrainState:
     """An optimizer-like elementwise update of every float leaf: reads and writes the whole state."""
+
     def f(x: Any) -> Any:
         return x * 0.999 + 1e-3 if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x
+
     return state.replace(params=jax.tree.map(f, state.params), opt_state=jax.tree.map(f, state.opt_state))
 
 
-def measure_lost(ckpts: dict[str, Checkpointer], state: TrainState, rounds: int, sync_s: float
-                 ) -> tuple[dict[str, float], float, int]:
+def measure_lost(
+    ckpts: dict[str, Checkpointer], state: TrainState, rounds: int, sync_s: float
+) -> tuple[dict[str, float], float, int]:
     step = jax.jit(_bump, donate_argnums=0)
     state = jax.tree.map(lambda x: x.copy(), state)  # our own buffers: the steps donate them
     state = jax.block_until_ready(step(state))

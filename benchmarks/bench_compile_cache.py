@@ -31,15 +31,38 @@ def preset_flags(name: str, shakespeare_steps: int) -> list[str]:
     if name == "digits":
         return ["--steps", "50"]
     text = ROOT / "tests" / "data" / "tinyshakespeare_60k.txt"
-    return ["--preset", "shakespeare", "--data.path", str(text), "--steps", str(shakespeare_steps),
-            "--optim.warmup_steps", "1"]
+    return [
+        "--preset",
+        "shakespeare",
+        "--data.path",
+        str(text),
+        "--steps",
+        str(shakespeare_steps),
+        "--optim.warmup_steps",
+        "1",
+    ]
 
 
 def first_update_s(mode: str, flags: list[str], run_dir: Path, cache: Path) -> float:
     """Seconds from Popen to the first train record of one run."""
-    args = ["-m", "jaxloop.train", *flags, "--run_dir", str(run_dir), "--log_every", "1", "--eval_every", "0",
-            "--log.progress", "off", "--log.no-report", "--resume", "never",
-            "--compile_cache", "" if mode == "none" else str(cache)]
+    args = [
+        "-m",
+        "jaxloop.train",
+        *flags,
+        "--run_dir",
+        str(run_dir),
+        "--log_every",
+        "1",
+        "--eval_every",
+        "0",
+        "--log.progress",
+        "off",
+        "--log.no-report",
+        "--resume",
+        "never",
+        "--compile_cache",
+        "" if mode == "none" else str(cache),
+    ]
     box: dict[str, float] = {}
     metrics = run_dir / "metrics.jsonl"
     t0 = time.perf_counter()
@@ -68,7 +91,7 @@ def main() -> None:
     times: dict[str, dict[str, list[float]]] = {name: {m: [] for m in MODES} for name in args.presets}
     with tempfile.TemporaryDirectory() as work:
         for r in range(args.rounds):
-            order = MODES[r % 2:] + MODES[:r % 2]
+            order = MODES[r % 2 :] + MODES[: r % 2]
             for name in args.presets:
                 flags = preset_flags(name, args.shakespeare_steps)
                 for mode in order:

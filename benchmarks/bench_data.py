@@ -42,9 +42,9 @@ def augment(x: np.ndarray, label: int) -> np.ndarray:
     img = np.roll(img, int(label) % 5 - 2, axis=1)
     for _ in range(2):
         p = np.pad(img, 2, mode="edge")
-        img = sum(_KERNEL[j] * p[j:j + 32, 2:34] for j in range(5))
+        img = sum(_KERNEL[j] * p[j : j + 32, 2:34] for j in range(5))
         p = np.pad(img, 2, mode="edge")
-        img = sum(_KERNEL[j] * p[:, j:j + 32] for j in range(5))[2:34]
+        img = sum(_KERNEL[j] * p[:, j : j + 32] for j in range(5))[2:34]
     img = (img - img.mean()) / (img.std() + np.float32(1e-6))
     return img.astype(np.float32).ravel()
 
@@ -139,9 +139,9 @@ def measure_chunks(n: int, rounds: int) -> None:
     """Host ms per call of n micro-batches: n grain elements stacked vs one element per call (medians)."""
     import statistics
 
-    from jaxloop.data.pipeline import TrainLoader, _stacked
     from jaxloop.core.config import preset
     from jaxloop.core.sources import load_splits
+    from jaxloop.data.pipeline import TrainLoader, _stacked
 
     cfg = preset("digits")
     splits = load_splits(cfg)
@@ -157,8 +157,10 @@ def measure_chunks(n: int, rounds: int) -> None:
                     next(it)
                 times[name].append((time.perf_counter() - t) / 20 * 1e3)
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"one call of {n} micro-batches (digits, batch {cfg.batch_size}), host ms, median of {rounds}: "
-          f"stacked {med['stacked']:.3f}, chunks {med['chunks']:.3f}; ratio {med['chunks'] / med['stacked']:.2f}")
+    print(
+        f"one call of {n} micro-batches (digits, batch {cfg.batch_size}), host ms, median of {rounds}: "
+        f"stacked {med['stacked']:.3f}, chunks {med['chunks']:.3f}; ratio {med['chunks'] / med['stacked']:.2f}"
+    )
 
 
 def main(argv=None) -> None:
@@ -186,9 +188,11 @@ def main(argv=None) -> None:
     import torch
 
     torch.set_num_threads(1)
-    print(f"source: digits train split ({splits.num_train} records), batch {args.batch_size}, "
-          f"transform {per_record_ms:.3f} ms/record in-process; {os.cpu_count()} CPUs; "
-          f"torch {torch.__version__}, timed {args.seconds:g}s x best of {args.rounds}")
+    print(
+        f"source: digits train split ({splits.num_train} records), batch {args.batch_size}, "
+        f"transform {per_record_ms:.3f} ms/record in-process; {os.cpu_count()} CPUs; "
+        f"torch {torch.__version__}, timed {args.seconds:g}s x best of {args.rounds}"
+    )
 
     results: dict[tuple[str, int], tuple[float, float]] = {}
 
@@ -202,24 +206,32 @@ def main(argv=None) -> None:
             warmup = 2 * w + 2
             # torch forks its workers: run it before grain has started threads in this process
             for name, batched in (("torch/item", False), ("torch/batch", True)):
-                def make(batched=batched):
+
+                def make(batched=batched, w=w):
                     it, _ = torch_loader(cfg, splits, w, batched)
                     return it, lambda: it._shutdown_workers() if hasattr(it, "_shutdown_workers") else None
+
                 keep((name, w), measure(make, warmup, args.seconds, args.batch_size))
 
-            def make_grain():
+            def make_grain(w=w):
                 loader = grain_loader(cfg, splits, w)
                 return loader, loader.close
+
             keep(("grain", w), measure(make_grain, warmup, args.seconds, args.batch_size))
 
-    print(f"\n{'workers':>7} | {'grain rec/s':>11} | {'torch/item':>10} | {'torch/batch':>11} | "
-          f"{'grain/torch.item':>16} | {'grain/torch.batch':>17} | first batch s (grain, torch/item, torch/batch)")
+    print(
+        f"\n{'workers':>7} | {'grain rec/s':>11} | {'torch/item':>10} | {'torch/batch':>11} | "
+        f"{'grain/torch.item':>16} | {'grain/torch.batch':>17} | first batch s (grain, torch/item, torch/batch)"
+    )
     for w in args.workers:
         g, ti, tb = results["grain", w], results["torch/item", w], results["torch/batch", w]
-        print(f"{w:>7} | {g[0]:>11.0f} | {ti[0]:>10.0f} | {tb[0]:>11.0f} | {g[0] / ti[0]:>15.2f}x | "
-              f"{g[0] / tb[0]:>16.2f}x | {g[1]:.2f}, {ti[1]:.2f}, {tb[1]:.2f}")
-    worst = min(results["grain", w][0] / max(results["torch/item", w][0], results["torch/batch", w][0])
-                for w in args.workers)
+        print(
+            f"{w:>7} | {g[0]:>11.0f} | {ti[0]:>10.0f} | {tb[0]:>11.0f} | {g[0] / ti[0]:>15.2f}x | "
+            f"{g[0] / tb[0]:>16.2f}x | {g[1]:.2f}, {ti[1]:.2f}, {tb[1]:.2f}"
+        )
+    worst = min(
+        results["grain", w][0] / max(results["torch/item", w][0], results["torch/batch", w][0]) for w in args.workers
+    )
     print(f"\ngrain / best torch, worst over worker counts: {worst:.2f}x")
 
 

@@ -67,7 +67,9 @@ def child(shape: str, mode: str, blocks: int) -> dict[str, float]:
         for _ in range(blocks):
             f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             ms.append(1e3 * update(updates))
-            faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / (-(-updates // per_call) * per_call))
+            faults.append(
+                (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / (-(-updates // per_call) * per_call)
+            )
         out[f"{name}_ms"], out[f"{name}_faults"] = statistics.median(ms), statistics.median(faults)
         del update
     return out
@@ -98,23 +100,34 @@ def main() -> None:
         return
     modes = ["worker", *(m for m in args.modes if m != "worker")]  # the baseline of every ratio
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    print(f"glibc {os.confstr('CS_GNU_LIBC_VERSION') if hasattr(os, 'confstr') else '?'}; transparent huge pages: "
-          f"{thp.read_text().strip() if thp.exists() else 'absent'}")
-    print(f"{'shape':8} {'mode':9} {'step ms':>9} {'faults':>8} {'/worker':>7} {'scan ms':>9} {'faults':>8} {'/worker':>7}"
-          "   (per update)")
+    print(
+        f"glibc {os.confstr('CS_GNU_LIBC_VERSION') if hasattr(os, 'confstr') else '?'}; transparent huge pages: "
+        f"{thp.read_text().strip() if thp.exists() else 'absent'}"
+    )
+    print(
+        f"{'shape':8} {'mode':9} {'step ms':>9} {'faults':>8} {'/worker':>7} {'scan ms':>9} {'faults':>8} {'/worker':>7}"
+        "   (per update)"
+    )
     for shape in args.shapes:
         runs = {m: [] for m in modes}
         for _ in range(args.rounds):
             for mode in modes:
-                out = subprocess.run([sys.executable, __file__, "--child", shape, mode, "--blocks", str(args.blocks)],
-                                     capture_output=True, text=True, env=child_env(mode), check=True)
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", shape, mode, "--blocks", str(args.blocks)],
+                    capture_output=True,
+                    text=True,
+                    env=child_env(mode),
+                    check=True,
+                )
                 runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
         med = {m: {k: statistics.median(r[k] for r in runs[m]) for k in runs[m][0]} for m in modes}
         base = med["worker"]
         for mode in modes:
             m = med[mode]
-            print(f"{shape:8} {mode:9} {m['step_ms']:9.3f} {m['step_faults']:8.0f} {m['step_ms'] / base['step_ms']:7.2f} "
-                  f"{m['scan_ms']:9.3f} {m['scan_faults']:8.0f} {m['scan_ms'] / base['scan_ms']:7.2f}")
+            print(
+                f"{shape:8} {mode:9} {m['step_ms']:9.3f} {m['step_faults']:8.0f} {m['step_ms'] / base['step_ms']:7.2f} "
+                f"{m['scan_ms']:9.3f} {m['scan_faults']:8.0f} {m['scan_ms'] / base['scan_ms']:7.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -28,9 +28,13 @@ def gpt2_cfg(context: int, batch: int, precision: str):
     from jaxloop.core.config import preset
 
     base = preset("gpt2-small")
-    return dataclasses.replace(base, batch_size=batch, precision=precision,
-                               model=dataclasses.replace(base.model, context=context, vocab_size=GPT2_VOCAB),
-                               data=dataclasses.replace(base.data, source="text", path=str(text_path())))
+    return dataclasses.replace(
+        base,
+        batch_size=batch,
+        precision=precision,
+        model=dataclasses.replace(base.model, context=context, vocab_size=GPT2_VOCAB),
+        data=dataclasses.replace(base.data, source="text", path=str(text_path())),
+    )
 
 
 def _contenders(cfg, device: str, compile_torch: bool) -> tuple[dict[str, Any], list[str], Any]:
@@ -40,8 +44,10 @@ def _contenders(cfg, device: str, compile_torch: bool) -> tuple[dict[str, Any], 
     splits = load_splits(cfg)
     batches = host_batches(cfg, splits, 2)
     jx = JaxUpdate(cfg, splits, batches)
-    contenders: dict[str, Any] = {"jaxloop": jx, "torch eager": TorchUpdate(cfg, splits, batches, jx.init_params,
-                                                                            device=device)}
+    contenders: dict[str, Any] = {
+        "jaxloop": jx,
+        "torch eager": TorchUpdate(cfg, splits, batches, jx.init_params, device=device),
+    }
     notes = [f"jaxloop compile {jx.compile_s:.1f} s"]
     if compile_torch:
         try:
@@ -62,16 +68,22 @@ def _tokens_row(row: Row, cfg, med: dict[str, float], notes: list[str]) -> Row:
     row.ratio = rates["jaxloop"] / rates["torch eager"]
     if "torch.compile" in rates:
         row.extra["ratio_vs_torch_compile"] = rates["jaxloop"] / rates["torch.compile"]
-        notes.append(f"torch.compile {rates['torch.compile']:,.0f} tokens/s -> jaxloop/torch.compile "
-                     f"{row.extra['ratio_vs_torch_compile']:.2f}")
+        notes.append(
+            f"torch.compile {rates['torch.compile']:,.0f} tokens/s -> jaxloop/torch.compile "
+            f"{row.extra['ratio_vs_torch_compile']:.2f}"
+        )
     row.extra.update(tokens_per_s=rates, s_per_update=med)
     return row
 
 
 def cpu_row(opts: Options) -> Row:
     """GPT-2 small, context 128, batch 2, fp32, on the CPU: tokens/s of jaxloop / torch_ref eager (/ torch.compile)."""
-    row = Row("gpt2.cpu", "GPT-2 small update (124M, ctx 128, batch 2, fp32) on the CPU: tokens/s, jaxloop / "
-              "torch_ref eager", unit="tokens/s", goal="info")
+    row = Row(
+        "gpt2.cpu",
+        "GPT-2 small update (124M, ctx 128, batch 2, fp32) on the CPU: tokens/s, jaxloop / torch_ref eager",
+        unit="tokens/s",
+        goal="info",
+    )
     try:
         import torch
 
@@ -85,8 +97,10 @@ def cpu_row(opts: Options) -> Row:
 
         fpt = flops_per_token(cfg.model, GPT2_VOCAB)
         row.extra["flops_per_token"] = fpt
-        notes.append(f"jaxloop {row.jax * fpt / 1e9:.1f} GFLOP/s by 6N + 12LTd ({fpt / 1e6:.0f} MFLOP/token); one update "
-                     f"per block, {len(times['jaxloop'])} rounds interleaved")
+        notes.append(
+            f"jaxloop {row.jax * fpt / 1e9:.1f} GFLOP/s by 6N + 12LTd ({fpt / 1e6:.0f} MFLOP/token); one update "
+            f"per block, {len(times['jaxloop'])} rounds interleaved"
+        )
         row.notes = "; ".join(notes)
         return row
     except Exception as e:  # noqa: BLE001
@@ -95,8 +109,12 @@ def cpu_row(opts: Options) -> Row:
 
 def gpu_row(opts: Options) -> Row:
     """On a GPU: GPT-2 small bf16 at context 1024, batch 16: tokens/s and MFU, jaxloop / torch_ref eager / torch.compile."""
-    row = Row("gpt2.gpu", "GPT-2 small update (124M, ctx 1024, batch 16, bf16) on a GPU: tokens/s, jaxloop / "
-              "torch_ref eager", unit="tokens/s", goal=">= 0.45 MFU")
+    row = Row(
+        "gpt2.gpu",
+        "GPT-2 small update (124M, ctx 1024, batch 16, bf16) on a GPU: tokens/s, jaxloop / torch_ref eager",
+        unit="tokens/s",
+        goal=">= 0.45 MFU",
+    )
     if not gpu_present():
         row.status, row.notes = "unmeasured", "unmeasured: no GPU lent to this task"
         return row
@@ -117,8 +135,11 @@ def gpu_row(opts: Options) -> Row:
             mfu = {name: rate * fpt / peak for name, rate in row.extra["tokens_per_s"].items()}
             row.extra["mfu"] = mfu
             row.met = mfu["jaxloop"] >= 0.45
-            notes.append("MFU (6N + 12LTd, " + f"{kind} bf16 {peak / 1e12:g} TFLOP/s): "
-                         + ", ".join(f"{k} {100 * v:.1f}%" for k, v in mfu.items()))
+            notes.append(
+                "MFU (6N + 12LTd, "
+                + f"{kind} bf16 {peak / 1e12:g} TFLOP/s): "
+                + ", ".join(f"{k} {100 * v:.1f}%" for k, v in mfu.items())
+            )
         else:
             notes.append(f"no table peak for {kind}: MFU not computed")
         row.notes = "; ".join(notes)

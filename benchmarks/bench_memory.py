@@ -24,26 +24,29 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 
-from jaxloop.update.distributed import create_sharded, make_mesh, state_bytes_per_device  # noqa: E402
-from jaxloop.model.builtin import make_model  # noqa: E402
-from jaxloop.loop.task import create_train_state  # noqa: E402
+from benchmarks.common import add_text_option, text_path, use_text  # noqa: E402
 from jaxloop.core.cli import parse_config  # noqa: E402
 from jaxloop.core.sources import load_splits  # noqa: E402
-
-from benchmarks.common import add_text_option, text_path, use_text  # noqa: E402
+from jaxloop.loop.task import create_train_state  # noqa: E402
+from jaxloop.model.builtin import make_model  # noqa: E402
+from jaxloop.update.distributed import create_sharded, make_mesh, state_bytes_per_device  # noqa: E402
 
 
 def step_memory(cfg, splits, state, mesh) -> dict:
     """XLA's own accounting of the compiled train step on one device: arguments (the state's shards and
     the batch's), outputs, temporaries (activations, gathered weights, gradients), aliased (donated)."""
+    from jaxloop.core.sources import record_order
     from jaxloop.update.distributed import pin_shardings, shard_batch
     from jaxloop.update.step import train_step
-    from jaxloop.core.sources import record_order
 
     batch = shard_batch(splits.train.get(record_order(cfg, splits.num_train, 0, 1)[0]), mesh)
     m = pin_shardings(train_step, state).lower(state, batch).compile().memory_analysis()
-    return {"step_argument_bytes": m.argument_size_in_bytes, "step_output_bytes": m.output_size_in_bytes,
-            "step_temp_bytes": m.temp_size_in_bytes, "step_alias_bytes": m.alias_size_in_bytes}
+    return {
+        "step_argument_bytes": m.argument_size_in_bytes,
+        "step_output_bytes": m.output_size_in_bytes,
+        "step_temp_bytes": m.temp_size_in_bytes,
+        "step_alias_bytes": m.alias_size_in_bytes,
+    }
 
 
 def measure(argv: list[str], fsdp: int, step: bool = False) -> dict:
@@ -54,7 +57,8 @@ def measure(argv: list[str], fsdp: int, step: bool = False) -> dict:
     per_device = state_bytes_per_device(state)
     leaves = jax.tree.leaves(state)
     extra = step_memory(cfg, splits, state, make_mesh(cfg.distributed)) if step else {}
-    return {**extra,
+    return {
+        **extra,
         "fsdp": fsdp,
         "mesh": f"data {DEVICES // fsdp} x fsdp {fsdp}",
         "leaves": len(leaves),
@@ -71,34 +75,58 @@ def main() -> None:
     add_text_option(p)  # the text the GPT's vocabulary comes from
     p.add_argument("--d_model", type=int, default=128)
     p.add_argument("--n_layers", type=int, default=4)
-    p.add_argument("--step", action="store_true",
-                   help="also compile the train step and print XLA's per-device memory analysis of it (slow)")
+    p.add_argument(
+        "--step",
+        action="store_true",
+        help="also compile the train step and print XLA's per-device memory analysis of it (slow)",
+    )
     p.add_argument("--json", action="store_true", help="also print the rows as one JSON line")
     a = p.parse_args()
     use_text(a)
-    argv = ["--preset", "shakespeare", "--data.path", str(text_path()), "--model.d_model", str(a.d_model),
-            "--model.n_layers", str(a.n_layers), "--precision", "fp16", "--optim.ema_decay", "0.999",
-            "--optim.accum_steps", "4"]
+    argv = [
+        "--preset",
+        "shakespeare",
+        "--data.path",
+        str(text_path()),
+        "--model.d_model",
+        str(a.d_model),
+        "--model.n_layers",
+        str(a.n_layers),
+        "--precision",
+        "fp16",
+        "--optim.ema_decay",
+        "0.999",
+        "--optim.accum_steps",
+        "4",
+    ]
     rows = [measure(argv, n, a.step) for n in (1, 2, 4)]
     full = rows[0]["per_device_bytes"]
-    print(f"GPT d_model {a.d_model}, {a.n_layers} layers, context 128; state = params + Adam mu, nu + "
-          f"MultiSteps accumulator + EMA + loss scale; {DEVICES} devices")
-    print(f"{'fsdp':>4}  {'mesh':<16} {'sharded leaves':>14}  {'per device':>12}  {'of replicated':>13}  "
-          f"{'bound: 1/N + small':>18}  {'small (replicated)':>18}")
+    print(
+        f"GPT d_model {a.d_model}, {a.n_layers} layers, context 128; state = params + Adam mu, nu + "
+        f"MultiSteps accumulator + EMA + loss scale; {DEVICES} devices"
+    )
+    print(
+        f"{'fsdp':>4}  {'mesh':<16} {'sharded leaves':>14}  {'per device':>12}  {'of replicated':>13}  "
+        f"{'bound: 1/N + small':>18}  {'small (replicated)':>18}"
+    )
     for r in rows:
         n = r["fsdp"]
         bound = f"{(full / n + r['replicated_bytes']) / 2**20:>14.2f} MiB" if n > 1 else f"{'-':>18}"
         small = f"{r['replicated_bytes'] / 2**10:>14.1f} KiB" if n > 1 else f"{'(all)':>18}"
-        print(f"{n:>4}  {r['mesh']:<16} {r['sharded_leaves']:>6} of {r['leaves']:<5}  "
-              f"{r['per_device_bytes'] / 2**20:>9.2f} MiB  {r['per_device_bytes'] / full:>12.1%}  "
-              f"{bound}  {small}")
+        print(
+            f"{n:>4}  {r['mesh']:<16} {r['sharded_leaves']:>6} of {r['leaves']:<5}  "
+            f"{r['per_device_bytes'] / 2**20:>9.2f} MiB  {r['per_device_bytes'] / full:>12.1%}  "
+            f"{bound}  {small}"
+        )
     if a.step:
         print("\ncompiled train step (the preset's batch_size 32 x context 128), per device, XLA memory_analysis:")
         print(f"{'fsdp':>4}  {'arguments':>12}  {'temporaries':>12}  {'outputs':>12}  {'donated':>12}")
         for r in rows:
-            mib = lambda k: f"{r[k] / 2**20:>8.2f} MiB"  # noqa: E731
-            print(f"{r['fsdp']:>4}  {mib('step_argument_bytes')}  {mib('step_temp_bytes')}  "
-                  f"{mib('step_output_bytes')}  {mib('step_alias_bytes')}")
+            mib = lambda k, r=r: f"{r[k] / 2**20:>8.2f} MiB"  # noqa: E731
+            print(
+                f"{r['fsdp']:>4}  {mib('step_argument_bytes')}  {mib('step_temp_bytes')}  "
+                f"{mib('step_output_bytes')}  {mib('step_alias_bytes')}"
+            )
     if a.json:
         print(json.dumps(rows))
 

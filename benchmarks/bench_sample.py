@@ -38,8 +38,10 @@ def sample_row(opts: Options) -> Row:
         buf = np.zeros(shape["context"], np.int32)
         buf[:PROMPT] = np.arange(1, PROMPT + 1)
         key = jax.random.PRNGKey(1)
-        gens = {name: make_generate(model, shape["context"], length, vocab, kv_cache=cached)
-                for name, cached in (("kv cache", True), ("whole window", False))}
+        gens = {
+            name: make_generate(model, shape["context"], length, vocab, kv_cache=cached)
+            for name, cached in (("kv cache", True), ("whole window", False))
+        }
         ids = {}
         for name, gen in gens.items():  # compile, and the tokens each gives at temperature 0
             ids[name] = np.asarray(jax.device_get(gen(params, buf, PROMPT, key, 0.0)))
@@ -49,18 +51,25 @@ def sample_row(opts: Options) -> Row:
             gen(params, buf, PROMPT, key, 0.0).block_until_ready()  # host-device sync: the generation's end
             return (time.perf_counter() - t0) / length
 
-        per_token = interleaved({name: (lambda g=g: timed(g)) for name, g in gens.items()},
-                                rounds=1 if opts.smoke else 5)
+        per_token = interleaved(
+            {name: (lambda g=g: timed(g)) for name, g in gens.items()}, rounds=1 if opts.smoke else 5
+        )
         rate = {name: 1.0 / median(ts) for name, ts in per_token.items()}
         row.jax, row.ref = rate["kv cache"], rate["whole window"]
         row.ratio = row.jax / row.ref
         row.check(">=", 2.0)
         spread = {name: [round(1.0 / t, 1) for t in sorted(ts)] for name, ts in per_token.items()}
-        row.extra = {"tokens_per_s": spread, "length": length, "shape": shape,
-                     "same_tokens": bool((ids["kv cache"] == ids["whole window"]).all())}
-        row.notes = (f"{shape['n_layers']} layers, width {shape['d_model']}, context {shape['context']}; "
-                     f"{length} tokens after an {PROMPT}-token prompt, temperature 0, fp32; same tokens: "
-                     f"{row.extra['same_tokens']}; tokens/s per round: {spread}")
+        row.extra = {
+            "tokens_per_s": spread,
+            "length": length,
+            "shape": shape,
+            "same_tokens": bool((ids["kv cache"] == ids["whole window"]).all()),
+        }
+        row.notes = (
+            f"{shape['n_layers']} layers, width {shape['d_model']}, context {shape['context']}; "
+            f"{length} tokens after an {PROMPT}-token prompt, temperature 0, fp32; same tokens: "
+            f"{row.extra['same_tokens']}; tokens/s per round: {spread}"
+        )
     except Exception as e:  # noqa: BLE001 - a row that fails prints as failed; the others still run
         row.status, row.notes = "failed", f"{type(e).__name__}: {e}"
     return row

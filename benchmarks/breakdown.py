@@ -25,15 +25,19 @@ from benchmarks.common import Options, Row, failed, median, run_child
 PARTS = ("data_wait", "forward", "backward", "optimizer", "host_and_rest")
 
 
-def split_update(loop_s: float, data_wait_s: float, forward_s: float, fwd_bwd_s: float,
-                 update_s: float) -> dict[str, float]:
+def split_update(
+    loop_s: float, data_wait_s: float, forward_s: float, fwd_bwd_s: float, update_s: float
+) -> dict[str, float]:
     """The loop's seconds per update by part (PARTS), from the loop's own figures and the three variants' times;
     the parts are >= 0 and sum to loop_s (data_wait_s is capped at loop_s)."""
     if min(loop_s, data_wait_s, forward_s, fwd_bwd_s, update_s) < 0:
         raise ValueError("times are >= 0")
     wait = min(data_wait_s, loop_s)
-    device = {"forward": forward_s, "backward": max(fwd_bwd_s - forward_s, 0.0),
-              "optimizer": max(update_s - max(fwd_bwd_s, forward_s), 0.0)}
+    device = {
+        "forward": forward_s,
+        "backward": max(fwd_bwd_s - forward_s, 0.0),
+        "optimizer": max(update_s - max(fwd_bwd_s, forward_s), 0.0),
+    }
     room, used = loop_s - wait, sum(device.values())
     if used > room:
         device = {k: v * room / used for k, v in device.items()} if used > 0 else device
@@ -86,25 +90,49 @@ def breakdown_row(opts: Options) -> Row:
     """breakdown.gpt64: the loop's ms per update by part (PARTS) for the GPT at context 64, batch 12."""
     from benchmarks.step import make_cfg, set_threads, splits_for
 
-    row = Row("breakdown.gpt64", "where the loop's update goes, GPT ctx64 b12 (4x128): data wait, forward, backward, "
-              "optimizer, host and the rest", unit="ms/update", goal="info")
+    row = Row(
+        "breakdown.gpt64",
+        "where the loop's update goes, GPT ctx64 b12 (4x128): data wait, forward, backward, "
+        "optimizer, host and the rest",
+        unit="ms/update",
+        goal="info",
+    )
     try:
         set_threads(opts)
         cfg = make_cfg("gpt64")
         variants = variant_times(cfg, splits_for(opts, "gpt64"), 20 if opts.quick else 200)
         steps = 30 if opts.quick else 300
-        c = run_child(["-m", "benchmarks.driver", "loop", "--shape", "gpt64", "--accum", "1", "--steps", str(steps),
-                       "--reps", "1", "--dir", str(opts.workdir / row.name)], threads=opts.threads)
+        c = run_child(
+            [
+                "-m",
+                "benchmarks.driver",
+                "loop",
+                "--shape",
+                "gpt64",
+                "--accum",
+                "1",
+                "--steps",
+                str(steps),
+                "--reps",
+                "1",
+                "--dir",
+                str(opts.workdir / row.name),
+            ],
+            threads=opts.threads,
+        )
         r = c.json()
         wait = [w for w in r.get("data_wait_ms", []) if w is not None]
         loop_s = median(r["loop_step_ms"]) / 1e3
-        parts = split_update(loop_s, (median(wait) if wait else 0.0) / 1e3, variants["forward"],
-                             variants["fwd_bwd"], variants["update"])
+        parts = split_update(
+            loop_s, (median(wait) if wait else 0.0) / 1e3, variants["forward"], variants["fwd_bwd"], variants["update"]
+        )
         row.jax = loop_s * 1e3
         row.extra = {"breakdown_ms": rounded(parts), "variants_ms": rounded(variants)}
-        row.notes = ("; ".join(f"{k} {v:.3f} ms" for k, v in row.extra["breakdown_ms"].items())
-                     + f" (variants timed alone: forward {variants['forward'] * 1e3:.3f}, forward+backward "
-                     f"{variants['fwd_bwd'] * 1e3:.3f}, update {variants['update'] * 1e3:.3f} ms)")
+        row.notes = (
+            "; ".join(f"{k} {v:.3f} ms" for k, v in row.extra["breakdown_ms"].items())
+            + f" (variants timed alone: forward {variants['forward'] * 1e3:.3f}, forward+backward "
+            f"{variants['fwd_bwd'] * 1e3:.3f}, update {variants['update'] * 1e3:.3f} ms)"
+        )
         return row
     except Exception as e:  # noqa: BLE001
         return failed(row, e)

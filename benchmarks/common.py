@@ -31,14 +31,20 @@ def text_path() -> Path:
     if not path.is_file():
         raise FileNotFoundError(
             f"the GPT benchmarks train on Tiny Shakespeare's whole text, and {path} is not a file: pass "
-            f"--data.path FILE (or set {TEXT_ENV}=FILE); the default is {DEFAULT_TEXT}")
+            f"--data.path FILE (or set {TEXT_ENV}=FILE); the default is {DEFAULT_TEXT}"
+        )
     return path
 
 
 def add_text_option(parser: Any) -> None:
     """`--data.path FILE` on a benchmark's argparse parser; call use_text(args) after parsing."""
-    parser.add_argument("--data.path", dest="text", default=None, metavar="FILE",
-                        help=f"the text the GPT rows train on (default: ${TEXT_ENV}, else {DEFAULT_TEXT})")
+    parser.add_argument(
+        "--data.path",
+        dest="text",
+        default=None,
+        metavar="FILE",
+        help=f"the text the GPT rows train on (default: ${TEXT_ENV}, else {DEFAULT_TEXT})",
+    )
 
 
 def use_text(args: Any) -> None:
@@ -63,7 +69,7 @@ class Row:
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def check(self, op: str, bound: float) -> "Row":
+    def check(self, op: str, bound: float) -> Row:
         """Set goal and met from ratio `op` bound (op: '<=' or '>=')."""
         self.goal = f"{op} {bound:g}"
         if self.ratio is not None:
@@ -98,16 +104,24 @@ def interleaved(contenders: dict[str, Callable[[], float]], rounds: int, gap_s: 
     return out
 
 
-def sized_interleaved(contenders: dict[str, Callable[[int], float]], rounds: int, block_s: float,
-                      warm: tuple[int, int] = (1, 2), min_units: int = 1) -> dict[str, list[float]]:
+def sized_interleaved(
+    contenders: dict[str, Callable[[int], float]],
+    rounds: int,
+    block_s: float,
+    warm: tuple[int, int] = (1, 2),
+    min_units: int = 1,
+) -> dict[str, list[float]]:
     """Warm each contender up (warm[0] units, then warm[1] to size it), give it blocks of about block_s,
     and run those interleaved: seconds per unit, per round. A contender is called with a unit count."""
     per = {}
     for name, fn in contenders.items():
         fn(warm[0])
         per[name] = fn(warm[1])
-    sized = {name: (lambda fn=fn, n=max(min_units, math.ceil(block_s / max(per[name], 1e-6))): fn(n))
-             for name, fn in contenders.items()}
+    # the defaults bind each contender's own block size as the comprehension runs
+    sized = {
+        name: (lambda fn=fn, n=max(min_units, math.ceil(block_s / max(per[name], 1e-6))): fn(n))  # noqa: B008
+        for name, fn in contenders.items()
+    }
     return interleaved(sized, rounds)
 
 
@@ -202,8 +216,14 @@ def child_env(threads: int | None = None) -> dict[str, str]:
     return env
 
 
-def run_child(args: Sequence[str], *, timeout: float = 1800, cwd: Path | None = None,
-              poll: Callable[[], bool] | None = None, threads: int | None = None) -> Child:
+def run_child(
+    args: Sequence[str],
+    *,
+    timeout: float = 1800,
+    cwd: Path | None = None,
+    poll: Callable[[], bool] | None = None,
+    threads: int | None = None,
+) -> Child:
     """Run `python args...` in the repository's environment; wall time, peak RSS, CPU seconds.
 
     Peak RSS is the child's VmHWM (/proc/PID/status), read every 10 ms while it runs: wait4's ru_maxrss
@@ -214,8 +234,9 @@ def run_child(args: Sequence[str], *, timeout: float = 1800, cwd: Path | None = 
     """
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
-        p = subprocess.Popen([sys.executable, *args], stdout=out, stderr=err, cwd=str(cwd or ROOT),
-                             env=child_env(threads))
+        p = subprocess.Popen(
+            [sys.executable, *args], stdout=out, stderr=err, cwd=str(cwd or ROOT), env=child_env(threads)
+        )
         deadline = t0 + timeout
         status, usage = 0, None
         hwm = 0
@@ -235,8 +256,14 @@ def run_child(args: Sequence[str], *, timeout: float = 1800, cwd: Path | None = 
         p.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return Child(rc=p.returncode, wall_s=wall, maxrss_bytes=hwm or usage.ru_maxrss * 1024,
-                     cpu_s=usage.ru_utime + usage.ru_stime, stdout=out.read(), stderr=err.read())
+        return Child(
+            rc=p.returncode,
+            wall_s=wall,
+            maxrss_bytes=hwm or usage.ru_maxrss * 1024,
+            cpu_s=usage.ru_utime + usage.ru_stime,
+            stdout=out.read(),
+            stderr=err.read(),
+        )
 
 
 def _vm_hwm(pid: int) -> int:

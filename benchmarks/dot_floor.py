@@ -65,13 +65,17 @@ def hlo_dots(hlo: str) -> list[Dot]:
     for line in hlo.splitlines():
         m = _DOT.search(line)
         if m:
-            dn = ((_dims(line, "lhs_contracting_dims"), _dims(line, "rhs_contracting_dims")),
-                  (_dims(line, "lhs_batch_dims"), _dims(line, "rhs_batch_dims")))
+            dn = (
+                (_dims(line, "lhs_contracting_dims"), _dims(line, "rhs_contracting_dims")),
+                (_dims(line, "lhs_batch_dims"), _dims(line, "rhs_batch_dims")),
+            )
             dots.append(Dot(shapes[m.group(1)], shapes[m.group(2)], dn))
     return dots
 
 
-def per_call(fn: Callable[[], object], sync: Callable[[object], object], rounds: int, min_block_s: float = 0.02) -> float:
+def per_call(
+    fn: Callable[[], object], sync: Callable[[object], object], rounds: int, min_block_s: float = 0.02
+) -> float:
     """Median seconds per call over `rounds` blocks, each long enough to time."""
     sync(fn())
     t0 = time.perf_counter()
@@ -103,9 +107,11 @@ def dot_times(dot: Dot, rounds: int) -> dict[str, float]:
     as_given = jax.jit(lambda x, y: lax.dot_general(x, y, dot.dimension_numbers, precision=lax.Precision.HIGHEST))
     canonical = jax.jit(lambda x, y: jnp.matmul(x, y, precision=lax.Precision.HIGHEST))
     ja, jc, ta, tc = jax.device_put(ca), jax.device_put(cc), torch.from_numpy(ca), torch.from_numpy(cc)
-    return {"xla as given": per_call(lambda: as_given(a, c), jax.block_until_ready, rounds),
-            "xla canonical": per_call(lambda: canonical(ja, jc), jax.block_until_ready, rounds),
-            "torch canonical": per_call(lambda: torch.matmul(ta, tc), lambda out: out, rounds)}
+    return {
+        "xla as given": per_call(lambda: as_given(a, c), jax.block_until_ready, rounds),
+        "xla canonical": per_call(lambda: canonical(ja, jc), jax.block_until_ready, rounds),
+        "torch canonical": per_call(lambda: torch.matmul(ta, tc), lambda out: out, rounds),
+    }
 
 
 def measure(shape: str, rounds: int) -> dict:
@@ -147,15 +153,19 @@ def main() -> None:
         r = measure(shape, args.rounds)
         u, d = r["update_ms"], r["dots_ms"]
         goal = GOAL * u["torch eager"]
-        print(f"{shape}: {r['dots']} dots, {r['gflop']:.2f} GFLOP per update; ms, and the ratio to torch eager's update")
-        rows = [("update, jaxloop (compiled train_step)", u["jaxloop"]),
-                ("update, torch_ref eager", u["torch eager"]),
-                (f"goal ({GOAL}x torch eager)", goal),
-                ("dots alone, XLA:CPU as the step hands them", d["xla as given"]),
-                ("dots alone, XLA:CPU, best of that and canonical", d["xla best"]),
-                ("dots alone, torch.matmul canonical", d["torch canonical"]),
-                ("jaxloop's update outside its dots (vs XLA best)", u["jaxloop"] - d["xla best"]),
-                ("torch's update outside its dots", u["torch eager"] - d["torch canonical"])]
+        print(
+            f"{shape}: {r['dots']} dots, {r['gflop']:.2f} GFLOP per update; ms, and the ratio to torch eager's update"
+        )
+        rows = [
+            ("update, jaxloop (compiled train_step)", u["jaxloop"]),
+            ("update, torch_ref eager", u["torch eager"]),
+            (f"goal ({GOAL}x torch eager)", goal),
+            ("dots alone, XLA:CPU as the step hands them", d["xla as given"]),
+            ("dots alone, XLA:CPU, best of that and canonical", d["xla best"]),
+            ("dots alone, torch.matmul canonical", d["torch canonical"]),
+            ("jaxloop's update outside its dots (vs XLA best)", u["jaxloop"] - d["xla best"]),
+            ("torch's update outside its dots", u["torch eager"] - d["torch canonical"]),
+        ]
         for label, ms in rows:
             print(f"  {label:50} {ms:8.2f} {ms / u['torch eager']:6.2f}")
 

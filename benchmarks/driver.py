@@ -1,9 +1,9 @@
 """Child-process entry points of the harness; each prints one JSON line (the parent adds wall time and peak RSS).
 
-    python -m benchmarks.driver loop --shape gpt64 --accum 1 --steps 300 --reps 2 --dir D
-    python -m benchmarks.driver compile [--cache DIR]
-    python -m benchmarks.driver stepmem --framework jax|torch --shape mlp --updates 20
-    python -m benchmarks.driver valloss --run_dir D     # a finished run's latest params, whole validation split
+python -m benchmarks.driver loop --shape gpt64 --accum 1 --steps 300 --reps 2 --dir D
+python -m benchmarks.driver compile [--cache DIR]
+python -m benchmarks.driver stepmem --framework jax|torch --shape mlp --updates 20
+python -m benchmarks.driver valloss --run_dir D     # a finished run's latest params, whole validation split
 """
 
 from __future__ import annotations
@@ -28,22 +28,30 @@ def _threads() -> int:
 
 def loop(args: argparse.Namespace) -> dict:
     """jaxloop.train.run's time per update (its own step_ms) vs the compiled update alone, interleaved."""
+    import jaxloop.train
+    from benchmarks.step import JaxUpdate, host_batches, make_cfg
     from jaxloop.core.config import CheckpointConfig, LogConfig
     from jaxloop.core.sources import load_splits
-    from benchmarks.step import JaxUpdate, host_batches, make_cfg
-
-    import jaxloop.train
 
     out: dict = {"loop_step_ms": [], "loop_crosscheck_ms": [], "alone_ms": [], "summaries": []}
     alone = None
     for rep in range(args.reps):
         run_dir = Path(args.dir) / f"run{rep}"
-        cfg = make_cfg(args.shape, args.accum, steps=args.steps, log_every=10, eval_every=0, run_dir=str(run_dir),
-                       resume="never",
-                       checkpoint=CheckpointConfig(every=100, async_save=True),
-                       log=LogConfig(progress="off", report=False))
+        cfg = make_cfg(
+            args.shape,
+            args.accum,
+            steps=args.steps,
+            log_every=10,
+            eval_every=0,
+            run_dir=str(run_dir),
+            resume="never",
+            checkpoint=CheckpointConfig(every=100, async_save=True),
+            log=LogConfig(progress="off", report=False),
+        )
         # a short K=4 run (75 updates) is shorter than the preset's warmup: the schedule's shape is not measured
-        cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, warmup_steps=min(cfg.optim.warmup_steps, args.steps)))
+        cfg = dataclasses.replace(
+            cfg, optim=dataclasses.replace(cfg.optim, warmup_steps=min(cfg.optim.warmup_steps, args.steps))
+        )
         summary = jaxloop.train.run(cfg)
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         train = [r for r in records if r.get("kind") == "train" and "step_ms" in r]
@@ -58,8 +66,14 @@ def loop(args: argparse.Namespace) -> dict:
         t = summary.get("timings_s", {})
         outside = sum(t.get(k, 0.0) for k in ("setup", "compile", "eval", "checkpoint", "report"))
         out["loop_crosscheck_ms"].append(1e3 * (summary["wall_time_s"] - outside) / args.steps)
-        out["summaries"].append({"wall_time_s": summary["wall_time_s"], "timings_s": t,
-                                 "final": summary.get("final"), "peak_mem_bytes": summary.get("peak_mem_bytes")})
+        out["summaries"].append(
+            {
+                "wall_time_s": summary["wall_time_s"],
+                "timings_s": t,
+                "final": summary.get("final"),
+                "peak_mem_bytes": summary.get("peak_mem_bytes"),
+            }
+        )
         if alone is None:
             splits = load_splits(cfg)
             alone = JaxUpdate(cfg, splits, host_batches(cfg, splits, 4 * args.accum))
@@ -79,11 +93,11 @@ def compile_(args: argparse.Namespace) -> dict:
         enable_compilation_cache(args.cache)
     import jax
 
-    from jaxloop.core.sources import load_splits
-    from jaxloop.model.builtin import make_model
-    from jaxloop.loop.task import create_train_state
-    from jaxloop.update.step import eval_step, train_step
     from benchmarks.step import host_batches, make_cfg
+    from jaxloop.core.sources import load_splits
+    from jaxloop.loop.task import create_train_state
+    from jaxloop.model.builtin import make_model
+    from jaxloop.update.step import eval_step, train_step
 
     t_imported = time.perf_counter()
     cfg = make_cfg(args.shape)
@@ -106,18 +120,27 @@ def compile_(args: argparse.Namespace) -> dict:
     c0, t0 = time.process_time(), time.perf_counter()
     eval_step.lower(state, batch).compile()
     eval_s, eval_cpu_s = time.perf_counter() - t0, time.process_time() - c0
-    return {"imports_s": t_imported - T_IMPORT, "state_s": t_state - t_imported, "compile_s": compile_s,
-            "loaded_from_cache": cache["loaded"],
-            "lower_s": lower_s, "lower_cpu_s": lower_cpu_s, "xla_s": compile_s - lower_s,
-            "compile_cpu_s": compile_cpu_s, "first_update_s": first_update_s, "eval_compile_s": eval_s,
-            "eval_compile_cpu_s": eval_cpu_s, "to_first_update_s": time.perf_counter() - T_IMPORT - eval_s,
-            "setup_before_compile_s": t_state - t_start}
+    return {
+        "imports_s": t_imported - T_IMPORT,
+        "state_s": t_state - t_imported,
+        "compile_s": compile_s,
+        "loaded_from_cache": cache["loaded"],
+        "lower_s": lower_s,
+        "lower_cpu_s": lower_cpu_s,
+        "xla_s": compile_s - lower_s,
+        "compile_cpu_s": compile_cpu_s,
+        "first_update_s": first_update_s,
+        "eval_compile_s": eval_s,
+        "eval_compile_cpu_s": eval_cpu_s,
+        "to_first_update_s": time.perf_counter() - T_IMPORT - eval_s,
+        "setup_before_compile_s": t_state - t_start,
+    }
 
 
 def stepmem(args: argparse.Namespace) -> dict:
     """State, compile and `updates` updates of one framework alone (the parent reads the peak RSS)."""
-    from jaxloop.core.sources import load_splits
     from benchmarks.step import JaxUpdate, TorchUpdate, host_batches, make_cfg
+    from jaxloop.core.sources import load_splits
 
     cfg = make_cfg(args.shape, args.accum)
     splits = load_splits(cfg)
@@ -139,18 +162,20 @@ def valloss(args: argparse.Namespace) -> dict:
     import jax
 
     from jaxloop.checkpoint.manager import read_checkpoint
-    from jaxloop.data.pipeline import eval_batch_size, val_batches
-    from jaxloop.update.step import eval_step
-    from jaxloop.loop.task import builtin_task, run_state
     from jaxloop.core.config import from_dict
     from jaxloop.core.sources import load_splits
+    from jaxloop.data.pipeline import eval_batch_size, val_batches
+    from jaxloop.loop.task import builtin_task, run_state
+    from jaxloop.update.step import eval_step
 
     cfg = from_dict(json.loads((Path(args.run_dir) / "config.json").read_text()))
     splits = load_splits(cfg)
     task = builtin_task(cfg, splits)
     _, _, saved = read_checkpoint(args.run_dir, "latest")
     state = run_state(cfg, task, splits)
-    state = state.replace(params=jax.tree.map(lambda a, b: jax.numpy.asarray(b, a.dtype), state.params, saved["params"]))
+    state = state.replace(
+        params=jax.tree.map(lambda a, b: jax.numpy.asarray(b, a.dtype), state.params, saved["params"])
+    )
     t0 = time.perf_counter()
     total = weight = 0.0
     for batch in val_batches(splits, eval_batch_size(cfg)):

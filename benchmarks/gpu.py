@@ -44,12 +44,36 @@ SCHEMA = 1
 PARTS = ("gpt2", "deterministic", "attention", "loop", "breakdown")
 GPT2_VOCAB = 50257
 SIZES = {  # the model, the batch and the counts of each size
-    "full": {"n_layers": 12, "d_model": 768, "n_heads": 12, "context": 1024, "batch": 16, "vocab": GPT2_VOCAB,
-             "precision": "bf16", "warm": 3, "updates": 20, "rounds": 3, "loop_updates": 200, "log_every": 10,
-             "timeout_s": 240},
-    "tiny": {"n_layers": 2, "d_model": 64, "n_heads": 4, "context": 32, "batch": 2, "vocab": 512,
-             "precision": "fp32", "warm": 1, "updates": 2, "rounds": 1, "loop_updates": 3, "log_every": 1,
-             "timeout_s": 300},
+    "full": {
+        "n_layers": 12,
+        "d_model": 768,
+        "n_heads": 12,
+        "context": 1024,
+        "batch": 16,
+        "vocab": GPT2_VOCAB,
+        "precision": "bf16",
+        "warm": 3,
+        "updates": 20,
+        "rounds": 3,
+        "loop_updates": 200,
+        "log_every": 10,
+        "timeout_s": 240,
+    },
+    "tiny": {
+        "n_layers": 2,
+        "d_model": 64,
+        "n_heads": 4,
+        "context": 32,
+        "batch": 2,
+        "vocab": 512,
+        "precision": "fp32",
+        "warm": 1,
+        "updates": 2,
+        "rounds": 1,
+        "loop_updates": 3,
+        "log_every": 1,
+        "timeout_s": 300,
+    },
 }
 DETERMINISTIC = "--xla_gpu_deterministic_ops"
 BUDGET_S = 480.0
@@ -69,8 +93,10 @@ def write_shards(directory: Path, s: dict[str, Any]) -> Path:
     rng = np.random.default_rng(0)
     directory.mkdir(parents=True, exist_ok=True)
     window = s["context"] + 1
-    write_shard(str(directory / "gpu_train_000000.bin"),
-                rng.integers(0, s["vocab"], (s["loop_updates"] + 8) * s["batch"] * window + window, dtype=np.int64))
+    write_shard(
+        str(directory / "gpu_train_000000.bin"),
+        rng.integers(0, s["vocab"], (s["loop_updates"] + 8) * s["batch"] * window + window, dtype=np.int64),
+    )
     write_shard(str(directory / "gpu_val_000000.bin"), rng.integers(0, s["vocab"], 8 * s["batch"] * window))
     return directory
 
@@ -80,10 +106,23 @@ def gpt_cfg(s: dict[str, Any], shards: Path, attention: str = "auto"):
     from jaxloop.core.config import preset
 
     base = preset("gpt2-small")
-    model = dataclasses.replace(base.model, n_layers=s["n_layers"], d_model=s["d_model"], n_heads=s["n_heads"],
-                                context=s["context"], vocab_size=s["vocab"], attention=attention)
-    return dataclasses.replace(base, batch_size=s["batch"], precision=s["precision"], model=model,
-                               data=dataclasses.replace(base.data, path=str(shards)), eval_batches=1)
+    model = dataclasses.replace(
+        base.model,
+        n_layers=s["n_layers"],
+        d_model=s["d_model"],
+        n_heads=s["n_heads"],
+        context=s["context"],
+        vocab_size=s["vocab"],
+        attention=attention,
+    )
+    return dataclasses.replace(
+        base,
+        batch_size=s["batch"],
+        precision=s["precision"],
+        model=model,
+        data=dataclasses.replace(base.data, path=str(shards)),
+        eval_batches=1,
+    )
 
 
 def _measure(fn: Any, s: dict[str, Any]) -> float:
@@ -98,8 +137,13 @@ def _entry(cfg, s_per_update: float, peak_mem_bytes: int | None, device_kind: st
     tokens_per_s = cfg.batch_size * cfg.model.context / s_per_update
     peak = table_peak(device_kind, cfg.precision) if device_kind else None
     mfu = tokens_per_s * flops_per_token(cfg.model, cfg.model.vocab_size) / peak if peak else None
-    return {"status": "ok", "s_per_update": s_per_update, "tokens_per_s": tokens_per_s, "mfu": mfu,
-            "peak_mem_bytes": peak_mem_bytes}
+    return {
+        "status": "ok",
+        "s_per_update": s_per_update,
+        "tokens_per_s": tokens_per_s,
+        "mfu": mfu,
+        "peak_mem_bytes": peak_mem_bytes,
+    }
 
 
 def _jax_kind() -> str | None:
@@ -161,16 +205,51 @@ def loop_run(s: dict[str, Any], shards: Path) -> dict[str, Any]:
     """`python -m jaxloop.train` for the size's loop updates on the shards: the whole loop's rate."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        args = [sys.executable, "-m", "jaxloop.train", "--preset", "gpt2-small", "--data.path", str(shards),
-                "--run_dir", str(run_dir), "--steps", str(s["loop_updates"]), "--batch_size", str(s["batch"]),
-                "--precision", s["precision"], "--model.n_layers", str(s["n_layers"]),
-                "--model.d_model", str(s["d_model"]), "--model.n_heads", str(s["n_heads"]),
-                "--model.context", str(s["context"]), "--model.vocab_size", str(s["vocab"]),
-                "--eval_every", "0", "--eval_batches", "1", "--checkpoint.every", "0", "--log_every", str(s["log_every"]),
-                "--optim.warmup_steps", "1", "--log.progress", "plain", "--log.no_tensorboard", "--log.no_report"]
+        args = [
+            sys.executable,
+            "-m",
+            "jaxloop.train",
+            "--preset",
+            "gpt2-small",
+            "--data.path",
+            str(shards),
+            "--run_dir",
+            str(run_dir),
+            "--steps",
+            str(s["loop_updates"]),
+            "--batch_size",
+            str(s["batch"]),
+            "--precision",
+            s["precision"],
+            "--model.n_layers",
+            str(s["n_layers"]),
+            "--model.d_model",
+            str(s["d_model"]),
+            "--model.n_heads",
+            str(s["n_heads"]),
+            "--model.context",
+            str(s["context"]),
+            "--model.vocab_size",
+            str(s["vocab"]),
+            "--eval_every",
+            "0",
+            "--eval_batches",
+            "1",
+            "--checkpoint.every",
+            "0",
+            "--log_every",
+            str(s["log_every"]),
+            "--optim.warmup_steps",
+            "1",
+            "--log.progress",
+            "plain",
+            "--log.no_tensorboard",
+            "--log.no_report",
+        ]
         t0 = time.perf_counter()
-        proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=os.environ.copy(),
-                              timeout=s["timeout_s"])
+        proc = subprocess.run(
+            args, capture_output=True, text=True, cwd=REPO, env=os.environ.copy(), timeout=s["timeout_s"]
+        )
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
             return failure(f"exit {proc.returncode}: {proc.stderr.strip()[-400:]}")
@@ -179,11 +258,16 @@ def loop_run(s: dict[str, Any], shards: Path) -> dict[str, Any]:
     rate = float(summary["updates_per_s"])
     step_ms = [r["step_ms"] for r in train if r.get("step_ms") is not None]
     wait_ms = [r["data_wait_ms"] for r in train if r.get("data_wait_ms") is not None]
-    return {"status": "ok", "updates": int(summary["final_step"]), "updates_per_s": rate,
-            "tokens_per_s": rate * s["batch"] * s["context"], "wall_s": wall,
-            "median_step_ms": float(np.median(step_ms)) if step_ms else None,
-            "median_data_wait_ms": float(np.median(wait_ms)) if wait_ms else 0.0,
-            "timings_s": summary.get("timings_s")}
+    return {
+        "status": "ok",
+        "updates": int(summary["final_step"]),
+        "updates_per_s": rate,
+        "tokens_per_s": rate * s["batch"] * s["context"],
+        "wall_s": wall,
+        "median_step_ms": float(np.median(step_ms)) if step_ms else None,
+        "median_data_wait_ms": float(np.median(wait_ms)) if wait_ms else 0.0,
+        "timings_s": summary.get("timings_s"),
+    }
 
 
 def failure(e: BaseException | str) -> dict[str, Any]:
@@ -203,8 +287,11 @@ def part(name: str, tiny: bool, shards: Path) -> dict[str, Any]:
         from benchmarks.common import gpu_present
 
         out = {"xla": jaxloop_update(s, shards, "xla")}
-        out["cudnn"] = jaxloop_update(s, shards, "cudnn") if gpu_present() else {
-            "status": "unavailable", "error": "cuDNN attention needs a GPU"}
+        out["cudnn"] = (
+            jaxloop_update(s, shards, "cudnn")
+            if gpu_present()
+            else {"status": "unavailable", "error": "cuDNN attention needs a GPU"}
+        )
         return out
     if name == "loop":
         return {"loop": loop_run(s, shards)}
@@ -223,12 +310,18 @@ def child_env(deterministic: bool) -> dict[str, str]:
     flags = " ".join(t for t in os.environ.get("XLA_FLAGS", "").split() if not t.startswith(DETERMINISTIC))
     flags = f"{flags} {DETERMINISTIC}={'true' if deterministic else 'false'}".strip()
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "XLA_FLAGS": flags, "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "PYTHONPATH": path,
-            "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ,
+        "XLA_FLAGS": flags,
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        "PYTHONPATH": path,
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
-def run_part(name: str, tiny: bool, shards: Path, deterministic: bool = True,
-             left_s: float | None = None) -> dict[str, Any]:
+def run_part(
+    name: str, tiny: bool, shards: Path, deterministic: bool = True, left_s: float | None = None
+) -> dict[str, Any]:
     """A part in a child process: its JSON (the last stdout line), or a failure naming the exit and stderr (under
     the part's own key: deterministic's "on" or "off", loop's "loop", else "part")."""
     key = ("on" if deterministic else "off") if name == "deterministic" else "loop" if name == "loop" else "part"
@@ -239,8 +332,9 @@ def run_part(name: str, tiny: bool, shards: Path, deterministic: bool = True,
         return {key: {"status": "skipped", "error": f"out of time ({left_s:.0f} s of the budget left)"}}
     args = [sys.executable, "-m", "benchmarks.gpu", "--part", name, "--shards", str(shards)] + (["--tiny"] * tiny)
     try:
-        proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=child_env(deterministic),
-                              timeout=timeout)
+        proc = subprocess.run(
+            args, capture_output=True, text=True, cwd=REPO, env=child_env(deterministic), timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return {key: failure(f"timed out after {timeout:.0f} s")}
     lines = proc.stdout.strip().splitlines()
@@ -252,8 +346,9 @@ def run_part(name: str, tiny: bool, shards: Path, deterministic: bool = True,
 def device_name() -> str:
     """The GPU's name (nvidia-smi), or "cpu"."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        )
         name = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
     except (OSError, subprocess.TimeoutExpired):
         name = ""
@@ -273,9 +368,16 @@ def run(tiny: bool, out: Path | None = None, budget_s: float | None = None) -> d
     device = device_name()
     out = out or record_path(device, tiny)
     t0 = time.perf_counter()
-    record: dict[str, Any] = {"schema": SCHEMA, "tiny": tiny, "device": device, "machine": machine(),
-                              "size": {k: s[k] for k in ("n_layers", "d_model", "n_heads", "context", "batch",
-                                                         "vocab", "precision", "loop_updates")}}
+    record: dict[str, Any] = {
+        "schema": SCHEMA,
+        "tiny": tiny,
+        "device": device,
+        "machine": machine(),
+        "size": {
+            k: s[k]
+            for k in ("n_layers", "d_model", "n_heads", "context", "batch", "vocab", "precision", "loop_updates")
+        },
+    }
     with tempfile.TemporaryDirectory() as tmp:
         shards = write_shards(Path(tmp) / "shards", s)
         # most wanted first (the budget may cut the last); deterministic kernels on are the gpt2 part's jaxloop
@@ -288,8 +390,12 @@ def run(tiny: bool, out: Path | None = None, budget_s: float | None = None) -> d
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(record, indent=1) + "\n")
     on = record["gpt2"].get("jaxloop")
-    record["deterministic"] = {"on": {**on, "from": "gpt2.jaxloop"} if on is not None else {
-        "status": "skipped", "error": "no jaxloop figures from the gpt2 part"}, **record["deterministic"]}
+    record["deterministic"] = {
+        "on": {**on, "from": "gpt2.jaxloop"}
+        if on is not None
+        else {"status": "skipped", "error": "no jaxloop figures from the gpt2 part"},
+        **record["deterministic"],
+    }
     out.write_text(json.dumps(record, indent=1) + "\n")
     loop, update = record["loop"].get("loop", {}), record["gpt2"].get("jaxloop", {})
     if loop.get("status") == "ok" and update.get("status") == "ok":
@@ -298,9 +404,15 @@ def run(tiny: bool, out: Path | None = None, budget_s: float | None = None) -> d
     if loop.get("status") == "ok" and loop.get("median_step_ms") and "status" not in variants:
         from benchmarks.breakdown import rounded, split_update
 
-        record["breakdown"]["parts_ms"] = rounded(split_update(
-            loop["median_step_ms"] / 1e3, loop["median_data_wait_ms"] / 1e3, variants["forward"],
-            variants["fwd_bwd"], variants["update"]))
+        record["breakdown"]["parts_ms"] = rounded(
+            split_update(
+                loop["median_step_ms"] / 1e3,
+                loop["median_data_wait_ms"] / 1e3,
+                variants["forward"],
+                variants["fwd_bwd"],
+                variants["update"],
+            )
+        )
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"gpu: wrote {out} in {record['wall_s']:.0f} s", file=sys.stderr)
     return record

@@ -127,15 +127,19 @@ def main() -> None:
 
     def batch(data: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         ix = torch.randint(len(data) - a.context, (size,))
-        x = torch.stack([data[i:i + a.context] for i in ix])
-        y = torch.stack([data[i + 1:i + 1 + a.context] for i in ix])
+        x = torch.stack([data[i : i + a.context] for i in ix])
+        y = torch.stack([data[i + 1 : i + 1 + a.context] for i in ix])
         return x, y
 
     model = GPT(vocab, a.context, a.n_embd, a.n_layer, a.n_head)
     decay = [q for q in model.parameters() if q.dim() >= 2]
     no_decay = [q for q in model.parameters() if q.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.99), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=a.lr,
+        betas=(0.9, 0.99),
+        eps=1e-8,
+    )
 
     @torch.no_grad()
     def estimate_val_loss() -> float:
@@ -151,9 +155,9 @@ def main() -> None:
         starts = list(range(0, len(val) - a.context, a.context))
         total = 0.0
         for i in range(0, len(starts), a.eval_batch_size):
-            s = starts[i:i + a.eval_batch_size]
-            x = torch.stack([val[j:j + a.context] for j in s])
-            y = torch.stack([val[j + 1:j + 1 + a.context] for j in s])
+            s = starts[i : i + a.eval_batch_size]
+            x = torch.stack([val[j : j + a.context] for j in s])
+            y = torch.stack([val[j + 1 : j + 1 + a.context] for j in s])
             total += model(x, y).item() * len(s)
         model.train()
         return total / len(starts)
@@ -181,14 +185,24 @@ def main() -> None:
     val_loss = whole_val_loss()
     final_eval_s = time.perf_counter() - t
     print(f"step {a.iters}: val loss {val_loss:.4f} (whole validation split)", flush=True)
-    print(json.dumps({
-        "val_loss": val_loss, "iters": a.iters, "threads": torch.get_num_threads(),
-        "wall_s": time.perf_counter() - T_START,
-        "iter_ms": 1e3 * loop_s / a.iters,  # the loop's time per iteration, its periodic estimates included
-        "update_ms": 1e3 * (loop_s - estimate_s) / a.iters,  # per iteration, the estimates left out
-        "setup_s": setup_s, "loop_s": loop_s, "estimate_s": estimate_s, "estimates": estimates,
-        "final_eval_s": final_eval_s,
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "val_loss": val_loss,
+                "iters": a.iters,
+                "threads": torch.get_num_threads(),
+                "wall_s": time.perf_counter() - T_START,
+                "iter_ms": 1e3 * loop_s / a.iters,  # the loop's time per iteration, its periodic estimates included
+                "update_ms": 1e3 * (loop_s - estimate_s) / a.iters,  # per iteration, the estimates left out
+                "setup_s": setup_s,
+                "loop_s": loop_s,
+                "estimate_s": estimate_s,
+                "estimates": estimates,
+                "final_eval_s": final_eval_s,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -18,8 +18,13 @@ from typing import Any
 
 from benchmarks.common import Options, Row, failed, median, sized_interleaved, text_path
 
-PLANS = {"blocks": {"remat": "blocks"}, "dots_saveable": {"remat": "dots_saveable"}, "full": {"remat": "full"},
-         "split2": {"split": 2}, "split4": {"split": 4}}
+PLANS = {
+    "blocks": {"remat": "blocks"},
+    "dots_saveable": {"remat": "dots_saveable"},
+    "full": {"remat": "full"},
+    "split2": {"split": 2},
+    "split4": {"split": 4},
+}
 
 
 def _cfg(opts: Options):
@@ -31,9 +36,12 @@ def _cfg(opts: Options):
         return dataclasses.replace(base, data=dataclasses.replace(base.data, path=str(text_path())))
     text = opts.workdir / "plan-smoke.txt"
     text.write_text("to be or not to be that is the question\n" * 200)
-    return dataclasses.replace(base, batch_size=8, model=dataclasses.replace(base.model, context=16, d_model=16,
-                                                                             n_layers=1, n_heads=2),
-                               data=dataclasses.replace(base.data, path=str(text)))
+    return dataclasses.replace(
+        base,
+        batch_size=8,
+        model=dataclasses.replace(base.model, context=16, d_model=16, n_layers=1, n_heads=2),
+        data=dataclasses.replace(base.data, path=str(text)),
+    )
 
 
 class PlanUpdate:
@@ -42,9 +50,9 @@ class PlanUpdate:
     def __init__(self, cfg, memory, task, splits, batches):
         import jax
 
+        from jaxloop.loop.task import run_state
         from jaxloop.update.memory_plan import Footprint
         from jaxloop.update.step import make_train_step, scan_steps
-        from jaxloop.loop.task import run_state
 
         self.state = run_state(cfg, task, splits)
         self.batches = [jax.device_put({k: v[None] for k, v in b.items()}) for b in batches]
@@ -70,9 +78,9 @@ class PlanUpdate:
 def plan_rows(opts: Options) -> list[Row]:
     names = [f"memory.plan.{p}" for p in PLANS]
     try:
-        from jaxloop.loop.task import builtin_task
         from jaxloop.core.config import MemoryConfig
         from jaxloop.core.sources import record_order
+        from jaxloop.loop.task import builtin_task
 
         cfg = _cfg(opts)
         task = builtin_task(cfg)
@@ -81,25 +89,41 @@ def plan_rows(opts: Options) -> list[Row]:
         contenders: dict[str, Any] = {"none": PlanUpdate(cfg, MemoryConfig(), task, splits, batches)}
         for name, fields in PLANS.items():
             contenders[name] = PlanUpdate(cfg, MemoryConfig(**fields), task, splits, batches)
-        times = sized_interleaved(contenders, rounds=1 if opts.smoke else 3 if opts.quick else 7,
-                                  block_s=0.01 if opts.smoke else 0.3 if opts.quick else 1.0,
-                                  warm=(1, 1 if opts.smoke else 2))
+        times = sized_interleaved(
+            contenders,
+            rounds=1 if opts.smoke else 3 if opts.quick else 7,
+            block_s=0.01 if opts.smoke else 0.3 if opts.quick else 1.0,
+            warm=(1, 1 if opts.smoke else 2),
+        )
         med = {name: median(v) for name, v in times.items()}
         plain = contenders["none"].footprint
         rows = []
         for name, row_name in zip(PLANS, names):
             fp = contenders[name].footprint
             temp_ratio = fp.temporaries / max(plain.temporaries, 1)
-            row = Row(row_name, f"update under memory.{'remat' if 'remat' in PLANS[name] else 'split'}="
-                      f"{next(iter(PLANS[name].values()))} vs the plain plan, GPT ctx{cfg.model.context} "
-                      f"b{cfg.batch_size} ({cfg.model.n_layers}x{cfg.model.d_model}), fp32",
-                      jax=1e3 * med[name], ref=1e3 * med["none"], unit="ms/update", ratio=med[name] / med["none"],
-                      goal="info")
-            row.notes = (f"temporaries {fp.temporaries / 2**20:.1f} MiB vs {plain.temporaries / 2**20:.1f} MiB "
-                         f"({temp_ratio:.2f}x); compile {contenders[name].compile_s:.1f} s")
-            row.extra = {"temp_bytes": fp.temporaries, "temp_bytes_plain": plain.temporaries, "temp_ratio": temp_ratio,
-                         "footprint_bytes": fp.total, "footprint_bytes_plain": plain.total,
-                         "rounds_ms": {k: [1e3 * x for x in times[k]] for k in ("none", name)}}
+            row = Row(
+                row_name,
+                f"update under memory.{'remat' if 'remat' in PLANS[name] else 'split'}="
+                f"{next(iter(PLANS[name].values()))} vs the plain plan, GPT ctx{cfg.model.context} "
+                f"b{cfg.batch_size} ({cfg.model.n_layers}x{cfg.model.d_model}), fp32",
+                jax=1e3 * med[name],
+                ref=1e3 * med["none"],
+                unit="ms/update",
+                ratio=med[name] / med["none"],
+                goal="info",
+            )
+            row.notes = (
+                f"temporaries {fp.temporaries / 2**20:.1f} MiB vs {plain.temporaries / 2**20:.1f} MiB "
+                f"({temp_ratio:.2f}x); compile {contenders[name].compile_s:.1f} s"
+            )
+            row.extra = {
+                "temp_bytes": fp.temporaries,
+                "temp_bytes_plain": plain.temporaries,
+                "temp_ratio": temp_ratio,
+                "footprint_bytes": fp.total,
+                "footprint_bytes_plain": plain.total,
+                "rounds_ms": {k: [1e3 * x for x in times[k]] for k in ("none", name)},
+            }
             rows.append(row)
         return rows
     except Exception as e:  # noqa: BLE001

@@ -23,9 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import add_text_option, use_text  # noqa: E402
-
 from benchmarks.bench_dispatch import MODES, child_env, start  # noqa: E402
+from benchmarks.common import add_text_option, use_text  # noqa: E402
 
 EXECUTOR = "ThunkExecutor"  # the executor's own spans, which hold the thunks' (not counted twice)
 
@@ -55,8 +54,10 @@ def child(shape: str, mode: str, calls: int) -> dict:
                     if EXECUTOR not in event.name:
                         thunks[event.name] += event.duration_ns / 1e6 / calls
     if not thunks:
-        raise SystemExit(f"no thunk events on the trace's tf_XLAEigen threads (lines: "
-                         f"{sorted({line.name for plane in data.planes for line in plane.lines})}): has jax renamed them?")
+        raise SystemExit(
+            f"no thunk events on the trace's tf_XLAEigen threads (lines: "
+            f"{sorted({line.name for plane in data.planes for line in plane.lines})}): has jax renamed them?"
+        )
     return {"ms": ms, "thunks": dict(thunks)}
 
 
@@ -75,21 +76,30 @@ def main() -> None:
         return
     runs = {}
     for mode in args.modes:
-        out = subprocess.run([sys.executable, __file__, "--child", args.shape, mode, "--calls", str(args.calls)],
-                             capture_output=True, text=True, env=child_env(mode), check=True)
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", args.shape, mode, "--calls", str(args.calls)],
+            capture_output=True,
+            text=True,
+            env=child_env(mode),
+            check=True,
+        )
         runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
 
     def total(mode: str, dots: bool | None = None) -> float:
-        return sum(ms for name, ms in runs[mode]["thunks"].items()
-                   if dots is None or name.startswith("ynn_fusion") == dots)
+        return sum(
+            ms for name, ms in runs[mode]["thunks"].items() if dots is None or name.startswith("ynn_fusion") == dots
+        )
 
     print(f"{args.shape}, ms per update ({args.calls} traced calls)   " + "".join(f"{m:>10}" for m in args.modes))
-    for label, f in (("wall", lambda m: runs[m]["ms"]), ("thunks, all threads", total),
-                     ("  YNNPACK fusions (dots)", lambda m: total(m, True)),
-                     ("  the rest", lambda m: total(m, False))):
+    for label, f in (
+        ("wall", lambda m: runs[m]["ms"]),
+        ("thunks, all threads", total),
+        ("  YNNPACK fusions (dots)", lambda m: total(m, True)),
+        ("  the rest", lambda m: total(m, False)),
+    ):
         print(f"{label:38}" + "".join(f"{f(m):10.1f}" for m in args.modes))
     first = runs[args.modes[0]]["thunks"]
-    for name in sorted(first, key=first.get, reverse=True)[:args.top]:
+    for name in sorted(first, key=first.get, reverse=True)[: args.top]:
         print(f"  {name[:36]:36}" + "".join(f"{runs[m]['thunks'].get(name, 0.0):10.2f}" for m in args.modes))
 
 

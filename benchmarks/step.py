@@ -34,8 +34,12 @@ def make_cfg(shape: str, accum: int = 1, **overrides: Any):
         cfg = dataclasses.replace(preset("digits"), batch_size=s["batch"])
     else:
         base = preset("shakespeare")
-        cfg = dataclasses.replace(base, batch_size=s["batch"], model=dataclasses.replace(base.model, context=s["context"]),
-                                  data=dataclasses.replace(base.data, path=str(text_path())))
+        cfg = dataclasses.replace(
+            base,
+            batch_size=s["batch"],
+            model=dataclasses.replace(base.model, context=s["context"]),
+            data=dataclasses.replace(base.data, path=str(text_path())),
+        )
     return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, accum_steps=accum), **overrides)
 
 
@@ -72,9 +76,9 @@ class JaxUpdate:
         import jax
         import numpy as np
 
+        from jaxloop.loop.task import create_train_state
         from jaxloop.model.builtin import make_model
         from jaxloop.update.step import cross_entropy_loss, make_train_step, scan_steps, train_step
-        from jaxloop.loop.task import create_train_state
 
         self.K, self.per_call = cfg.optim.accum_steps, per_call
         model = make_model(cfg.model, splits.num_classes, cfg.precision)
@@ -83,8 +87,10 @@ class JaxUpdate:
         step = train_step
         if per_call > 1:
             n = self.K * per_call
-            batches = [{k: np.stack([b[k] for b in batches[i:i + n]]) for k in batches[0]}
-                       for i in range(0, len(batches) - n + 1, n)]
+            batches = [
+                {k: np.stack([b[k] for b in batches[i : i + n]]) for k in batches[0]}
+                for i in range(0, len(batches) - n + 1, n)
+            ]
             step = jax.jit(scan_steps(make_train_step(cross_entropy_loss)), donate_argnums=0)
         self.batches = [jax.device_put(b) for b in batches]
         c0, t0 = time.process_time(), time.perf_counter()
@@ -121,8 +127,13 @@ class TorchUpdate:
         self.K = cfg.optim.accum_steps
         self.device = torch.device(device)
         # on the device already, as jaxloop's batches are (device_put): both time the update, not the copy
-        self.batches = [(torch.from_numpy(np.ascontiguousarray(b["x"])).to(self.device),
-                         torch.from_numpy(np.ascontiguousarray(b["y"])).to(self.device)) for b in batches]
+        self.batches = [
+            (
+                torch.from_numpy(np.ascontiguousarray(b["x"])).to(self.device),
+                torch.from_numpy(np.ascontiguousarray(b["y"])).to(self.device),
+            )
+            for b in batches
+        ]
         self.i = 0
 
     def __call__(self, updates: int) -> float:
@@ -196,13 +207,20 @@ def matmul_peak(opts: Options) -> Row:
         return (time.perf_counter() - t0) / reps
 
     times = interleaved({"jax": jax_block, "torch": torch_block}, rounds=3 if opts.quick else 5)
-    flop = 2.0 * n ** 3
+    flop = 2.0 * n**3
     jrate, trate = flop / min(times["jax"]), flop / min(times["torch"])
     peak = max(jrate, trate)
     opts.cache["peak_flops"] = peak
-    return Row("peak", f"fp32 matmul {n}x{n}, best of jnp.dot / torch.mm", jax=jrate / 1e9, ref=trate / 1e9,
-               unit="GFLOP/s", ratio=jrate / trate, goal="info",
-               notes=f"peak used for % of peak: {peak / 1e9:.1f} GFLOP/s (best over rounds)")
+    return Row(
+        "peak",
+        f"fp32 matmul {n}x{n}, best of jnp.dot / torch.mm",
+        jax=jrate / 1e9,
+        ref=trate / 1e9,
+        unit="GFLOP/s",
+        ratio=jrate / trate,
+        goal="info",
+        notes=f"peak used for % of peak: {peak / 1e9:.1f} GFLOP/s (best over rounds)",
+    )
 
 
 def step_row(opts: Options, shape: str, accum: int) -> Row:
@@ -229,35 +247,48 @@ def step_row(opts: Options, shape: str, accum: int) -> Row:
                 contenders["torch.compile"] = tc
             except Exception as e:  # noqa: BLE001 - reported in the table, not fatal
                 compile_note = f"torch.compile failed: {type(e).__name__}: {' '.join(str(e).split())[:160]}"
-        times = sized_interleaved(contenders, rounds=1 if opts.smoke else 3 if opts.quick else 7,
-                                  block_s=0.01 if opts.smoke else 0.3 if opts.quick else 1.0,
-                                  warm=(1, 1 if opts.smoke else 2))
+        times = sized_interleaved(
+            contenders,
+            rounds=1 if opts.smoke else 3 if opts.quick else 7,
+            block_s=0.01 if opts.smoke else 0.3 if opts.quick else 1.0,
+            warm=(1, 1 if opts.smoke else 2),
+        )
         med = {name: median(v) for name, v in times.items()}
         row.jax, row.ref = 1e3 * med["jaxloop"], 1e3 * med["torch eager"]
         row.ratio = med["jaxloop"] / med["torch eager"]
         row.check("<=", goal)
         notes = [compile_note]
-        row.extra = {"ms": {k: 1e3 * v for k, v in med.items()}, "rounds_ms": {k: [1e3 * x for x in v] for k, v in times.items()},
-                     "jax_compile_s": jx.compile_s, "jax_compile_cpu_s": jx.compile_cpu_s}
+        row.extra = {
+            "ms": {k: 1e3 * v for k, v in med.items()},
+            "rounds_ms": {k: [1e3 * x for x in v] for k, v in times.items()},
+            "jax_compile_s": jx.compile_s,
+            "jax_compile_cpu_s": jx.compile_cpu_s,
+        }
         if "torch.compile" in med:
             r = med["jaxloop"] / med["torch.compile"]
             row.extra["ratio_vs_torch_compile"] = r
             ok = r <= 1.0
             row.met = bool(row.met) and ok
-            notes.append(f"torch.compile {1e3 * med['torch.compile']:.2f} ms -> jax/compile {r:.2f} (goal <= 1: "
-                         f"{'met' if ok else 'NOT met'})")
+            notes.append(
+                f"torch.compile {1e3 * med['torch.compile']:.2f} ms -> jax/compile {r:.2f} (goal <= 1: "
+                f"{'met' if ok else 'NOT met'})"
+            )
         if cfg.model.kind == "gpt":
             flops = (jx.flops or analytic_flops(cfg, splits.num_classes)) * accum
-            row.extra.update(hlo_flops_per_update=(jx.flops or 0) * accum,
-                             analytic_flops_per_update=analytic_flops(cfg, splits.num_classes) * accum)
+            row.extra.update(
+                hlo_flops_per_update=(jx.flops or 0) * accum,
+                analytic_flops_per_update=analytic_flops(cfg, splits.num_classes) * accum,
+            )
             rate = flops / med["jaxloop"]
             if "peak_flops" not in opts.cache:  # --only without the peak row: measure it now
                 matmul_peak(opts)
             peak = opts.cache.get("peak_flops")
             row.extra["gflops"] = rate / 1e9
             pct = f", {100 * rate / peak:.0f}% of measured peak" if peak else ""
-            notes.append(f"jaxloop {rate / 1e9:.1f} GFLOP/s ({'HLO' if jx.flops else 'analytic'} count; analytic "
-                         f"{analytic_flops(cfg, splits.num_classes) * accum / 1e9:.2f} GFLOP/update){pct}")
+            notes.append(
+                f"jaxloop {rate / 1e9:.1f} GFLOP/s ({'HLO' if jx.flops else 'analytic'} count; analytic "
+                f"{analytic_flops(cfg, splits.num_classes) * accum / 1e9:.2f} GFLOP/update){pct}"
+            )
             opts.cache[("train_tokens_per_s", shape)] = cfg.batch_size * cfg.model.context * accum / med["jaxloop"]
         row.notes = "; ".join(n for n in notes if n)
         return row
@@ -272,8 +303,8 @@ def eval_row(opts: Options, shape: str = "gpt128") -> Row:
         import jax
 
         from jaxloop.data.pipeline import eval_batch_size, val_batches
-        from jaxloop.model.builtin import make_model
         from jaxloop.loop.task import create_train_state
+        from jaxloop.model.builtin import make_model
         from jaxloop.update.step import eval_step
 
         cfg = make_cfg(shape)
@@ -303,9 +334,11 @@ def eval_row(opts: Options, shape: str = "gpt128") -> Row:
         eval_rate = tokens / median([full_pass() for _ in range(2 if opts.quick else 5)])
         row.jax, row.ref, row.ratio = eval_rate, train_rate, eval_rate / train_rate
         row.check(">=", 3.0)
-        row.notes = (f"{len(val)} batches of {cfg.data.eval_batch_size or cfg.batch_size}"
-                     f"{' (first 2 only, --quick)' if opts.quick else ' (whole split)'}; ref column = jaxloop "
-                     "training tokens/s (compiled update alone)")
+        row.notes = (
+            f"{len(val)} batches of {cfg.data.eval_batch_size or cfg.batch_size}"
+            f"{' (first 2 only, --quick)' if opts.quick else ' (whole split)'}; ref column = jaxloop "
+            "training tokens/s (compiled update alone)"
+        )
         return row
     except Exception as e:  # noqa: BLE001
         return failed(row, e)

@@ -24,45 +24,84 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the public names, for editors and type checkers; at run time each is imported on first use
     # running: the loop, a Task, hooks and actions of one's own
+    from jaxloop import errors, parity
     from jaxloop.checkpoint.manager import load_model
+
+    # the config tree, an optimizer's and a schedule's config (optim.optimizer, optim.lr_schedule): jax-free
+    from jaxloop.core.config import (
+        CheckpointConfig,
+        Config,
+        DataConfig,
+        DistributedConfig,
+        LogConfig,
+        MemoryConfig,
+        ModelConfig,
+        OptimConfig,
+        from_dict,
+        preset,
+        to_dict,
+        validate,
+    )
+    from jaxloop.core.errors import ConfigError
+
+    # records, token shards, the run_dir's lock: jax-free
+    from jaxloop.core.lock import RunLock
+    from jaxloop.core.optimizers_config import (
+        AdagradConfig,
+        AdamConfig,
+        AdamWConfig,
+        LionConfig,
+        RMSpropConfig,
+        SGDConfig,
+    )
+    from jaxloop.core.schedules_config import (
+        ConstantConfig,
+        CosineRestartsConfig,
+        ExponentialConfig,
+        InverseSqrtConfig,
+        LinearConfig,
+        MultiStepConfig,
+        OneCycleConfig,
+        PlateauConfig,
+        PolynomialConfig,
+        StepConfig,
+        WarmupCosineConfig,
+        WSDConfig,
+    )
+    from jaxloop.core.shards import read_shard, write_shard
+    from jaxloop.core.sources import SequenceRecords, load_splits, read_vocab
     from jaxloop.loop.actions import Action, Boundary, Hook, RunContext, StepInfo, every
     from jaxloop.loop.runner import RunResult, run
     from jaxloop.loop.task import Task, builtin_task
-    from jaxloop.sample import generate
 
     # a loop of one's own: the state, the step, the optimizer, the schedule, precision
     from jaxloop.model.flops import flops_per_token, gpt_params
     from jaxloop.model.precision import get_policy
+    from jaxloop.sample import generate
     from jaxloop.update.optimizer import make_optimizer
     from jaxloop.update.schedules import make_schedule, rates
     from jaxloop.update.state import TrainState, init_state, state_digest
-    from jaxloop.update.step import (cross_entropy_loss, eval_step, make_eval_step, make_train_step, scan_steps,
-                                     train_step, weighted_mean)
-
-    # the config tree, an optimizer's and a schedule's config (optim.optimizer, optim.lr_schedule): jax-free
-    from jaxloop.core.config import (CheckpointConfig, Config, DataConfig, DistributedConfig, LogConfig, MemoryConfig,
-                                     ModelConfig, OptimConfig, from_dict, preset, to_dict, validate)
-    from jaxloop.core.errors import ConfigError
-    from jaxloop.core.optimizers_config import (AdagradConfig, AdamConfig, AdamWConfig, LionConfig, RMSpropConfig,
-                                                SGDConfig)
-    from jaxloop.core.schedules_config import (ConstantConfig, CosineRestartsConfig, ExponentialConfig, InverseSqrtConfig,
-                                               LinearConfig, MultiStepConfig, OneCycleConfig, PlateauConfig,
-                                               PolynomialConfig, StepConfig, WarmupCosineConfig, WSDConfig)
-
-    # records, token shards, the run_dir's lock: jax-free
-    from jaxloop.core.lock import RunLock
-    from jaxloop.core.shards import read_shard, write_shard
-    from jaxloop.core.sources import SequenceRecords, load_splits, read_vocab
-
-    from jaxloop import errors, parity
+    from jaxloop.update.step import (
+        cross_entropy_loss,
+        eval_step,
+        make_eval_step,
+        make_train_step,
+        scan_steps,
+        train_step,
+        weighted_mean,
+    )
 
 
 def _lazy_exports() -> dict[str, str]:
     """{name: module} read from the TYPE_CHECKING block above: the names are listed once, where tools read them."""
     tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
     block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", None) == "TYPE_CHECKING")
-    return {alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom)
-            and node.module != "jaxloop" for alias in node.names}
+    return {
+        alias.name: node.module
+        for node in block.body
+        if isinstance(node, ast.ImportFrom) and node.module != "jaxloop"
+        for alias in node.names
+    }
 
 
 _EXPORTS = _lazy_exports()

@@ -11,12 +11,34 @@ torch. `python -m jaxloop.train` ends with the exit status beside each (EXIT_*).
     Interrupted           SIGINT / SIGTERM: the loop saved and stopped                           exit 130 / 143
 """
 
-from jaxloop.core.errors import (EXIT_BAD_INPUT, EXIT_CHECKPOINT_WRITE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_SIGNAL,
-                                 CheckpointWriteError, ConfigError, Interrupted, NonFiniteError, OutOfMemoryError,
-                                 UsageError)
+from jaxloop.core.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_CHECKPOINT_WRITE,
+    EXIT_NONFINITE,
+    EXIT_OUT_OF_MEMORY,
+    EXIT_SIGNAL,
+    CheckpointWriteError,
+    ConfigError,
+    Interrupted,
+    NonFiniteError,
+    OutOfMemoryError,
+    UsageError,
+)
 from jaxloop.core.lock import RunDirInUse
 from jaxloop.core.sources import RecordError
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_CHECKPOINT_WRITE", "EXIT_NONFINITE", "EXIT_OUT_OF_MEMORY", "EXIT_SIGNAL",
-           "CheckpointWriteError", "ConfigError", "Interrupted", "NonFiniteError", "OutOfMemoryError", "RecordError",
-           "RunDirInUse", "UsageError"]
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_CHECKPOINT_WRITE",
+    "EXIT_NONFINITE",
+    "EXIT_OUT_OF_MEMORY",
+    "EXIT_SIGNAL",
+    "CheckpointWriteError",
+    "ConfigError",
+    "Interrupted",
+    "NonFiniteError",
+    "OutOfMemoryError",
+    "RecordError",
+    "RunDirInUse",
+    "UsageError",
+]

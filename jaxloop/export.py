@@ -39,8 +39,10 @@ def flat_arrays(tree: Any, prefix: str) -> dict[str, np.ndarray]:
     """{prefix/path: numpy array} of every leaf of `tree` (C-contiguous, as safetensors stores them)."""
     import jax
 
-    return {f"{prefix}/{leaf_name(p)}": np.ascontiguousarray(np.asarray(v))
-            for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    return {
+        f"{prefix}/{leaf_name(p)}": np.ascontiguousarray(np.asarray(v))
+        for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
 
 
 def is_builtin_gpt(run_dir: Path) -> bool:
@@ -51,8 +53,13 @@ def is_builtin_gpt(run_dir: Path) -> bool:
     return isinstance(meta, dict) and "language_model" in meta
 
 
-def export(run_dir: str | Path, checkpoint: str = "best", out: str | Path | None = None, fmt: str | None = None,
-           ema: bool = False) -> Path:
+def export(
+    run_dir: str | Path,
+    checkpoint: str = "best",
+    out: str | Path | None = None,
+    fmt: str | None = None,
+    ema: bool = False,
+) -> Path:
     """Write the export of `run_dir` (module doc) and return its directory; ExportError for bad input."""
     from jaxloop.checkpoint import hf_gpt2
     from jaxloop.checkpoint.manager import read_checkpoint
@@ -75,8 +82,10 @@ def export(run_dir: str | Path, checkpoint: str = "best", out: str | Path | None
     builtin_gpt = is_builtin_gpt(run_dir)
     fmt = fmt or ("hf" if builtin_gpt else "params")
     if fmt == "hf" and not builtin_gpt:
-        raise ExportError(f"--format hf exports the built-in GPT; {run_dir} trained another model "
-                          f"(--format params writes its params as {PARAMS_FILE})")
+        raise ExportError(
+            f"--format hf exports the built-in GPT; {run_dir} trained another model "
+            f"(--format params writes its params as {PARAMS_FILE})"
+        )
     try:
         step, _, state = read_checkpoint(run_dir, which, cfg)
     except FileNotFoundError as e:
@@ -116,12 +125,16 @@ def jax_free(tree: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="jaxloop.export",
-                                     description="Write a run's weights as a Hugging Face GPT-2 directory or a "
-                                                 "safetensors file of its params.")
+    parser = argparse.ArgumentParser(
+        prog="jaxloop.export",
+        description="Write a run's weights as a Hugging Face GPT-2 directory or a safetensors file of its params.",
+    )
     parser.add_argument("run_dir", help="a jaxloop run directory")
-    parser.add_argument("--checkpoint", default="best", help="best (by checkpoint.best_metric), last, or an update "
-                        "number (default best)")
+    parser.add_argument(
+        "--checkpoint",
+        default="best",
+        help="best (by checkpoint.best_metric), last, or an update number (default best)",
+    )
     parser.add_argument("--out", default=None, help="output directory (default RUN_DIR/export)")
     parser.add_argument("--format", default=None, help="hf (a built-in GPT run's default) or params (any run's)")
     parser.add_argument("--ema", action="store_true", help="--format hf: the EMA params (optim.ema_decay > 0)")

@@ -51,8 +51,11 @@ def input_files(patterns: list[str]) -> list[str]:
     """Each pattern's files (a glob's matches sorted), in the order given; ConfigError if one names none."""
     files: list[str] = []
     for pattern in patterns:
-        found = sorted(f for f in glob.glob(pattern) if os.path.isfile(f)) if glob.has_magic(pattern) else (
-            [pattern] if os.path.isfile(pattern) else [])
+        found = (
+            sorted(f for f in glob.glob(pattern) if os.path.isfile(f))
+            if glob.has_magic(pattern)
+            else ([pattern] if os.path.isfile(pattern) else [])
+        )
         if not found:
             raise ConfigError("inputs", pattern, "an existing text file or a glob matching some")
         files += found
@@ -185,8 +188,12 @@ def _decode(piece: Piece) -> str:
     try:
         return piece.data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError("inputs", "", f"UTF-8 text for a tokenizer (invalid UTF-8 near byte {e.start} of a piece "
-                          f"of {piece.split} text); plain bytes (no --vocab or --tokenizer) take any file") from None
+        raise ConfigError(
+            "inputs",
+            "",
+            f"UTF-8 text for a tokenizer (invalid UTF-8 near byte {e.start} of a piece "
+            f"of {piece.split} text); plain bytes (no --vocab or --tokenizer) take any file",
+        ) from None
 
 
 def read_tokenizer(path: str) -> Any:
@@ -208,8 +215,10 @@ def read_tokenizer(path: str) -> Any:
             tok.decoder = decoders.ByteLevel()
             return tok
         else:
-            raise ValueError("a Hugging Face model directory holding tokenizer.json, or vocab.json and merges.txt "
-                             "(this one holds neither)")
+            raise ValueError(
+                "a Hugging Face model directory holding tokenizer.json, or vocab.json and merges.txt "
+                "(this one holds neither)"
+            )
     elif not os.path.isfile(path):
         raise ValueError("an existing tokenizer.json file or a Hugging Face model directory")
     try:
@@ -244,8 +253,12 @@ def load_tokenizer(args: argparse.Namespace, files: list[str], val_from: int, se
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=args.vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                      special_tokens=[EOT] if eot else [], show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=args.vocab,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            special_tokens=[EOT] if eot else [],
+            show_progress=False,
+        )
         with _bar(args, val_from, "BPE training, pass 1 of 2") as bar:
             tok.train_from_iterator(_texts(files, val_from, separator, bar), trainer)
         return tok
@@ -265,8 +278,10 @@ def encode_batch(tokenizer: Any, batch: list[Piece], eot: int | None, first: boo
     if tokenizer is None:
         ids = [np.frombuffer(p.data, np.uint8).astype(np.uint32) for p in batch]
     else:
-        ids = [np.asarray(e.ids, np.uint32)
-               for e in tokenizer.encode_batch_fast([_decode(p) for p in batch], add_special_tokens=False)]
+        ids = [
+            np.asarray(e.ids, np.uint32)
+            for e in tokenizer.encode_batch_fast([_decode(p) for p in batch], add_special_tokens=False)
+        ]
     out = []
     for i, (piece, tokens) in enumerate(zip(batch, ids)):
         if eot is not None and piece.doc_start and not (first and i == 0):
@@ -349,16 +364,21 @@ def check(args: argparse.Namespace) -> tuple[list[str], int]:
     if args.vocab is not None and args.vocab < 256:
         raise ConfigError("--vocab", args.vocab, "an integer >= 256 (a byte-level BPE starts from the 256 bytes)")
     if args.tokenizer and not os.path.exists(args.tokenizer):
-        raise ConfigError("--tokenizer", args.tokenizer, "an existing tokenizer.json file or a Hugging Face model "
-                          "directory")
+        raise ConfigError(
+            "--tokenizer", args.tokenizer, "an existing tokenizer.json file or a Hugging Face model directory"
+        )
     files = input_files(args.inputs)
     total = sum(os.path.getsize(f) for f in files)
     val_from = int(np.floor(total * (1.0 - args.val_fraction)))
     if val_from == 0:
-        raise ConfigError("--val_fraction", args.val_fraction, f"a fraction leaving some training text ({total} bytes "
-                          "in all)")
-    if os.path.exists(args.out) and (not os.path.isdir(args.out) or glob.glob(os.path.join(glob.escape(args.out), "*.bin"))
-                                     or os.path.exists(os.path.join(args.out, META_FILE))):
+        raise ConfigError(
+            "--val_fraction", args.val_fraction, f"a fraction leaving some training text ({total} bytes in all)"
+        )
+    if os.path.exists(args.out) and (
+        not os.path.isdir(args.out)
+        or glob.glob(os.path.join(glob.escape(args.out), "*.bin"))
+        or os.path.exists(os.path.join(args.out, META_FILE))
+    ):
         raise ConfigError("--out", args.out, "a new or empty directory (this one holds shards or a meta.json already)")
     return files, val_from
 
@@ -370,10 +390,18 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     separator = doc_separator(args.doc_separator)
     total = sum(os.path.getsize(f) for f in files)
     if not args.no_progress and sys.stderr.isatty():  # a fault stays one line in logs
-        how = (f"a byte-level BPE of {args.vocab} tokens trained on the training text, then encoding" if args.vocab
-               else f"encoding with {args.tokenizer}" if args.tokenizer else "plain bytes")
-        print(f"jaxloop.prepare: {len(files)} file{'s' * (len(files) > 1)}, {total / 1e6:.1f} MB -> {args.out}: {how}",
-              file=sys.stderr, flush=True)
+        how = (
+            f"a byte-level BPE of {args.vocab} tokens trained on the training text, then encoding"
+            if args.vocab
+            else f"encoding with {args.tokenizer}"
+            if args.tokenizer
+            else "plain bytes"
+        )
+        print(
+            f"jaxloop.prepare: {len(files)} file{'s' * (len(files) > 1)}, {total / 1e6:.1f} MB -> {args.out}: {how}",
+            file=sys.stderr,
+            flush=True,
+        )
     created = not os.path.exists(args.out)
     os.makedirs(args.out, exist_ok=True)
     work = tempfile.mkdtemp(prefix=".prepare-", dir=args.out)
@@ -390,8 +418,9 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     return meta
 
 
-def _prepare_into(work: str, args: argparse.Namespace, files: list[str], val_from: int,
-                  separator: bytes) -> dict[str, Any]:
+def _prepare_into(
+    work: str, args: argparse.Namespace, files: list[str], val_from: int, separator: bytes
+) -> dict[str, Any]:
     eot_needed = len(files) > 1 or bool(separator)
     tokenizer = load_tokenizer(args, files, val_from, separator, eot_needed)
     vocab = (257 if eot_needed else 256) if tokenizer is None else tokenizer.get_vocab_size()
@@ -419,18 +448,29 @@ def _prepare_into(work: str, args: argparse.Namespace, files: list[str], val_fro
         if w.tokens == 0:
             raise ConfigError("--val_fraction", args.val_fraction, f"a fraction leaving some {split} text")
     kind = "bytes" if tokenizer is None else ("file" if args.tokenizer else "bpe")
-    if args.tokenizer and os.path.isfile(args.tokenizer) and tokenizer.get_vocab_size() == vocab and (
-            not eot_needed or read_tokenizer(args.tokenizer).token_to_id(EOT) is not None):
+    if (
+        args.tokenizer
+        and os.path.isfile(args.tokenizer)
+        and tokenizer.get_vocab_size() == vocab
+        and (not eot_needed or read_tokenizer(args.tokenizer).token_to_id(EOT) is not None)
+    ):
         shutil.copyfile(args.tokenizer, os.path.join(work, TOKENIZER_FILE))
     elif tokenizer is not None:
         tokenizer.save(os.path.join(work, TOKENIZER_FILE))
-    meta = {"format": "llm.c", "vocab_size": vocab, "dtype": dtype, "tokenizer": kind,
-            "tokenizer_file": None if tokenizer is None else TOKENIZER_FILE,
-            "tokenizer_from": os.path.abspath(args.tokenizer) if args.tokenizer else None,
-            "eot": eot, "doc_separator": args.doc_separator or None,
-            "inputs": [os.path.abspath(f) for f in files],
-            "val_fraction": args.val_fraction, "tokens": {s: w.tokens for s, w in writers.items()},
-            "shards": {s: w.files for s, w in writers.items()}}
+    meta = {
+        "format": "llm.c",
+        "vocab_size": vocab,
+        "dtype": dtype,
+        "tokenizer": kind,
+        "tokenizer_file": None if tokenizer is None else TOKENIZER_FILE,
+        "tokenizer_from": os.path.abspath(args.tokenizer) if args.tokenizer else None,
+        "eot": eot,
+        "doc_separator": args.doc_separator or None,
+        "inputs": [os.path.abspath(f) for f in files],
+        "val_fraction": args.val_fraction,
+        "tokens": {s: w.tokens for s, w in writers.items()},
+        "shards": {s: w.files for s, w in writers.items()},
+    }
     with open(os.path.join(work, META_FILE), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=1)
     return meta
@@ -441,15 +481,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="+", help="text files or globs, read in the order given")
     p.add_argument("--out", required=True, help="directory for the shards and meta.json (new or empty)")
     how = p.add_mutually_exclusive_group()
-    how.add_argument("--tokenizer", metavar="PATH", help="a local tokenizer.json (HF tokenizers), or a Hugging Face "
-                     "model directory (its tokenizer.json, or vocab.json + merges.txt)")
+    how.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="a local tokenizer.json (HF tokenizers), or a Hugging Face "
+        "model directory (its tokenizer.json, or vocab.json + merges.txt)",
+    )
     how.add_argument("--vocab", type=int, metavar="N", help="train a byte-level BPE of N tokens on the training text")
     p.add_argument("--val_fraction", type=float, default=0.1, help="the last fraction of the text that validates")
     p.add_argument("--shard_tokens", type=int, default=100_000_000, help="tokens per shard (llm.c's 100M)")
     p.add_argument("--name", default="", help="shard file prefix (default: the first input's name)")
-    p.add_argument("--doc_separator", default="", metavar="TEXT",
-                   help="text that ends a document inside a file (e.g. '\\n\\n\\n'; \\n \\r \\t \\\\ escapes): "
-                   "dropped, and an end-of-text token put between the documents (default: none; one goes between files)")
+    p.add_argument(
+        "--doc_separator",
+        default="",
+        metavar="TEXT",
+        help="text that ends a document inside a file (e.g. '\\n\\n\\n'; \\n \\r \\t \\\\ escapes): "
+        "dropped, and an end-of-text token put between the documents (default: none; one goes between files)",
+    )
     p.add_argument("--no_progress", action="store_true", help="no progress bar (it shows on a terminal only anyway)")
     return p
 
@@ -462,9 +510,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"jaxloop.prepare: error: {e}", file=sys.stderr)
         return 2
-    print(f"done: {meta['tokens']['train']} training and {meta['tokens']['val']} validation tokens "
-          f"(vocabulary {meta['vocab_size']}, {meta['dtype']}) in {len(meta['shards']['train'])} + "
-          f"{len(meta['shards']['val'])} shards in {args.out}", file=sys.stderr)
+    print(
+        f"done: {meta['tokens']['train']} training and {meta['tokens']['val']} validation tokens "
+        f"(vocabulary {meta['vocab_size']}, {meta['dtype']}) in {len(meta['shards']['train'])} + "
+        f"{len(meta['shards']['val'])} shards in {args.out}",
+        file=sys.stderr,
+    )
     return 0
 
 

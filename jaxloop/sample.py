@@ -24,9 +24,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -121,8 +121,10 @@ def run_codec(run_dir: str | Path, cfg: Config, tokenizer: str | None = None) ->
         return Codec(tok.get_vocab_size(), path, tokenizer=tok)
 
     if cfg.model.kind != "gpt" or cfg.data.source not in ("text", "tokens"):
-        raise SampleError(f"{run_dir} is not a language-model run (model.kind={cfg.model.kind}, data.source="
-                          f"{cfg.data.source}): sampling needs a GPT trained on text or token shards")
+        raise SampleError(
+            f"{run_dir} is not a language-model run (model.kind={cfg.model.kind}, data.source="
+            f"{cfg.data.source}): sampling needs a GPT trained on text or token shards"
+        )
     if tokenizer:
         return from_path(tokenizer, "--tokenizer")
     if cfg.data.source == "text":
@@ -144,8 +146,10 @@ def run_codec(run_dir: str | Path, cfg: Config, tokenizer: str | None = None) ->
             tok = None  # a jaxloop run: no tokenizer there
         if tok is not None:
             return Codec(tok.get_vocab_size(), cfg.init_from, tokenizer=tok)
-    raise SampleError(f"{run_dir} is a token run whose tokenizer is not recorded (data.path={cfg.data.path} has no "
-                      "meta.json naming one there): give --tokenizer tokenizer.json or a Hugging Face model directory")
+    raise SampleError(
+        f"{run_dir} is a token run whose tokenizer is not recorded (data.path={cfg.data.path} has no "
+        "meta.json naming one there): give --tokenizer tokenizer.json or a Hugging Face model directory"
+    )
 
 
 def _shards_dir(path: str) -> str:
@@ -164,8 +168,9 @@ def _shards_meta(path: str) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
-def make_generate(model: Any, context: int, length: int, vocab: int | None = None, kv_cache: bool = True,
-                  top_k: int | None = None):
+def make_generate(
+    model: Any, context: int, length: int, vocab: int | None = None, kv_cache: bool = True, top_k: int | None = None
+):
     """A jitted generate(params, buf, n, key, temperature) -> int32 [length] of sampled ids.
 
     buf: int32 [context], the prompt's last ids left-aligned (padding after them is never attended to:
@@ -201,6 +206,7 @@ def make_generate(model: Any, context: int, length: int, vocab: int | None = Non
     def generate(params, buf, n, key, temperature):
         keys = jax.random.split(key, length)
         if not kv_cache:
+
             def one(carry, k):
                 buf, n = carry
                 nxt = draw(full(params, buf, n), k, temperature)
@@ -208,8 +214,9 @@ def make_generate(model: Any, context: int, length: int, vocab: int | None = Non
 
             return jax.lax.scan(one, (buf, n), keys)[1]
 
-        logits, variables = model.apply({"params": params}, buf[None], train=False, cache_index=jnp.int32(0),
-                                        mutable=["cache"])
+        logits, variables = model.apply(
+            {"params": params}, buf[None], train=False, cache_index=jnp.int32(0), mutable=["cache"]
+        )
 
         def step(carry, k):
             buf, n, cache, logits = carry
@@ -217,8 +224,9 @@ def make_generate(model: Any, context: int, length: int, vocab: int | None = Non
             at = n  # the new token's position, while the window has room
 
             def cached(cache):
-                out, new = model.apply({"params": params, "cache": cache}, nxt[None, None], train=False,
-                                       cache_index=at, mutable=["cache"])
+                out, new = model.apply(
+                    {"params": params, "cache": cache}, nxt[None, None], train=False, cache_index=at, mutable=["cache"]
+                )
                 return out[0, 0, :vocab].astype(jnp.float32), new["cache"]
 
             buf, n = append(buf, n, nxt)
@@ -256,9 +264,18 @@ def encode_prompt(codec: Codec, prompt: str) -> np.ndarray:
     return ids
 
 
-def sample(run_dir: str | Path, prompt: str, length: int = 200, temperature: float = 1.0,
-           which: str = "best", seed: int = 0, loaded: Loaded | None = None, top_k: int | None = None,
-           tokenizer: str | None = None, kv_cache: bool = True) -> str:
+def sample(
+    run_dir: str | Path,
+    prompt: str,
+    length: int = 200,
+    temperature: float = 1.0,
+    which: str = "best",
+    seed: int = 0,
+    loaded: Loaded | None = None,
+    top_k: int | None = None,
+    tokenizer: str | None = None,
+    kv_cache: bool = True,
+) -> str:
     """`length` tokens (characters of a text run) generated after `prompt` by the run's best or latest checkpoint
     (or by `loaded`, params already restored with load_params), decoded to text."""
     cfg = loaded.cfg if loaded is not None else read_config(run_dir)
@@ -267,8 +284,9 @@ def sample(run_dir: str | Path, prompt: str, length: int = 200, temperature: flo
     encode_prompt(codec, prompt)
     with precision_scope(cfg):
         loaded = loaded if loaded is not None else load_params(run_dir, which, cfg)
-        return generate(run_model(loaded), loaded.params, codec, prompt, length, temperature, seed, top_k=top_k,
-                        kv_cache=kv_cache)
+        return generate(
+            run_model(loaded), loaded.params, codec, prompt, length, temperature, seed, top_k=top_k, kv_cache=kv_cache
+        )
 
 
 def run_model(loaded: Loaded) -> Any:
@@ -286,9 +304,18 @@ def precision_scope(cfg: Config) -> contextlib.AbstractContextManager:
     return jax.enable_x64(True) if cfg.precision == "fp64" else contextlib.nullcontext()
 
 
-def generate(model: Any, params: Any, vocab: Sequence[str] | Codec, prompt: str, length: int = 200,
-             temperature: float = 1.0, seed: int = 0, top_k: int | None = None, kv_cache: bool = True,
-             timing: dict[str, float] | None = None) -> str:
+def generate(
+    model: Any,
+    params: Any,
+    vocab: Sequence[str] | Codec,
+    prompt: str,
+    length: int = 200,
+    temperature: float = 1.0,
+    seed: int = 0,
+    top_k: int | None = None,
+    kv_cache: bool = True,
+    timing: dict[str, float] | None = None,
+) -> str:
     """`length` tokens that the GPT `model` (a jaxloop.model.builtin.GPT; its context is model.context) with `params`
     generates after `prompt`, decoded by `vocab` (a text run's vocab.json characters, or a Codec: run_codec):
     what `sample` runs for a checkpoint, and what a hook runs for the state being trained. `timing`, when given,
@@ -301,8 +328,13 @@ def generate(model: Any, params: Any, vocab: Sequence[str] | Codec, prompt: str,
     window = ids[-context:]
     buf = np.zeros(context, np.int32)
     buf[: len(window)] = window
-    args = (params, jnp.asarray(buf), jnp.asarray(len(window), jnp.int32), jax.random.PRNGKey(seed),
-            jnp.asarray(temperature, jnp.float32))
+    args = (
+        params,
+        jnp.asarray(buf),
+        jnp.asarray(len(window), jnp.int32),
+        jax.random.PRNGKey(seed),
+        jnp.asarray(temperature, jnp.float32),
+    )
     fn = make_generate(model, context, length, min(codec.size, model.vocab_size), kv_cache, top_k)
     t0 = time.perf_counter()
     compiled = fn.lower(*args).compile()
@@ -314,22 +346,38 @@ def generate(model: Any, params: Any, vocab: Sequence[str] | Codec, prompt: str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="jaxloop.sample",
-                                     description="Print text generated from a language-model run's checkpoint.")
+    parser = argparse.ArgumentParser(
+        prog="jaxloop.sample", description="Print text generated from a language-model run's checkpoint."
+    )
     parser.add_argument("run_dir", help="the run directory of a GPT trained on text or token shards")
     parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    parser.add_argument("--length", type=int, default=200,
-                        help="tokens to generate (characters of a text run; default 200)")
-    parser.add_argument("--temperature", type=float, default=1.0,
-                        help="softmax temperature; 0 = always the most likely token (default 1.0)")
-    parser.add_argument("--top_k", type=int, default=None, help="draw only among the K most likely tokens (default all)")
-    parser.add_argument("--checkpoint", default="best",
-                        help="best (by the run's checkpoint.best_metric) or latest (default best)")
+    parser.add_argument(
+        "--length", type=int, default=200, help="tokens to generate (characters of a text run; default 200)"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="softmax temperature; 0 = always the most likely token (default 1.0)",
+    )
+    parser.add_argument(
+        "--top_k", type=int, default=None, help="draw only among the K most likely tokens (default all)"
+    )
+    parser.add_argument(
+        "--checkpoint", default="best", help="best (by the run's checkpoint.best_metric) or latest (default best)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    parser.add_argument("--tokenizer", default=None, metavar="PATH",
-                        help="a tokenizer.json or a Hugging Face model directory (default: the one the run records)")
-    parser.add_argument("--no_kv_cache", action="store_true",
-                        help="run the whole window for every token (the KV cache's reference; slower)")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH",
+        help="a tokenizer.json or a Hugging Face model directory (default: the one the run records)",
+    )
+    parser.add_argument(
+        "--no_kv_cache",
+        action="store_true",
+        help="run the whole window for every token (the KV cache's reference; slower)",
+    )
 
     def one_line_error(message: str) -> None:
         print(f"jaxloop.sample: error: {message} (see --help)", file=sys.stderr)
@@ -347,16 +395,28 @@ def main(argv: list[str] | None = None) -> int:
         encode_prompt(codec, args.prompt)
         with precision_scope(cfg):
             loaded = load_params(args.run_dir, args.checkpoint, cfg)
-            text = generate(run_model(loaded), loaded.params, codec, args.prompt, args.length, args.temperature,
-                            args.seed, top_k=args.top_k, kv_cache=not args.no_kv_cache, timing=timing)
+            text = generate(
+                run_model(loaded),
+                loaded.params,
+                codec,
+                args.prompt,
+                args.length,
+                args.temperature,
+                args.seed,
+                top_k=args.top_k,
+                kv_cache=not args.no_kv_cache,
+                timing=timing,
+            )
     except SampleError as e:
         print(f"jaxloop.sample: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     rate = args.length / timing["generate_s"] if timing["generate_s"] > 0 else float("inf")
-    print(f"jaxloop.sample: {args.length} tokens from the {loaded.which} checkpoint (update {loaded.step}) of "
-          f"{args.run_dir} in {timing['generate_s']:.3f} s, {rate:.1f} tokens/s "
-          f"({'no KV cache' if args.no_kv_cache else 'KV cache'}; compiling took {timing['compile_s']:.1f} s more)",
-          file=sys.stderr)
+    print(
+        f"jaxloop.sample: {args.length} tokens from the {loaded.which} checkpoint (update {loaded.step}) of "
+        f"{args.run_dir} in {timing['generate_s']:.3f} s, {rate:.1f} tokens/s "
+        f"({'no KV cache' if args.no_kv_cache else 'KV cache'}; compiling took {timing['compile_s']:.1f} s more)",
+        file=sys.stderr,
+    )
     sys.stdout.write(args.prompt + text + "\n")
     sys.stdout.flush()
     return 0

@@ -7,7 +7,6 @@ import sys
 
 from jaxloop.update.schedules import describe, plot_schedule, rates, shown_updates
 
-
 EXPLORER_HELP = """python -m jaxloop.schedule [--at U,U,...] [--plot FILE.png] [the train command's flags]
 
 Prints the learning rate the train command's config would apply at chosen updates (default: a dozen,
@@ -40,8 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     table = rates(cfg.optim, cfg.steps)
     print(describe(cfg.optim, cfg.steps))
     if cfg.optim.schedule == "plateau":
-        print(f"(plateau: peak_lr until an evaluation without improvement for more than {cfg.optim.plateau.patience} "
-              f"evaluations multiplies it by {cfg.optim.plateau.factor}; shown before any reduction)")
+        print(
+            f"(plateau: peak_lr until an evaluation without improvement for more than {cfg.optim.plateau.patience} "
+            f"evaluations multiplies it by {cfg.optim.plateau.factor}; shown before any reduction)"
+        )
     print(f"{'update':>8}  rate")
     for u in updates:
         print(f"{u:>8}  {table[min(u, cfg.steps)]:.6g}")

@@ -118,9 +118,14 @@ def resume_runs(x64, tmp_path_factory):
     with jax_mode(cfg.precision):
         init = host(jax_state(cfg, splits).params)
     at = lambda name: replace(cfg, run_dir=str(base / name))  # noqa: E731
-    out = {"cfg": cfg, "splits": splits, "init": init, "base": base,
-           "jax": (at("jax"), jax_train(at("jax"))),
-           "torch": (at("torch"), torch_train(at("torch"), init_params=init, clip="optax", device="cpu", splits=splits))}
+    out = {
+        "cfg": cfg,
+        "splits": splits,
+        "init": init,
+        "base": base,
+        "jax": (at("jax"), jax_train(at("jax"))),
+        "torch": (at("torch"), torch_train(at("torch"), init_params=init, clip="optax", device="cpu", splits=splits)),
+    }
     for k in RESUME_AT:
         jc, tc = at(f"jax_{k}"), at(f"torch_{k}")
         interrupt_jax_run(jc, k)

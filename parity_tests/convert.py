@@ -47,7 +47,6 @@ from jaxloop.core.config import Config, from_dict, to_dict
 from jaxloop.core.layout import RunLayout
 from jaxloop.core.sources import Splits, load_splits, write_vocab
 
-
 # ----------------------------------------------------------------------------- state <-> state
 
 
@@ -108,18 +107,36 @@ def jax_state_from_torch(cfg: Config, splits: Splits, tstate: Any) -> Any:
         return node
 
     opt = jax.tree.map(fill, state.opt_state, is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
-    opt = replace_state(opt, optax.MultiStepsState, mini_step=jnp.zeros([], jnp.int32), gradient_step=count,
-                        acc_grads=jax.tree.map(jnp.zeros_like, find_state(opt, optax.MultiStepsState).acc_grads))
+    opt = replace_state(
+        opt,
+        optax.MultiStepsState,
+        mini_step=jnp.zeros([], jnp.int32),
+        gradient_step=count,
+        acc_grads=jax.tree.map(jnp.zeros_like, find_state(opt, optax.MultiStepsState).acc_grads),
+    )
     injected = find_state(opt, INJECTED)  # the schedule's clocks: update u
-    opt = replace_state(opt, type(injected), count=count, hyperparams_states={
-        k: v._replace(count=count) for k, v in injected.hyperparams_states.items()})
-    opt = replace_state(opt, SkipWindowsState, poisoned=jnp.zeros([], bool),
-                      bad_streak=jnp.asarray(tstate.bad_streak, jnp.int32), skipped=jnp.asarray(tstate.skipped, jnp.int32))
+    opt = replace_state(
+        opt,
+        type(injected),
+        count=count,
+        hyperparams_states={k: v._replace(count=count) for k, v in injected.hyperparams_states.items()},
+    )
+    opt = replace_state(
+        opt,
+        SkipWindowsState,
+        poisoned=jnp.zeros([], bool),
+        bad_streak=jnp.asarray(tstate.bad_streak, jnp.int32),
+        skipped=jnp.asarray(tstate.skipped, jnp.int32),
+    )
     if tstate.scaler.is_enabled():
         sd = tstate.scaler.state_dict()
-        opt = replace_state(opt, LossScaleState, scale=jnp.asarray(sd["scale"], jnp.float32),
-                          factor=jnp.asarray(sd["scale"] / cfg.optim.accum_steps, jnp.float32),
-                          good_steps=jnp.asarray(sd["_growth_tracker"], jnp.int32))
+        opt = replace_state(
+            opt,
+            LossScaleState,
+            scale=jnp.asarray(sd["scale"], jnp.float32),
+            factor=jnp.asarray(sd["scale"] / cfg.optim.accum_steps, jnp.float32),
+            good_steps=jnp.asarray(sd["_growth_tracker"], jnp.int32),
+        )
     ema = state.ema_params
     if tstate.ema is not None:
         by_name = dict(zip([n for n, _ in tstate.model.named_parameters()], tstate.ema))
@@ -131,8 +148,9 @@ def jax_state_from_torch(cfg: Config, splits: Splits, tstate: Any) -> Any:
     return state.replace(opt_state=opt, ema_params=ema)
 
 
-def torch_state_from_jax(cfg: Config, splits: Splits, jstate: Any, position: int,
-                         best: dict[str, Any] | None = None) -> Any:
+def torch_state_from_jax(
+    cfg: Config, splits: Splits, jstate: Any, position: int, best: dict[str, Any] | None = None
+) -> Any:
     """torch_ref's TrainState at jaxloop state `jstate`'s update, its loader at micro-batch `position`."""
     import optax
     import torch
@@ -145,8 +163,9 @@ def torch_state_from_jax(cfg: Config, splits: Splits, jstate: Any, position: int
     opt = jstate.opt_state
     mini_step = int(find_state(opt, optax.MultiStepsState).mini_step)
     if mini_step != 0:
-        raise ValueError(f"the jax state is inside an accumulation window (mini_step {mini_step}); "
-                         "convert at an update boundary")
+        raise ValueError(
+            f"the jax state is inside an accumulation window (mini_step {mini_step}); convert at an update boundary"
+        )
     step = int(find_state(opt, optax.MultiStepsState).gradient_step)
     adam, sched_count = _adam_and_schedule(opt)
     if int(adam.count) != step or int(sched_count) != step:
@@ -158,10 +177,13 @@ def torch_state_from_jax(cfg: Config, splits: Splits, jstate: Any, position: int
     ema_tree = host(jstate.ema_params) if jstate.ema_params is not None else None
     for path, name, transpose in param_map(tstate.model):
         p = named[name]
-        to_torch = lambda a: torch.from_numpy(np.array(a.T if transpose else a)).to(p.dtype)  # noqa: E731
+        to_torch = lambda a, transpose=transpose, p=p: torch.from_numpy(np.array(a.T if transpose else a)).to(p.dtype)  # noqa: E731
         if step > 0:
-            tstate.optimizer.state[p] = {"step": torch.tensor(float(step)),
-                                         "exp_avg": to_torch(_get(mu, path)), "exp_avg_sq": to_torch(_get(nu, path))}
+            tstate.optimizer.state[p] = {
+                "step": torch.tensor(float(step)),
+                "exp_avg": to_torch(_get(mu, path)),
+                "exp_avg_sq": to_torch(_get(nu, path)),
+            }
         if ema_tree is not None:
             ema_by_name[name] = to_torch(_get(ema_tree, path))
     if ema_tree is not None:
@@ -175,8 +197,10 @@ def torch_state_from_jax(cfg: Config, splits: Splits, jstate: Any, position: int
         group["lr"] = lr
     if tstate.scaler.is_enabled():
         sd = tstate.scaler.state_dict()
-        sd.update(scale=float(find_state(opt, LossScaleState).scale),
-                  _growth_tracker=int(find_state(opt, LossScaleState).good_steps))
+        sd.update(
+            scale=float(find_state(opt, LossScaleState).scale),
+            _growth_tracker=int(find_state(opt, LossScaleState).good_steps),
+        )
         tstate.scaler.load_state_dict(sd)
     tstate.step, tstate.position = step, int(position)
     tstate.skipped = int(find_state(opt, SkipWindowsState).skipped)
@@ -240,8 +264,12 @@ def torch_to_jax(src: str | Path, dst: str | Path) -> int:
     best = payload.get("extra", {}).get("best", {"best": None, "best_step": None, "since_best": 0})
     with jax_mode(cfg.precision):
         jstate = jax_state_from_torch(cfg, splits, tstate)
-        ckpt = Checkpointer(cfg.checkpoint, dst, config=to_dict(cfg),
-                            metadata={"converted_from": "torch_ref", "source": str(src), "step": step})
+        ckpt = Checkpointer(
+            cfg.checkpoint,
+            dst,
+            config=to_dict(cfg),
+            metadata={"converted_from": "torch_ref", "source": str(src), "step": step},
+        )
         try:
             ckpt.save(step, jstate, {"loader": loader_state, "best": best}, metrics=metrics)
         finally:
@@ -281,8 +309,13 @@ def jax_to_torch(src: str | Path, dst: str | Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m parity_tests.convert", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--from", dest="source", choices=("torch", "jax"), required=True,
-                        help="the loop that wrote SRC_RUN_DIR's checkpoints")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        choices=("torch", "jax"),
+        required=True,
+        help="the loop that wrote SRC_RUN_DIR's checkpoints",
+    )
     parser.add_argument("src", metavar="SRC_RUN_DIR")
     parser.add_argument("dst", metavar="DST_RUN_DIR")
     args = parser.parse_args(argv)
@@ -293,8 +326,11 @@ def main(argv: list[str] | None = None) -> int:
         step, target = torch_to_jax(args.src, args.dst), "jaxloop.train"
     else:
         step, target = jax_to_torch(args.src, args.dst), "torch_ref.train"
-    print(f"converted update {step} of {args.src} into {args.dst}; resume with "
-          f"python -m {target} --config {Path(args.dst) / 'config.json'}", file=sys.stderr)
+    print(
+        f"converted update {step} of {args.src} into {args.dst}; resume with "
+        f"python -m {target} --config {Path(args.dst) / 'config.json'}",
+        file=sys.stderr,
+    )
     return 0
 
 

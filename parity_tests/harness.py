@@ -26,17 +26,18 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxloop.core.config import CheckpointConfig, Config, LogConfig, preset, to_dict
 from jaxloop.parity import measures
 from jaxloop.parity.measures import abs_diff, curve_rel_diff, flat_params, same_length, ulps_of_value  # noqa: F401 (the suite imports them from here)
-from jaxloop.core.config import CheckpointConfig, Config, LogConfig, preset, to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT / "tests" / "data" / "tinyshakespeare_60k.txt"
@@ -117,17 +118,24 @@ def write_results(path: str | Path) -> None:
 def mlp_cfg(run_dir: str | Path = "runs/parity_mlp", **changes: Any) -> Config:
     """The digits preset with a small MLP (64 -> 32 -> 32 -> 10), batch 32, 300 updates."""
     base = preset("digits")
-    cfg = replace(base, run_dir=str(run_dir), steps=300, batch_size=32, log=QUIET,
-                  model=replace(base.model, hidden=(32, 32)))
+    cfg = replace(
+        base, run_dir=str(run_dir), steps=300, batch_size=32, log=QUIET, model=replace(base.model, hidden=(32, 32))
+    )
     return replace(cfg, **changes)
 
 
 def gpt_cfg(text_path: str | Path, run_dir: str | Path = "runs/parity_gpt", **changes: Any) -> Config:
     """The shakespeare preset with a tiny GPT (context 16, width 32, 2 blocks of 2 heads), batch 8, 300 updates."""
     base = preset("shakespeare")
-    cfg = replace(base, run_dir=str(run_dir), steps=300, batch_size=8, log=QUIET,
-                  model=replace(base.model, context=16, d_model=32, n_layers=2, n_heads=2),
-                  data=replace(base.data, path=str(text_path)))
+    cfg = replace(
+        base,
+        run_dir=str(run_dir),
+        steps=300,
+        batch_size=8,
+        log=QUIET,
+        model=replace(base.model, context=16, d_model=32, n_layers=2, n_heads=2),
+        data=replace(base.data, path=str(text_path)),
+    )
     return replace(cfg, **changes)
 
 
@@ -156,8 +164,15 @@ def optax_adamw(cfg: Config) -> Any:
     from jaxloop.update.schedules import make_schedule
 
     o = cfg.optim
-    adamw = optax.adamw(make_schedule(cfg.optim, cfg.steps), b1=o.b1, b2=o.b2, eps=o.eps, eps_root=0.0,
-                        weight_decay=o.weight_decay, mask=decay_mask)
+    adamw = optax.adamw(
+        make_schedule(cfg.optim, cfg.steps),
+        b1=o.b1,
+        b2=o.b2,
+        eps=o.eps,
+        eps_root=0.0,
+        weight_decay=o.weight_decay,
+        mask=decay_mask,
+    )
     return optax.MultiSteps(optax.chain(optax.clip_by_global_norm(o.clip_norm), adamw), every_k_schedule=o.accum_steps)
 
 
@@ -192,13 +207,13 @@ def jax_state(cfg: Config, splits: Any, init_params: Any = None):
     With init_params the state is built around them as jaxloop.loop.task.run_state builds it around the
     model's own (the same rng, optimizer, policy and EMA), without drawing those first: a model's init is
     a compile of its own (the built-in models keep no variables besides params)."""
+    from jaxloop.loop.task import create_train_state
     from jaxloop.model.builtin import make_model
     from jaxloop.model.interface import LinenModel
-    from jaxloop.update.optimizer import make_optimizer
     from jaxloop.model.precision import get_policy
+    from jaxloop.update.optimizer import make_optimizer
     from jaxloop.update.state import TrainState
     from jaxloop.update.step import cross_entropy_loss
-    from jaxloop.loop.task import create_train_state
 
     module = make_model(cfg.model, splits.num_classes, cfg.precision)
     if init_params is None:
@@ -206,9 +221,16 @@ def jax_state(cfg: Config, splits: Any, init_params: Any = None):
     policy = get_policy(cfg.precision)
     _, step_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))  # jaxloop.init_state's
     params = jax.tree.map(lambda v: jnp.asarray(np.asarray(v), policy.param_dtype), init_params)
-    return TrainState.create(model=LinenModel(module=module), params=params, model_state={}, rng=step_rng,
-                             policy=policy, tx=make_optimizer(cfg.optim, cfg.steps, policy), ema_decay=cfg.optim.ema_decay,
-                             loss=cross_entropy_loss)
+    return TrainState.create(
+        model=LinenModel(module=module),
+        params=params,
+        model_state={},
+        rng=step_rng,
+        policy=policy,
+        tx=make_optimizer(cfg.optim, cfg.steps, policy),
+        ema_decay=cfg.optim.ema_decay,
+        loss=cross_entropy_loss,
+    )
 
 
 @contextlib.contextmanager
@@ -257,8 +279,16 @@ def _jax_val_metric(cfg: Config, splits: Any, state: Any) -> float:
     return sum(float(m[key]) * w for m, w in zip(sums, weights)) / sum(weights)
 
 
-def jax_run(cfg: Config, splits: Any, updates: int, snapshot_every: int = 0, init_params: Any = None,
-            batches: Iterator[dict] | None = None, x64: bool | None = None, evaluate_every: int = 0) -> Run:
+def jax_run(
+    cfg: Config,
+    splits: Any,
+    updates: int,
+    snapshot_every: int = 0,
+    init_params: Any = None,
+    batches: Iterator[dict] | None = None,
+    x64: bool | None = None,
+    evaluate_every: int = 0,
+) -> Run:
     """`updates` optimizer updates of jaxloop's train_step on jaxloop's loader (or on `batches`).
 
     x64: jax's 64-bit mode for the run; default (None) as jax_mode(cfg.precision) sets it.
@@ -266,8 +296,8 @@ def jax_run(cfg: Config, splits: Any, updates: int, snapshot_every: int = 0, ini
     let jaxloop.loop.plateau decide the rate as jaxloop.loop.host_loop does (Run.evals).
     """
     from jaxloop.data.pipeline import TrainLoader
-    from jaxloop.update.optimizer import set_learning_rate
     from jaxloop.loop.plateau import Plateau
+    from jaxloop.update.optimizer import set_learning_rate
     from jaxloop.update.step import train_step
 
     K = cfg.optim.accum_steps
@@ -287,8 +317,15 @@ def jax_run(cfg: Config, splits: Any, updates: int, snapshot_every: int = 0, ini
                     state, metrics = train_step(state, next(source))
                     window.append(metrics)
                 w = jax.device_get(window)
-                rows.append((float(np.mean([float(m["loss"]) for m in w])), float(w[-1].get("lr", np.nan)),
-                             float(w[-1].get("grad_norm", np.nan)), bool(w[-1]["updated"]), float(w[-1]["loss_scale"])))
+                rows.append(
+                    (
+                        float(np.mean([float(m["loss"]) for m in w])),
+                        float(w[-1].get("lr", np.nan)),
+                        float(w[-1].get("grad_norm", np.nan)),
+                        bool(w[-1]["updated"]),
+                        float(w[-1]["loss_scale"]),
+                    )
+                )
                 if snapshot_every and (u + 1) % snapshot_every == 0:
                     snapshots[u + 1] = host(state.params)
                 if evaluate_every and (u + 1) % evaluate_every == 0:
@@ -301,15 +338,32 @@ def jax_run(cfg: Config, splits: Any, updates: int, snapshot_every: int = 0, ini
                 loader.close()
         params = host(state.params)
     cols = list(zip(*rows)) if rows else [[]] * 5
-    return Run(np.asarray(cols[0]), np.asarray(cols[1]), np.asarray(cols[2]), np.asarray(cols[3]),
-               np.asarray(cols[4]), init, params, snapshots, evals)
+    return Run(
+        np.asarray(cols[0]),
+        np.asarray(cols[1]),
+        np.asarray(cols[2]),
+        np.asarray(cols[3]),
+        np.asarray(cols[4]),
+        init,
+        params,
+        snapshots,
+        evals,
+    )
 
 
 # ----------------------------------------------------------------------------- torch side
 
 
-def torch_run(cfg: Config, splits: Any, init_params: Any, updates: int, snapshot_every: int = 0,
-              clip: str = "optax", batches: Iterator | None = None, evaluate_every: int = 0) -> Run:
+def torch_run(
+    cfg: Config,
+    splits: Any,
+    init_params: Any,
+    updates: int,
+    snapshot_every: int = 0,
+    clip: str = "optax",
+    batches: Iterator | None = None,
+    evaluate_every: int = 0,
+) -> Run:
     """`updates` optimizer updates of torch_ref's train_update on torch_ref's loader (or on `batches`);
     evaluate_every: evaluate and step a ReduceLROnPlateau as torch_ref.train does (Run.evals)."""
     from torch_ref.data import make_train_loader, make_val_loader
@@ -334,8 +388,17 @@ def torch_run(cfg: Config, splits: Any, init_params: Any, updates: int, snapshot
             plateau = cfg.optim.schedule == "plateau"
             evals.append((u + 1, metric, state.optimizer.param_groups[0]["lr"] if plateau else math.nan))
     cols = list(zip(*rows)) if rows else [[]] * 5
-    return Run(np.asarray(cols[0]), np.asarray(cols[1]), np.asarray(cols[2]), np.asarray(cols[3]),
-               np.asarray(cols[4]), init, export_jax_params(state.model), snapshots, evals)
+    return Run(
+        np.asarray(cols[0]),
+        np.asarray(cols[1]),
+        np.asarray(cols[2]),
+        np.asarray(cols[3]),
+        np.asarray(cols[4]),
+        init,
+        export_jax_params(state.model),
+        snapshots,
+        evals,
+    )
 
 
 # ----------------------------------------------------------------------------- measures
@@ -350,7 +413,7 @@ def without_key_bias(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if key.endswith("attn/qkv/bias"):
             c = value.shape[-1] // 3
             value = value.copy()
-            value[c:2 * c] = 0.0
+            value[c : 2 * c] = 0.0
             out[key] = value
     return out
 
@@ -378,8 +441,11 @@ epoch): 13 mid-epoch and between checkpoints; 22 at the epoch boundary; 30 on a 
 def resume_cfg(run_dir: str | Path) -> Config:
     """The digits MLP in float64, 40 updates of 2 micro-batches, evaluation and checkpoint every 10, one
     update per device call (so that a SIGTERM stops jaxloop at the update torch_ref is stopped at)."""
-    cfg = optim(mlp_cfg(run_dir, precision="fp64", steps=40, eval_every=10, log_every=1, updates_per_call=1),
-                warmup_steps=10, accum_steps=2)
+    cfg = optim(
+        mlp_cfg(run_dir, precision="fp64", steps=40, eval_every=10, log_every=1, updates_per_call=1),
+        warmup_steps=10,
+        accum_steps=2,
+    )
     return replace(cfg, checkpoint=CheckpointConfig(every=10, keep_last=2, keep_best=1))
 
 
@@ -390,9 +456,9 @@ def interrupt_jax_run(cfg: Config, k: int) -> None:
     update: there the loop dispatches nothing before evaluating and saving.)"""
     import signal
 
-    from jaxloop.observe.logger import RunLogger
-    from jaxloop.loop.runner import run
     from jaxloop.core.cli import Interrupted
+    from jaxloop.loop.runner import run
+    from jaxloop.observe.logger import RunLogger
 
     original = RunLogger.train
 
@@ -422,8 +488,9 @@ def jax_checkpoint(cfg: Config, splits: Any, step: int | None = None):
         try:
             target = jax_state(cfg, splits)
             step = ckpt.manager.latest_step() if step is None else step
-            out = ckpt.manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore()))
+            out = ckpt.manager.restore(
+                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore())
+            )
         finally:
             ckpt.close()
     return step, out["state"], dict(out["data"])

@@ -21,8 +21,20 @@ import numpy as np
 import pytest
 
 from jaxloop.core.config import Config, validate
-from parity_tests.harness import (Run, curve_rel_diff, host, jax_mode, jax_run, jax_state, mlp_cfg, optim, torch_run,
-                                  torch_threads, tree_rel_diff, ulps_of_value)
+from parity_tests.harness import (
+    Run,
+    curve_rel_diff,
+    host,
+    jax_mode,
+    jax_run,
+    jax_state,
+    mlp_cfg,
+    optim,
+    torch_run,
+    torch_threads,
+    tree_rel_diff,
+    ulps_of_value,
+)
 
 UPDATES = 300
 CLIP = 0.5
@@ -80,7 +92,9 @@ def micro_batches(cfg: Config, splits: Any, count: int) -> tuple[list, list]:
     return [gather(i) for i in range(count)], [micro_batch(cfg, splits, i) for i in range(count)]
 
 
-def run_pair(cfg: Config, splits: Any, init: Any, batches: tuple[list, list], evaluate_every: int = 0) -> tuple[Run, Run]:
+def run_pair(
+    cfg: Config, splits: Any, init: Any, batches: tuple[list, list], evaluate_every: int = 0
+) -> tuple[Run, Run]:
     """jaxloop's and torch_ref's UPDATES updates of cfg from `init` on `batches` (evaluating every
     evaluate_every updates: harness.jax_run)."""
     j = jax_run(cfg, splits, UPDATES, init_params=init, batches=iter(batches[0]), evaluate_every=evaluate_every)
@@ -89,11 +103,13 @@ def run_pair(cfg: Config, splits: Any, init: Any, batches: tuple[list, list], ev
     return j, t
 
 
-def combination_runs(changes: dict[str, Any], splits: Any, init: Any, batches: dict[int, tuple[list, list]],
-                     evaluate_every: int = 0) -> dict:
+def combination_runs(
+    changes: dict[str, Any], splits: Any, init: Any, batches: dict[int, tuple[list, list]], evaluate_every: int = 0
+) -> dict:
     """{(precision, K): (jax Run, torch Run)} for the four VARIANTS of one combination."""
-    return {(p, k): run_pair(combination_cfg(changes, p, k), splits, init, batches[k], evaluate_every)
-            for p, k in VARIANTS}
+    return {
+        (p, k): run_pair(combination_cfg(changes, p, k), splits, init, batches[k], evaluate_every) for p, k in VARIANTS
+    }
 
 
 def shared_inputs(splits: Any) -> tuple[Any, dict[int, tuple[list, list]]]:
@@ -109,32 +125,57 @@ roundings (~6e-8 each) that differ between XLA and torch (matmul summation order
 arithmetic) integrated over 300 updates, larger where the rate stays high to the end (step, exponential)."""
 
 
-def check_combination(parity: Any, title: str, runs: dict, *, rate_tolerance: float = 1e-13,
-                      rate_reason: str = "") -> None:
+def check_combination(
+    parity: Any, title: str, runs: dict, *, rate_tolerance: float = 1e-13, rate_reason: str = ""
+) -> None:
     """Register and assert every check of one combination (module doc)."""
     for (p, k), (j, t) in runs.items():
         tag = f"{title} K={k} {p}"
         clipped = float(np.mean(j.grad_norms > CLIP))
-        parity.check(f"{tag}: updates not clipped (clipping must act on at least 30% of them), fraction", 1 - clipped,
-                     0.7, "clip_norm 0.5 below the mean gradient norm: the clipped update is what is compared",
-                     kind="own")
+        parity.check(
+            f"{tag}: updates not clipped (clipping must act on at least 30% of them), fraction",
+            1 - clipped,
+            0.7,
+            "clip_norm 0.5 below the mean gradient norm: the clipped update is what is compared",
+            kind="own",
+        )
         if p == "fp64":
-            parity.check(f"{tag}: rate of every update ({UPDATES}), relative", curve_rel_diff(j.lrs, t.lrs),
-                         rate_tolerance, rate_reason or "jaxloop's float64 closed form against torch's class in "
-                         "float64: a few ulps of operation order (the chained forms' drift included)")
-            parity.check(f"{tag}: loss of every update, relative", curve_rel_diff(j.losses, t.losses), 1e-10,
-                         "the same float64 computation in another operation order")
-            parity.check(f"{tag}: params after {UPDATES} updates, relative", tree_rel_diff(j.params, t.params)[0],
-                         1e-10, "same")
+            parity.check(
+                f"{tag}: rate of every update ({UPDATES}), relative",
+                curve_rel_diff(j.lrs, t.lrs),
+                rate_tolerance,
+                rate_reason
+                or "jaxloop's float64 closed form against torch's class in "
+                "float64: a few ulps of operation order (the chained forms' drift included)",
+            )
+            parity.check(
+                f"{tag}: loss of every update, relative",
+                curve_rel_diff(j.losses, t.losses),
+                1e-10,
+                "the same float64 computation in another operation order",
+            )
+            parity.check(
+                f"{tag}: params after {UPDATES} updates, relative", tree_rel_diff(j.params, t.params)[0], 1e-10, "same"
+            )
         else:
-            parity.check(f"{tag}: rate of every update, float32 ulps of torch's float64 rate",
-                         float(np.max(ulps_of_value(j.lrs, t.lrs))), 2.0,
-                         "jaxloop's float32 rate is its float64 rate rounded once (half an ulp), plus the float64 "
-                         "difference")
-            parity.check(f"{tag}: loss of every update, relative", curve_rel_diff(j.losses, t.losses), FP32_TRAJECTORY,
-                         "float32 rounding accumulated over 300 updates (FP32_TRAJECTORY)")
-            parity.check(f"{tag}: params after {UPDATES} updates, relative", tree_rel_diff(j.params, t.params)[0],
-                         FP32_TRAJECTORY, "same")
+            parity.check(
+                f"{tag}: rate of every update, float32 ulps of torch's float64 rate",
+                float(np.max(ulps_of_value(j.lrs, t.lrs))),
+                2.0,
+                "jaxloop's float32 rate is its float64 rate rounded once (half an ulp), plus the float64 difference",
+            )
+            parity.check(
+                f"{tag}: loss of every update, relative",
+                curve_rel_diff(j.losses, t.losses),
+                FP32_TRAJECTORY,
+                "float32 rounding accumulated over 300 updates (FP32_TRAJECTORY)",
+            )
+            parity.check(
+                f"{tag}: params after {UPDATES} updates, relative",
+                tree_rel_diff(j.params, t.params)[0],
+                FP32_TRAJECTORY,
+                "same",
+            )
 
 
 @pytest.fixture(scope="session")

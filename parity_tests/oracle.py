@@ -49,8 +49,12 @@ def menu_lr_oracle(cfg: Config, u: int) -> float:
     Hugging Face documentation (textbook forms, long double), rounded to float64."""
     o, S = cfg.optim, cfg.steps
     # a schedule's config holds only what it reads (one_cycle no warmup, constant no end_lr): 0 for the rest
-    P, I, E, W = (LD(o.peak_lr), LD(getattr(o, "init_lr", 0.0)), LD(getattr(o, "end_lr", 0.0)),  # noqa: E741
-                  getattr(o, "warmup_steps", 0))  # (the formulas' names)
+    P, I, E, W = (  # noqa: E741 (the formulas' names)
+        LD(o.peak_lr),
+        LD(getattr(o, "init_lr", 0.0)),
+        LD(getattr(o, "end_lr", 0.0)),
+        getattr(o, "warmup_steps", 0),
+    )
     if o.schedule == "warmup_cosine":
         return lr_oracle(cfg, u)
     if o.schedule == "one_cycle":  # OneCycleLR's documented phases (its float phase ends included)
@@ -94,8 +98,11 @@ def menu_lr_oracle(cfg: Config, u: int) -> float:
             r = P
         else:
             f = LD(min(k, o.decay_steps)) / LD(o.decay_steps)
-            shape = {"linear": LD(1) - f, "cosine": LD(0.5) * (LD(1) + np.cos(PI * f, dtype=LD)),
-                     "1-sqrt": LD(1) - np.sqrt(f, dtype=LD)}[o.decay_type]
+            shape = {
+                "linear": LD(1) - f,
+                "cosine": LD(0.5) * (LD(1) + np.cos(PI * f, dtype=LD)),
+                "1-sqrt": LD(1) - np.sqrt(f, dtype=LD),
+            }[o.decay_type]
             r = E + (P - E) * shape
     elif s == "inverse_sqrt":
         ts = LD(o.timescale or W or 10_000)

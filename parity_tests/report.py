@@ -43,15 +43,16 @@ SECTIONS = [  # (test module, heading without its number: numbered in this order
 ]
 PER_COMBINATION = ("test_optimizers", "test_schedules")
 """Sections whose checks are grouped by the optimizer or schedule their name starts with ("optimizer sgd: ...")."""
-KIND_TITLES = {"own": "One framework against itself or an oracle",
-               "finding": "Measurements behind the findings"}
+KIND_TITLES = {"own": "One framework against itself or an oracle", "finding": "Measurements behind the findings"}
 MODEL_NAMES = {"mlp": "digits MLP", "gpt": "Tiny Shakespeare GPT"}
 
 
 def run_suite(out: Path) -> tuple[int, float]:
     t0 = time.perf_counter()
-    rc = subprocess.call([sys.executable, "-m", "pytest", "parity_tests", "-q", "-p", "no:cacheprovider",
-                          f"--parity-out={out}"], cwd=ROOT)
+    rc = subprocess.call(
+        [sys.executable, "-m", "pytest", "parity_tests", "-q", "-p", "no:cacheprovider", f"--parity-out={out}"],
+        cwd=ROOT,
+    )
     return rc, time.perf_counter() - t0
 
 
@@ -83,17 +84,28 @@ def _plots(series: dict[str, dict[str, list]]) -> list[tuple[str, str]]:
             t, j = np.array(series[key]["torch_lr"]), np.array(series[key]["jax_lr"])
             with np.errstate(divide="ignore", invalid="ignore"):
                 rel = np.where(t == j, floor, np.abs(j - t) / np.abs(t))
-            ax.semilogy(series[key]["update"], np.maximum(rel, floor), ".", ms=3, color=color,
-                        label=key.split("_")[-1] + " jaxloop")
+            ax.semilogy(
+                series[key]["update"],
+                np.maximum(rel, floor),
+                ".",
+                ms=3,
+                color=color,
+                label=key.split("_")[-1] + " jaxloop",
+            )
         ax.set_title("|lr_jax - lr_torch| / lr_torch")
         ax.set_xlabel("update")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(PLOTS / "lr.png", dpi=110)
     plt.close(fig)
-    written.append(("lr.png", "Learning rate per update, both frameworks overlaid (top); their relative "
-                              "difference, float64 and float32 jaxloop against torch_ref's float64 rate (bottom; "
-                              "exact agreement drawn at 1e-17)."))
+    written.append(
+        (
+            "lr.png",
+            "Learning rate per update, both frameworks overlaid (top); their relative "
+            "difference, float64 and float32 jaxloop against torch_ref's float64 rate (bottom; "
+            "exact agreement drawn at 1e-17).",
+        )
+    )
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for col, name in enumerate(("mlp", "gpt")):
@@ -109,8 +121,13 @@ def _plots(series: dict[str, dict[str, list]]) -> list[tuple[str, str]]:
     fig.tight_layout()
     fig.savefig(PLOTS / "loss.png", dpi=110)
     plt.close(fig)
-    written.append(("loss.png", "Training loss per update: jaxloop (thin) over torch_ref (wide), float32 and bf16, "
-                                "the same initial weights and batches."))
+    written.append(
+        (
+            "loss.png",
+            "Training loss per update: jaxloop (thin) over torch_ref (wide), float32 and bf16, "
+            "the same initial weights and batches.",
+        )
+    )
 
     colors = {"fp64": "tab:green", "fp32": "tab:blue", "tanh_fp32": "tab:purple", "bf16": "tab:red"}
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
@@ -121,10 +138,12 @@ def _plots(series: dict[str, dict[str, list]]) -> list[tuple[str, str]]:
                 continue
             s = series[key]
             label = {"tanh_fp32": "fp32 (tanh)"}.get(prec, prec)
-            axes[0, col].semilogy(s["update"], np.maximum(s["loss_rel_diff"], floor), ".", ms=2.5, color=color,
-                                  label=label)
-            axes[1, col].semilogy(s["snapshot_update"], np.maximum(s["param_rel_diff"], floor), "o-", ms=3, color=color,
-                                  label=label)
+            axes[0, col].semilogy(
+                s["update"], np.maximum(s["loss_rel_diff"], floor), ".", ms=2.5, color=color, label=label
+            )
+            axes[1, col].semilogy(
+                s["snapshot_update"], np.maximum(s["param_rel_diff"], floor), "o-", ms=3, color=color, label=label
+            )
         axes[0, col].set_title(f"{MODEL_NAMES[name]}: |loss_jax - loss_torch| / loss_torch")
         axes[1, col].set_title("params: max over tensors of ||p_jax - p_torch|| / ||p_torch||")
         axes[1, col].set_xlabel("update")
@@ -135,9 +154,14 @@ def _plots(series: dict[str, dict[str, list]]) -> list[tuple[str, str]]:
     fig.tight_layout()
     fig.savefig(PLOTS / "differences.png", dpi=110)
     plt.close(fig)
-    written.append(("differences.png", "jaxloop vs torch_ref per update on a log scale: loss (top) and parameters "
-                                       "every 25 updates (bottom); dotted: the float64 (1e-10) and float32 (1e-5) "
-                                       "tolerances; exact agreement is drawn at 1e-17."))
+    written.append(
+        (
+            "differences.png",
+            "jaxloop vs torch_ref per update on a log scale: loss (top) and parameters "
+            "every 25 updates (bottom); dotted: the float64 (1e-10) and float32 (1e-5) "
+            "tolerances; exact agreement is drawn at 1e-17.",
+        )
+    )
     return written
 
 
@@ -163,12 +187,19 @@ def cross(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _rows(rows: list[dict[str, Any]], with_section: bool = False) -> list[str]:
-    head = "| section | check | measured | tolerance | why this tolerance |" if with_section else \
-        "| check | measured | tolerance | why this tolerance |"
+    head = (
+        "| section | check | measured | tolerance | why this tolerance |"
+        if with_section
+        else "| check | measured | tolerance | why this tolerance |"
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for c in rows:
-        cells = ([_section_of(c)] if with_section else []) + [c["name"], _fmt(c["measured"]), _fmt(c["tolerance"]),
-                                                              c["reason"]]
+        cells = ([_section_of(c)] if with_section else []) + [
+            c["name"],
+            _fmt(c["measured"]),
+            _fmt(c["tolerance"]),
+            c["reason"],
+        ]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return lines
 
@@ -213,7 +244,9 @@ def _find(checks: list[dict[str, Any]], *words: str) -> dict[str, Any]:
     return hits[0]
 
 
-def _worst_matching(checks: list[dict[str, Any]], starts: tuple[str, ...], contains: tuple[str, ...]) -> tuple[float, float]:
+def _worst_matching(
+    checks: list[dict[str, Any]], starts: tuple[str, ...], contains: tuple[str, ...]
+) -> tuple[float, float]:
     """(largest measured, smallest tolerance) over the cross checks named with one of `starts` and one of
     `contains` (refuses to summarise nothing)."""
     picked = [c for c in cross(checks) if c["name"].startswith(starts) and any(w in c["name"] for w in contains)]
@@ -224,29 +257,54 @@ def _worst_matching(checks: list[dict[str, Any]], starts: tuple[str, ...], conta
 
 def _headline(checks: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     """(what, measured, tolerance) rows for the docs page's headline table."""
+
     def worst(*groups: tuple[str, ...]) -> tuple[float, float]:
         picked = [_find(checks, *g) for g in groups]
         return max(c["measured"] for c in picked), min(c["tolerance"] for c in picked)
 
     rows = [
         ("rate of every update, float64 (60 schedules)", *worst(("schedule fp64 (60",))),
-        ("one AdamW update, float64",
-         *worst(("one update fp64: AdamW step",), ("one update fp64: train_step vs train_update, params",))),
-        ("300-update trajectories, float64 (loss, params)",
-         *worst(("trajectory fp64 mlp: loss",), ("trajectory fp64 mlp: params",),
-                ("trajectory fp64 gpt: loss",), ("trajectory fp64 gpt: params",))),
-        ("300-update trajectories, float32 GELU/tanh (loss, params)",
-         *worst(("trajectory fp32 mlp (gelu): loss",), ("trajectory fp32 mlp (gelu): params",),
-                ("trajectory fp32 mlp (tanh): loss",), ("trajectory fp32 mlp (tanh): params",),
-                ("trajectory fp32 gpt (gelu): loss",), ("trajectory fp32 gpt (gelu): params",))),
-        ("every optimizer and schedule (18, K = 1 and 4) vs torch's class: 300-update trajectories, float64",
-         *_worst_matching(checks, ("optimizer ", "schedule "), ("fp64: loss", "fp64: params"))),
-        ("the same, float32 (loss, params)", *_worst_matching(checks, ("optimizer ", "schedule "),
-                                                                ("fp32: loss", "fp32: params"))),
-        ("resumed and converted runs across frameworks, float64",
-         *worst(("resume fp64: resumed runs, jaxloop vs torch_ref, loss",),
+        (
+            "one AdamW update, float64",
+            *worst(("one update fp64: AdamW step",), ("one update fp64: train_step vs train_update, params",)),
+        ),
+        (
+            "300-update trajectories, float64 (loss, params)",
+            *worst(
+                ("trajectory fp64 mlp: loss",),
+                ("trajectory fp64 mlp: params",),
+                ("trajectory fp64 gpt: loss",),
+                ("trajectory fp64 gpt: params",),
+            ),
+        ),
+        (
+            "300-update trajectories, float32 GELU/tanh (loss, params)",
+            *worst(
+                ("trajectory fp32 mlp (gelu): loss",),
+                ("trajectory fp32 mlp (gelu): params",),
+                ("trajectory fp32 mlp (tanh): loss",),
+                ("trajectory fp32 mlp (tanh): params",),
+                ("trajectory fp32 gpt (gelu): loss",),
+                ("trajectory fp32 gpt (gelu): params",),
+            ),
+        ),
+        (
+            "every optimizer and schedule (18, K = 1 and 4) vs torch's class: 300-update trajectories, float64",
+            *_worst_matching(checks, ("optimizer ", "schedule "), ("fp64: loss", "fp64: params")),
+        ),
+        (
+            "the same, float32 (loss, params)",
+            *_worst_matching(checks, ("optimizer ", "schedule "), ("fp32: loss", "fp32: params")),
+        ),
+        (
+            "resumed and converted runs across frameworks, float64",
+            *worst(
+                ("resume fp64: resumed runs, jaxloop vs torch_ref, loss",),
                 ("resume fp64: resumed runs, jaxloop vs torch_ref, final",),
-                ("convert torch->jax", "losses"), ("convert jax->torch", "losses"))),
+                ("convert torch->jax", "losses"),
+                ("convert jax->torch", "losses"),
+            ),
+        ),
     ]
     return [(what, _fmt(m), _fmt(t)) for what, m, t in rows]
 
@@ -353,9 +411,9 @@ def _docs_section(checks: list[dict[str, Any]], wall: float, when: str) -> str:
         "low-precision jaxloop runs. Any warning in a parity test fails it (a damaged-checkpoint fallback warns).",
         "",
         "Precision: float32 matmuls are pinned to full precision in both loops, so accelerators use no TF32 "
-        "(jaxloop: jax's default matmul precision \"highest\" and lax.Precision.HIGHEST in the built-in models; "
+        '(jaxloop: jax\'s default matmul precision "highest" and lax.Precision.HIGHEST in the built-in models; '
         "torch_ref: `torch.backends.cuda.matmul.allow_tf32 = False`, `torch.backends.cudnn.allow_tf32 = False`, "
-        "`torch.set_float32_matmul_precision(\"highest\")`). `precision=bf16` casts op by op as torch.autocast does "
+        '`torch.set_float32_matmul_precision("highest")`). `precision=bf16` casts op by op as torch.autocast does '
         "(matmuls bf16 with float32 accumulation; LayerNorm, softmax, residual stream, logits, loss float32); "
         "`precision=bf16_full` runs the whole model in bf16 (jaxloop only).",
     ]
@@ -402,7 +460,9 @@ def write(results: dict[str, Any], wall: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m parity_tests.report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", help="use this results JSON (from pytest --parity-out) instead of running the suite")
+    parser.add_argument(
+        "--results", help="use this results JSON (from pytest --parity-out) instead of running the suite"
+    )
     parser.add_argument("--wall", type=float, default=0.0, help="with --results: the suite's wall time in seconds")
     args = parser.parse_args(argv)
     if args.results:

@@ -17,8 +17,18 @@ import torch
 from jaxloop.core.sources import load_splits, record_order
 from jaxloop.update.schedules import make_schedule
 from jaxloop.update.step import train_step
-from parity_tests.harness import (curve_rel_diff, flat_params, host, jax_mode, jax_run, jax_state, mlp_cfg, optim, torch_run,
-                                  tree_rel_diff)
+from parity_tests.harness import (
+    curve_rel_diff,
+    flat_params,
+    host,
+    jax_mode,
+    jax_run,
+    jax_state,
+    mlp_cfg,
+    optim,
+    torch_run,
+    tree_rel_diff,
+)
 
 K, B, UPDATES = 4, 8, 6
 
@@ -35,7 +45,9 @@ def runs():
     splits = load_splits(small)
     order = record_order(small, splits.num_train, 0, K * UPDATES)
     micro = [splits.train.get(row) for row in order]
-    joined = [{k: np.concatenate([m[k] for m in micro[u * K:(u + 1) * K]]) for k in ("x", "y")} for u in range(UPDATES)]
+    joined = [
+        {k: np.concatenate([m[k] for m in micro[u * K : (u + 1) * K]]) for k in ("x", "y")} for u in range(UPDATES)
+    ]
     as_torch = lambda b: (torch.from_numpy(np.array(b["x"])), torch.from_numpy(np.array(b["y"])))  # noqa: E731
     jk = jax_run(small, splits, UPDATES, snapshot_every=1, batches=iter(micro))
     j1 = jax_run(big, splits, UPDATES, snapshot_every=1, init_params=jk.init, batches=iter(joined))
@@ -53,27 +65,48 @@ def _loss_rel(a, b) -> float:
 
 
 def test_jaxloop_k_micro_batches_equal_one_batch_of_k_times_b(runs, parity):
-    parity.check(f"accumulation fp64: jaxloop K={K}x{B} vs 1x{K * B}, params after each update",
-                 _worst(runs["jk"], runs["j1"]), 1e-12,
-                 "a running mean of K gradients vs the gradient of the mean loss: the same mean, rounded differently",
-                 kind="own")
-    parity.check(f"accumulation fp64: jaxloop K={K}x{B} vs 1x{K * B}, loss", _loss_rel(runs["jk"], runs["j1"]), 1e-12,
-                 "mean of K means of B vs mean of K*B", kind="own")
+    parity.check(
+        f"accumulation fp64: jaxloop K={K}x{B} vs 1x{K * B}, params after each update",
+        _worst(runs["jk"], runs["j1"]),
+        1e-12,
+        "a running mean of K gradients vs the gradient of the mean loss: the same mean, rounded differently",
+        kind="own",
+    )
+    parity.check(
+        f"accumulation fp64: jaxloop K={K}x{B} vs 1x{K * B}, loss",
+        _loss_rel(runs["jk"], runs["j1"]),
+        1e-12,
+        "mean of K means of B vs mean of K*B",
+        kind="own",
+    )
 
 
 def test_torch_ref_k_micro_batches_equal_one_batch_of_k_times_b(runs, parity):
-    parity.check(f"accumulation fp64: torch_ref K={K}x{B} vs 1x{K * B}, params after each update",
-                 _worst(runs["tk"], runs["t1"]), 1e-12, "the sum of K backward passes of loss/K vs one of the mean loss",
-                 kind="own")
+    parity.check(
+        f"accumulation fp64: torch_ref K={K}x{B} vs 1x{K * B}, params after each update",
+        _worst(runs["tk"], runs["t1"]),
+        1e-12,
+        "the sum of K backward passes of loss/K vs one of the mean loss",
+        kind="own",
+    )
 
 
 def test_accumulated_updates_agree_across_frameworks(runs, parity):
-    parity.check(f"accumulation fp64: jaxloop vs torch_ref, K={K}x{B}, params after each update",
-                 _worst(runs["jk"], runs["tk"]), 1e-12, "running mean vs sum of gradients/K, then the same clip and AdamW")
-    parity.check(f"accumulation fp64: jaxloop vs torch_ref, K={K}x{B}, loss and grad_norm",
-                 max(_loss_rel(runs["jk"], runs["tk"]),
-                     float(np.max(np.abs(runs["jk"].grad_norms - runs["tk"].grad_norms) / runs["tk"].grad_norms))),
-                 1e-12, "mean of the K micro-batch losses; norm of the mean gradient")
+    parity.check(
+        f"accumulation fp64: jaxloop vs torch_ref, K={K}x{B}, params after each update",
+        _worst(runs["jk"], runs["tk"]),
+        1e-12,
+        "running mean vs sum of gradients/K, then the same clip and AdamW",
+    )
+    parity.check(
+        f"accumulation fp64: jaxloop vs torch_ref, K={K}x{B}, loss and grad_norm",
+        max(
+            _loss_rel(runs["jk"], runs["tk"]),
+            float(np.max(np.abs(runs["jk"].grad_norms - runs["tk"].grad_norms) / runs["tk"].grad_norms)),
+        ),
+        1e-12,
+        "mean of the K micro-batch losses; norm of the mean gradient",
+    )
 
 
 def test_schedule_advances_once_per_update_in_both(runs, parity):
@@ -95,9 +128,12 @@ def test_schedule_advances_once_per_update_in_both(runs, parity):
     # between updates the state still holds the previous update's rate.
     assert np.all(lrs[1:, :-1] == lrs[:-1, -1:]), "the rate changes only when an update is applied"
     assert len(set(lrs[:, -1])) == UPDATES, "and moves at every update (warmup)"
-    parity.check("accumulation: rate of update u, jaxloop (K micro-steps, K=1) vs torch_ref (K, K=1) vs schedule(u)",
-                 max(curve_rel_diff(x, schedule) for x in (lrs[:, -1], runs["j1"].lrs, runs["tk"].lrs, runs["t1"].lrs)),
-                 1e-15, "the same float64 rate for update u whatever K (a few ulps between formulas)")
+    parity.check(
+        "accumulation: rate of update u, jaxloop (K micro-steps, K=1) vs torch_ref (K, K=1) vs schedule(u)",
+        max(curve_rel_diff(x, schedule) for x in (lrs[:, -1], runs["j1"].lrs, runs["tk"].lrs, runs["t1"].lrs)),
+        1e-15,
+        "the same float64 rate for update u whatever K (a few ulps between formulas)",
+    )
 
 
 # ----------------------------------------------------------------------------- clipping after accumulation
@@ -115,23 +151,30 @@ def clipped():
     splits = load_splits(small)
     order = record_order(small, splits.num_train, 0, K * CLIP_UPDATES)
     micro = [splits.train.get(row) for row in order]
-    joined = [{k: np.concatenate([m[k] for m in micro[u * K:(u + 1) * K]]) for k in ("x", "y")}
-              for u in range(CLIP_UPDATES)]
+    joined = [
+        {k: np.concatenate([m[k] for m in micro[u * K : (u + 1) * K]]) for k in ("x", "y")} for u in range(CLIP_UPDATES)
+    ]
     as_torch = lambda b: (torch.from_numpy(np.array(b["x"])), torch.from_numpy(np.array(b["y"])))  # noqa: E731
     jk = jax_run(small, splits, CLIP_UPDATES, snapshot_every=1, batches=iter(micro))
     j1 = jax_run(big, splits, CLIP_UPDATES, snapshot_every=1, init_params=jk.init, batches=iter(joined))
     tk = torch_run(small, splits, jk.init, CLIP_UPDATES, snapshot_every=1, batches=iter(map(as_torch, micro)))
     t1 = torch_run(big, splits, jk.init, CLIP_UPDATES, snapshot_every=1, batches=iter(map(as_torch, joined)))
-    tk_native = torch_run(small, splits, jk.init, CLIP_UPDATES, snapshot_every=1, clip="torch",
-                          batches=iter(map(as_torch, micro)))
+    tk_native = torch_run(
+        small, splits, jk.init, CLIP_UPDATES, snapshot_every=1, clip="torch", batches=iter(map(as_torch, micro))
+    )
     return dict(jk=jk, j1=j1, tk=tk, t1=t1, tk_native=tk_native)
 
 
 def test_clipping_acts_on_most_accumulated_updates_in_both(clipped, parity):
     fractions = [float(np.mean(clipped[name].grad_norms > CLIP)) for name in ("jk", "tk")]
-    parity.check(f"clip after accumulation fp64 (K={K}x{B}, clip {CLIP}): 1 - fraction of the {CLIP_UPDATES} updates "
-                 "clipped (the lower of both)", 1.0 - min(fractions), 0.25,
-                 "the runs are chosen so that clipping acts on at least 3/4 of the updates", kind="own")
+    parity.check(
+        f"clip after accumulation fp64 (K={K}x{B}, clip {CLIP}): 1 - fraction of the {CLIP_UPDATES} updates "
+        "clipped (the lower of both)",
+        1.0 - min(fractions),
+        0.25,
+        "the runs are chosen so that clipping acts on at least 3/4 of the updates",
+        kind="own",
+    )
 
 
 def test_clipped_accumulated_updates_agree_across_frameworks_and_with_one_big_batch(clipped, parity):
@@ -139,15 +182,25 @@ def test_clipped_accumulated_updates_agree_across_frameworks_and_with_one_big_ba
     accumulating it (params 1.8e-1 apart: the mean of clipped gradients is not the clipped mean); jaxloop
     clipping each micro-batch in train_step before MultiSteps (1.8e-1)."""
     jk, j1, tk, t1 = (clipped[n] for n in ("jk", "j1", "tk", "t1"))
-    parity.check(f"clip after accumulation fp64: jaxloop vs torch_ref, K={K}x{B}, params after each of "
-                 f"{CLIP_UPDATES} updates", _worst(jk, tk), 1e-12,
-                 "the same clip of the same mean gradient, then the same AdamW, in float64")
-    parity.check("clip after accumulation fp64: jaxloop vs torch_ref, loss and pre-clip grad_norm",
-                 max(_loss_rel(jk, tk), curve_rel_diff(jk.grad_norms, tk.grad_norms)), 1e-12,
-                 "norm of the mean gradient (before clipping)")
-    parity.check(f"clip after accumulation fp64: K={K}x{B} vs 1x{K * B}, params, jaxloop and torch_ref",
-                 max(_worst(jk, j1), _worst(tk, t1)), 1e-12,
-                 "clipping the mean of K gradients is clipping the gradient of the mean loss", kind="own")
+    parity.check(
+        f"clip after accumulation fp64: jaxloop vs torch_ref, K={K}x{B}, params after each of {CLIP_UPDATES} updates",
+        _worst(jk, tk),
+        1e-12,
+        "the same clip of the same mean gradient, then the same AdamW, in float64",
+    )
+    parity.check(
+        "clip after accumulation fp64: jaxloop vs torch_ref, loss and pre-clip grad_norm",
+        max(_loss_rel(jk, tk), curve_rel_diff(jk.grad_norms, tk.grad_norms)),
+        1e-12,
+        "norm of the mean gradient (before clipping)",
+    )
+    parity.check(
+        f"clip after accumulation fp64: K={K}x{B} vs 1x{K * B}, params, jaxloop and torch_ref",
+        max(_worst(jk, j1), _worst(tk, t1)),
+        1e-12,
+        "clipping the mean of K gradients is clipping the gradient of the mean loss",
+        kind="own",
+    )
 
 
 def test_torch_default_clip_grad_norm_drift_stays_within_its_analytic_bound(clipped, parity):
@@ -161,13 +214,20 @@ def test_torch_default_clip_grad_norm_drift_stays_within_its_analytic_bound(clip
     jk, native = clipped["jk"], clipped["tk_native"]
     d = float(np.max(1e-6 / (native.grad_norms[native.grad_norms > CLIP] + 1e-6)))
     flat = [flat_params(jk.init)] + [flat_params(jk.snapshots[u]) for u in sorted(jk.snapshots)]
-    path = {k: sum(np.linalg.norm(b[k] - a[k]) for a, b in zip(flat[:-1], flat[1:])) / np.linalg.norm(flat[-1][k])
-            for k in flat[-1] if not k.endswith("attn/qkv/bias")}
+    path = {
+        k: sum(np.linalg.norm(b[k] - a[k]) for a, b in zip(flat[:-1], flat[1:])) / np.linalg.norm(flat[-1][k])
+        for k in flat[-1]
+        if not k.endswith("attn/qkv/bias")
+    }
     bound = 2 * d * max(path.values()) + 1e-12
     drift = _worst(native, jk)
     assert drift > _worst(clipped["tk"], jk), "torch's clip_grad_norm_ moved the run (its 1e-6 is in the update)"
     parity.note("clip: torch clip_grad_norm_ vs optax clip, params drift over the clipped run", drift)
     parity.note("clip: analytic bound on that drift", bound)
-    parity.check(f"clip fp64: torch_ref's default clip_grad_norm_ vs jaxloop, params over {CLIP_UPDATES} clipped "
-                 f"updates (bound 2 max d sum ||step|| / ||p|| = {bound:.1e})", drift, bound,
-                 "clip / (norm + 1e-6) vs clip / norm: a scale 1 - d on each clipped gradient, which Adam normalises")
+    parity.check(
+        f"clip fp64: torch_ref's default clip_grad_norm_ vs jaxloop, params over {CLIP_UPDATES} clipped "
+        f"updates (bound 2 max d sum ||step|| / ||p|| = {bound:.1e})",
+        drift,
+        bound,
+        "clip / (norm + 1e-6) vs clip / norm: a scale 1 - d on each clipped gradient, which Adam normalises",
+    )

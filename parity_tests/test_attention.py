@@ -34,10 +34,12 @@ def _inputs(precision: str) -> list[np.ndarray]:
 
 def _jax(q, k, v, g, lengths, implementation: str = "xla") -> list[np.ndarray]:
     """Output and gradients of sum(out * g) for q, k, v, by jaxloop's attention (or jax's own for `jax`)."""
+
     def f(q, k, v):
         if implementation == "jax":
-            return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla",
-                                                key_value_seq_lengths=lengths)
+            return jax.nn.dot_product_attention(
+                q, k, v, is_causal=True, implementation="xla", key_value_seq_lengths=lengths
+            )
         return dot_product_attention(q, k, v, "xla", kv_lengths=lengths)
 
     out, pull = jax.vjp(f, *(jnp.asarray(a) for a in (q, k, v)))
@@ -70,8 +72,12 @@ def test_attention_matches_torch_sdpa(precision, padding, parity):
     mask = "causal + padding" if padding else "causal"
     for name, a, b in zip(("output", "grad q", "grad k", "grad v"), ours, theirs):
         assert a.dtype == b.dtype == DTYPES[precision][0]
-        parity.check(f"attention {precision} {mask}: {name}, jaxloop xla vs torch SDPA", _rel(a, b), TOL[precision],
-                     "the same products and softmax summed in other orders")
+        parity.check(
+            f"attention {precision} {mask}: {name}, jaxloop xla vs torch SDPA",
+            _rel(a, b),
+            TOL[precision],
+            "the same products and softmax summed in other orders",
+        )
 
 
 def test_jax_dot_product_attention_softmax_is_float32_even_in_fp64(parity):

@@ -26,8 +26,22 @@ from jaxloop.core.sources import MicroBatchGather, load_splits
 from parity_tests.harness import QUIET, ROOT, curve_rel_diff, host, jax_mode, jax_state, records
 
 UPDATES = 40
-FLAGS = ["--preset", "digits", "--steps", str(UPDATES), "--optim.warmup_steps", "10", "--eval_every", "20",
-         "--log_every", "1", "--log.progress", "off", "--log.no-report", "--log.no-tensorboard"]
+FLAGS = [
+    "--preset",
+    "digits",
+    "--steps",
+    str(UPDATES),
+    "--optim.warmup_steps",
+    "10",
+    "--eval_every",
+    "20",
+    "--log_every",
+    "1",
+    "--log.progress",
+    "off",
+    "--log.no-report",
+    "--log.no-tensorboard",
+]
 
 
 def _initial_checkpoint(run_dir):
@@ -56,8 +70,14 @@ def _initial_checkpoint(run_dir):
 
 def _cli(module, run_dir, *extra):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-m", module, *FLAGS, "--run_dir", str(run_dir), *extra], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *FLAGS, "--run_dir", str(run_dir), *extra],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, f"{module} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     return proc
 
@@ -84,11 +104,16 @@ def test_both_command_lines_start_from_the_init_from_weights(cli_runs, parity):
     with jax_mode("fp32"):
         state = jax_state(cfg, splits, init)
         model, _ = state.model.bind(state.params, state.model_state, False, None, state.policy)
-        expected = float(cross_entropy_loss(model, MicroBatchGather(splits.train, cfg.seed, cfg.batch_size)(0), False)[0])
+        expected = float(
+            cross_entropy_loss(model, MicroBatchGather(splits.train, cfg.seed, cfg.batch_size)(0), False)[0]
+        )
     first = [records(base / name)[0]["loss"] for name in ("jax", "torch")]
-    parity.check("CLI --init_from: first logged loss of each loop vs the loss of the init_from weights, relative",
-                 max(abs(f - expected) / expected for f in first), 1e-6,
-                 "the same float32 weights and batch: forward-pass rounding only")
+    parity.check(
+        "CLI --init_from: first logged loss of each loop vs the loss of the init_from weights, relative",
+        max(abs(f - expected) / expected for f in first),
+        1e-6,
+        "the same float32 weights and batch: forward-pass rounding only",
+    )
 
 
 def test_metrics_jsonl_of_both_command_lines_agree(cli_runs, parity):
@@ -99,13 +124,19 @@ def test_metrics_jsonl_of_both_command_lines_agree(cli_runs, parity):
     assert [r["step"] for r in je] == [r["step"] for r in te] == [20, 40]
     worst = max(curve_rel_diff([r[k] for r in jt], [r[k] for r in tt]) for k in ("loss", "grad_norm"))
     worst_eval = max(curve_rel_diff([r[k] for r in je], [r[k] for r in te]) for k in ("val_loss", "val_acc"))
-    parity.check(f"CLI end to end fp32 ({UPDATES} updates): metrics.jsonl loss and grad_norm of every update, relative",
-                 worst, 1e-5, "test_trajectory's float32 bound: rounding accumulated over the updates")
-    parity.check("CLI end to end fp32: val_loss and val_acc at both evaluations, relative", worst_eval, 1e-5,
-                 "same")
-    parity.check("CLI end to end fp32: lr of every update, relative",
-                 curve_rel_diff([r["lr"] for r in jt], [r["lr"] for r in tt]), 2.0**-24,
-                 "jaxloop's float32 rate is torch_ref's float64 rate rounded once")
+    parity.check(
+        f"CLI end to end fp32 ({UPDATES} updates): metrics.jsonl loss and grad_norm of every update, relative",
+        worst,
+        1e-5,
+        "test_trajectory's float32 bound: rounding accumulated over the updates",
+    )
+    parity.check("CLI end to end fp32: val_loss and val_acc at both evaluations, relative", worst_eval, 1e-5, "same")
+    parity.check(
+        "CLI end to end fp32: lr of every update, relative",
+        curve_rel_diff([r["lr"] for r in jt], [r["lr"] for r in tt]),
+        2.0**-24,
+        "jaxloop's float32 rate is torch_ref's float64 rate rounded once",
+    )
 
 
 def test_init_from_is_validated(tmp_path):

@@ -28,13 +28,22 @@ import numpy as np
 import optax
 import pytest
 
-from jaxloop.update.optimizer import SkipWindowsState, find_state
-
 from jaxloop.core.sources import load_splits
 from jaxloop.loop.runner import run as jax_train
+from jaxloop.update.optimizer import SkipWindowsState, find_state
 from parity_tests.convert import _adam_and_schedule, jax_state_from_torch, main, torch_state_from_jax
-from parity_tests.harness import (curve_rel_diff, data_position, host, jax_checkpoint, jax_mode, mlp_cfg, model, optim,
-                                  records, tree_rel_diff)
+from parity_tests.harness import (
+    curve_rel_diff,
+    data_position,
+    host,
+    jax_checkpoint,
+    jax_mode,
+    mlp_cfg,
+    model,
+    optim,
+    records,
+    tree_rel_diff,
+)
 from torch_ref.checkpoint import CheckpointManager
 from torch_ref.data import micro_batch
 from torch_ref.models import export_jax_params
@@ -82,11 +91,20 @@ def test_converted_jax_checkpoint_holds_the_update_schedule_and_data_position(co
     for k in AT:
         (step, state, data), _, _, _ = converted[("torch->jax", k)]
         adam, sched_count = _adam_and_schedule(state.opt_state)
-        counts = (step, int(find_state(state.opt_state, optax.MultiStepsState).gradient_step), int(adam.count), int(sched_count))
+        counts = (
+            step,
+            int(find_state(state.opt_state, optax.MultiStepsState).gradient_step),
+            int(adam.count),
+            int(sched_count),
+        )
         wrong += counts != (k,) * 4
         wrong += (int(find_state(state.opt_state, optax.MultiStepsState).mini_step), data_position(data)) != (0, K * k)
-    parity.check("convert torch->jax: update count, MultiSteps/Adam/schedule counts, mini_step, data position wrong",
-                 wrong, 0, "AdamW's step and LambdaLR's last_epoch become optax's counts; position carried")
+    parity.check(
+        "convert torch->jax: update count, MultiSteps/Adam/schedule counts, mini_step, data position wrong",
+        wrong,
+        0,
+        "AdamW's step and LambdaLR's last_epoch become optax's counts; position carried",
+    )
 
 
 def test_converted_torch_checkpoint_holds_the_update_schedule_and_data_position(converted, resume_runs, parity):
@@ -98,12 +116,18 @@ def test_converted_torch_checkpoint_holds_the_update_schedule_and_data_position(
         lrs = {g["lr"] for g in payload["optimizer"]["param_groups"]}
         wrong += (step, payload["step"], payload["scheduler"]["last_epoch"], steps) != (k, k, k, {float(k)})
         wrong += (lrs != {lr_at(cfg, k)}) + (payload["position"] != cfg.optim.accum_steps * k)
-    parity.check("convert jax->torch: update count, AdamW steps, LambdaLR position and lr, data position wrong",
-                 wrong, 0, "optax's counts become AdamW's step and LambdaLR's last_epoch; position carried")
+    parity.check(
+        "convert jax->torch: update count, AdamW steps, LambdaLR position and lr, data position wrong",
+        wrong,
+        0,
+        "optax's counts become AdamW's step and LambdaLR's last_epoch; position carried",
+    )
 
 
 @pytest.mark.parametrize("direction", ["torch->jax", "jax->torch"])
-def test_the_other_loop_resumes_at_k_and_continues_the_source_loops_trajectory(direction, converted, resume_runs, parity):
+def test_the_other_loop_resumes_at_k_and_continues_the_source_loops_trajectory(
+    direction, converted, resume_runs, parity
+):
     cfg = resume_runs["cfg"]
     if direction == "torch->jax":  # the source: torch_ref from its own init
         (scfg, sresult) = converted["torch_own"]
@@ -115,8 +139,11 @@ def test_the_other_loop_resumes_at_k_and_continues_the_source_loops_trajectory(d
     for k in AT:
         _, rcfg, _, result = converted[(direction, k)]
         run_dir = Path(rcfg.run_dir)
-        resumes = [json.loads(line)["step"] for line in (run_dir / "resumes.jsonl").read_text().splitlines()] \
-            if (run_dir / "resumes.jsonl").exists() else []
+        resumes = (
+            [json.loads(line)["step"] for line in (run_dir / "resumes.jsonl").read_text().splitlines()]
+            if (run_dir / "resumes.jsonl").exists()
+            else []
+        )
         not_resumed += (resumes != [k]) + (run_dir / "checkpoints_damaged").exists()
         losses = _losses_after(rcfg.run_dir, k)
         worst_loss = max(worst_loss, curve_rel_diff(losses, _losses_after(scfg.run_dir, k)))
@@ -125,21 +152,35 @@ def test_the_other_loop_resumes_at_k_and_continues_the_source_loops_trajectory(d
         else:
             final = export_jax_params(result.state.model)
         worst_params = max(worst_params, tree_rel_diff(final, reference_params)[0])
-    parity.check(f"convert {direction} (k = 13, 30): converted runs not resumed at k (resumes.jsonl) or with a "
-                 "checkpoint moved aside", not_resumed, 0, "the converted checkpoint is the one restored")
-    parity.check(f"convert {direction} (k = 13, 30): resumed losses after k vs the source loop's uninterrupted run "
-                 "(each loop from its own init)", worst_loss, 1e-10,
-                 "as test_trajectory fp64: the conversion is exact, the rest is rounding")
-    parity.check(f"convert {direction} (k = 13, 30): final params vs the source loop's uninterrupted run",
-                 worst_params, 1e-10, "as test_trajectory fp64")
+    parity.check(
+        f"convert {direction} (k = 13, 30): converted runs not resumed at k (resumes.jsonl) or with a "
+        "checkpoint moved aside",
+        not_resumed,
+        0,
+        "the converted checkpoint is the one restored",
+    )
+    parity.check(
+        f"convert {direction} (k = 13, 30): resumed losses after k vs the source loop's uninterrupted run "
+        "(each loop from its own init)",
+        worst_loss,
+        1e-10,
+        "as test_trajectory fp64: the conversion is exact, the rest is rounding",
+    )
+    parity.check(
+        f"convert {direction} (k = 13, 30): final params vs the source loop's uninterrupted run",
+        worst_params,
+        1e-10,
+        "as test_trajectory fp64",
+    )
 
 
 def test_the_frameworks_own_initial_weights_differ(converted, resume_runs, parity):
     """What makes the conversion tests able to fail: a loop that trained from its own fresh start instead
     of the converted checkpoint would end elsewhere (here: torch_ref's run from its own init and its run
     from jaxloop's init end with weights at least 10% apart)."""
-    gap = tree_rel_diff(export_jax_params(converted["torch_own"][1].state.model),
-                        export_jax_params(resume_runs["torch"][1].state.model))[0]
+    gap = tree_rel_diff(
+        export_jax_params(converted["torch_own"][1].state.model), export_jax_params(resume_runs["torch"][1].state.model)
+    )[0]
     parity.note("convert: final params of torch_ref from its own init vs from jaxloop's init, relative", gap)
     assert gap > 0.1, f"the two inits end only {gap:.1e} apart"
 
@@ -151,18 +192,29 @@ def _round_trip_change(cfg, splits, original) -> float:
         back = torch_state_from_jax(cfg, splits, jstate, original.position, original.extra.get("best"))
     assert isinstance(find_state(jstate.opt_state, SkipWindowsState).inner_state, optax.MultiStepsState)
     assert (back.step, back.position, back.skipped, back.bad_streak) == (
-        original.step, original.position, original.skipped, original.bad_streak)
+        original.step,
+        original.position,
+        original.skipped,
+        original.bad_streak,
+    )
     assert back.scaler.state_dict() == original.scaler.state_dict(), "the fp16 loss scale and its growth count"
     worst = 0.0
     for p, q in zip(original.model.parameters(), back.model.parameters()):
         worst = max(worst, float((p.detach() - q.detach()).abs().max()))
         a, b = original.optimizer.state[p], back.optimizer.state[q]
-        worst = max(worst, float((a["exp_avg"] - b["exp_avg"]).abs().max()),
-                    float((a["exp_avg_sq"] - b["exp_avg_sq"]).abs().max()), abs(float(a["step"]) - float(b["step"])))
+        worst = max(
+            worst,
+            float((a["exp_avg"] - b["exp_avg"]).abs().max()),
+            float((a["exp_avg_sq"] - b["exp_avg_sq"]).abs().max()),
+            abs(float(a["step"]) - float(b["step"])),
+        )
     for e, f in zip(original.ema or [], back.ema or []):
         worst = max(worst, float((e - f).abs().max()))
-    return max(worst, abs(original.optimizer.param_groups[0]["lr"] - back.optimizer.param_groups[0]["lr"]),
-               abs(original.scheduler.last_epoch - back.scheduler.last_epoch))
+    return max(
+        worst,
+        abs(original.optimizer.param_groups[0]["lr"] - back.optimizer.param_groups[0]["lr"]),
+        abs(original.scheduler.last_epoch - back.scheduler.last_epoch),
+    )
 
 
 def test_conversion_round_trip_is_exact(resume_runs, parity):
@@ -178,10 +230,13 @@ def test_conversion_round_trip_is_exact(resume_runs, parity):
     for b in range(3):
         train_update(scaled, [micro_batch(fp16, fp16_splits, b)])
     assert scaled.scaler.is_enabled() and scaled.ema is not None
-    parity.check("convert: torch -> jax -> torch round trip (fp64 checkpoint; fp16 + EMA state), max |change| of "
-                 "weights, moments, counts, rate, EMA", max(_round_trip_change(cfg, splits, original),
-                                                             _round_trip_change(fp16, fp16_splits, scaled)),
-                 0.0, "a copy (kernels transposed twice), no arithmetic")
+    parity.check(
+        "convert: torch -> jax -> torch round trip (fp64 checkpoint; fp16 + EMA state), max |change| of "
+        "weights, moments, counts, rate, EMA",
+        max(_round_trip_change(cfg, splits, original), _round_trip_change(fp16, fp16_splits, scaled)),
+        0.0,
+        "a copy (kernels transposed twice), no arithmetic",
+    )
 
 
 def test_gpt_conversion_round_trip_and_fp32_resume(shakespeare_slice, parity):
@@ -206,17 +261,31 @@ def test_gpt_conversion_round_trip_and_fp32_resume(shakespeare_slice, parity):
         back = jax_state_from_torch(cfg, splits, tstate)
         original = host((state.params, _adam_and_schedule(state.opt_state)[0]))
         copied = host((back.params, _adam_and_schedule(back.opt_state)[0]))
-        change = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
-                     for a, b in zip(jax.tree.leaves(original), jax.tree.leaves(copied)))
+        change = max(
+            float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+            for a, b in zip(jax.tree.leaves(original), jax.tree.leaves(copied))
+        )
         losses = []
         for b in range(3, 23):
             state, m = train_step(state, as_jax(batches[b]))
             losses.append(float(m["loss"]))
         final = host(state.params)
     tlosses = [train_update(tstate, [batches[b]], clip="optax")["loss"] for b in range(3, 23)]
-    parity.check("convert GPT fp32: jax -> torch -> jax round trip, max |change| of weights, Adam moments and counts",
-                 change, 0.0, "a copy (kernels transposed twice, qkv and the tied embedding as they are)")
-    parity.check("convert GPT fp32: torch_ref resumed from the converted update 3, loss of 20 updates vs jaxloop's",
-                 curve_rel_diff(tlosses, losses), 1e-5, "test_trajectory's float32 bound")
-    parity.check("convert GPT fp32: params after the 20 resumed updates, torch_ref vs jaxloop",
-                 tree_rel_diff(export_jax_params(tstate.model), final)[0], 1e-5, "test_trajectory's float32 bound")
+    parity.check(
+        "convert GPT fp32: jax -> torch -> jax round trip, max |change| of weights, Adam moments and counts",
+        change,
+        0.0,
+        "a copy (kernels transposed twice, qkv and the tied embedding as they are)",
+    )
+    parity.check(
+        "convert GPT fp32: torch_ref resumed from the converted update 3, loss of 20 updates vs jaxloop's",
+        curve_rel_diff(tlosses, losses),
+        1e-5,
+        "test_trajectory's float32 bound",
+    )
+    parity.check(
+        "convert GPT fp32: params after the 20 resumed updates, torch_ref vs jaxloop",
+        tree_rel_diff(export_jax_params(tstate.model), final)[0],
+        1e-5,
+        "test_trajectory's float32 bound",
+    )

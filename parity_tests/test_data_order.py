@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from jaxloop.core.config import Config, DataConfig
-from jaxloop.data.pipeline import TrainLoader
 from jaxloop.core.sources import ArrayRecords, Splits, record_order
+from jaxloop.data.pipeline import TrainLoader
 from parity_tests.harness import QUIET
 from torch_ref.data import make_train_loader, replay_order
 
@@ -42,9 +42,11 @@ def _splits() -> Splits:
 
 def _jax_indices(workers: int, start: int, count: int, splits: Splits, state: dict | None = None) -> np.ndarray:
     cfg = _cfg(workers)
-    loader = (TrainLoader.from_state(splits, state, seed=cfg.seed, batch_size=cfg.batch_size, workers=cfg.data.workers)
-              if state is not None else TrainLoader(splits, seed=cfg.seed, batch_size=cfg.batch_size, position=start,
-                                                    workers=cfg.data.workers))
+    loader = (
+        TrainLoader.from_state(splits, state, seed=cfg.seed, batch_size=cfg.batch_size, workers=cfg.data.workers)
+        if state is not None
+        else TrainLoader(splits, seed=cfg.seed, batch_size=cfg.batch_size, position=start, workers=cfg.data.workers)
+    )
     with loader:
         return np.stack([next(loader)["x"][:, 0].astype(np.int64) for _ in range(count)])
 
@@ -83,7 +85,7 @@ def test_record_order_crosses_epochs_reshuffled_with_the_remainder_dropped(order
     expected, _ = order
     assert expected.shape == (COUNT, BATCH)
     for epoch in range(3):
-        rows = expected[epoch * 10:(epoch + 1) * 10]
+        rows = expected[epoch * 10 : (epoch + 1) * 10]
         assert len(set(rows.ravel())) == 100, "no record repeats within an epoch; 3 are dropped"
     assert not np.array_equal(expected[:10], expected[10:20]), "each epoch is reshuffled"
 
@@ -91,15 +93,23 @@ def test_record_order_crosses_epochs_reshuffled_with_the_remainder_dropped(order
 def test_same_records_in_every_batch_for_0_and_2_workers(order, parity):
     expected, got = order
     bad = sum(_mismatches(got[(fw, w, 0)], expected) for fw in ("jax", "torch") for w in (0, 2))
-    parity.check("data order: micro-batches (of 35, 3 epoch boundaries) whose records differ, both loaders, 0 and 2 workers",
-                 bad, 0, "both replay record_order; workers only decide who gathers a batch")
+    parity.check(
+        "data order: micro-batches (of 35, 3 epoch boundaries) whose records differ, both loaders, 0 and 2 workers",
+        bad,
+        0,
+        "both replay record_order; workers only decide who gathers a batch",
+    )
 
 
 def test_same_records_after_a_mid_epoch_resume(order, parity):
     expected, got = order
     bad = sum(_mismatches(got[(fw, w, RESUME)], expected[RESUME:]) for fw in ("jax", "torch") for w in (0, 2))
-    parity.check(f"data order: batches differing after resuming at micro-batch {RESUME} (mid-epoch), both loaders, 0/2 workers",
-                 bad, 0, "the position is the loader's whole state")
+    parity.check(
+        f"data order: batches differing after resuming at micro-batch {RESUME} (mid-epoch), both loaders, 0/2 workers",
+        bad,
+        0,
+        "the position is the loader's whole state",
+    )
 
 
 def test_torch_refs_own_record_order_equals_the_cores_over_many_shapes(parity):
@@ -116,5 +126,9 @@ def test_torch_refs_own_record_order_equals_the_cores_over_many_shapes(parity):
         cfg = Config(seed=int(rng.integers(0, 2**31)), batch_size=batch, log=QUIET)
         mine = np.stack(list(replay_order(cfg, n, start, start + count)))
         bad += _mismatches(mine, record_order(cfg, n, start, count))
-    parity.check("data order: micro-batches differing, torch_ref's own order vs jaxloop.core's (40 shapes)", bad, 0,
-                 "the same documented definition, implemented twice")
+    parity.check(
+        "data order: micro-batches differing, torch_ref's own order vs jaxloop.core's (40 shapes)",
+        bad,
+        0,
+        "the same documented definition, implemented twice",
+    )

@@ -30,8 +30,12 @@ def eval_runs(x64, tmp_path_factory):
     from torch_ref.train import run as torch_train
 
     base = tmp_path_factory.mktemp("eval")
-    cfg = optim(mlp_cfg(base / "jax", precision="fp64", steps=120, eval_every=3, log_every=1, patience=2),
-                ema_decay=0.9, peak_lr=0.05, warmup_steps=0)
+    cfg = optim(
+        mlp_cfg(base / "jax", precision="fp64", steps=120, eval_every=3, log_every=1, patience=2),
+        ema_decay=0.9,
+        peak_lr=0.05,
+        warmup_steps=0,
+    )
     splits = load_splits(cfg)
     with jax_mode(cfg.precision):
         init = host(jax_state(cfg, splits).params)
@@ -52,9 +56,13 @@ def test_validation_and_ema_metrics_agree_at_every_evaluation(eval_runs, parity)
     je, te = records(jcfg.run_dir, "eval"), records(tcfg.run_dir, "eval")
     assert [r["step"] for r in je] == [r["step"] for r in te] and len(je) >= 3
     worst = max(curve_rel_diff([r[k] for r in je], [r[k] for r in te]) for k in KEYS)
-    parity.check(f"eval fp64 ({len(je)} evaluations): val_loss, val_acc, ema_val_loss, ema_val_acc, relative", worst,
-                 1e-10, "the same float64 weights and EMA (test_trajectory's bound); padding with weight 0 vs a "
-                 "short batch, both averaged over records")
+    parity.check(
+        f"eval fp64 ({len(je)} evaluations): val_loss, val_acc, ema_val_loss, ema_val_acc, relative",
+        worst,
+        1e-10,
+        "the same float64 weights and EMA (test_trajectory's bound); padding with weight 0 vs a "
+        "short batch, both averaged over records",
+    )
     ema_gap = max(abs(r["ema_val_loss"] - r["val_loss"]) / r["val_loss"] for r in je)
     assert ema_gap > 1e-3, "the EMA weights are not the weights (the EMA is exercised)"
 
@@ -64,6 +72,9 @@ def test_both_stop_early_at_the_same_evaluation(eval_runs, parity):
     assert jsum["stop_reason"] == "early_stopping", jsum["stop_reason"]
     jlast, tlast = records(jcfg.run_dir)[-1]["step"], records(tcfg.run_dir)[-1]["step"]
     assert jlast < jcfg.steps, "stopped before the end"
-    parity.check(f"early stopping (patience {jcfg.patience}): |update at which jaxloop stopped ({jlast}) - torch_ref's|",
-                 abs(jlast - tlast) + (tsum.get("stop_reason") != "early_stopping"), 0,
-                 "the same evaluations, the same best-metric rule")
+    parity.check(
+        f"early stopping (patience {jcfg.patience}): |update at which jaxloop stopped ({jlast}) - torch_ref's|",
+        abs(jlast - tlast) + (tsum.get("stop_reason") != "early_stopping"),
+        0,
+        "the same evaluations, the same best-metric rule",
+    )

@@ -15,18 +15,16 @@ accumulation 1 to 8, init_lr and end_lr zero or not), each run for steps + 3 upd
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from jaxloop.core.config import Config, OptimConfig, validate
-import optax
-
-from jaxloop.update.optimizer import find_state, make_optimizer
-from jaxloop.model.precision import get_policy
 from jaxloop.core.sources import load_splits
+from jaxloop.model.precision import get_policy
+from jaxloop.update.optimizer import find_state, make_optimizer
 from parity_tests.convert import _adam_and_schedule
 from parity_tests.harness import QUIET, jax_mode, mlp_cfg, model, optim, ulps_of_value
 from parity_tests.oracle import lr_oracle_table
@@ -40,9 +38,14 @@ EXTRA = 3
 
 def _grid() -> list[Config]:
     edge = [  # (steps, warmup, accum, init, peak, end)
-        (1, 0, 1, 0.0, 1e-3, 0.0), (1, 1, 3, 0.0, 1e-3, 1e-5), (40, 0, 8, 0.0, 3e-3, 3e-5),
-        (40, 40, 2, 1e-4, 3e-3, 0.0), (30, 29, 1, 0.0, 1e-2, 1e-2), (25, 5, 4, 1e-2, 1e-2, 0.0),
-        (60, 1, 5, 0.0, 0.1, 1e-6), (12, 6, 7, 3e-4, 3e-4, 3e-4),
+        (1, 0, 1, 0.0, 1e-3, 0.0),
+        (1, 1, 3, 0.0, 1e-3, 1e-5),
+        (40, 0, 8, 0.0, 3e-3, 3e-5),
+        (40, 40, 2, 1e-4, 3e-3, 0.0),
+        (30, 29, 1, 0.0, 1e-2, 1e-2),
+        (25, 5, 4, 1e-2, 1e-2, 0.0),
+        (60, 1, 5, 0.0, 0.1, 1e-6),
+        (12, 6, 7, 3e-4, 3e-4, 3e-4),
     ]
     rng = np.random.default_rng(20240229)
     while len(edge) < 60:
@@ -52,9 +55,15 @@ def _grid() -> list[Config]:
         init = 0.0 if rng.random() < 0.5 else float(peak * rng.uniform(0, 1))
         end = 0.0 if rng.random() < 0.5 else float(peak * rng.uniform(0, 1))
         edge.append((steps, warmup, int(rng.integers(1, 9)), init, peak, end))
-    return [validate(Config(steps=s, log=QUIET, optim=OptimConfig(peak_lr=p, init_lr=i, end_lr=e, warmup_steps=w,
-                                                                   accum_steps=k)), check_paths=False)
-            for s, w, k, i, p, e in edge]
+    return [
+        validate(
+            Config(
+                steps=s, log=QUIET, optim=OptimConfig(peak_lr=p, init_lr=i, end_lr=e, warmup_steps=w, accum_steps=k)
+            ),
+            check_paths=False,
+        )
+        for s, w, k, i, p, e in edge
+    ]
 
 
 GRID = _grid()
@@ -62,7 +71,6 @@ GRID = _grid()
 
 def _reference(cfg: Config) -> np.ndarray:
     return lr_oracle_table(cfg, cfg.steps + EXTRA)
-
 
 
 def jax_applied_rates(cfg: Config, precision: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -77,9 +85,15 @@ def jax_applied_rates(cfg: Config, precision: str) -> tuple[np.ndarray, np.ndarr
 
         def body(state, _):
             updates, state = tx.update(grads, state, params)
-            return state, (-updates["w"][0], find_state(state, optax.MultiStepsState).gradient_step, _adam_and_schedule(state)[1])
+            return state, (
+                -updates["w"][0],
+                find_state(state, optax.MultiStepsState).gradient_step,
+                _adam_and_schedule(state)[1],
+            )
 
-        _, (rates, updates, counts) = jax.jit(lambda s: jax.lax.scan(body, s, None, length=micro_steps))(tx.init(params))
+        _, (rates, updates, counts) = jax.jit(lambda s: jax.lax.scan(body, s, None, length=micro_steps))(
+            tx.init(params)
+        )
         return np.asarray(rates, np.float64), np.asarray(updates), np.asarray(counts)
 
 
@@ -93,7 +107,9 @@ def runs():
         tiny = model(mlp_cfg(steps=cfg.steps, optim=cfg.optim, batch_size=2), hidden=(2,))
         state = create_train_state(tiny, splits)
         seen: list[list[float]] = []
-        state.optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append([g["lr"] for g in opt.param_groups]))
+        state.optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs, seen=seen: seen.append([g["lr"] for g in opt.param_groups])
+        )
         batch = micro_batch(tiny, splits, 0)
         for _ in range(cfg.steps + EXTRA):
             train_update(state, [batch] * K, clip="optax")
@@ -101,13 +117,20 @@ def runs():
         assert torch_rates.shape == (cfg.steps + EXTRA, 2), "one optimizer.step() per update of K micro-batches"
         assert (torch_rates[:, 0] == torch_rates[:, 1]).all(), "both param groups get the same rate"
         assert state.scheduler.last_epoch == cfg.steps + EXTRA == state.step
-        out.append(dict(cfg=cfg, torch=torch_rates[:, 0], reference=_reference(cfg),
-                        fp64=jax_applied_rates(cfg, "fp64"), fp32=jax_applied_rates(cfg, "fp32")))
+        out.append(
+            dict(
+                cfg=cfg,
+                torch=torch_rates[:, 0],
+                reference=_reference(cfg),
+                fp64=jax_applied_rates(cfg, "fp64"),
+                fp32=jax_applied_rates(cfg, "fp32"),
+            )
+        )
     return out
 
 
 def _emitted(rates: np.ndarray, K: int) -> np.ndarray:
-    return rates[K - 1::K]
+    return rates[K - 1 :: K]
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -123,25 +146,43 @@ def test_schedule_advances_once_per_update_never_per_micro_batch(runs, parity):
             rates, updates, counts = r[precision]
             micro = np.arange(1, len(rates) + 1)
             wrong += int(np.sum(updates != micro // K)) + int(np.sum(counts != micro // K))
-            wrong += int(np.count_nonzero(np.delete(rates, np.s_[K - 1::K])))  # nothing applied mid-window
-    parity.check("schedule: micro-steps where jaxloop's update/schedule count is not (micro-steps done) // K",
-                 wrong, 0, "MultiSteps steps the inner adamw, and so its schedule, once per K micro-batches", kind="own")
+            wrong += int(np.count_nonzero(np.delete(rates, np.s_[K - 1 :: K])))  # nothing applied mid-window
+    parity.check(
+        "schedule: micro-steps where jaxloop's update/schedule count is not (micro-steps done) // K",
+        wrong,
+        0,
+        "MultiSteps steps the inner adamw, and so its schedule, once per K micro-batches",
+        kind="own",
+    )
 
 
 def test_float64_rate_of_every_update_is_the_same_in_both(runs, parity):
     worst = max(_rel(_emitted(r["fp64"][0], r["cfg"].optim.accum_steps), r["torch"]) for r in runs)
-    parity.check("schedule fp64 (60 configs, every update): jaxloop vs torch_ref, relative", worst, 1e-13,
-                 "both evaluate warmup + cosine in float64; only operation order differs (a few ulps)")
+    parity.check(
+        "schedule fp64 (60 configs, every update): jaxloop vs torch_ref, relative",
+        worst,
+        1e-13,
+        "both evaluate warmup + cosine in float64; only operation order differs (a few ulps)",
+    )
 
 
 def test_both_rates_equal_the_closed_form_oracle(runs, parity):
     jax_worst = max(_rel(_emitted(r["fp64"][0], r["cfg"].optim.accum_steps), r["reference"]) for r in runs)
     torch_worst = max(_rel(r["torch"], r["reference"]) for r in runs)
-    parity.check("schedule fp64: jaxloop vs the closed-form oracle (parity_tests/oracle.py), relative", jax_worst, 1e-13,
-                 "float64 evaluation of sin^2 vs the long-double textbook form: a few float64 ulps", kind="own")
-    parity.check("schedule: torch_ref (LambdaLR, base lr 1) vs the closed-form oracle, relative", torch_worst, 1e-13,
-                 "torch_ref's float64 textbook form; 1 + cos(pi t) cancels near t = 1 (~1e-16 / (pi (1-t))^2)",
-                 kind="own")
+    parity.check(
+        "schedule fp64: jaxloop vs the closed-form oracle (parity_tests/oracle.py), relative",
+        jax_worst,
+        1e-13,
+        "float64 evaluation of sin^2 vs the long-double textbook form: a few float64 ulps",
+        kind="own",
+    )
+    parity.check(
+        "schedule: torch_ref (LambdaLR, base lr 1) vs the closed-form oracle, relative",
+        torch_worst,
+        1e-13,
+        "torch_ref's float64 textbook form; 1 + cos(pi t) cancels near t = 1 (~1e-16 / (pi (1-t))^2)",
+        kind="own",
+    )
 
 
 def test_float32_rate_is_within_two_ulps_of_the_rate_itself(runs, parity):
@@ -154,27 +195,53 @@ def test_float32_rate_is_within_two_ulps_of_the_rate_itself(runs, parity):
         err = ulps_of_value(_emitted(r["fp32"][0], r["cfg"].optim.accum_steps), r["reference"])
         if err.max() > worst:
             worst, where = float(err.max()), (r["cfg"].steps, r["cfg"].optim.warmup_steps, int(err.argmax()))
-    parity.check("schedule fp32 (60 configs, every update): |jaxloop - oracle| in float32 ulps of the rate itself",
-                 worst, 2.0, f"each rate rounded once from float64 (half an ulp); worst at (steps, warmup, u) = {where}",
-                 kind="own")
+    parity.check(
+        "schedule fp32 (60 configs, every update): |jaxloop - oracle| in float32 ulps of the rate itself",
+        worst,
+        2.0,
+        f"each rate rounded once from float64 (half an ulp); worst at (steps, warmup, u) = {where}",
+        kind="own",
+    )
 
 
 def test_past_steps_both_hold_end_lr(runs, parity):
     moved, torch_off, jax64_off, jax32_off = 0.0, 0.0, 0.0, 0.0
     for r in runs:
         cfg, K = r["cfg"], r["cfg"].optim.accum_steps
-        held = {"torch": r["torch"][cfg.steps:], "fp64": _emitted(r["fp64"][0], K)[cfg.steps:],
-                "fp32": _emitted(r["fp32"][0], K)[cfg.steps:]}
+        held = {
+            "torch": r["torch"][cfg.steps :],
+            "fp64": _emitted(r["fp64"][0], K)[cfg.steps :],
+            "fp32": _emitted(r["fp32"][0], K)[cfg.steps :],
+        }
         moved = max([moved] + [float(np.max(np.abs(v - v[0]))) for v in held.values()])
         end = cfg.optim.end_lr
         torch_off = max(torch_off, float(np.max(np.abs(held["torch"] - end))))
         jax64_off = max(jax64_off, _rel(held["fp64"], np.full_like(held["fp64"], end)))
         jax32_off = max(jax32_off, float(np.max(ulps_of_value(held["fp32"], np.full_like(held["fp32"], end)))))
-    parity.check("schedule: change of the rate over updates >= steps (both, fp64 and fp32)", moved, 0.0,
-                 "both clamp the cosine's progress at steps, so the rate stops changing there")
-    parity.check("schedule: torch_ref's held rate - end_lr", torch_off, 0.0,
-                 "end + (peak - end) * 0.5 * (1 + cos(pi)): cos(pi) rounds to -1, so exactly end_lr", kind="own")
-    parity.check("schedule fp64: jaxloop's held rate vs end_lr, relative", jax64_off, 0.0,
-                 "sin(0) = 0 exactly: the held rate is end_lr", kind="own")
-    parity.check("schedule fp32: jaxloop's held rate vs end_lr, in float32 ulps of end_lr", jax32_off, 0.5,
-                 "end_lr rounded once to float32", kind="own")
+    parity.check(
+        "schedule: change of the rate over updates >= steps (both, fp64 and fp32)",
+        moved,
+        0.0,
+        "both clamp the cosine's progress at steps, so the rate stops changing there",
+    )
+    parity.check(
+        "schedule: torch_ref's held rate - end_lr",
+        torch_off,
+        0.0,
+        "end + (peak - end) * 0.5 * (1 + cos(pi)): cos(pi) rounds to -1, so exactly end_lr",
+        kind="own",
+    )
+    parity.check(
+        "schedule fp64: jaxloop's held rate vs end_lr, relative",
+        jax64_off,
+        0.0,
+        "sin(0) = 0 exactly: the held rate is end_lr",
+        kind="own",
+    )
+    parity.check(
+        "schedule fp32: jaxloop's held rate vs end_lr, in float32 ulps of end_lr",
+        jax32_off,
+        0.5,
+        "end_lr rounded once to float32",
+        kind="own",
+    )

@@ -53,9 +53,12 @@ def test_both_skip_exactly_the_updates_with_an_overflow_or_nan(runs, parity):
     j, t = runs
     injected = sorted({b // K for b in INJECT})
     assert list(np.flatnonzero(~j.updated)) == injected, "jaxloop skips the poisoned updates, and only those"
-    parity.check(f"fp16: updates (of {UPDATES}) applied by one framework and skipped by the other",
-                 int(np.sum(j.updated != t.updated)), 0,
-                 "a non-finite micro-batch poisons its whole update, emitting or not, in both")
+    parity.check(
+        f"fp16: updates (of {UPDATES}) applied by one framework and skipped by the other",
+        int(np.sum(j.updated != t.updated)),
+        0,
+        "a non-finite micro-batch poisons its whole update, emitting or not, in both",
+    )
 
 
 def test_both_follow_the_same_loss_scale_sequence(runs, parity):
@@ -63,9 +66,18 @@ def test_both_follow_the_same_loss_scale_sequence(runs, parity):
     changes = [0] + list(np.flatnonzero(np.diff(j.loss_scales)) + 1)
     # halved after the skipped updates 3 and 5, doubled after the 2000 good updates 6 .. 2005, halved after LAST
     assert [(int(u), float(j.loss_scales[u])) for u in changes] == [
-        (0, 2.0**16), (4, 2.0**15), (6, 2.0**14), (6 + GROWTH, 2.0**15), (LAST + 1, 2.0**14)]
-    parity.check(f"fp16: updates (of {UPDATES}) whose loss scale differs", int(np.sum(j.loss_scales != t.loss_scales)), 0,
-                 "GradScaler's rule in both: x0.5 on a skipped update, x2 after 2000 good ones")
+        (0, 2.0**16),
+        (4, 2.0**15),
+        (6, 2.0**14),
+        (6 + GROWTH, 2.0**15),
+        (LAST + 1, 2.0**14),
+    ]
+    parity.check(
+        f"fp16: updates (of {UPDATES}) whose loss scale differs",
+        int(np.sum(j.loss_scales != t.loss_scales)),
+        0,
+        "GradScaler's rule in both: x0.5 on a skipped update, x2 after 2000 good ones",
+    )
 
 
 # ----------------------------------------------------------------------------- natural overflow
@@ -110,11 +122,14 @@ def test_natural_overflow_gives_the_same_skips_and_scales(natural, parity):
     skipped = int(np.sum(~j.updated))
     assert skipped >= 3 and j.loss_scales[0] == BIG_SCALE, "the scale starts too high and is halved by overflow"
     assert j.updated[-10:].all(), "and then the updates go through"
-    parity.check(f"fp16 natural overflow (init scale 2^30, {skipped} skips): updates skipped by one framework only, "
-                 "and updates whose loss scale differs", int(np.sum(j.updated != t.updated))
-                 + int(np.sum(j.loss_scales != t.loss_scales)), 0,
-                 "an overflow of the scaled gradient in either framework's float16 backward; the scale halves by 2, "
-                 "so only a gradient within rounding of the fp16 limit could split the decisions")
+    parity.check(
+        f"fp16 natural overflow (init scale 2^30, {skipped} skips): updates skipped by one framework only, "
+        "and updates whose loss scale differs",
+        int(np.sum(j.updated != t.updated)) + int(np.sum(j.loss_scales != t.loss_scales)),
+        0,
+        "an overflow of the scaled gradient in either framework's float16 backward; the scale halves by 2, "
+        "so only a gradient within rounding of the fp16 limit could split the decisions",
+    )
 
 
 def test_natural_overflow_fp16_trajectories_agree_within_the_own_fp16_gaps(natural, parity):
@@ -122,12 +137,24 @@ def test_natural_overflow_fp16_trajectories_agree_within_the_own_fp16_gaps(natur
     frameworks, against each framework's own fp16-vs-fp32 gap: at most twice the smaller."""
     j, t, jf, tf = natural
     rel = lambda a, b: np.abs(a - b) / np.abs(b)  # noqa: E731
-    rms = lambda v: float(np.sqrt(np.mean(v ** 2)))  # noqa: E731
+    rms = lambda v: float(np.sqrt(np.mean(v**2)))  # noqa: E731
     lj, lt, lc = rms(rel(j.losses, jf.losses)), rms(rel(t.losses, tf.losses)), rms(rel(j.losses, t.losses))
-    pj, pt, pc = (tree_rel_diff(j.params, jf.params)[0], tree_rel_diff(t.params, tf.params)[0],
-                  tree_rel_diff(j.params, t.params)[0])
-    parity.check(f"fp16 natural overflow: loss RMS over {NATURAL_UPDATES} updates, jax vs torch (bound 2 x min own "
-                 f"fp16-fp32 gap; gaps {lj:.1e}, {lt:.1e})", lc, 2 * min(lj, lt),
-                 "each framework's float16 matmul rounding compounds over the run")
-    parity.check(f"fp16 natural overflow: params after {NATURAL_UPDATES} updates, jax vs torch (bound 2 x min own gap; "
-                 f"gaps {pj:.1e}, {pt:.1e})", pc, 2 * min(pj, pt), "same")
+    pj, pt, pc = (
+        tree_rel_diff(j.params, jf.params)[0],
+        tree_rel_diff(t.params, tf.params)[0],
+        tree_rel_diff(j.params, t.params)[0],
+    )
+    parity.check(
+        f"fp16 natural overflow: loss RMS over {NATURAL_UPDATES} updates, jax vs torch (bound 2 x min own "
+        f"fp16-fp32 gap; gaps {lj:.1e}, {lt:.1e})",
+        lc,
+        2 * min(lj, lt),
+        "each framework's float16 matmul rounding compounds over the run",
+    )
+    parity.check(
+        f"fp16 natural overflow: params after {NATURAL_UPDATES} updates, jax vs torch (bound 2 x min own gap; "
+        f"gaps {pj:.1e}, {pt:.1e})",
+        pc,
+        2 * min(pj, pt),
+        "same",
+    )

@@ -19,12 +19,18 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from jaxloop.update.optimizer import make_optimizer
 from jaxloop.model.precision import get_policy
+from jaxloop.update.optimizer import make_optimizer
 from jaxloop.update.step import cross_entropy_loss
 from parity_tests.harness import host, jax_mode, jax_state, set_torch_grads, tree_rel_diff
-from parity_tests.menu import (OPTIMIZERS, adamw_warmup_cosine, check_combination, combination_cfg,  # noqa: F401
-                               menu_inputs, sweep_runs)
+from parity_tests.menu import (  # noqa: F401
+    OPTIMIZERS,
+    adamw_warmup_cosine,
+    check_combination,
+    combination_cfg,
+    menu_inputs,
+    sweep_runs,
+)
 from torch_ref.models import export_jax_params
 from torch_ref.optim import clip_gradients
 from torch_ref.schedule import step_per_update
@@ -57,6 +63,7 @@ def gradients(menu_inputs):
             def loss(p):
                 model, _ = state.model.bind(p, state.model_state, False, None, state.policy)
                 return cross_entropy_loss(model, batch, False)[0]
+
             return jax.grad(loss)(params)
 
         out = [host(grad(state.params, batches[1][0][i])) for i in range(LOCKSTEP)]
@@ -94,10 +101,14 @@ def test_each_update_from_the_same_params_and_gradients_agrees(name, menu_inputs
     splits, init, _ = menu_inputs
     jax_steps, torch_steps = lockstep(LOCKSTEP_VARIANTS[name], splits, init, gradients)
     worst = max(tree_rel_diff(j, t)[0] for j, t in zip(jax_steps, torch_steps))
-    parity.check(f"optimizer {name}: each of the first {LOCKSTEP} updates from the same params and gradients "
-                 "(lockstep, clipped and unclipped), fp64, relative", worst, 1e-12,
-                 "the same float64 algebra in another operation order; torch's step read as p_new - p_old, "
-                 "where an ulp of p is up to ~1e-13 of a step")
+    parity.check(
+        f"optimizer {name}: each of the first {LOCKSTEP} updates from the same params and gradients "
+        "(lockstep, clipped and unclipped), fp64, relative",
+        worst,
+        1e-12,
+        "the same float64 algebra in another operation order; torch's step read as p_new - p_old, "
+        "where an ulp of p is up to ~1e-13 of a step",
+    )
 
 
 @pytest.fixture(scope="module", params=list(OPTIMIZERS))

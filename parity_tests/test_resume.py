@@ -45,8 +45,13 @@ def test_jaxloop_resumed_runs_are_bit_identical_to_the_uninterrupted_run(resume_
         rcfg, rsummary = resume_runs[("jax", k)]
         differing += rsummary["state_digest"] != summary["state_digest"]
         differing += _logged(rcfg.run_dir) != _logged(cfg.run_dir)
-    parity.check(f"resume jaxloop (k = {', '.join(map(str, RESUME_AT))}): resumed runs differing from uninterrupted "
-                 "(state digest, logged numbers)", differing, 0, "bit-identical: the same computation on the same data")
+    parity.check(
+        f"resume jaxloop (k = {', '.join(map(str, RESUME_AT))}): resumed runs differing from uninterrupted "
+        "(state digest, logged numbers)",
+        differing,
+        0,
+        "bit-identical: the same computation on the same data",
+    )
 
 
 def test_torch_ref_resumed_runs_are_bit_identical_to_the_uninterrupted_run(resume_runs, parity):
@@ -56,8 +61,13 @@ def test_torch_ref_resumed_runs_are_bit_identical_to_the_uninterrupted_run(resum
         rcfg, rresult = resume_runs[("torch", k)]
         differing += rresult.summary["state_digest"] != result.summary["state_digest"]
         differing += _logged(rcfg.run_dir) != _logged(cfg.run_dir)
-    parity.check(f"resume torch_ref (k = {', '.join(map(str, RESUME_AT))}): resumed runs differing from uninterrupted "
-                 "(state digest, logged numbers)", differing, 0, "bit-identical: the same computation on the same data")
+    parity.check(
+        f"resume torch_ref (k = {', '.join(map(str, RESUME_AT))}): resumed runs differing from uninterrupted "
+        "(state digest, logged numbers)",
+        differing,
+        0,
+        "bit-identical: the same computation on the same data",
+    )
 
 
 def test_resumed_trajectories_agree_across_frameworks_as_tightly_as_uninterrupted_ones(resume_runs, parity):
@@ -70,17 +80,30 @@ def test_resumed_trajectories_agree_across_frameworks_as_tightly_as_uninterrupte
         rj, _ = resume_runs[("jax", k)]
         rt, rresult = resume_runs[("torch", k)]
         worst_loss = max(worst_loss, curve_rel_diff(_losses(rj.run_dir), _losses(rt.run_dir)))
-        worst_params = max(worst_params, tree_rel_diff(_jax_final_params(resume_runs, rj),
-                                                       export_jax_params(rresult.state.model))[0])
-    parity.check("resume fp64: uninterrupted runs, jaxloop vs torch_ref, loss of every update", base_loss, 1e-10,
-                 "as test_trajectory fp64")
-    parity.check("resume fp64: resumed runs, jaxloop vs torch_ref, loss of every update", worst_loss, 1e-10,
-                 "as test_trajectory fp64")
-    parity.check("resume fp64: resumed runs, jaxloop vs torch_ref, final params", worst_params, 1e-10,
-                 "as test_trajectory fp64")
-    parity.check("resume fp64: |resumed cross-framework difference - uninterrupted one|",
-                 max(abs(worst_loss - base_loss), abs(worst_params - base_params)), 0.0,
-                 "each resumed run is bit-identical to its uninterrupted run, so the gap is the same number")
+        worst_params = max(
+            worst_params, tree_rel_diff(_jax_final_params(resume_runs, rj), export_jax_params(rresult.state.model))[0]
+        )
+    parity.check(
+        "resume fp64: uninterrupted runs, jaxloop vs torch_ref, loss of every update",
+        base_loss,
+        1e-10,
+        "as test_trajectory fp64",
+    )
+    parity.check(
+        "resume fp64: resumed runs, jaxloop vs torch_ref, loss of every update",
+        worst_loss,
+        1e-10,
+        "as test_trajectory fp64",
+    )
+    parity.check(
+        "resume fp64: resumed runs, jaxloop vs torch_ref, final params", worst_params, 1e-10, "as test_trajectory fp64"
+    )
+    parity.check(
+        "resume fp64: |resumed cross-framework difference - uninterrupted one|",
+        max(abs(worst_loss - base_loss), abs(worst_params - base_params)),
+        0.0,
+        "each resumed run is bit-identical to its uninterrupted run, so the gap is the same number",
+    )
 
 
 def test_both_resume_at_the_same_update_with_the_same_rate_and_data_position(resume_runs, parity):
@@ -93,20 +116,36 @@ def test_both_resume_at_the_same_update_with_the_same_rate_and_data_position(res
     from dataclasses import replace
 
     for k in RESUME_AT:
-        jstep, _, jdata = jax_checkpoint(replace(cfg, run_dir=str(base / f"jax_{k}_interrupted")), resume_runs["splits"])
+        jstep, _, jdata = jax_checkpoint(
+            replace(cfg, run_dir=str(base / f"jax_{k}_interrupted")), resume_runs["splits"]
+        )
         tstep, payload = CheckpointManager(cfg, base / f"torch_{k}_interrupted").restore_latest()
         mismatches += (jstep, data_position(jdata)) != (k, K * k)
         mismatches += (tstep, payload["step"], payload["position"]) != (k, k, K * k)
         rj, _ = resume_runs[("jax", k)]
         rt, _ = resume_runs[("torch", k)]
-        resumed = [json.loads(line)["step"] for name in ("jax", "torch")
-                   for line in (base / f"{name}_{k}" / "resumes.jsonl").read_text().splitlines()]
+        resumed = [
+            json.loads(line)["step"]
+            for name in ("jax", "torch")
+            for line in (base / f"{name}_{k}" / "resumes.jsonl").read_text().splitlines()
+        ]
         mismatches += resumed != [k, k]
         first_j = next(r for r in records(rj.run_dir) if r["step"] == k + 1)
         first_t = next(r for r in records(rt.run_dir) if r["step"] == k + 1)
-        worst_lr = max(worst_lr, abs(first_j["lr"] - first_t["lr"]) / first_t["lr"],
-                       abs(first_j["lr"] - reference[k + 1]["lr"]) / reference[k + 1]["lr"])
-    parity.check("resume: interrupted runs whose checkpoint/resume is not at update k with data position K*k (both)",
-                 mismatches, 0, "both save the update they finished and the micro-batches consumed")
-    parity.check("resume: rate of the first resumed update, jaxloop vs torch_ref vs uninterrupted, relative",
-                 worst_lr, 1e-13, "the float64 schedule at update k (test_learning_rate)")
+        worst_lr = max(
+            worst_lr,
+            abs(first_j["lr"] - first_t["lr"]) / first_t["lr"],
+            abs(first_j["lr"] - reference[k + 1]["lr"]) / reference[k + 1]["lr"],
+        )
+    parity.check(
+        "resume: interrupted runs whose checkpoint/resume is not at update k with data position K*k (both)",
+        mismatches,
+        0,
+        "both save the update they finished and the micro-batches consumed",
+    )
+    parity.check(
+        "resume: rate of the first resumed update, jaxloop vs torch_ref vs uninterrupted, relative",
+        worst_lr,
+        1e-13,
+        "the float64 schedule at update k (test_learning_rate)",
+    )

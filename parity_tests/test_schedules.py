@@ -27,12 +27,29 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxloop.update.schedules import make_schedule, rates
 from jaxloop.core.config import CheckpointConfig, PlateauConfig, validate
-from parity_tests.harness import (F64_EPS, RESUME_AT, curve_rel_diff, interrupt_jax_run, jax_mode, records,
-                                  resume_cfg, torch_threads, ulps_of_value)
-from parity_tests.menu import (SCHEDULES, UPDATES, adamw_warmup_cosine, check_combination,  # noqa: F401
-                               combination_cfg, combination_runs, menu_inputs, sweep_runs)
+from jaxloop.update.schedules import make_schedule, rates
+from parity_tests.harness import (
+    F64_EPS,
+    RESUME_AT,
+    curve_rel_diff,
+    interrupt_jax_run,
+    jax_mode,
+    records,
+    resume_cfg,
+    torch_threads,
+    ulps_of_value,
+)
+from parity_tests.menu import (  # noqa: F401
+    SCHEDULES,
+    UPDATES,
+    adamw_warmup_cosine,
+    check_combination,
+    combination_cfg,
+    combination_runs,
+    menu_inputs,
+    sweep_runs,
+)
 from parity_tests.oracle import menu_oracle_table
 from torch_ref.schedule import lr_table, warmup_cosine_classes
 
@@ -40,15 +57,25 @@ RATE_VARIANTS = {
     "constant": [dict(warmup_steps=0), dict(warmup_steps=20, init_lr=3e-4), dict()],
     "linear": [dict(end_lr=0.0), dict(warmup_steps=0, end_lr=1e-4), dict(init_lr=1e-4, warmup_steps=30)],
     "polynomial": [dict(), dict(power=2.0, warmup_steps=0), dict(power=0.5, init_lr=1e-5)],
-    "step": [dict(step_size=60, gamma=0.5), dict(step_size=1, gamma=0.99, warmup_steps=0),
-             dict(step_size=7, gamma=0.3, init_lr=1e-4)],
+    "step": [
+        dict(step_size=60, gamma=0.5),
+        dict(step_size=1, gamma=0.99, warmup_steps=0),
+        dict(step_size=7, gamma=0.3, init_lr=1e-4),
+    ],
     "multistep": [dict(milestones=(60, 150, 200), gamma=0.3), dict(milestones=(1, 2, 249), gamma=0.5, warmup_steps=0)],
     "exponential": [dict(gamma=0.99), dict(gamma=0.95, warmup_steps=0)],
     "cosine_restarts": [dict(t_0=25, t_mult=2), dict(t_0=50, warmup_steps=0), dict(t_0=7, t_mult=3, end_lr=0.0)],
-    "one_cycle": [dict(), dict(three_phase=True, pct_start=0.25), dict(anneal_strategy="linear"),
-                  dict(three_phase=True, anneal_strategy="linear", div_factor=10.0, final_div_factor=100.0)],
-    "wsd": [dict(decay_steps=60), dict(decay_steps=250, decay_type="linear", end_lr=0.0),
-            dict(decay_steps=80, decay_type="1-sqrt", warmup_steps=0)],
+    "one_cycle": [
+        dict(),
+        dict(three_phase=True, pct_start=0.25),
+        dict(anneal_strategy="linear"),
+        dict(three_phase=True, anneal_strategy="linear", div_factor=10.0, final_div_factor=100.0),
+    ],
+    "wsd": [
+        dict(decay_steps=60),
+        dict(decay_steps=250, decay_type="linear", end_lr=0.0),
+        dict(decay_steps=80, decay_type="1-sqrt", warmup_steps=0),
+    ],
     "inverse_sqrt": [dict(), dict(warmup_steps=0), dict(warmup_steps=30, timescale=100, init_lr=1e-4)],
 }
 
@@ -85,25 +112,53 @@ def test_rates_of_every_variant_agree_with_torch_and_the_oracle(schedule, parity
         if schedule == "one_cycle":
             bound = max(bound, one_cycle_bound(cfg))
     n = len(RATE_VARIANTS[schedule])
-    reason = ("jaxloop's float64 closed form against torch's class stepped as the loop steps it: a few ulps of "
-              "operation order, the chained forms' drift included")
+    reason = (
+        "jaxloop's float64 closed form against torch's class stepped as the loop steps it: a few ulps of "
+        "operation order, the chained forms' drift included"
+    )
     if schedule == "one_cycle":
-        reason = ("torch's textbook annealing cancels near each phase's end (one_cycle_bound: 4 ulps x div_factor x "
-                  "final_div_factor); jaxloop's sin^2 form does not (see the oracle check)")
-    parity.check(f"schedule {schedule}: rate of every update, {n} variants x {UPDATES} updates, fp64, relative", cross,
-                 bound, reason)
-    parity.check(f"schedule {schedule}: jaxloop's fp64 rate vs the long-double oracle, relative", own, 1e-13,
-                 "the documented formula in float64, cancellation-free: a few ulps", kind="own")
-    parity.check(f"schedule {schedule}: jaxloop's fp32 rate vs the oracle, float32 ulps of the rate", ulps, 2.0,
-                 "the float64 table rounded once to float32 (half an ulp)", kind="own")
+        reason = (
+            "torch's textbook annealing cancels near each phase's end (one_cycle_bound: 4 ulps x div_factor x "
+            "final_div_factor); jaxloop's sin^2 form does not (see the oracle check)"
+        )
+    parity.check(
+        f"schedule {schedule}: rate of every update, {n} variants x {UPDATES} updates, fp64, relative",
+        cross,
+        bound,
+        reason,
+    )
+    parity.check(
+        f"schedule {schedule}: jaxloop's fp64 rate vs the long-double oracle, relative",
+        own,
+        1e-13,
+        "the documented formula in float64, cancellation-free: a few ulps",
+        kind="own",
+    )
+    parity.check(
+        f"schedule {schedule}: jaxloop's fp32 rate vs the oracle, float32 ulps of the rate",
+        ulps,
+        2.0,
+        "the float64 table rounded once to float32 (half an ulp)",
+        kind="own",
+    )
     if schedule == "one_cycle":
-        parity.check("schedule one_cycle: torch's OneCycleLR vs the long-double oracle, relative (its textbook "
-                     "annealing)", torch_off, bound, "how far torch's own class is from the documented rate: the "
-                     "cancellation of (cos(pi f) + 1) and of (b - a) f + a near a phase's end", kind="finding")
+        parity.check(
+            "schedule one_cycle: torch's OneCycleLR vs the long-double oracle, relative (its textbook annealing)",
+            torch_off,
+            bound,
+            "how far torch's own class is from the documented rate: the "
+            "cancellation of (cos(pi f) + 1) and of (b - a) f + a near a phase's end",
+            kind="finding",
+        )
 
 
-CHAINED_COSINE = [(300, 50, 0.0, 3e-3, 3e-5), (300, 50, 0.0, 3e-3, 0.0), (300, 0, 0.0, 1e-3, 0.0),
-                  (300, 10, 3e-4, 3e-3, 0.0), (300, 100, 1e-4, 1e-3, 0.0)]
+CHAINED_COSINE = [
+    (300, 50, 0.0, 3e-3, 3e-5),
+    (300, 50, 0.0, 3e-3, 0.0),
+    (300, 0, 0.0, 1e-3, 0.0),
+    (300, 10, 3e-4, 3e-3, 0.0),
+    (300, 100, 1e-4, 1e-3, 0.0),
+]
 """(steps, warmup, init, peak, end) of warmup_cosine measured through torch's own classes."""
 
 
@@ -115,16 +170,28 @@ def test_torch_chained_warmup_cosine_classes_drift_from_the_closed_form(parity):
     runs warmup_cosine as a LambdaLR of the closed form instead (exact; test_learning_rate.py)."""
     worst, at = 0.0, None
     for steps, warmup, init, peak, end in CHAINED_COSINE:
-        cfg = validate(replace(combination_cfg({}, "fp64"), steps=steps, optim=replace(
-            combination_cfg({}, "fp64").optim, warmup_steps=warmup, init_lr=init, peak_lr=peak, end_lr=end)),
-            check_paths=False)
+        cfg = validate(
+            replace(
+                combination_cfg({}, "fp64"),
+                steps=steps,
+                optim=replace(
+                    combination_cfg({}, "fp64").optim, warmup_steps=warmup, init_lr=init, peak_lr=peak, end_lr=end
+                ),
+            ),
+            check_paths=False,
+        )
         chained = np.asarray(lr_table(cfg, steps, build=warmup_cosine_classes))
         err = _rel(chained, menu_oracle_table(cfg, steps))
         if err > worst:
             worst, at = err, (steps, warmup, init, peak, end)
-    parity.check("schedule warmup_cosine: torch's SequentialLR(LinearLR, CosineAnnealingLR) vs the oracle, relative",
-                 worst, 1e-11, f"CosineAnnealingLR's chained (1 + cos) ratio cancels near the cosine's end (~2e-12 per "
-                 f"update at D = 300 with eta_min 0); worst config (steps, warmup, init, peak, end) = {at}", kind="finding")
+    parity.check(
+        "schedule warmup_cosine: torch's SequentialLR(LinearLR, CosineAnnealingLR) vs the oracle, relative",
+        worst,
+        1e-11,
+        f"CosineAnnealingLR's chained (1 + cos) ratio cancels near the cosine's end (~2e-12 per "
+        f"update at D = 300 with eta_min 0); worst config (steps, warmup, init, peak, end) = {at}",
+        kind="finding",
+    )
 
 
 # ----------------------------------------------------------------------------- trajectories
@@ -171,43 +238,70 @@ def plateau_runs(menu_inputs):
 
 
 def test_plateau_trajectories_rates_and_losses_agree(plateau_runs, parity):
-    check_combination(parity, "schedule plateau", plateau_runs, rate_reason="the same float64 products "
-                      "rate * factor in both (jaxloop.loop.plateau, ReduceLROnPlateau): equal")
+    check_combination(
+        parity,
+        "schedule plateau",
+        plateau_runs,
+        rate_reason="the same float64 products rate * factor in both (jaxloop.loop.plateau, ReduceLROnPlateau): equal",
+    )
 
 
 def test_plateau_reduces_the_rate_at_the_same_evaluations(plateau_runs, parity):
     cfg = combination_cfg(PLATEAU)
     for (p, k), (j, t) in plateau_runs.items():
-        reduced = lambda run: [u for (u, _, r), (_, _, before) in zip(run.evals, [(0, 0, cfg.optim.peak_lr)] + run.evals)  # noqa: E731
-                               if r < before]
+        reduced = lambda run: [
+            u
+            for (u, _, r), (_, _, before) in zip(run.evals, [(0, 0, cfg.optim.peak_lr)] + run.evals)  # noqa: E731
+            if r < before
+        ]
         jr, tr = reduced(j), reduced(t)
         assert len(tr) >= 3, f"the plateau run reduces its rate several times (torch_ref: at {tr})"
-        parity.check(f"schedule plateau K={k} {p}: evaluations where the reductions differ (jaxloop at {jr})",
-                     len(set(jr) ^ set(tr)), 0, "the same metric (to rounding) under the same rule")
-        parity.check(f"schedule plateau K={k} {p}: rates after each evaluation, relative",
-                     curve_rel_diff([r for *_, r in j.evals], [r for *_, r in t.evals]), 0.0,
-                     "the same float64 products rate * factor")
+        parity.check(
+            f"schedule plateau K={k} {p}: evaluations where the reductions differ (jaxloop at {jr})",
+            len(set(jr) ^ set(tr)),
+            0,
+            "the same metric (to rounding) under the same rule",
+        )
+        parity.check(
+            f"schedule plateau K={k} {p}: rates after each evaluation, relative",
+            curve_rel_diff([r for *_, r in j.evals], [r for *_, r in t.evals]),
+            0.0,
+            "the same float64 products rate * factor",
+        )
         margin = decision_margin([m for _, m, _ in t.evals], cfg)
-        parity.check(f"schedule plateau K={k} {p}: 1e-4 / (smallest relative distance of a metric from its decision "
-                     "boundary)", 1e-4 / margin, 1.0, "the decisions compared are not within rounding of the boundary "
-                     "(float32 metrics differ by ~1e-6 across frameworks)", kind="own")
+        parity.check(
+            f"schedule plateau K={k} {p}: 1e-4 / (smallest relative distance of a metric from its decision boundary)",
+            1e-4 / margin,
+            1.0,
+            "the decisions compared are not within rounding of the boundary "
+            "(float32 metrics differ by ~1e-6 across frameworks)",
+            kind="own",
+        )
 
 
 @pytest.fixture(scope="module")
 def plateau_resume(tmp_path_factory):
     """The real loops (jaxloop.run, torch_ref.train.run) under plateau, fp64, 40 updates of 2 micro-batches,
     an evaluation every 5: uninterrupted, and interrupted at update 22 (between reductions) and resumed."""
-    from jaxloop.loop.runner import run as jax_train
     from jaxloop.core.sources import load_splits
+    from jaxloop.loop.runner import run as jax_train
     from parity_tests.harness import host, jax_state
     from torch_ref.train import run as torch_train
 
     k = RESUME_AT[1]
     base = tmp_path_factory.mktemp("plateau_resume")
     cfg = resume_cfg(base / "jax")
-    cfg = validate(replace(cfg, eval_every=5, checkpoint=CheckpointConfig(every=10, keep_last=3, keep_best=0),
-                           optim=replace(cfg.optim, schedule="plateau", plateau=PlateauConfig(
-                               factor=0.5, patience=0, threshold=0.1, cooldown=1))), check_paths=False)
+    cfg = validate(
+        replace(
+            cfg,
+            eval_every=5,
+            checkpoint=CheckpointConfig(every=10, keep_last=3, keep_best=0),
+            optim=replace(
+                cfg.optim, schedule="plateau", plateau=PlateauConfig(factor=0.5, patience=0, threshold=0.1, cooldown=1)
+            ),
+        ),
+        check_paths=False,
+    )
     splits = load_splits(cfg)
     with jax_mode("fp64"):
         init = host(jax_state(cfg, splits).params)
@@ -244,19 +338,32 @@ def test_plateau_reductions_are_the_same_in_both_real_loops_and_across_a_resume(
     jr, tr = _reductions(out["jax"].run_dir), _reductions(out["torch"].run_dir)
     interrupted = records(out["jax_k_interrupted"])
     assert max(r["step"] for r in interrupted) == k, "the interrupted run stopped at the update it was stopped at"
-    parity.check(f"schedule plateau: real loops (jaxloop.run, torch_ref.train.run), evaluations where the reductions "
-                 f"differ (at {jr})", len(set(jr) ^ set(tr)), 0, "the same metric (float64) under the same rule")
+    parity.check(
+        f"schedule plateau: real loops (jaxloop.run, torch_ref.train.run), evaluations where the reductions "
+        f"differ (at {jr})",
+        len(set(jr) ^ set(tr)),
+        0,
+        "the same metric (float64) under the same rule",
+    )
     assert any(u < k for u in jr) and any(u > k for u in jr), f"reductions on both sides of the resume at {k}: {jr}"
-    parity.check("schedule plateau: real loops, logged rate of every update, jaxloop vs torch_ref, relative",
-                 curve_rel_diff(list(_lr_by_update(out["jax"].run_dir).values()),
-                                list(_lr_by_update(out["torch"].run_dir).values())), 0.0,
-                 "the same float64 products rate * factor")
+    parity.check(
+        "schedule plateau: real loops, logged rate of every update, jaxloop vs torch_ref, relative",
+        curve_rel_diff(
+            list(_lr_by_update(out["jax"].run_dir).values()), list(_lr_by_update(out["torch"].run_dir).values())
+        ),
+        0.0,
+        "the same float64 products rate * factor",
+    )
     differing = 0
     for name in ("jax", "torch"):
         full, resumed = out[name].run_dir, out[f"{name}_k"].run_dir
         differing += _lr_by_update(full) != _lr_by_update(resumed)
         differing += [r["loss"] for r in records(full)] != [r["loss"] for r in records(resumed)]
         differing += _digest(full) != _digest(resumed)
-    parity.check(f"schedule plateau: real loops resumed at update {k} (between reductions), runs differing from the "
-                 "uninterrupted (rates, losses, state digest; both loops)", differing, 0,
-                 "the decision state is checkpointed (jaxloop: the data item; torch_ref: the scheduler's state_dict)")
+    parity.check(
+        f"schedule plateau: real loops resumed at update {k} (between reductions), runs differing from the "
+        "uninterrupted (rates, losses, state digest; both loops)",
+        differing,
+        0,
+        "the decision state is checkpointed (jaxloop: the data item; torch_ref: the scheduler's state_dict)",
+    )

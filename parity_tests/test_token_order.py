@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxloop.data.pipeline import TrainLoader, run_val_batches
 from jaxloop.core.config import Config, DataConfig, preset, replace
 from jaxloop.core.shards import write_shard
 from jaxloop.core.sources import load_splits
+from jaxloop.data.pipeline import TrainLoader, run_val_batches
 from torch_ref.data import make_train_loader, make_val_loader
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")]
@@ -45,14 +45,22 @@ def shards(tmp_path_factory) -> Path:
 
 def _cfg(path: Path, workers: int = 0, source: str = "tokens") -> Config:
     base = preset("shakespeare")
-    return replace(base, seed=5, batch_size=BATCH, model=replace(base.model, context=CTX),
-                   data=DataConfig(source=source, path=str(path), workers=workers, eval_batch_size=4, val_fraction=0.2))
+    return replace(
+        base,
+        seed=5,
+        batch_size=BATCH,
+        model=replace(base.model, context=CTX),
+        data=DataConfig(source=source, path=str(path), workers=workers, eval_batch_size=4, val_fraction=0.2),
+    )
 
 
 def _jax_windows(cfg: Config, splits, start: int, count: int, state: dict | None = None) -> np.ndarray:
     kwargs = {"seed": cfg.seed, "batch_size": cfg.batch_size, "workers": cfg.data.workers}
-    loader = (TrainLoader.from_state(splits, state, **kwargs) if state is not None
-              else TrainLoader(splits, position=start, **kwargs))
+    loader = (
+        TrainLoader.from_state(splits, state, **kwargs)
+        if state is not None
+        else TrainLoader(splits, position=start, **kwargs)
+    )
     with loader:
         return np.stack([next(loader)["x"] for _ in range(count)])
 

@@ -16,13 +16,26 @@ import numpy as np
 import pytest
 import torch
 
-from jaxloop.model.builtin import make_model
 from jaxloop.core.config import preset
 from jaxloop.core.sources import MicroBatchGather, load_splits
+from jaxloop.model.builtin import make_model
 from jaxloop.update.optimizer import skip_nonfinite_windows
 from jaxloop.update.step import cross_entropy_loss, train_step
-from parity_tests.harness import (QUIET, curve_rel_diff, flat_params, gpt_cfg, host, jax_mode, jax_run, jax_state,
-                                  mlp_cfg, model, torch_run, tree_rel_diff, ulps_of_value)
+from parity_tests.harness import (
+    QUIET,
+    curve_rel_diff,
+    flat_params,
+    gpt_cfg,
+    host,
+    jax_mode,
+    jax_run,
+    jax_state,
+    mlp_cfg,
+    model,
+    torch_run,
+    tree_rel_diff,
+    ulps_of_value,
+)
 from torch_ref.models import export_jax_params
 from torch_ref.state import create_train_state as torch_state
 from torch_ref.step import cross_entropy_loss as torch_loss
@@ -41,11 +54,17 @@ def _pair(cfg, splits):
 
 def _record(parity, key, j, t):
     updates = sorted(j.snapshots)
-    parity.add_series(key, update=np.arange(1, UPDATES + 1), jax_loss=j.losses, torch_loss=t.losses,
-                      jax_lr=j.lrs, torch_lr=t.lrs,
-                      loss_rel_diff=np.abs(j.losses - t.losses) / np.abs(t.losses),
-                      snapshot_update=updates,
-                      param_rel_diff=[tree_rel_diff(j.snapshots[u], t.snapshots[u])[0] for u in updates])
+    parity.add_series(
+        key,
+        update=np.arange(1, UPDATES + 1),
+        jax_loss=j.losses,
+        torch_loss=t.losses,
+        jax_lr=j.lrs,
+        torch_lr=t.lrs,
+        loss_rel_diff=np.abs(j.losses - t.losses) / np.abs(t.losses),
+        snapshot_update=updates,
+        param_rel_diff=[tree_rel_diff(j.snapshots[u], t.snapshots[u])[0] for u in updates],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +72,12 @@ def mlp(parity):
     cfg = mlp_cfg()
     splits = load_splits(cfg)
     runs = {}
-    for name, c in (("fp64", replace(cfg, precision="fp64")), ("fp32", cfg), ("bf16", replace(cfg, precision="bf16")),
-                    ("tanh_fp32", model(cfg, activation="tanh"))):
+    for name, c in (
+        ("fp64", replace(cfg, precision="fp64")),
+        ("fp32", cfg),
+        ("bf16", replace(cfg, precision="bf16")),
+        ("tanh_fp32", model(cfg, activation="tanh")),
+    ):
         runs[name] = _pair(c, splits)
         _record(parity, f"mlp_{name}", *runs[name])
     return cfg, splits, runs
@@ -72,8 +95,11 @@ def gpt(parity, shakespeare_slice):
 
 
 def _qkv_biases(tree):
-    return [(path, leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
-            if jax.tree_util.keystr(path).endswith("['qkv']['bias']")]
+    return [
+        (path, leaf)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+        if jax.tree_util.keystr(path).endswith("['qkv']['bias']")
+    ]
 
 
 # ----------------------------------------------------------------------------- float64
@@ -83,12 +109,24 @@ def _qkv_biases(tree):
 def test_float64_losses_and_params_agree_to_1e10(preset, request, parity):
     _, _, runs = request.getfixturevalue(preset)
     j, t = runs["fp64"]
-    parity.check(f"trajectory fp64 {preset}: loss of every update (300), relative", curve_rel_diff(j.losses, t.losses),
-                 1e-10, "the same float64 computation in another operation order: rounding ~1e-16 per update")
-    parity.check(f"trajectory fp64 {preset}: params after 300 updates, relative", tree_rel_diff(j.params, t.params)[0],
-                 1e-10, "same")
-    parity.check(f"trajectory fp64 {preset}: lr metric of train_step vs torch param_group lr, relative",
-                 curve_rel_diff(j.lrs, t.lrs), 1e-13, "the float64 schedule (test_learning_rate)")
+    parity.check(
+        f"trajectory fp64 {preset}: loss of every update (300), relative",
+        curve_rel_diff(j.losses, t.losses),
+        1e-10,
+        "the same float64 computation in another operation order: rounding ~1e-16 per update",
+    )
+    parity.check(
+        f"trajectory fp64 {preset}: params after 300 updates, relative",
+        tree_rel_diff(j.params, t.params)[0],
+        1e-10,
+        "same",
+    )
+    parity.check(
+        f"trajectory fp64 {preset}: lr metric of train_step vs torch param_group lr, relative",
+        curve_rel_diff(j.lrs, t.lrs),
+        1e-13,
+        "the float64 schedule (test_learning_rate)",
+    )
 
 
 # ----------------------------------------------------------------------------- float32
@@ -102,13 +140,24 @@ def test_float32_smooth_activation_losses_and_params_agree_to_1e5(preset, name, 
     _, _, runs = request.getfixturevalue(preset)
     j, t = runs[name]
     act = "tanh" if name.startswith("tanh") else "gelu"
-    parity.check(f"trajectory fp32 {preset} ({act}): loss of every update (300), relative",
-                 curve_rel_diff(j.losses, t.losses), 1e-5, "float32 rounding accumulated over 300 updates")
-    parity.check(f"trajectory fp32 {preset} ({act}): params after 300 updates, relative",
-                 tree_rel_diff(j.params, t.params)[0], 1e-5, "same")
-    parity.check(f"trajectory fp32 {preset} ({act}): lr metric vs torch lr, float32 ulps of the rate",
-                 float(np.max(ulps_of_value(j.lrs, t.lrs))), 0.5,
-                 "jaxloop's float32 rate is the float64 rate rounded once (test_learning_rate)")
+    parity.check(
+        f"trajectory fp32 {preset} ({act}): loss of every update (300), relative",
+        curve_rel_diff(j.losses, t.losses),
+        1e-5,
+        "float32 rounding accumulated over 300 updates",
+    )
+    parity.check(
+        f"trajectory fp32 {preset} ({act}): params after 300 updates, relative",
+        tree_rel_diff(j.params, t.params)[0],
+        1e-5,
+        "same",
+    )
+    parity.check(
+        f"trajectory fp32 {preset} ({act}): lr metric vs torch lr, float32 ulps of the rate",
+        float(np.max(ulps_of_value(j.lrs, t.lrs))),
+        0.5,
+        "jaxloop's float32 rate is the float64 rate rounded once (test_learning_rate)",
+    )
 
 
 def stock_optax_adamw(cfg):
@@ -121,8 +170,9 @@ def stock_optax_adamw(cfg):
     from jaxloop.update.schedules import make_schedule
 
     o = cfg.optim
-    adamw = optax.adamw(make_schedule(cfg.optim, cfg.steps), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
-                        mask=decay_mask)
+    adamw = optax.adamw(
+        make_schedule(cfg.optim, cfg.steps), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask
+    )
     return skip_nonfinite_windows(optax.chain(optax.clip_by_global_norm(o.clip_norm), adamw), o.accum_steps)
 
 
@@ -148,10 +198,18 @@ def test_stock_optax_adamw_agrees_with_torch_adamw_in_float64_over_a_trajectory(
     cfg, splits, runs = mlp
     _, t = runs["fp64"]
     losses, params = _stock_run(replace(cfg, precision="fp64"), splits, runs["fp64"][0].init)
-    parity.check("trajectory fp64 mlp, stock optax.adamw vs torch AdamW: loss of every update (300), relative",
-                 curve_rel_diff(losses, t.losses), 1e-10, "as jaxloop's fp64 trajectory: the same AdamW in float64")
-    parity.check("trajectory fp64 mlp, stock optax.adamw vs torch AdamW: params after 300 updates, relative",
-                 tree_rel_diff(params, t.params)[0], 1e-10, "same")
+    parity.check(
+        "trajectory fp64 mlp, stock optax.adamw vs torch AdamW: loss of every update (300), relative",
+        curve_rel_diff(losses, t.losses),
+        1e-10,
+        "as jaxloop's fp64 trajectory: the same AdamW in float64",
+    )
+    parity.check(
+        "trajectory fp64 mlp, stock optax.adamw vs torch AdamW: params after 300 updates, relative",
+        tree_rel_diff(params, t.params)[0],
+        1e-10,
+        "same",
+    )
 
 
 def test_float32_drift_of_stock_optax_adamw_is_measured(mlp, parity):
@@ -186,8 +244,12 @@ def test_fp32_state_under_x64_stays_float32_but_its_schedule_and_bias_correction
     true_run = jax_run(cfg, splits, 50, init_params=init, x64=False)
     differ = tree_rel_diff(x64_run.params, true_run.params)[0]
     assert differ > 0, "x64 changes a float32 run"
-    parity.check("x64 finding: fp32 jaxloop with x64 on vs off, params after 50 updates (they differ)", differ, 1e-5,
-                 "float64 vs float32 rounding of the rate and of 1 - b^t, a few float32 ulps per update")
+    parity.check(
+        "x64 finding: fp32 jaxloop with x64 on vs off, params after 50 updates (they differ)",
+        differ,
+        1e-5,
+        "float64 vs float32 rounding of the rate and of 1 - b^t, a few float32 ulps per update",
+    )
 
 
 # ----------------------------------------------------------------------------- the key bias
@@ -209,29 +271,44 @@ def test_attention_key_bias_is_a_null_direction_that_adam_turns_into_noise(gpt, 
         apply = jax.jit(lambda p, x: m.apply({"params": p}, x))
         logits = apply(state.params, batch["x"])
         shifted = jax.tree_util.tree_map_with_path(
-            lambda path, p: p.at[c:2 * c].add(0.5)
-            if jax.tree_util.keystr(path).endswith("['qkv']['bias']") else p, state.params)
+            lambda path, p: p.at[c : 2 * c].add(0.5) if jax.tree_util.keystr(path).endswith("['qkv']['bias']") else p,
+            state.params,
+        )
         moved = float(jnp.max(jnp.abs(apply(shifted, batch["x"]) - logits)))
         bound = lambda p: lambda x, train=False: m.apply({"params": p}, x, train=train)  # noqa: E731
         grads = jax.jit(jax.grad(lambda p: cross_entropy_loss(bound(p), batch, False)[0]))(state.params)
-        gk = [g[c:2 * c] for path, g in _qkv_biases(grads)]
+        gk = [g[c : 2 * c] for path, g in _qkv_biases(grads)]
         gq = [g[:c] for path, g in _qkv_biases(grads)]
     tstate = torch_state(replace(cfg, precision="fp64"), splits, init_params=t.params)
     x, y = torch.from_numpy(np.array(batch["x"])), torch.from_numpy(np.array(batch["y"]))
     torch_loss(forward(tstate, x), y)[0].backward()
-    tk = [blk.attn.qkv.bias.grad[c:2 * c].numpy() for blk in tstate.model.blocks]
+    tk = [blk.attn.qkv.bias.grad[c : 2 * c].numpy() for blk in tstate.model.blocks]
     tq = [blk.attn.qkv.bias.grad[:c].numpy() for blk in tstate.model.blocks]
-    ratio = max(max(np.linalg.norm(k) / np.linalg.norm(q) for k, q in zip(gk, gq)),
-                max(np.linalg.norm(k) / np.linalg.norm(q) for k, q in zip(tk, tq)))
+    ratio = max(
+        max(np.linalg.norm(k) / np.linalg.norm(q) for k, q in zip(gk, gq)),
+        max(np.linalg.norm(k) / np.linalg.norm(q) for k, q in zip(tk, tq)),
+    )
     flat_j, flat_t = flat_params(j.params), flat_params(t.params)
-    key_gap = max(np.linalg.norm(flat_j[k][c:2 * c] - flat_t[k][c:2 * c]) / np.linalg.norm(flat_t[k][c:2 * c])
-                  for k in flat_j if k.endswith("attn/qkv/bias"))
+    key_gap = max(
+        np.linalg.norm(flat_j[k][c : 2 * c] - flat_t[k][c : 2 * c]) / np.linalg.norm(flat_t[k][c : 2 * c])
+        for k in flat_j
+        if k.endswith("attn/qkv/bias")
+    )
     assert key_gap > 100 * tree_rel_diff(j.params, t.params)[0], (
-        f"the fp32 key biases wander apart ({key_gap:.1e}) far beyond the other parameters")
-    parity.check("key bias: logits change when every key bias moves by 0.5 (fp64)", moved, 1e-12,
-                 "softmax is invariant to a per-query constant; only rounding remains")
-    parity.check("key bias: |grad of key bias| / |grad of query bias| (fp64, both frameworks)", ratio, 1e-10,
-                 "the exact gradient is 0; float64 rounding leaves ~1e-16 of the gradients' size")
+        f"the fp32 key biases wander apart ({key_gap:.1e}) far beyond the other parameters"
+    )
+    parity.check(
+        "key bias: logits change when every key bias moves by 0.5 (fp64)",
+        moved,
+        1e-12,
+        "softmax is invariant to a per-query constant; only rounding remains",
+    )
+    parity.check(
+        "key bias: |grad of key bias| / |grad of query bias| (fp64, both frameworks)",
+        ratio,
+        1e-10,
+        "the exact gradient is 0; float64 rounding leaves ~1e-16 of the gradients' size",
+    )
 
 
 # ----------------------------------------------------------------------------- ReLU
@@ -259,8 +336,17 @@ def _relu_lockstep(cfg, splits, updates):
                     zj = np.asarray(inter[f"hidden_{i}"]["__call__"][0])
                     scale = float(np.sqrt(np.mean(zt.astype(np.float64) ** 2)))
                     for r, k in zip(*np.nonzero((zt > 0) != (zj > 0))):
-                        flips.append(dict(update=u, layer=i, record=int(r), unit=int(k), jax=float(zj[r, k]),
-                                          torch=float(zt[r, k]), scale=scale))
+                        flips.append(
+                            dict(
+                                update=u,
+                                layer=i,
+                                record=int(r),
+                                unit=int(k),
+                                jax=float(zj[r, k]),
+                                torch=float(zt[r, k]),
+                                scale=scale,
+                            )
+                        )
                     h = torch.relu(layer(h))
             state, _ = train_step(state, batch)
             train_update(tstate, [(x, y)], clip="optax")
@@ -289,14 +375,30 @@ def test_relu_units_flip_in_one_framework_only_at_rounding_level_pre_activations
     first = flips32[0]["update"]
     before = max([d for u, d in diffs32 if u <= first] or [0.0])
     after = diffs32[-1][1]
-    parity.check(f"ReLU fp32: |z_jax - z_torch| / rms(z) at the {len(flips32)} flipped unit(s) (first at update {first})",
-                 closest, 1e-5, "a unit can flip only where the two float32 values straddle 0")
-    parity.check(f"ReLU fp32: params after 300 updates (drift; {before:.1e} before the first flip)", after, 1e-3,
-                 "one record's gradient through one unit in one update: bounded by ~lr/batch, not amplified")
-    parity.check("ReLU fp64: units flipped in one framework only (300 updates)", len(flips64), 0,
-                 "float64 differences (~1e-16) do not straddle 0")
-    parity.check("ReLU fp64: params after 300 updates, relative", diffs64[-1][1], 1e-10,
-                 "no flips: the float64 agreement of the smooth activations")
+    parity.check(
+        f"ReLU fp32: |z_jax - z_torch| / rms(z) at the {len(flips32)} flipped unit(s) (first at update {first})",
+        closest,
+        1e-5,
+        "a unit can flip only where the two float32 values straddle 0",
+    )
+    parity.check(
+        f"ReLU fp32: params after 300 updates (drift; {before:.1e} before the first flip)",
+        after,
+        1e-3,
+        "one record's gradient through one unit in one update: bounded by ~lr/batch, not amplified",
+    )
+    parity.check(
+        "ReLU fp64: units flipped in one framework only (300 updates)",
+        len(flips64),
+        0,
+        "float64 differences (~1e-16) do not straddle 0",
+    )
+    parity.check(
+        "ReLU fp64: params after 300 updates, relative",
+        diffs64[-1][1],
+        1e-10,
+        "no flips: the float64 agreement of the smooth activations",
+    )
 
 
 # ----------------------------------------------------------------------------- bf16
@@ -311,8 +413,14 @@ def gpt_preset_bf16(shakespeare_slice):
     short) on the Tiny Shakespeare slice: jaxloop fp32, bf16 (autocast-like) and bf16_full (whole model),
     torch_ref fp32 and bf16 (torch.autocast), all from jaxloop's fp32 initial weights."""
     base = preset("shakespeare")
-    cfg = replace(base, log=QUIET, batch_size=8, steps=100, data=replace(base.data, path=str(shakespeare_slice)),
-                  optim=replace(base.optim, warmup_steps=0))
+    cfg = replace(
+        base,
+        log=QUIET,
+        batch_size=8,
+        steps=100,
+        data=replace(base.data, path=str(shakespeare_slice)),
+        optim=replace(base.optim, warmup_steps=0),
+    )
     splits = load_splits(cfg)
     j32 = jax_run(cfg, splits, PRESET_UPDATES)
     runs = {"jax fp32": j32, "torch fp32": torch_run(cfg, splits, j32.init, PRESET_UPDATES)}
@@ -326,11 +434,14 @@ def _bf16_gaps(runs, jax_name):
     """(loss gaps: jax own, torch own, cross), (params gaps: the same): loss by the RMS over the updates of
     the relative difference, params by tree_rel_diff after the last update."""
     rel = lambda a, b: np.abs(a - b) / np.abs(b)  # noqa: E731
-    rms = lambda v: float(np.sqrt(np.mean(v ** 2)))  # noqa: E731
+    rms = lambda v: float(np.sqrt(np.mean(v**2)))  # noqa: E731
     jb, tb, jf, tf = runs[jax_name], runs["torch bf16"], runs["jax fp32"], runs["torch fp32"]
     loss = (rms(rel(jb.losses, jf.losses)), rms(rel(tb.losses, tf.losses)), rms(rel(jb.losses, tb.losses)))
-    params = (tree_rel_diff(jb.params, jf.params)[0], tree_rel_diff(tb.params, tf.params)[0],
-              tree_rel_diff(jb.params, tb.params)[0])
+    params = (
+        tree_rel_diff(jb.params, jf.params)[0],
+        tree_rel_diff(tb.params, tf.params)[0],
+        tree_rel_diff(jb.params, tb.params)[0],
+    )
     return loss, params
 
 
@@ -347,9 +458,13 @@ def test_bf16_autocast_like_gap_across_frameworks_is_a_quarter_of_each_framework
     at the initial weights agree across frameworks to ~0.4x the own gap (per tensor), the params after 4
     updates to ~1x."""
     (lj, lt, lc), (pj, pt, pc) = _bf16_gaps(gpt_preset_bf16, "jax bf16")
-    parity.check(f"bf16 preset GPT ({PRESET_UPDATES} updates): loss, jaxloop bf16 vs torch autocast, RMS relative "
-                 f"(bound 0.25 x min own gap; own gaps {lj:.1e} jax, {lt:.1e} torch)", lc, 0.25 * min(lj, lt),
-                 "the same per-op casts: only float32-level differences move a bf16 rounding")
+    parity.check(
+        f"bf16 preset GPT ({PRESET_UPDATES} updates): loss, jaxloop bf16 vs torch autocast, RMS relative "
+        f"(bound 0.25 x min own gap; own gaps {lj:.1e} jax, {lt:.1e} torch)",
+        lc,
+        0.25 * min(lj, lt),
+        "the same per-op casts: only float32-level differences move a bf16 rounding",
+    )
     parity.note("bf16 preset GPT: loss cross / min own gap (autocast-like)", lc / min(lj, lt))
     parity.note("bf16 preset GPT: params cross / min own gap (autocast-like)", pc / min(pj, pt))
     parity.note("bf16 preset GPT: params own gap jax", pj)
@@ -364,9 +479,14 @@ def test_bf16_full_whole_model_policy_gap_is_measured(gpt_preset_bf16, parity):
     (lj, lt, lc), (pj, pt, pc) = _bf16_gaps(gpt_preset_bf16, "jax bf16_full")
     parity.note("bf16_full preset GPT: loss cross / min own gap (whole model)", lc / min(lj, lt))
     parity.note("bf16_full preset GPT: params cross / min own gap (whole model)", pc / min(pj, pt))
-    parity.check("bf16_full finding: 0.25 / (params cross gap / min own gap) for the whole-model policy "
-                 "(> 1 would mean it passes the autocast bound)", 0.25 * min(pj, pt) / pc, 1.0,
-                 "whole-model bf16 rounds the residual stream and LayerNorm too: not torch.autocast", kind="finding")
+    parity.check(
+        "bf16_full finding: 0.25 / (params cross gap / min own gap) for the whole-model policy "
+        "(> 1 would mean it passes the autocast bound)",
+        0.25 * min(pj, pt) / pc,
+        1.0,
+        "whole-model bf16 rounds the residual stream and LayerNorm too: not torch.autocast",
+        kind="finding",
+    )
 
 
 @pytest.mark.parametrize("preset_name", ["mlp", "gpt"])
@@ -378,9 +498,13 @@ def test_bf16_300_update_gap_across_frameworks_is_at_most_twice_each_frameworks_
     _, _, runs = request.getfixturevalue(preset_name)
     (jb, tb), (jf, tf) = runs["bf16"], runs["fp32"]
     rel = lambda a, b: np.abs(a - b) / np.abs(b)  # noqa: E731
-    rms = lambda v: float(np.sqrt(np.mean(v ** 2)))  # noqa: E731
+    rms = lambda v: float(np.sqrt(np.mean(v**2)))  # noqa: E731
     gap_j, gap_t, cross = rel(jb.losses, jf.losses), rel(tb.losses, tf.losses), rel(jb.losses, tb.losses)
     parity.note(f"bf16 {preset_name} 300 updates: loss RMS cross / min own", rms(cross) / min(rms(gap_j), rms(gap_t)))
-    parity.check(f"trajectory bf16 {preset_name}: loss RMS over 300 updates, jax vs torch (bound: 2 x min own bf16-fp32 gap;"
-                 f" gaps {rms(gap_j):.1e}, {rms(gap_t):.1e})", rms(cross), 2 * min(rms(gap_j), rms(gap_t)),
-                 "each framework's bf16 noise compounds over the run")
+    parity.check(
+        f"trajectory bf16 {preset_name}: loss RMS over 300 updates, jax vs torch (bound: 2 x min own bf16-fp32 gap;"
+        f" gaps {rms(gap_j):.1e}, {rms(gap_t):.1e})",
+        rms(cross),
+        2 * min(rms(gap_j), rms(gap_t)),
+        "each framework's bf16 noise compounds over the run",
+    )

@@ -17,7 +17,17 @@ import torch
 from jaxloop.core.sources import MicroBatchGather, load_splits
 from jaxloop.update.step import cross_entropy_loss, train_step
 from parity_tests.convert import torch_state_from_jax
-from parity_tests.harness import F32_EPS, host, jax_mode, jax_state, mlp_cfg, optax_adamw, optim, set_torch_grads, tree_rel_diff
+from parity_tests.harness import (
+    F32_EPS,
+    host,
+    jax_mode,
+    jax_state,
+    mlp_cfg,
+    optax_adamw,
+    optim,
+    set_torch_grads,
+    tree_rel_diff,
+)
 from torch_ref.models import export_jax_params, param_map
 from torch_ref.optim import clip_gradients, global_norm
 from torch_ref.step import cross_entropy_loss as torch_loss
@@ -84,8 +94,12 @@ def test_same_params_and_batch_give_the_same_gradients(fp64, parity):
     x, y = _torch_batch(batch)
     tstate.model.zero_grad(set_to_none=True)
     torch_loss(forward(tstate, x), y)[0].backward()
-    parity.check("one update fp64: gradients from the same params and batch", tree_rel_diff(grads, _torch_grads_tree(tstate))[0],
-                 1e-12, "the same float64 model (matmul, GELU-tanh, log-softmax) in another operation order")
+    parity.check(
+        "one update fp64: gradients from the same params and batch",
+        tree_rel_diff(grads, _torch_grads_tree(tstate))[0],
+        1e-12,
+        "the same float64 model (matmul, GELU-tanh, log-softmax) in another operation order",
+    )
 
 
 def test_global_norm_clip_factor_and_clipped_gradients_agree(fp64, parity):
@@ -103,13 +117,24 @@ def test_global_norm_clip_factor_and_clipped_gradients_agree(fp64, parity):
     t_clipped = _torch_grads_tree(tstate)
     g = host(grads)
     factor = lambda c: sum(float(np.vdot(a, b)) for a, b in zip(jax.tree.leaves(c), jax.tree.leaves(g))) / norm**2  # noqa: E731
-    parity.check("one update fp64: global norm, jaxloop vs torch_ref (optax and torch summation)",
-                 max(abs(t_norm_optax - norm), abs(t_norm_torch - norm), abs(returned - norm)) / norm, 1e-12,
-                 "sum of squares in another order (torch: norm of per-tensor norms)")
-    parity.check("one update fp64: clip factor clip/norm", abs(factor(t_clipped) - factor(clipped)) / factor(clipped),
-                 1e-12, "the same (g / norm) * clip in float64")
-    parity.check("one update fp64: clipped gradients", tree_rel_diff(clipped, t_clipped)[0], 1e-12,
-                 "the same (g / norm) * clip in float64")
+    parity.check(
+        "one update fp64: global norm, jaxloop vs torch_ref (optax and torch summation)",
+        max(abs(t_norm_optax - norm), abs(t_norm_torch - norm), abs(returned - norm)) / norm,
+        1e-12,
+        "sum of squares in another order (torch: norm of per-tensor norms)",
+    )
+    parity.check(
+        "one update fp64: clip factor clip/norm",
+        abs(factor(t_clipped) - factor(clipped)) / factor(clipped),
+        1e-12,
+        "the same (g / norm) * clip in float64",
+    )
+    parity.check(
+        "one update fp64: clipped gradients",
+        tree_rel_diff(clipped, t_clipped)[0],
+        1e-12,
+        "the same (g / norm) * clip in float64",
+    )
 
 
 def test_below_the_clip_norm_gradients_pass_unchanged_in_both_clip_modes(fp64, parity):
@@ -123,8 +148,12 @@ def test_below_the_clip_norm_gradients_pass_unchanged_in_both_clip_modes(fp64, p
         params = set_torch_grads(tstate.model, grads)
         clip_gradients(params, clip, mode)
         worst = max(worst, tree_rel_diff(clipped, _torch_grads_tree(tstate))[0])
-    parity.check("one update fp64: gradients below the clip norm, jaxloop vs torch_ref (both modes)", worst, 0.0,
-                 "no clipping leaves them bit-identical (torch multiplies by min(1, clip/(norm+1e-6)) = 1.0)")
+    parity.check(
+        "one update fp64: gradients below the clip norm, jaxloop vs torch_ref (both modes)",
+        worst,
+        0.0,
+        "no clipping leaves them bit-identical (torch multiplies by min(1, clip/(norm+1e-6)) = 1.0)",
+    )
 
 
 def test_torch_native_clip_differs_from_optax_by_exactly_its_1e6_epsilon(fp64, parity):
@@ -144,15 +173,20 @@ def test_torch_native_clip_differs_from_optax_by_exactly_its_1e6_epsilon(fp64, p
     clip_gradients(params, clip, "torch")
     native = _torch_grads_tree(tstate)
     g_all = np.concatenate([np.ravel(a) for a in jax.tree.leaves(host(grads))])
-    d_all = np.concatenate([np.ravel(a) - np.ravel(b) for a, b in zip(jax.tree.leaves(native), jax.tree.leaves(optax_style))])
+    d_all = np.concatenate(
+        [np.ravel(a) - np.ravel(b) for a, b in zip(jax.tree.leaves(native), jax.tree.leaves(optax_style))]
+    )
     bound = np.abs(g_all) * clip * 1e-6 / (norm * (norm + 1e-6))
     big = np.abs(g_all) > 1e-3 * np.abs(g_all).max()
     rounding = 4 * 2.0**-52 * np.abs(g_all) * clip / norm
     assert np.all(np.abs(d_all) <= bound + rounding), "every element within the analytic bound"
     assert np.all(np.sign(d_all[big]) == -np.sign(g_all[big])), "torch's factor is the smaller one"
-    parity.check("one update fp64: torch clip_grad_norm_ - optax clip, |delta| / (|g| clip 1e-6 / (norm (norm+1e-6))) - 1",
-                 float(np.max(np.abs(np.abs(d_all[big]) / bound[big] - 1.0))), 1e-6,
-                 "the difference is the 1e-6 epsilon exactly; the rest is float64 rounding (~1e-10 * norm)")
+    parity.check(
+        "one update fp64: torch clip_grad_norm_ - optax clip, |delta| / (|g| clip 1e-6 / (norm (norm+1e-6))) - 1",
+        float(np.max(np.abs(np.abs(d_all[big]) / bound[big] - 1.0))),
+        1e-6,
+        "the difference is the 1e-6 epsilon exactly; the rest is float64 rounding (~1e-10 * norm)",
+    )
 
 
 def test_adamw_update_from_the_same_state_and_gradients_agrees(fp64, parity):
@@ -178,9 +212,12 @@ def test_adamw_update_from_the_same_state_and_gradients_agrees(fp64, parity):
 
         rate = float(make_schedule(cfg.optim, cfg.steps)(state.step))
         assert abs(rate - lr) <= 4 * 2.0**-52 * lr, "the same rate (to a few ulps)"
-    parity.check("one update fp64: AdamW step (clip 0.5 norm, same state and gradients)", tree_rel_diff(delta, t_delta)[0],
-                 1e-12, "the same float64 AdamW algebra; the step is read as p_new - p_old, where an ulp of p "
-                 "is ~3e-14 of the step")
+    parity.check(
+        "one update fp64: AdamW step (clip 0.5 norm, same state and gradients)",
+        tree_rel_diff(delta, t_delta)[0],
+        1e-12,
+        "the same float64 AdamW algebra; the step is read as p_new - p_old, where an ulp of p is ~3e-14 of the step",
+    )
 
 
 def test_one_train_step_and_one_train_update_end_in_the_same_params(fp64, parity):
@@ -189,12 +226,18 @@ def test_one_train_step_and_one_train_update_end_in_the_same_params(fp64, parity
         new, metrics = train_step(jax.tree.map(jnp.copy, state), batch)  # train_step donates its input
         params, loss, norm = host(new.params), float(metrics["loss"]), float(metrics["grad_norm"])
     m = train_update(tstate, [_torch_batch(batch)], clip="optax")
-    parity.check("one update fp64: train_step vs train_update, params after",
-                 tree_rel_diff(params, export_jax_params(tstate.model))[0],
-                 1e-12, "gradient, clip and AdamW above, end to end")
-    parity.check("one update fp64: train_step vs train_update, loss and grad_norm",
-                 max(abs(loss - m["loss"]) / m["loss"], abs(norm - m["grad_norm"]) / m["grad_norm"]), 1e-12,
-                 "the same float64 forward pass and norm")
+    parity.check(
+        "one update fp64: train_step vs train_update, params after",
+        tree_rel_diff(params, export_jax_params(tstate.model))[0],
+        1e-12,
+        "gradient, clip and AdamW above, end to end",
+    )
+    parity.check(
+        "one update fp64: train_step vs train_update, loss and grad_norm",
+        max(abs(loss - m["loss"]) / m["loss"], abs(norm - m["grad_norm"]) / m["grad_norm"]),
+        1e-12,
+        "the same float64 forward pass and norm",
+    )
 
 
 def test_float32_adam_step_from_the_same_state_and_gradients_agrees(parity):
@@ -217,18 +260,31 @@ def test_float32_adam_step_from_the_same_state_and_gradients_agrees(parity):
     tstate.optimizer.step()
     with jax_mode("fp32"):
         stock = optax_adamw(cfg)  # optax's own adamw, from the same moments and counts
-        adam = next(n for n in jax.tree.leaves(state.opt_state, is_leaf=lambda n: isinstance(n, optax.ScaleByAdamState))
-                    if isinstance(n, optax.ScaleByAdamState))
-        same = jax.tree.map(lambda n: adam if isinstance(n, optax.ScaleByAdamState) else
-                            optax.ScaleByScheduleState(adam.count) if isinstance(n, optax.ScaleByScheduleState) else n,
-                            stock.init(state.params),
-                            is_leaf=lambda n: isinstance(n, (optax.ScaleByAdamState, optax.ScaleByScheduleState)))
+        adam = next(
+            n
+            for n in jax.tree.leaves(state.opt_state, is_leaf=lambda n: isinstance(n, optax.ScaleByAdamState))
+            if isinstance(n, optax.ScaleByAdamState)
+        )
+        same = jax.tree.map(
+            lambda n: (
+                adam
+                if isinstance(n, optax.ScaleByAdamState)
+                else optax.ScaleByScheduleState(adam.count)
+                if isinstance(n, optax.ScaleByScheduleState)
+                else n
+            ),
+            stock.init(state.params),
+            is_leaf=lambda n: isinstance(n, (optax.ScaleByAdamState, optax.ScaleByScheduleState)),
+        )
         optax_own = host(stock.update(grads, same, zeros)[0])
         one_minus_b2 = float(1 - jnp.float32(cfg.optim.b2))
     torch_step = export_jax_params(tstate.model)
-    parity.check("one update fp32: Adam step x rate (same state and gradients), relative",
-                 tree_rel_diff(delta, torch_step)[0], 16 * F32_EPS / 2,
-                 "about ten float32 roundings per element, half an ulp each")
+    parity.check(
+        "one update fp32: Adam step x rate (same state and gradients), relative",
+        tree_rel_diff(delta, torch_step)[0],
+        16 * F32_EPS / 2,
+        "about ten float32 roundings per element, half an ulp each",
+    )
     before_fix = tree_rel_diff(optax_own, torch_step)[0]
     parity.note("optax float32 Adam step vs torch (jaxloop before the fix)", before_fix)
     parity.note("optax float32 1 - b2, relative error", abs(one_minus_b2 - (1 - cfg.optim.b2)) / (1 - cfg.optim.b2))

@@ -18,8 +18,12 @@ MARKED_TORCH = re.compile(r"^pytestmark\s*=.*\bpytest\.mark\.torch\b", re.M)
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     deselected = "not torch" in (config.option.markexpr or "")
-    if (deselected and collection_path.suffix == ".py" and importlib.util.find_spec("torch") is None
-            and MARKED_TORCH.search(collection_path.read_text(encoding="utf-8"))):
+    if (
+        deselected
+        and collection_path.suffix == ".py"
+        and importlib.util.find_spec("torch") is None
+        and MARKED_TORCH.search(collection_path.read_text(encoding="utf-8"))
+    ):
         return True
     return None
 

@@ -70,7 +70,7 @@ def blocks(page: Path) -> list[Block]:
     text = page.read_text()
     out = []
     for m in BLOCK.finditer(text):
-        headings = re.findall(r"^#{1,6} (.+)$", re.sub(r"^```.*?^```", "", text[:m.start()], flags=re.S | re.M), re.M)
+        headings = re.findall(r"^#{1,6} (.+)$", re.sub(r"^```.*?^```", "", text[: m.start()], flags=re.S | re.M), re.M)
         out.append(Block(page, m["lang"], m["body"], m["reason"], headings[-1] if headings else ""))
     return out
 
@@ -99,9 +99,12 @@ def workdir(tmp_path: Path) -> Path:
 def env() -> dict[str, str]:
     """The environment the blocks run in: the repository importable, this interpreter as `python`, no network
     for Hugging Face."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-            "HF_HUB_OFFLINE": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "HF_HUB_OFFLINE": "1",
+    }
 
 
 def run(page: Path, lang: str, torch: bool, cwd: Path) -> PageRun:
@@ -110,14 +113,16 @@ def run(page: Path, lang: str, torch: bool, cwd: Path) -> PageRun:
     if lang == "python":
         mark = f"\nprint({SEPARATOR!r}, flush=True)\n"
         (cwd / "page.py").write_text("".join(body + mark for body in code))
-        out = subprocess.run([sys.executable, "page.py"], cwd=cwd, env=env(), capture_output=True, text=True,
-                             timeout=TIMEOUT_S)
-        outputs = out.stdout.split(SEPARATOR + "\n")[:len(code)]
+        out = subprocess.run(
+            [sys.executable, "page.py"], cwd=cwd, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S
+        )
+        outputs = out.stdout.split(SEPARATOR + "\n")[: len(code)]
         return PageRun(out.returncode, outputs, out.stderr, cwd)
     outputs = []
     for body in code:
-        out = subprocess.run(["bash", "-e", "-c", body], cwd=cwd, env=env(), capture_output=True, text=True,
-                             timeout=TIMEOUT_S)
+        out = subprocess.run(
+            ["bash", "-e", "-c", body], cwd=cwd, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S
+        )
         outputs.append(out.stdout)
         if out.returncode != 0:
             return PageRun(out.returncode, outputs, out.stderr, cwd, failed=body)

@@ -42,13 +42,16 @@ def test_a_flag_is_found_in_any_of_its_spellings_and_every_occurrence_removed() 
 
 # ----------------------------------------------------------------------------- other loops' flags
 
+
 def _docs_table() -> dict[tuple[str, str], list[str]]:
     """docs/training.md's "Flags from other loops" table: (jaxloop's flag, meaning) -> their flags."""
     text = (Path(__file__).parent.parent / "docs" / "training.md").read_text(encoding="utf-8")
     section = text.split("### Flags from other loops", 1)[1].split("\n## ", 1)[0]
     rows = [line.strip("| ").split(" | ") for line in section.splitlines() if line.startswith("| `--")]
-    return {(ours.strip("`"), meaning.strip()): [t.strip(" `").removeprefix("--") for t in theirs.split(", ")]
-            for theirs, ours, meaning in rows}
+    return {
+        (ours.strip("`"), meaning.strip()): [t.strip(" `").removeprefix("--") for t in theirs.split(", ")]
+        for theirs, ours, meaning in rows
+    }
 
 
 def test_the_docs_show_the_foreign_flag_table_as_the_code_holds_it() -> None:

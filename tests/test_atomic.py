@@ -76,8 +76,10 @@ def test_a_resume_killed_inside_the_metrics_rewrite_loses_no_record(tmp_path):
             resume.send_signal(signal.SIGKILL)
             resume.wait()
             after = metrics.read_bytes()
-            assert after in (old, new), (f"killed at {fraction:.0%} of the rewrite: {len(after.splitlines())} of "
-                                         f"{len(old.splitlines())} records left")
+            assert after in (old, new), (
+                f"killed at {fraction:.0%} of the rewrite: {len(after.splitlines())} of "
+                f"{len(old.splitlines())} records left"
+            )
             killed_inside += resume.returncode == -signal.SIGKILL and after == old
         if killed_inside >= 2:
             break

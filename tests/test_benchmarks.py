@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-
 from benchmarks.__main__ import COLUMNS, main, markdown, merge, print_table, registry, run
 from benchmarks.common import Options
 
@@ -66,10 +65,27 @@ def test_every_row_is_listed_once():
 
 
 def _result(cpu: str, time_utc: str, *names: str) -> dict:
-    machine = {"cpu": cpu, "cores": 2, "platform": "Linux", "python": "3.11", "versions": {"jax": "0.10"},
-               "threads": {"xla_cpu": "all", "torch": 2}, "time_utc": time_utc, "harness_s": 10.0}
-    row = {"status": "ok", "jax": 1.0, "ref": 2.0, "unit": "ms", "ratio": 0.5, "goal": "info", "met": None,
-           "what": "w", "notes": ""}
+    machine = {
+        "cpu": cpu,
+        "cores": 2,
+        "platform": "Linux",
+        "python": "3.11",
+        "versions": {"jax": "0.10"},
+        "threads": {"xla_cpu": "all", "torch": 2},
+        "time_utc": time_utc,
+        "harness_s": 10.0,
+    }
+    row = {
+        "status": "ok",
+        "jax": 1.0,
+        "ref": 2.0,
+        "unit": "ms",
+        "ratio": 0.5,
+        "goal": "info",
+        "met": None,
+        "what": "w",
+        "notes": "",
+    }
     return {"machine": machine, "rows": [dict(row, name=n) for n in names]}
 
 
@@ -85,7 +101,10 @@ def test_merged_rows_from_another_machine_are_named_with_that_machine():
     assert other["rows"] == ["step.mlp.k1", "accel.fp32"] and other["machine"]["accelerator"] == "NVIDIA H100"
     out = io.StringIO()
     print_table(merged, file=out)
-    assert "rows step.mlp.k1, accel.fp32 measured on another machine: machine: EPYC, 2 cores, NVIDIA H100" in out.getvalue()
+    assert (
+        "rows step.mlp.k1, accel.fp32 measured on another machine: machine: EPYC, 2 cores, NVIDIA H100"
+        in out.getvalue()
+    )
 
 
 def test_merged_rows_a_later_run_here_takes_back_from_another_machine_are_this_machine_s():

@@ -24,7 +24,7 @@ expansion of a few hundred bytes of YAML to billions of values (printed or walke
 def _alias_bomb(path: Path, levels: int) -> Path:
     """A small YAML file whose one field's aliases nest `levels` times 9 wide: over 9**(levels + 1) strings
     once followed."""
-    lines = ['lols:', '  - &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines = ["lols:", '  - &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     lines += [f"  - &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels + 1)]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -33,12 +33,19 @@ def _alias_bomb(path: Path, levels: int) -> Path:
 def _cli_in_a_memory_cap(*argv: str) -> subprocess.CompletedProcess:
     """jaxloop.train as a user starts it, its address space capped at MEMORY_CAP (the work an input causes
     is bounded by that, not by a time: the test asserts on no clock)."""
+
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
 
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return subprocess.run([sys.executable, "-m", "jaxloop.train", *argv], capture_output=True, text=True,
-                          timeout=600, env=env, preexec_fn=cap)
+    return subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        preexec_fn=cap,
+    )
 
 
 def test_a_yaml_alias_bomb_is_refused_in_one_line_naming_the_file(tmp_path):
@@ -50,7 +57,8 @@ def test_a_yaml_alias_bomb_is_refused_in_one_line_naming_the_file(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert out.stderr.strip().splitlines() == [
         f"jaxloop.train: error: --config='{bomb}' is not allowed: a YAML file of at most 100,000 values once its "
-        "aliases are followed (a config has a few hundred; these aliases expand beyond that)"]
+        "aliases are followed (a config has a few hundred; these aliases expand beyond that)"
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bomb.yaml"]
 
 
@@ -74,8 +82,26 @@ def test_an_error_shows_a_few_hundred_characters_of_a_large_value(tmp_path):
     assert len(shown) == VALUE_SHOWN + len(f"... (cut at {VALUE_SHOWN} characters)")
 
 
-@pytest.mark.parametrize("value", [0, "a", [], [1, "b"], (1,), (1, 2), {}, {"b": 1, "a": [1, (2,)]}, {3}, frozenset({1}),
-                                   2 ** 40, 1.5, None, True, b"x"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        0,
+        "a",
+        [],
+        [1, "b"],
+        (1,),
+        (1, 2),
+        {},
+        {"b": 1, "a": [1, (2,)]},
+        {3},
+        frozenset({1}),
+        2**40,
+        1.5,
+        None,
+        True,
+        b"x",
+    ],
+)
 def test_short_repr_is_repr_for_a_small_value(value):
     assert short_repr(value) == repr(value)
 
@@ -88,10 +114,10 @@ def test_short_repr_is_bounded_for_any_value():
     nested: list = ["lol"] * 9
     for _ in range(9):
         nested = [nested] * 9
-    for value in (cyclic, "x" * 10 ** 6, 10 ** 5000, nested):
+    for value in (cyclic, "x" * 10**6, 10**5000, nested):
         shown = short_repr(value)
         assert len(shown) <= VALUE_SHOWN + len(f"... (cut at {VALUE_SHOWN} characters)"), shown
-    assert short_repr(10 ** 5000) == "<an integer of 16610 bits>"
+    assert short_repr(10**5000) == "<an integer of 16610 bits>"
 
 
 def test_data_workers_beyond_what_the_machine_runs_are_refused_naming_the_range(tmp_path):
@@ -104,7 +130,8 @@ def test_data_workers_beyond_what_the_machine_runs_are_refused_naming_the_range(
         parse_config(["--data.workers", str(most + 1), "--run_dir", str(tmp_path)])
     assert refused.value.cli_message == (
         f"data.workers={most + 1} is not allowed: an integer in [0, {most}] ({WORKERS_PER_CORE} per CPU core this "
-        f"process may use: {usable_cores()}; each worker is a process of its own)")
+        f"process may use: {usable_cores()}; each worker is a process of its own)"
+    )
 
 
 def test_a_process_waiting_for_its_peers_says_so_at_once(tmp_path):
@@ -116,17 +143,34 @@ def test_a_process_waiting_for_its_peers_says_so_at_once(tmp_path):
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    proc = subprocess.Popen([sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(tmp_path / "r"),
-                             "--distributed.num_processes", "2", "--distributed.coordinator", f"localhost:{port}"],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jaxloop.train",
+            "--preset",
+            "debug",
+            "--run_dir",
+            str(tmp_path / "r"),
+            "--distributed.num_processes",
+            "2",
+            "--distributed.coordinator",
+            f"localhost:{port}",
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     try:
         first = proc.stderr.readline().strip()
     finally:
         proc.kill()
         proc.wait()
         proc.stderr.close()
-    assert first == (f"distributed: process 0 waiting for all 2 processes at the coordinator localhost:{port} "
-                     "(up to 300 s)")
+    assert first == (
+        f"distributed: process 0 waiting for all 2 processes at the coordinator localhost:{port} (up to 300 s)"
+    )
 
 
 def test_a_long_value_in_a_flag_tyro_refuses_is_shown_cut(tmp_path):

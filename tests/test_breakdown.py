@@ -33,15 +33,13 @@ def test_the_printed_parts_sum_to_the_whole_within_their_rounding(loop, wait, fw
 
 def test_the_variants_differences_are_backward_and_optimizer():
     parts = split_update(10e-3, 1e-3, 2e-3, 6e-3, 7e-3)
-    assert rounded(parts) == {"data_wait": 1.0, "forward": 2.0, "backward": 4.0, "optimizer": 1.0,
-                              "host_and_rest": 2.0}
+    assert rounded(parts) == {"data_wait": 1.0, "forward": 2.0, "backward": 4.0, "optimizer": 1.0, "host_and_rest": 2.0}
 
 
 def test_device_parts_timed_slower_alone_are_scaled_into_the_loops_time():
     # 8 ms of variants in a loop of 5 ms with 1 ms of data wait: the device parts are halved, nothing is left over
     parts = split_update(5e-3, 1e-3, 2e-3, 6e-3, 8e-3)
-    assert rounded(parts) == {"data_wait": 1.0, "forward": 1.0, "backward": 2.0, "optimizer": 1.0,
-                              "host_and_rest": 0.0}
+    assert rounded(parts) == {"data_wait": 1.0, "forward": 1.0, "backward": 2.0, "optimizer": 1.0, "host_and_rest": 0.0}
 
 
 def test_the_three_variants_compile_and_run_on_the_gpt(monkeypatch):

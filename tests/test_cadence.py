@@ -40,15 +40,21 @@ def test_off_the_grid_the_loop_dispatches_single_updates_until_back_on_it():
 def call_sizes(tmp_path_factory):
     """The debug preset, every update logged, with 2-micro-batch updates, run one update per call and
     in calls of 10 (the default's choice for it): (summary, train records) of each."""
-    from jaxloop.loop.runner import run
     from jaxloop.core.config import preset
+    from jaxloop.loop.runner import run
 
     out = {}
     for per_call in (1, 0):
         base = preset("debug")
-        cfg = replace(base, run_dir=str(tmp_path_factory.mktemp(f"calls{per_call}")), steps=30, log_every=1,
-                      updates_per_call=per_call, optim=replace(base.optim, accum_steps=2),
-                      log=replace(base.log, progress="off", tensorboard=False))
+        cfg = replace(
+            base,
+            run_dir=str(tmp_path_factory.mktemp(f"calls{per_call}")),
+            steps=30,
+            log_every=1,
+            updates_per_call=per_call,
+            optim=replace(base.optim, accum_steps=2),
+            log=replace(base.log, progress="off", tensorboard=False),
+        )
         summary = run(cfg)
         out[per_call] = summary, [r for r in read_records(cfg.run_dir) if r["kind"] == "train"]
     return out
@@ -81,20 +87,32 @@ def test_the_next_call_is_dispatched_before_the_host_logs_the_finished_one(tmp_p
     """The device is not left idle while the host writes a call's records: the loop dispatches the next
     call first, unless the state reached is to be evaluated or saved (then it waits for both). Mutant:
     logging before dispatching fails the first check."""
-    from jaxloop.loop.dispatch import Dispatcher
-    from jaxloop.observe.logger import RunLogger
-    from jaxloop.loop.runner import run
     from jaxloop.core.config import preset
+    from jaxloop.loop.dispatch import Dispatcher
+    from jaxloop.loop.runner import run
+    from jaxloop.observe.logger import RunLogger
 
     events: list[tuple[str, int]] = []
     dispatch, train = Dispatcher.dispatch, RunLogger.train
-    monkeypatch.setattr(Dispatcher, "dispatch", lambda self, state, step, n: (events.append(("dispatch", step)),
-                                                                              dispatch(self, state, step, n))[1])
-    monkeypatch.setattr(RunLogger, "train", lambda self, record: (events.append(("log", record["step"])),
-                                                                   train(self, record))[1])
+    monkeypatch.setattr(
+        Dispatcher,
+        "dispatch",
+        lambda self, state, step, n: (events.append(("dispatch", step)), dispatch(self, state, step, n))[1],
+    )
+    monkeypatch.setattr(
+        RunLogger, "train", lambda self, record: (events.append(("log", record["step"])), train(self, record))[1]
+    )
     base = preset("debug")
-    cfg = replace(base, run_dir=str(tmp_path), steps=40, log_every=1, eval_every=20, updates_per_call=5,
-                  checkpoint=CheckpointConfig(every=20), log=replace(base.log, progress="off", tensorboard=False))
+    cfg = replace(
+        base,
+        run_dir=str(tmp_path),
+        steps=40,
+        log_every=1,
+        eval_every=20,
+        updates_per_call=5,
+        checkpoint=CheckpointConfig(every=20),
+        log=replace(base.log, progress="off", tensorboard=False),
+    )
     run(cfg)
     calls = [step for kind, step in events if kind == "dispatch"]
     assert calls == list(range(0, 40, 5))
@@ -124,9 +142,16 @@ def _records_with_one_nan() -> list[dict]:
 
 
 def _cfg(run_dir, **fields) -> Config:
-    base = Config(run_dir=str(run_dir), steps=12, batch_size=16, log_every=4, eval_every=4,
-                  optim=OptimConfig(peak_lr=1e-2, warmup_steps=1), checkpoint=CheckpointConfig(every=4, keep_last=10),
-                  log=LogConfig(progress="off", report=False, tensorboard=False))
+    base = Config(
+        run_dir=str(run_dir),
+        steps=12,
+        batch_size=16,
+        log_every=4,
+        eval_every=4,
+        optim=OptimConfig(peak_lr=1e-2, warmup_steps=1),
+        checkpoint=CheckpointConfig(every=4, keep_last=10),
+        log=LogConfig(progress="off", report=False, tensorboard=False),
+    )
     return replace(base, **fields)
 
 
@@ -154,8 +179,10 @@ def test_every_record_has_its_time_when_skips_move_the_loop_off_the_grid(tmp_pat
     # for the logs of the call before it (else the clock restarts after them: step_ms 0). Mutant
     # dispatching ahead regardless of compiling: records with step_ms ~1e-7, seen failing.
     records = _records_with_one_nan()
-    jaxloop.run(_cfg(tmp_path, log_every=1, eval_every=0, checkpoint=CheckpointConfig(every=0)),
-                jaxloop.Task(Lin(), _mse, records, records[:16]))
+    jaxloop.run(
+        _cfg(tmp_path, log_every=1, eval_every=0, checkpoint=CheckpointConfig(every=0)),
+        jaxloop.Task(Lin(), _mse, records, records[:16]),
+    )
     train = [r for r in read_records(tmp_path) if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(1, 13))
     # no update of this model takes under a microsecond; a clock restarted after `now` gives ~1e-7 ms

@@ -20,15 +20,15 @@ import pytest
 
 from jaxloop.checkpoint import manager as checkpoint
 from jaxloop.checkpoint.manager import Checkpointer
-from jaxloop.update.optimizer import SkipWindowsState
 from jaxloop.core.cli import Interrupted
 from jaxloop.core.config import CheckpointConfig, Config, ModelConfig, preset, replace, to_dict
 from jaxloop.core.records import read_records
-from jaxloop.model.builtin import make_model
-from jaxloop.update.state import state_digest
-from jaxloop.loop.task import create_train_state
-from jaxloop.observe.logger import RunLogger
 from jaxloop.loop.runner import run
+from jaxloop.loop.task import create_train_state
+from jaxloop.model.builtin import make_model
+from jaxloop.observe.logger import RunLogger
+from jaxloop.update.optimizer import SkipWindowsState
+from jaxloop.update.state import state_digest
 
 
 def _debug(run_dir: Path, **fields) -> Config:
@@ -54,8 +54,11 @@ METRICS = [0.9, 0.5, 0.7, 0.4, 0.8, 0.6, 0.45, 0.3, 0.35, 0.9, 0.95, 1.0]
 def test_retention_keeps_last_best_and_every_mth_for_a_known_metric_sequence(tmp_path, async_save):
     # keep_last=2 -> {11, 12}; keep_best=2 by min val_loss -> 0.3 at 8, 0.35 at 9; keep_every=5 -> {5, 10};
     # step 13 is saved without metrics: only LatestN can keep it, and it pushes 11 out.
-    cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)),
-                 checkpoint=CheckpointConfig(keep_last=2, keep_best=2, keep_every=5, async_save=async_save))
+    cfg = Config(
+        run_dir=str(tmp_path),
+        model=ModelConfig(hidden=(4,)),
+        checkpoint=CheckpointConfig(keep_last=2, keep_best=2, keep_every=5, async_save=async_save),
+    )
     state = _small_state(cfg)
     ckpt = Checkpointer(cfg.checkpoint, tmp_path, config=to_dict(cfg))
     try:
@@ -73,8 +76,11 @@ def test_retention_keeps_last_best_and_every_mth_for_a_known_metric_sequence(tmp
 
 
 def test_retention_in_max_mode_keeps_the_largest_metric(tmp_path):
-    cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)),
-                 checkpoint=CheckpointConfig(keep_last=1, keep_best=1, best_metric="val_acc", best_mode="max"))
+    cfg = Config(
+        run_dir=str(tmp_path),
+        model=ModelConfig(hidden=(4,)),
+        checkpoint=CheckpointConfig(keep_last=1, keep_best=1, best_metric="val_acc", best_mode="max"),
+    )
     state = _small_state(cfg)
     ckpt = Checkpointer(cfg.checkpoint, tmp_path, config=to_dict(cfg))
     try:
@@ -124,11 +130,16 @@ def test_async_save_keeps_its_update_while_later_steps_donate_their_buffers(tmp_
     # thread, so the next steps must not reuse its buffers before Orbax holds them. Steps are
     # dispatched right after save() returns, long before the hand-over ends; the restored state must
     # be the saved one bit for bit.
-    cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(64, 64)),
-                 checkpoint=CheckpointConfig(async_save=True))
-    bump = jax.jit(lambda s: s.replace(params=jax.tree.map(lambda p: p + 1.0, s.params),
-                                       opt_state=jax.tree.map(lambda x: x if x.dtype == bool else x + 1, s.opt_state)),
-                   donate_argnums=0)
+    cfg = Config(
+        run_dir=str(tmp_path), model=ModelConfig(hidden=(64, 64)), checkpoint=CheckpointConfig(async_save=True)
+    )
+    bump = jax.jit(
+        lambda s: s.replace(
+            params=jax.tree.map(lambda p: p + 1.0, s.params),
+            opt_state=jax.tree.map(lambda x: x if x.dtype == bool else x + 1, s.opt_state),
+        ),
+        donate_argnums=0,
+    )
     state = bump(_small_state(cfg))  # buffers produced by a donating step, as in the loop
     saved_digest = state_digest(state)
     ckpt = Checkpointer(cfg.checkpoint, tmp_path, config=to_dict(cfg))
@@ -170,10 +181,12 @@ def test_a_cpu_state_is_handed_to_orbax_as_numpy_views_of_its_own_buffers(tmp_pa
     # Mutants seen failing: the async hand-over, or the sync save, given the jax.Arrays themselves.
     handed = []
     save = Checkpointer._save
-    monkeypatch.setattr(Checkpointer, "_save",
-                        lambda self, step, state, *a: (handed.append(state), save(self, step, state, *a))[1])
-    cfg = Config(run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)),
-                 checkpoint=CheckpointConfig(async_save=async_save))
+    monkeypatch.setattr(
+        Checkpointer, "_save", lambda self, step, state, *a: (handed.append(state), save(self, step, state, *a))[1]
+    )
+    cfg = Config(
+        run_dir=str(tmp_path), model=ModelConfig(hidden=(4,)), checkpoint=CheckpointConfig(async_save=async_save)
+    )
     state = _small_state(cfg)
     ckpt = Checkpointer(cfg.checkpoint, tmp_path, config=to_dict(cfg))
     try:
@@ -196,8 +209,14 @@ def uninterrupted(tmp_path_factory):
     """The reference: a debug run of 30 updates with 2-step accumulation, every update logged, one
     update per call (so that a signal stops it at the update chosen, see _interrupt_at)."""
     run_dir = tmp_path_factory.mktemp("uninterrupted")
-    cfg = _debug(run_dir, steps=30, updates_per_call=1, optim=replace(preset("debug").optim, accum_steps=2),
-                 checkpoint=CheckpointConfig(every=10), log=replace(preset("debug").log, progress="off"))
+    cfg = _debug(
+        run_dir,
+        steps=30,
+        updates_per_call=1,
+        optim=replace(preset("debug").optim, accum_steps=2),
+        checkpoint=CheckpointConfig(every=10),
+        log=replace(preset("debug").log, progress="off"),
+    )
     summary = run(cfg)
     return cfg, summary, _train_losses(run_dir)
 
@@ -255,7 +274,9 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(uninterrupted,
             for victim in files:
                 victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
         settled = []
-        monkeypatch.setattr(checkpoint, "settle_abandoned_tasks", lambda: settled.append(damage))
+        monkeypatch.setattr(
+            checkpoint, "settle_abandoned_tasks", lambda settled=settled, damage=damage: settled.append(damage)
+        )
         with pytest.warns(UserWarning, match=r"checkpoint at update 24 is damaged") as caught:
             summary = run(cfg)
         monkeypatch.undo()
@@ -312,8 +333,24 @@ def test_resume_with_incompatible_config_is_refused_listing_fields(uninterrupted
 
     run(replace(uninterrupted[0], run_dir=str(tmp_path), steps=10))
     before = sorted(str(p) for p in tmp_path.rglob("*"))
-    argv = ["--preset", "debug", "--run_dir", str(tmp_path), "--steps", "10", "--optim.accum_steps", "2",
-            "--checkpoint.every", "10", "--batch_size", "16", "--optim.peak_lr", "0.02", "--seed", "3"]
+    argv = [
+        "--preset",
+        "debug",
+        "--run_dir",
+        str(tmp_path),
+        "--steps",
+        "10",
+        "--optim.accum_steps",
+        "2",
+        "--checkpoint.every",
+        "10",
+        "--batch_size",
+        "16",
+        "--optim.peak_lr",
+        "0.02",
+        "--seed",
+        "3",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     for field in ("batch_size: 32 -> 16", "optim.peak_lr: 0.01 -> 0.02", "seed: 0 -> 3"):
@@ -324,8 +361,7 @@ def test_resume_with_incompatible_config_is_refused_listing_fields(uninterrupted
 def test_resume_accepts_safe_changes_and_records_them(uninterrupted, tmp_path):
     cfg = replace(uninterrupted[0], run_dir=str(tmp_path), steps=10)
     run(cfg)
-    longer = replace(cfg, steps=14, log_every=2, allow_steps_change=True,
-                     data=replace(cfg.data, workers=1))
+    longer = replace(cfg, steps=14, log_every=2, allow_steps_change=True, data=replace(cfg.data, workers=1))
     summary = run(longer)
     assert summary["final_step"] == 14
     record = json.loads((tmp_path / "resumes.jsonl").read_text().splitlines()[-1])
@@ -349,8 +385,18 @@ def test_resume_modes_never_and_must(tmp_path, capsys):
 
 
 def _train_cmd(run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(run_dir),
-            "--log.progress", "plain", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "jaxloop.train",
+        "--preset",
+        "debug",
+        "--run_dir",
+        str(run_dir),
+        "--log.progress",
+        "plain",
+        *extra,
+    ]
 
 
 def _last_step(run_dir: Path) -> int:
@@ -371,8 +417,9 @@ def _wait_until_trained(run_dir: Path, proc: subprocess.Popen, beyond: int, time
 
 
 def test_sigterm_to_a_real_process_saves_and_exits_143(tmp_path):
-    proc = subprocess.Popen(_train_cmd(tmp_path, "--steps", "100000", "--log_every", "1"),
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _train_cmd(tmp_path, "--steps", "100000", "--log_every", "1"), stderr=subprocess.PIPE, text=True
+    )
     assert _wait_until_trained(tmp_path, proc, beyond=50)
     proc.send_signal(signal.SIGTERM)
     rest = proc.stderr.read()
@@ -387,8 +434,18 @@ def test_sigterm_to_a_real_process_saves_and_exits_143(tmp_path):
 @pytest.mark.slow
 def test_twenty_sigkills_at_random_moments_end_bit_identical(tmp_path):
     """SIGKILL at 20 seeded random moments (many during async saves, every 3 updates), resume each time."""
-    args = ("--steps", "600", "--log_every", "1", "--checkpoint.every", "3", "--checkpoint.keep_last", "2",
-            "--eval_every", "50")
+    args = (
+        "--steps",
+        "600",
+        "--log_every",
+        "1",
+        "--checkpoint.every",
+        "3",
+        "--checkpoint.keep_last",
+        "2",
+        "--eval_every",
+        "50",
+    )
     reference = subprocess.run(_train_cmd(tmp_path / "ref", *args), capture_output=True, text=True, timeout=300)
     assert reference.returncode == 0, reference.stderr
     ref = json.loads((tmp_path / "ref" / "summary.json").read_text())

@@ -16,19 +16,32 @@ import jax
 import numpy as np
 import pytest
 
-from jaxloop.checkpoint.manager import Checkpointer, read_checkpoint
 from jaxloop.checkpoint.digest import UnverifiedCheckpointWarning
+from jaxloop.checkpoint.manager import Checkpointer, read_checkpoint
 from jaxloop.core.config import Config, ModelConfig, replace, to_dict
 from jaxloop.core.records import read_records
 
 # The debug preset's MLP: 50 updates, a checkpoint every 10, all five kept.
-ARGS = ("--preset", "debug", "--log.progress", "off", "--log.no-tensorboard", "--steps", "50",
-        "--checkpoint.keep_last", "5")
+ARGS = (
+    "--preset",
+    "debug",
+    "--log.progress",
+    "off",
+    "--log.no-tensorboard",
+    "--steps",
+    "50",
+    "--checkpoint.keep_last",
+    "5",
+)
 
 
 def _train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jaxloop.train", "--run_dir", str(run_dir), *ARGS, *extra],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", "--run_dir", str(run_dir), *ARGS, *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _losses(run_dir: Path) -> list[tuple[int, float]]:
@@ -67,8 +80,9 @@ def _flip(path: Path, fraction: float) -> None:
 
 
 def _damaged(stderr: str) -> list[int]:
-    return sorted(int(line.split("checkpoint at update ")[1].split()[0]) for line in stderr.splitlines()
-                  if "is damaged" in line)
+    return sorted(
+        int(line.split("checkpoint at update ")[1].split()[0]) for line in stderr.splitlines() if "is damaged" in line
+    )
 
 
 def test_flipped_bytes_and_an_edited_data_position_are_set_aside_and_the_run_ends_bit_identical(reference, tmp_path):
@@ -120,7 +134,7 @@ def test_moments_restored_huge_fall_back_to_the_previous_checkpoint_instead_of_s
     run_dir = _copy(reference, tmp_path)
     for step in (40, 50):
         shutil.rmtree(run_dir / "checkpoints" / str(step))
-    _set_moment(run_dir / "checkpoints" / "30", 2.0996336e+37)
+    _set_moment(run_dir / "checkpoints" / "30", 2.0996336e37)
 
     rerun = _train(run_dir)
     assert rerun.returncode == 0, rerun.stderr
@@ -140,7 +154,8 @@ def test_init_from_a_run_of_another_size_is_one_line_exit_2_and_nothing_written(
     assert capsys.readouterr().err.strip().splitlines() == [
         f"jaxloop.train: error: init_from={str(reference)!r} is not allowed: a run of this model's shapes; these "
         "params differ: params/hidden_0/bias: (32,) there, (64,) now; params/hidden_0/kernel: (64, 32) there, "
-        "(64, 64) now; params/out/kernel: (32, 10) there, (64, 10) now"]
+        "(64, 64) now; params/out/kernel: (32, 10) there, (64, 10) now"
+    ]
     assert not run_dir.exists(), "nothing is written, not even the run_dir's lock"
 
 
@@ -148,8 +163,8 @@ def test_init_from_a_run_of_another_size_is_one_line_exit_2_and_nothing_written(
 
 
 def _state(cfg: Config):
-    from jaxloop.model.builtin import make_model
     from jaxloop.loop.task import create_train_state
+    from jaxloop.model.builtin import make_model
 
     return create_train_state(cfg, make_model(cfg.model, 3, cfg.precision), np.zeros((1, 4), np.float32))
 
@@ -165,8 +180,11 @@ def test_a_non_finite_restored_state_is_damaged_and_the_previous_checkpoint_rest
         ckpt.save(1, state, {"position": 1})
         ckpt.save(2, bad, {"position": 2}, check_finite=False)
         ckpt.wait()
-        with pytest.warns(UserWarning, match=r"checkpoint at update 2 is damaged \(DamagedCheckpointError: the "
-                                             r"restored state holds NaN or Inf\)"):
+        with pytest.warns(
+            UserWarning,
+            match=r"checkpoint at update 2 is damaged \(DamagedCheckpointError: the "
+            r"restored state holds NaN or Inf\)",
+        ):
             restored = ckpt.restore_latest(_state(replace(cfg, seed=1)))
     finally:
         ckpt.close()
@@ -267,12 +285,15 @@ def test_a_checkpoint_without_a_digest_whose_updates_go_non_finite_before_the_ne
     run_dir = _killed_after(reference, tmp_path, 30)
     for step in (10, 20, 30):
         shutil.rmtree(run_dir / "checkpoints" / str(step) / "digest")
-    _set_moment(run_dir / "checkpoints" / "30", 2.0996336e+37)
+    _set_moment(run_dir / "checkpoints" / "30", 2.0996336e37)
 
     rerun = _train(run_dir)
     assert rerun.returncode == 0, rerun.stderr
     assert _damaged(rerun.stderr) == [30], rerun.stderr
-    assert "without a digest to check its bytes, and the updates from it went non-finite before the next save" in rerun.stderr
+    assert (
+        "without a digest to check its bytes, and the updates from it went non-finite before the next save"
+        in rerun.stderr
+    )
     assert "resuming from update 20" in rerun.stderr + rerun.stdout
     assert len(list((run_dir / "checkpoints_damaged").iterdir())) == 1, "moved aside, not deleted"
     assert _digest(run_dir) == _digest(reference), "20 restores its saved bytes: the uninterrupted run's end"

@@ -37,12 +37,19 @@ BAD_FLAGS = [
     (["--run_dir", "/etc/hostname/run"], "run_dir='/etc/hostname/run'"),
     (["--log.price_per_hour", "-1"], "log.price_per_hour=-1.0"),
     (["--distributed.num_processes", "2"], "distributed.coordinator=''"),
-    (["--distributed.num_processes", "2", "--distributed.process_id", "2", "--distributed.coordinator", "h:1"],
-     "distributed.process_id=2"),
+    (
+        ["--distributed.num_processes", "2", "--distributed.process_id", "2", "--distributed.coordinator", "h:1"],
+        "distributed.process_id=2",
+    ),
     (["--seed", "99999999999999999999"], "seed=99999999999999999999 is not allowed: an integer in [0, 2**63 - 1"),
     (["--steps", "99999999999999999999"], "steps=99999999999999999999 is not allowed: an integer in [1, 100000000]"),
-    (["--steps", "3000000000"], ("steps=3000000000 is not allowed: an integer in [1, 100000000] (the learning-rate "
-                                 "schedule is a table of one float64 rate per update: 762 MiB at the bound)")),
+    (
+        ["--steps", "3000000000"],
+        (
+            "steps=3000000000 is not allowed: an integer in [1, 100000000] (the learning-rate "
+            "schedule is a table of one float64 rate per update: 762 MiB at the bound)"
+        ),
+    ),
 ]
 
 
@@ -81,8 +88,9 @@ def _resumable(tmp_path: Path, damage) -> list[str]:
     argv = ["--preset", "debug", "--run_dir", "run"]
     RunDir(parse_config(argv)).start()
     (tmp_path / "run" / "checkpoints" / "10").mkdir(parents=True)
-    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps({"kind": "train", "step": s}) + "\n"
-                                                            for s in range(1, 11)))
+    (tmp_path / "run" / "metrics.jsonl").write_text(
+        "".join(json.dumps({"kind": "train", "step": s}) + "\n" for s in range(1, 11))
+    )
     damage(tmp_path / "run")
     return argv
 
@@ -145,23 +153,49 @@ def _config_truncated(d: Path) -> list[str]:
 # (name, make(tmp_path) -> argv (creating the input files), the text or texts the one-line message must hold): bad input
 # held in files. Nothing may be written: every file in tmp_path keeps its bytes and no file appears.
 BAD_FILES = [
-    ("config file not UTF-8", _config_not_utf8,
-     "is not allowed: a UTF-8 text file (byte 0xe9 at offset 14 is not UTF-8)"),
-    ("npz y of shape (N, 1)", _npz_y_column,
-     "y of shape (records,), one integer label per record (got shape (100, 1); y.reshape(-1) gives it"),
-    ("npz x of 1 dimension", _npz_x_1d,
-     "x of shape (records, features), 2 dimensions (got shape (100,); x[:, None] if each record is one number)"),
-    ("npz x of 3 dimensions", _npz_x_3d,
-     "(got shape (100, 2, 2); flatten each record's features: x.reshape(len(x), -1))"),
-    ("npz label 1000 among classes 0..3", _npz_label_1000,
-     ("record 46 of the train split (y[57] in ", "d.npz) has label 1000, but no training record has label 4")),
-    ("npz class seen only in validation", _npz_class_only_in_val,
-     ("record 3 of the val split (y_val[3] in ", "d.npz) has label 3, a class seen only in validation")),
-    ("run_dir holding the user's own files", _users_own_folder,
-     ("holds other files: config.json, summary.json; a run writes config.json, summary.json, ... there): "
-      "choose another --run_dir")),
-    ("metrics.jsonl not UTF-8 on resume", _metrics_not_utf8,
-     "metrics.jsonl line 3: byte 0xff at column 32 is not UTF-8 text; repair or delete that line"),
+    (
+        "config file not UTF-8",
+        _config_not_utf8,
+        "is not allowed: a UTF-8 text file (byte 0xe9 at offset 14 is not UTF-8)",
+    ),
+    (
+        "npz y of shape (N, 1)",
+        _npz_y_column,
+        "y of shape (records,), one integer label per record (got shape (100, 1); y.reshape(-1) gives it",
+    ),
+    (
+        "npz x of 1 dimension",
+        _npz_x_1d,
+        "x of shape (records, features), 2 dimensions (got shape (100,); x[:, None] if each record is one number)",
+    ),
+    (
+        "npz x of 3 dimensions",
+        _npz_x_3d,
+        "(got shape (100, 2, 2); flatten each record's features: x.reshape(len(x), -1))",
+    ),
+    (
+        "npz label 1000 among classes 0..3",
+        _npz_label_1000,
+        ("record 46 of the train split (y[57] in ", "d.npz) has label 1000, but no training record has label 4"),
+    ),
+    (
+        "npz class seen only in validation",
+        _npz_class_only_in_val,
+        ("record 3 of the val split (y_val[3] in ", "d.npz) has label 3, a class seen only in validation"),
+    ),
+    (
+        "run_dir holding the user's own files",
+        _users_own_folder,
+        (
+            "holds other files: config.json, summary.json; a run writes config.json, summary.json, ... there): "
+            "choose another --run_dir"
+        ),
+    ),
+    (
+        "metrics.jsonl not UTF-8 on resume",
+        _metrics_not_utf8,
+        "metrics.jsonl line 3: byte 0xff at column 32 is not UTF-8 text; repair or delete that line",
+    ),
     ("config.json truncated on resume", _config_truncated, "config.json is damaged: JSONDecodeError"),
 ]
 
@@ -237,8 +271,13 @@ def test_dotted_flags_accept_underscores_and_hyphens(tmp_path):
 def test_help_lists_every_field_with_its_doc_and_default():
     # 190 columns: at most two boxes side by side (tyro packs width // 65 columns), ~95 wide, so a field's
     # doc and default stay on one line however many fields the config has
-    out = subprocess.run([sys.executable, "-m", "jaxloop.train", "--help"], capture_output=True, text=True,
-                         env={**os.environ, "COLUMNS": "190"}, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "190"},
+        timeout=120,
+    )
     assert out.returncode == 0
     flat = _flatten(to_dict(Config()))
     for key in flat:
@@ -247,11 +286,15 @@ def test_help_lists_every_field_with_its_doc_and_default():
 
 
 def test_bad_flag_in_a_real_subprocess_exits_2_with_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "jaxloop.train", "--optim.peak_lr", "0"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", "--optim.peak_lr", "0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [
-        "jaxloop.train: error: optim.peak_lr=0.0 is not allowed: a number > 0"]
+    assert out.stderr.strip().splitlines() == ["jaxloop.train: error: optim.peak_lr=0.0 is not allowed: a number > 0"]
     assert list(Path(tmp_path).iterdir()) == []
 
 

@@ -30,8 +30,7 @@ def one_run(cache: Path, *new: str) -> str:
 
 
 def run_process(cache: Path, *new: str) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-c", ONE_RUN, str(cache), *new], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", ONE_RUN, str(cache), *new], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return out
 
@@ -67,9 +66,11 @@ def test_the_cache_keeps_xla_s_autotuning_results_but_not_its_gpu_kernel_cache(t
 
     before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_enable_xla_caches)
     try:
-        for asked, kept in [("all", "xla_gpu_per_fusion_autotune_cache_dir"),
-                            ("xla_gpu_kernel_cache_file", "xla_gpu_per_fusion_autotune_cache_dir"),
-                            ("none", "none")]:  # a user's choice without the kernel cache stands
+        for asked, kept in [
+            ("all", "xla_gpu_per_fusion_autotune_cache_dir"),
+            ("xla_gpu_kernel_cache_file", "xla_gpu_per_fusion_autotune_cache_dir"),
+            ("none", "none"),
+        ]:  # a user's choice without the kernel cache stands
             jax.config.update("jax_persistent_cache_enable_xla_caches", asked)
             enable_compilation_cache(tmp_path / "jax")
             assert jax.config.jax_persistent_cache_enable_xla_caches == kept, asked

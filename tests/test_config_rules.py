@@ -6,13 +6,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from jaxloop.core.config import (HOST, RESUME_SAFE, Config, DataConfig, Rule, builtin_task_fields, field_rules,
-                                 resume_conflicts, to_dict)
+from jaxloop.core.config import (
+    HOST,
+    RESUME_SAFE,
+    Config,
+    DataConfig,
+    Rule,
+    builtin_task_fields,
+    field_rules,
+    resume_conflicts,
+    to_dict,
+)
 
-HOST_FIELDS = {"run_dir", "resume", "allow_steps_change", "compile_cache", "retain_host_memory", "eval_every",
-               "log_every", "deterministic", "updates_per_call", "max_bad_steps", "patience", "init_from",
-               "data.workers", "data.prefetch", "data.eval_batch_size", "data.allow_changed", "checkpoint.", "log.",
-               "distributed."}
+HOST_FIELDS = {
+    "run_dir",
+    "resume",
+    "allow_steps_change",
+    "compile_cache",
+    "retain_host_memory",
+    "eval_every",
+    "log_every",
+    "deterministic",
+    "updates_per_call",
+    "max_bad_steps",
+    "patience",
+    "init_from",
+    "data.workers",
+    "data.prefetch",
+    "data.eval_batch_size",
+    "data.allow_changed",
+    "checkpoint.",
+    "log.",
+    "distributed.",
+}
 """Not the trajectory, the host's business: a resume may change them."""
 PLAN_FIELDS = {"memory."}
 """The same math, other compiled code: a resume may change them."""
@@ -42,7 +68,9 @@ def test_the_seed_and_the_evaluation_subset_change_the_run() -> None:
     """Other initial values, data order or evaluation batches: the same code, another trajectory."""
     base = Config()
     assert resume_conflicts(to_dict(base), replace(base, seed=1, eval_batches=2)) == [
-        "eval_batches: 0 -> 2", "seed: 0 -> 1"]
+        "eval_batches: 0 -> 2",
+        "seed: 0 -> 1",
+    ]
 
 
 def test_an_undeclared_field_changes_the_run() -> None:
@@ -65,6 +93,12 @@ def test_the_fields_only_the_builtin_tasks_read_are_the_model_and_the_data_sourc
     every model field by its section's declaration, the data fields that pick and split the records, and
     data.allow_changed (only the built-in sources have a data record to compare)."""
     model = {f"model.{k.split('.')[1]}" for k in field_rules() if k.startswith("model.")}
-    assert set(builtin_task_fields()) == model | {"data.source", "data.path", "data.val_fraction", "data.train",
-                                                  "data.val", "data.allow_changed"}
+    assert set(builtin_task_fields()) == model | {
+        "data.source",
+        "data.path",
+        "data.val_fraction",
+        "data.train",
+        "data.val",
+        "data.allow_changed",
+    }
     assert "model.kind" in model and "data.workers" not in builtin_task_fields()

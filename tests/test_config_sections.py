@@ -7,8 +7,18 @@ from dataclasses import replace
 
 import pytest
 
-from jaxloop import (CheckpointConfig, Config, ConfigError, DataConfig, DistributedConfig, LogConfig, MemoryConfig,
-                     ModelConfig, OptimConfig, validate)
+from jaxloop import (
+    CheckpointConfig,
+    Config,
+    ConfigError,
+    DataConfig,
+    DistributedConfig,
+    LogConfig,
+    MemoryConfig,
+    ModelConfig,
+    OptimConfig,
+    validate,
+)
 
 BAD = [  # (a section with one field not allowed, the flag path its error names)
     (ModelConfig(d_model=130, n_heads=4), "model.n_heads"),

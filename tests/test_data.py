@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 
 from jaxloop.core.config import Config, ConfigError, DataConfig, ModelConfig, preset
-from jaxloop.data.pipeline import DevicePrefetcher, TrainLoader, eval_batch_size, num_val_batches, train_loader, val_batches
 from jaxloop.core.sources import (
     SPLIT_SEED,
     UNK,
@@ -35,6 +34,14 @@ from jaxloop.core.sources import (
     record_order,
     write_vocab,
 )
+from jaxloop.data.pipeline import (
+    DevicePrefetcher,
+    TrainLoader,
+    eval_batch_size,
+    num_val_batches,
+    train_loader,
+    val_batches,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = REPO / "tests" / "data" / "tinyshakespeare_60k.txt"  # its first 60k characters (tests/data/README.md)
@@ -45,8 +52,11 @@ SPLITS = load_splits(DIGITS)
 
 def make_loader(position: int = 0, p: int = 0, count: int = 1, cfg=DIGITS, **kw) -> TrainLoader:
     """The digits preset's loader at micro-batch `position`, as process p of `count`."""
-    return TrainLoader(SPLITS, seed=cfg.seed, batch_size=cfg.batch_size, position=position, process_index=p,
-                       process_count=count, **kw)
+    return TrainLoader(
+        SPLITS, seed=cfg.seed, batch_size=cfg.batch_size, position=position, process_index=p, process_count=count, **kw
+    )
+
+
 BPE = batches_per_epoch(DIGITS, SPLITS.num_train)
 SAVE_AT = 2 * BPE + 8  # saved after batch 7 (0-based) of epoch 2: the next is batch 8 of epoch 2
 STOP = 3 * BPE + 4  # runs cross two epoch boundaries
@@ -67,12 +77,15 @@ def worker_probe(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Runs inside a worker: reports whether it could touch an accelerator."""
     jax_mod = sys.modules.get("jax")
     bridge = sys.modules.get("jax._src.xla_bridge")
-    batch["probe"] = np.array([
-        os.environ.get("JAX_PLATFORMS") == "cpu",
-        jax_mod is None or jax_mod.config.jax_platforms == "cpu",
-        bridge is not None and bridge.backends_are_initialized(),
-        os.getpid(),
-    ], np.int64)
+    batch["probe"] = np.array(
+        [
+            os.environ.get("JAX_PLATFORMS") == "cpu",
+            jax_mod is None or jax_mod.config.jax_platforms == "cpu",
+            bridge is not None and bridge.backends_are_initialized(),
+            os.getpid(),
+        ],
+        np.int64,
+    )
     return batch
 
 
@@ -102,7 +115,8 @@ def runs():
 
 def text_cfg(path, context: int = 4, val_fraction: float = 0.1, batch_size: int = 8) -> Config:
     return dataclasses.replace(
-        preset("shakespeare"), batch_size=batch_size,
+        preset("shakespeare"),
+        batch_size=batch_size,
         model=ModelConfig(kind="gpt", context=context),
         data=DataConfig(source="text", path=str(path), val_fraction=val_fraction),
     )
@@ -110,7 +124,9 @@ def text_cfg(path, context: int = 4, val_fraction: float = 0.1, batch_size: int 
 
 def npz_cfg(path, val_fraction: float = 0.2, batch_size: int = 4, seed: int = 0) -> Config:
     return dataclasses.replace(
-        preset("digits"), batch_size=batch_size, seed=seed,
+        preset("digits"),
+        batch_size=batch_size,
+        seed=seed,
         data=DataConfig(source="npz", path=str(path), val_fraction=val_fraction),
     )
 
@@ -164,14 +180,14 @@ def test_each_epoch_is_a_permutation_with_documented_remainder_dropped():
     n, bs = SPLITS.num_train, DIGITS.batch_size
     order = record_order(DIGITS, n, 0, 3 * BPE)
     assert order.shape == (3 * BPE, bs) and BPE == n // bs
-    epochs = [order[e * BPE:(e + 1) * BPE].ravel() for e in range(3)]
+    epochs = [order[e * BPE : (e + 1) * BPE].ravel() for e in range(3)]
     for e, records in enumerate(epochs):
         assert len(np.unique(records)) == BPE * bs  # no record twice within an epoch
         perm = epoch_permutation(DIGITS.seed, e, n)
-        assert np.array_equal(records, perm[:BPE * bs])  # epoch e = permutation from (seed, e)
+        assert np.array_equal(records, perm[: BPE * bs])  # epoch e = permutation from (seed, e)
         dropped = np.setdiff1d(np.arange(n), records)
         assert len(dropped) == n % bs == 29  # the remainder, the permutation's tail, is dropped
-        assert np.array_equal(np.sort(perm[BPE * bs:]), dropped)
+        assert np.array_equal(np.sort(perm[BPE * bs :]), dropped)
     assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[2])
 
 
@@ -210,7 +226,9 @@ def test_val_batches_cover_split_once_with_weight_padding(count):
     cfg = dataclasses.replace(DIGITS, data=dataclasses.replace(DIGITS.data, eval_batch_size=64))
     n = SPLITS.num_val  # 360 = 5 * 64 + 40: the last batch holds 24 padding records
     per_process = [list(val_batches(SPLITS, eval_batch_size(cfg), p, count)) for p in range(count)]
-    assert all(len(batches) == num_val_batches(SPLITS, eval_batch_size(cfg)) == math.ceil(n / 64) for batches in per_process)
+    assert all(
+        len(batches) == num_val_batches(SPLITS, eval_batch_size(cfg)) == math.ceil(n / 64) for batches in per_process
+    )
     xs, ws = [], []
     for step in zip(*per_process):
         assert all(b["x"].shape == (64 // count, 64) and b["weight"].dtype == np.float32 for b in step)
@@ -229,9 +247,10 @@ def test_digits_split_is_fixed_and_independent_of_seed():
     assert a.num_train + a.num_val == 1797 and a.num_train == math.floor(1797 * 0.8)
     assert np.array_equal(a.train.x, b.train.x) and np.array_equal(a.val.y, b.val.y)
     from sklearn.datasets import load_digits
+
     d = load_digits()
     perm = np.random.Generator(np.random.PCG64(np.random.SeedSequence(SPLIT_SEED))).permutation(1797)
-    val_idx = np.sort(perm[:1797 - a.num_train])
+    val_idx = np.sort(perm[: 1797 - a.num_train])
     # read from sklearn's bundled file without importing sklearn: the same records as load_digits()
     assert np.array_equal(a.val.x, (d.data[val_idx] / 16).astype(np.float32))
     assert np.array_equal(a.val.y, d.target[val_idx]) and np.array_equal(a.train.y, np.delete(d.target, val_idx))
@@ -251,8 +270,8 @@ def test_text_source_vocab_windows_and_split(tmp_path):
     assert s.num_val == (12 - 5) // 4 + 1 == 2  # non-overlapping windows, stride context
     for i in (0, 7, 103):
         r = s.train.get([i])
-        assert decode(r["x"][0], s.vocab) == train_part[i:i + 4]
-        assert decode(r["y"][0], s.vocab) == train_part[i + 1:i + 5]  # y = x shifted by one
+        assert decode(r["x"][0], s.vocab) == train_part[i : i + 4]
+        assert decode(r["y"][0], s.vocab) == train_part[i + 1 : i + 5]  # y = x shifted by one
         assert r["x"].dtype == r["y"].dtype == np.int32
     v = s.val.get([0, 1])
     assert decode(v["x"][0], s.vocab) == "abra" and decode(v["y"][0], s.vocab) == "bra\ufffd"  # Q -> <unk>
@@ -271,8 +290,8 @@ def test_text_source_tiny_shakespeare():
     # the slice's training part has 59 of the whole text's 65 characters, and its validation part no other
     assert s.vocab == tuple(sorted(set(text[:n_train]))) and len(s.vocab) == s.num_classes == 59
     assert UNK not in s.vocab
-    assert decode(s.val.get([3])["x"][0], s.vocab) == text[n_train + 3 * 128:n_train + 4 * 128]
-    assert decode(s.train.get([n_train - 129])["y"][0], s.vocab) == text[n_train - 128:n_train]
+    assert decode(s.val.get([3])["x"][0], s.vocab) == text[n_train + 3 * 128 : n_train + 4 * 128]
+    assert decode(s.train.get([n_train - 129])["y"][0], s.vocab) == text[n_train - 128 : n_train]
 
 
 def test_npz_without_x_val_splits_by_fixed_permutation(tmp_path):
@@ -355,11 +374,19 @@ def _bad_cases():
         return lambda: train_loader(dataclasses.replace(DIGITS, seed=3), SPLITS, state)
 
     return [
-        (short_train, "data.path"), (short_val, "data.val_fraction"), (not_utf8, "data.path"),
-        (npz_missing_y, "data.path"), (npz_length_mismatch, "data.path"), (npz_float_labels, "data.path"),
-        (npz_x_val_without_y_val, "data.path"), (npz_garbage, "data.path"), (npz_truncated, "data.path"),
-        (batch_larger_than_train, "batch_size"), (batch_not_divisible_by_processes, "batch_size"),
-        (vocab_size_too_small, "model.vocab_size"), (restore_with_other_seed, "seed"),
+        (short_train, "data.path"),
+        (short_val, "data.val_fraction"),
+        (not_utf8, "data.path"),
+        (npz_missing_y, "data.path"),
+        (npz_length_mismatch, "data.path"),
+        (npz_float_labels, "data.path"),
+        (npz_x_val_without_y_val, "data.path"),
+        (npz_garbage, "data.path"),
+        (npz_truncated, "data.path"),
+        (batch_larger_than_train, "batch_size"),
+        (batch_not_divisible_by_processes, "batch_size"),
+        (vocab_size_too_small, "model.vocab_size"),
+        (restore_with_other_seed, "seed"),
     ]
 
 
@@ -389,7 +416,11 @@ def test_no_hang_at_exit_with_workers_left_open():
         print([int(next(it)["y"][0]) for _ in range(4)], flush=True)
     """)
     proc = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=90,
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=90,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -40,13 +40,23 @@ def _cfg(tmp_path: Path, cache: Path, steps: int = 6) -> Config:
         write_shard(str(shards / "x_val_000000.bin"), _tokens(400, 11))
         (shards / "meta.json").write_text(json.dumps({"format": "llm.c", "vocab_size": VOCAB}))
     base = preset("shakespeare")
-    return replace(base, run_dir=str(tmp_path / "run"), steps=steps, batch_size=4, eval_every=0, eval_batches=2,
-                   log_every=3, updates_per_call=3, compile_cache=str(cache), allow_steps_change=steps != 6,
-                   optim=replace(base.optim, warmup_steps=2),
-                   model=ModelConfig(kind="gpt", context=16, d_model=32, n_layers=1, n_heads=2),
-                   data=DataConfig(source="tokens", path=str(shards), eval_batch_size=4),
-                   checkpoint=replace(base.checkpoint, every=3),
-                   log=replace(base.log, progress="off", report=False, tensorboard=False))
+    return replace(
+        base,
+        run_dir=str(tmp_path / "run"),
+        steps=steps,
+        batch_size=4,
+        eval_every=0,
+        eval_batches=2,
+        log_every=3,
+        updates_per_call=3,
+        compile_cache=str(cache),
+        allow_steps_change=steps != 6,
+        optim=replace(base.optim, warmup_steps=2),
+        model=ModelConfig(kind="gpt", context=16, d_model=32, n_layers=1, n_heads=2),
+        data=DataConfig(source="tokens", path=str(shards), eval_batch_size=4),
+        checkpoint=replace(base.checkpoint, every=3),
+        log=replace(base.log, progress="off", report=False, tensorboard=False),
+    )
 
 
 def _replace_content(path: Path) -> None:
@@ -55,8 +65,9 @@ def _replace_content(path: Path) -> None:
 
 
 def _files(run_dir: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in run_dir.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*") if p.is_file()
+    }
 
 
 def test_a_run_lists_each_splits_files_on_the_console_and_in_metadata(tmp_path, cache, capfd):
@@ -70,8 +81,10 @@ def test_a_run_lists_each_splits_files_on_the_console_and_in_metadata(tmp_path, 
     assert "data train (by file names): 2 files, 2,600 tokens: x_train_000000.bin, x_train_000001.bin" in console
     assert "data val (by file names): 1 file, 400 tokens: x_val_000000.bin" in console
     data = json.loads((tmp_path / "run" / "metadata.json").read_text())["data"]
-    assert data["splits"]["train"] == {"files": [str(shards / "x_train_000000.bin"), str(shards / "x_train_000001.bin")],
-                                       "tokens": 2600}
+    assert data["splits"]["train"] == {
+        "files": [str(shards / "x_train_000000.bin"), str(shards / "x_train_000001.bin")],
+        "tokens": 2600,
+    }
     assert data["splits"]["val"] == {"files": [str(shards / "x_val_000000.bin")], "tokens": 400}
     assert data["files"][str(shards / "x_val_000000.bin")]["bytes"] == 1024 + 2 * 400
 
@@ -83,8 +96,22 @@ def test_a_resume_on_a_shard_replaced_at_the_same_size_is_one_line_exit_2_with_n
     shard = tmp_path / "shards" / "x_train_000001.bin"
     _replace_content(shard)
     before = _files(tmp_path / "run")
-    proc = subprocess.run([sys.executable, "-m", "jaxloop.train", "--run_dir", str(tmp_path / "run"), "--steps", "12",
-                           "--allow_steps_change"], capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxloop.train",
+            "--run_dir",
+            str(tmp_path / "run"),
+            "--steps",
+            "12",
+            "--allow_steps_change",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, lines
@@ -126,7 +153,8 @@ def test_a_text_or_npz_file_changed_at_the_same_size_is_told_apart(tmp_path, sou
     path.write_bytes(bytes(raw))
     assert os.path.getsize(path) == run["files"][str(path)]["bytes"]
     assert data_differences(run, data_record(source, str(path), [str(path)])) == [
-        f"{path}: other content at the same size ({len(raw)} bytes)"]
+        f"{path}: other content at the same size ({len(raw)} bytes)"
+    ]
 
 
 def test_with_data_allow_changed_the_data_position_goes_on_over_a_training_split_of_another_size():
@@ -136,8 +164,13 @@ def test_with_data_allow_changed_the_data_position_goes_on_over_a_training_split
 
     cfg = preset("digits")
     splits = load_splits(cfg)
-    saved = {"version": 1, "position": 9, "seed": cfg.seed, "batch_size": cfg.batch_size,
-             "num_train": splits.num_train + 100}
+    saved = {
+        "version": 1,
+        "position": 9,
+        "seed": cfg.seed,
+        "batch_size": cfg.batch_size,
+        "num_train": splits.num_train + 100,
+    }
     with pytest.raises(ConfigError, match=r"data.path='digits' .*num_train=1537, now 1437"):
         train_loader(cfg, splits, saved)
     with train_loader(replace(cfg, data=replace(cfg.data, allow_changed=True)), splits, saved) as loader:

@@ -17,8 +17,10 @@ from jaxloop.loop.determinism import names_flag, request_deterministic_ops
 def test_before_jax_starts_the_flag_is_added_and_the_cpu_backend_accepts_it():
     # a fresh process: XLA reads XLA_FLAGS when the first backend starts (an unknown flag would abort it);
     # a user's other flags are kept, ours is appended
-    code = ("import os, jax; from jaxloop.loop.determinism import request_deterministic_ops as r; "
-            "print(r(), os.environ['XLA_FLAGS'], float(jax.numpy.ones(2).sum()))")
+    code = (
+        "import os, jax; from jaxloop.loop.determinism import request_deterministic_ops as r; "
+        "print(r(), os.environ['XLA_FLAGS'], float(jax.numpy.ones(2).sum()))"
+    )
     other = "--xla_gpu_exclude_nondeterministic_ops=true"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"XLA_FLAGS": other}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
@@ -26,18 +28,22 @@ def test_before_jax_starts_the_flag_is_added_and_the_cpu_backend_accepts_it():
     assert out.stdout.split() == ["True", other, "--xla_gpu_deterministic_ops=true", "2.0"]
 
 
-@pytest.mark.parametrize("flags, named", [
-    ("--xla_gpu_deterministic_ops=false", True),
-    ("--xla_cpu_enable_fast_math=false   --xla_gpu_deterministic_ops", True),
-    ("--xla_gpu_exclude_nondeterministic_ops=true", False),  # another flag
-    ("--xla_dump_to=/tmp/--xla_gpu_deterministic_ops=true", False),  # a value that holds the name
-])
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        ("--xla_gpu_deterministic_ops=false", True),
+        ("--xla_cpu_enable_fast_math=false   --xla_gpu_deterministic_ops", True),
+        ("--xla_gpu_exclude_nondeterministic_ops=true", False),  # another flag
+        ("--xla_dump_to=/tmp/--xla_gpu_deterministic_ops=true", False),  # a value that holds the name
+    ],
+)
 def test_the_flag_is_recognised_by_its_whole_name(flags: str, named: bool):
     assert names_flag(flags) is named
 
 
-@pytest.mark.parametrize("flags", ["--xla_gpu_deterministic_ops=false",
-                                   "--xla_cpu_enable_fast_math=false --xla_gpu_deterministic_ops"])
+@pytest.mark.parametrize(
+    "flags", ["--xla_gpu_deterministic_ops=false", "--xla_cpu_enable_fast_math=false --xla_gpu_deterministic_ops"]
+)
 def test_a_users_own_setting_stands(monkeypatch: pytest.MonkeyPatch, flags: str):
     # as if jax had not started: only the user's own flag can then stop the request
     monkeypatch.setattr("jax._src.xla_bridge.backends_are_initialized", lambda: False)

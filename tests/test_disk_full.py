@@ -13,22 +13,42 @@ from pathlib import Path
 import pytest
 
 from jaxloop.checkpoint.write_errors import committed_steps, is_disk_full, write_error
-from jaxloop.loop.runner import is_compile_line
 from jaxloop.core.layout import MARKER_FILE
 from jaxloop.core.records import read_records
+from jaxloop.loop.runner import is_compile_line
 
 # ~0.95 MB a checkpoint (a 64-256-256-10 MLP: params, Adam's moments, the accumulator), one every 10 updates,
 # all kept: the sixth or seventh save fills 6 MB. Asynchronous saves (the default).
-ARGS = ("--preset", "debug", "--log.progress", "off", "--log.no-tensorboard", "--model.hidden", "256", "256",
-        "--steps", "100", "--checkpoint.every", "10", "--checkpoint.keep_last", "10")
-LINE = re.compile(r"jaxloop\.train: error: the checkpoint of update (\d+) could not be written to (\S+): the disk is "
-                  r"full \(No space left on device\); [\d.]+ (?:B|KiB|MiB) free there; the last good checkpoint is "
-                  r"update (\d+), which a rerun resumes from")
+ARGS = (
+    "--preset",
+    "debug",
+    "--log.progress",
+    "off",
+    "--log.no-tensorboard",
+    "--model.hidden",
+    "256",
+    "256",
+    "--steps",
+    "100",
+    "--checkpoint.every",
+    "10",
+    "--checkpoint.keep_last",
+    "10",
+)
+LINE = re.compile(
+    r"jaxloop\.train: error: the checkpoint of update (\d+) could not be written to (\S+): the disk is "
+    r"full \(No space left on device\); [\d.]+ (?:B|KiB|MiB) free there; the last good checkpoint is "
+    r"update (\d+), which a rerun resumes from"
+)
 
 
 def _train(run_dir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "jaxloop.train", "--run_dir", str(run_dir), *ARGS],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", "--run_dir", str(run_dir), *ARGS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture
@@ -64,8 +84,10 @@ def test_a_disk_filling_during_an_async_save_stops_with_one_line_and_a_rerun_res
     assert committed == list(range(10, last_good + 1, 10)), "the last good checkpoint named is the newest whole one"
     assert failed > last_good
     leftovers = [p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.isdigit()]
-    assert all(re.fullmatch(r"(\d+)\.orbax-checkpoint-tmp.*", name) and int(name.split(".")[0]) > last_good
-               for name in leftovers), f"only unfinished saves are left, as Orbax's tmp directories: {leftovers}"
+    assert all(
+        re.fullmatch(r"(\d+)\.orbax-checkpoint-tmp.*", name) and int(name.split(".")[0]) > last_good
+        for name in leftovers
+    ), f"only unfinished saves are left, as Orbax's tmp directories: {leftovers}"
 
     # space freed: the same command resumes from the last good checkpoint, ends bit-identical
     subprocess.run(["mount", "-o", "remount,size=64m", str(tmpfs)], check=True)
@@ -75,11 +97,13 @@ def test_a_disk_filling_during_an_async_save_stops_with_one_line_and_a_rerun_res
     assert summary["state_digest"] == ref["state_digest"]
     resumed = json.loads((run_dir / "resumes.jsonl").read_text().splitlines()[-1])
     assert resumed["step"] == last_good
-    assert [r["step"] for r in read_records(run_dir) if r["kind"] == "train"] == \
-        [r["step"] for r in read_records(tmp_path / "ref") if r["kind"] == "train"]
+    assert [r["step"] for r in read_records(run_dir) if r["kind"] == "train"] == [
+        r["step"] for r in read_records(tmp_path / "ref") if r["kind"] == "train"
+    ]
     assert not [p for p in (run_dir / "checkpoints").iterdir() if not p.name.isdigit()], "leftovers cleaned up"
-    assert "damaged" not in rerun.stderr and not (run_dir / "checkpoints_damaged").exists(), \
+    assert "damaged" not in rerun.stderr and not (run_dir / "checkpoints_damaged").exists(), (
         "the unfinished save was never taken for a checkpoint"
+    )
 
 
 def test_a_write_error_names_the_failed_step_the_cause_and_the_last_good_one(tmp_path):
@@ -87,9 +111,13 @@ def test_a_write_error_names_the_failed_step_the_cause_and_the_last_good_one(tmp
     (tmp_path / "20").mkdir()
     (tmp_path / "30.orbax-checkpoint-tmp").mkdir()
     # the failed step: the one Orbax's error names, else the first handed over and not committed
-    assert "of update 30 could not" in str(write_error(OSError(28, "No space left on device"), tmp_path, [10, 20, 30, 40]))
-    named = ValueError(f'RESOURCE_EXHAUSTED: Error writing "x" at "{tmp_path}/40.orbax-checkpoint-tmp/state": '
-                       "No space left on device [os_error_code='28']")
+    assert "of update 30 could not" in str(
+        write_error(OSError(28, "No space left on device"), tmp_path, [10, 20, 30, 40])
+    )
+    named = ValueError(
+        f'RESOURCE_EXHAUSTED: Error writing "x" at "{tmp_path}/40.orbax-checkpoint-tmp/state": '
+        "No space left on device [os_error_code='28']"
+    )
     assert "of update 40 could not" in str(write_error(named, tmp_path, [10, 20, 30, 40]))
     # a write failure other than a full disk: the cause as the OS gave it, found down the chain
     denied = PermissionError(13, "Permission denied", str(tmp_path / "30.orbax-checkpoint-tmp" / "state"))
@@ -98,10 +126,14 @@ def test_a_write_error_names_the_failed_step_the_cause_and_the_last_good_one(tmp
     except RuntimeError as e:
         line = str(write_error(e, tmp_path, [10, 20, 30]))
     assert not is_disk_full(denied)
-    assert line.startswith(f"the checkpoint of update 30 could not be written to {tmp_path}: PermissionError: "
-                           "[Errno 13] Permission denied")
-    assert re.search(r"; [\d.]+ (B|KiB|MiB|GiB) free there; the last good checkpoint is update 20, which a rerun "
-                     r"resumes from$", line), line
+    assert line.startswith(
+        f"the checkpoint of update 30 could not be written to {tmp_path}: PermissionError: [Errno 13] Permission denied"
+    )
+    assert re.search(
+        r"; [\d.]+ (B|KiB|MiB|GiB) free there; the last good checkpoint is update 20, which a rerun "
+        r"resumes from$",
+        line,
+    ), line
     assert is_disk_full(OSError(28, "No space left on device")) and is_disk_full(named)
 
 
@@ -119,14 +151,26 @@ def test_a_checkpointer_drops_the_closed_loop_callbacks_of_abandoned_writes_and_
     monkeypatch.setattr(sys, "unraisablehook", seen.append)
     ckpt = Checkpointer(Config().checkpoint, tmp_path)
     try:
-        closed = SimpleNamespace(exc_type=RuntimeError, exc_value=RuntimeError("Event loop is closed"),
-                                 exc_traceback=None, err_msg=None, object=None)
-        other = SimpleNamespace(exc_type=ValueError, exc_value=ValueError("something else"), exc_traceback=None,
-                                err_msg=None, object=None)
+        closed = SimpleNamespace(
+            exc_type=RuntimeError,
+            exc_value=RuntimeError("Event loop is closed"),
+            exc_traceback=None,
+            err_msg=None,
+            object=None,
+        )
+        other = SimpleNamespace(
+            exc_type=ValueError, exc_value=ValueError("something else"), exc_traceback=None, err_msg=None, object=None
+        )
         failed_write = SimpleNamespace(
-            exc_type=ValueError, exc_traceback=None, err_msg=None, object=None,
-            exc_value=ValueError(f'RESOURCE_EXHAUSTED: Error writing "x" in "{tmp_path}/60.orbax-checkpoint-tmp/state": '
-                                 "No space left on device"))
+            exc_type=ValueError,
+            exc_traceback=None,
+            err_msg=None,
+            object=None,
+            exc_value=ValueError(
+                f'RESOURCE_EXHAUSTED: Error writing "x" in "{tmp_path}/60.orbax-checkpoint-tmp/state": '
+                "No space left on device"
+            ),
+        )
         for unraisable in (closed, failed_write, other):
             sys.unraisablehook(unraisable)
     finally:
@@ -150,9 +194,12 @@ def test_a_full_disk_met_outside_a_checkpoint_save_is_one_line_and_exit_status_3
     monkeypatch.setattr(runner, "_run_held", full)
     assert train.main(["--preset", "debug", "--run_dir", str(tmp_path)]) == 3
     line = capsys.readouterr().err.strip()
-    assert re.fullmatch(rf"jaxloop\.train: error: {tmp_path}/metrics\.jsonl could not be written: the disk is full "
-                        r"\(No space left on device\); [\d.]+ (B|KiB|MiB|GiB) free there; the last good checkpoint "
-                        r"is update 40, which a rerun resumes from", line), line
+    assert re.fullmatch(
+        rf"jaxloop\.train: error: {tmp_path}/metrics\.jsonl could not be written: the disk is full "
+        r"\(No space left on device\); [\d.]+ (B|KiB|MiB|GiB) free there; the last good checkpoint "
+        r"is update 40, which a rerun resumes from",
+        line,
+    ), line
 
 
 def _fill(mount: Path) -> None:
@@ -174,6 +221,9 @@ def test_a_disk_full_at_the_start_is_one_line_exit_3_and_leaves_no_temporary(tmp
     run_dir = tmpfs / "run"
     assert train.main(["--preset", "debug", "--run_dir", str(run_dir), "--log.progress", "off"]) == 3
     line = capsys.readouterr().err.strip()
-    assert re.fullmatch(rf"jaxloop\.train: error: {run_dir} could not be written: the disk is full \(No space left on "
-                        r"device\); 0 B free there; no checkpoint was completed; a rerun starts afresh", line), line
+    assert re.fullmatch(
+        rf"jaxloop\.train: error: {run_dir} could not be written: the disk is full \(No space left on "
+        r"device\); 0 B free there; no checkpoint was completed; a rerun starts afresh",
+        line,
+    ), line
     assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]  # the lock file itself: empty, and kept by design

@@ -44,17 +44,31 @@ def _env(devices: int) -> dict[str, str]:
 
 
 def _train(run_dir: Path, devices: int, *extra: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(run_dir),
-                          "--log.progress", "off", *extra], env=_env(devices), capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxloop.train",
+            "--preset",
+            "debug",
+            "--run_dir",
+            str(run_dir),
+            "--log.progress",
+            "off",
+            *extra,
+        ],
+        env=_env(devices),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads((run_dir / "summary.json").read_text())
 
 
 @pytest.mark.parametrize("devices", [2, 4])
 def test_batch_is_split_over_devices_and_state_stays_replicated(devices):
-    out = subprocess.run([sys.executable, "-c", PROBE], env=_env(devices), capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run([sys.executable, "-c", PROBE], env=_env(devices), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     probe = json.loads(out.stdout.strip().splitlines()[-1])
     assert probe["devices"] == devices
@@ -94,11 +108,27 @@ def test_checkpoint_from_one_device_resumes_on_two(single_device_run, tmp_path):
 
 
 def test_batch_size_not_divisible_by_devices_is_refused(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(tmp_path / "r"),
-                          "--batch_size", "30"], env=_env(4), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxloop.train",
+            "--preset",
+            "debug",
+            "--run_dir",
+            str(tmp_path / "r"),
+            "--batch_size",
+            "30",
+        ],
+        env=_env(4),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "jaxloop.train: error: batch_size=30 is not allowed: a multiple of the device count (4)"]
+        "jaxloop.train: error: batch_size=30 is not allowed: a multiple of the device count (4)"
+    ]
     assert not (tmp_path / "r").exists()
 
 
@@ -116,11 +146,31 @@ def _free_port() -> int:
 def _launch_processes(run_dir: Path, processes: int, *extra: str) -> list[subprocess.Popen]:
     """The same command in `processes` processes of one device each, joined by jax.distributed."""
     coordinator = f"127.0.0.1:{_free_port()}"
-    return [subprocess.Popen([sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(run_dir),
-                              "--distributed.num_processes", str(processes), "--distributed.process_id", str(p),
-                              "--distributed.coordinator", coordinator, *extra],
-                             env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for p in range(processes)]
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jaxloop.train",
+                "--preset",
+                "debug",
+                "--run_dir",
+                str(run_dir),
+                "--distributed.num_processes",
+                str(processes),
+                "--distributed.process_id",
+                str(p),
+                "--distributed.coordinator",
+                coordinator,
+                *extra,
+            ],
+            env=_env(1),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for p in range(processes)
+    ]
 
 
 def _train_processes(run_dir: Path, processes: int, *extra: str) -> list[subprocess.CompletedProcess]:

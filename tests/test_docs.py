@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from docs_blocks import PAGES, ROOT, blocks, name, runnable
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
@@ -18,9 +17,14 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 
 def _cases(lang: str) -> list:
     """One case per page and torch need, for the blocks of `lang` that run."""
-    return [pytest.param(page, torch, marks=[pytest.mark.torch] if torch else [],
-                         id=f"{name(page)}{'-torch' if torch else ''}")
-            for page in PAGES for torch in (False, True) if runnable(page, lang, torch)]
+    return [
+        pytest.param(
+            page, torch, marks=[pytest.mark.torch] if torch else [], id=f"{name(page)}{'-torch' if torch else ''}"
+        )
+        for page in PAGES
+        for torch in (False, True)
+        if runnable(page, lang, torch)
+    ]
 
 
 @pytest.mark.parametrize(("page", "torch"), _cases("python"))
@@ -58,16 +62,31 @@ def test_no_example_refuses_to_run_twice():
     # resume="never" on a run directory that exists (the example's own, from its first run) is an error:
     # mutant seen failing: the README's hooks example with "resume": "never" again
     never = re.compile(r"""resume["']?\s*[=:]\s*["']never["']|--resume never""")
-    found = [(name(p), b.body.splitlines()[0]) for p in PAGES for b in blocks(p)
-             if b.reason is None and b.lang in ("python", "bash") and never.search(b.body)]
+    found = [
+        (name(p), b.body.splitlines()[0])
+        for p in PAGES
+        for b in blocks(p)
+        if b.reason is None and b.lang in ("python", "bash") and never.search(b.body)
+    ]
     assert found == [], found
 
 
-@pytest.mark.parametrize(("page", "lang", "torch"),
-                         [pytest.param(page, lang, torch, marks=[pytest.mark.torch] if torch else [],
-                                       id=f"{name(page)}-{lang}{'-torch' if torch else ''}")
-                          for lang in ("python", "bash") for page in PAGES for torch in (False, True)
-                          if runnable(page, lang, torch)])
+@pytest.mark.parametrize(
+    ("page", "lang", "torch"),
+    [
+        pytest.param(
+            page,
+            lang,
+            torch,
+            marks=[pytest.mark.torch] if torch else [],
+            id=f"{name(page)}-{lang}{'-torch' if torch else ''}",
+        )
+        for lang in ("python", "bash")
+        for page in PAGES
+        for torch in (False, True)
+        if runnable(page, lang, torch)
+    ],
+)
 def test_a_pages_commands_write_nothing_beside_the_repositorys_files_but_runs(page, lang, torch, doc_run):
     # the blocks run in a directory that links the repository's top-level entries: what they write anywhere
     # but runs/ (ignored by git) a reader running them in the checkout finds left in the repository.
@@ -149,6 +168,10 @@ def test_no_code_block_names_jaxloop_core():
     """Everything a user writes comes from `jaxloop` (jaxloop.core is the package's jax-free core, not a name
     for users): no README or docs code block (python, bash) imports or names it. A ```text block, the
     layout of the source tree in docs/training.md, may."""
-    naming = [(name(p), b.body.splitlines()[0]) for p in PAGES for b in blocks(p)
-              if b.lang in ("python", "bash") and "jaxloop.core" in b.body]
+    naming = [
+        (name(p), b.body.splitlines()[0])
+        for p in PAGES
+        for b in blocks(p)
+        if b.lang in ("python", "bash") and "jaxloop.core" in b.body
+    ]
     assert naming == [], naming

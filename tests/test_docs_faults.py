@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from docs_blocks import runnable
+
 from jaxloop.core import cli
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "faults.md"
@@ -26,9 +27,12 @@ def test_every_python_block_prints_what_its_comments_say(doc_run):
 
 def test_the_exit_statuses_are_the_clis():
     text = DOC.read_text()
-    statuses = {cli.EXIT_NONFINITE: "too many non-finite updates", cli.EXIT_BAD_INPUT: "bad input",
-                cli.EXIT_CHECKPOINT_WRITE: "a checkpoint could not be written",
-                cli.EXIT_OUT_OF_MEMORY: "out of memory"}
+    statuses = {
+        cli.EXIT_NONFINITE: "too many non-finite updates",
+        cli.EXIT_BAD_INPUT: "bad input",
+        cli.EXIT_CHECKPOINT_WRITE: "a checkpoint could not be written",
+        cli.EXIT_OUT_OF_MEMORY: "out of memory",
+    }
     for code, words in statuses.items():
         assert f"{code} {words}" in text, (code, words)
     assert "130 / 143 stopped by SIGINT / SIGTERM" in text and sorted(cli.EXIT_SIGNAL.values()) == [130, 143]

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from docs_blocks import runnable
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "optimizers.md"

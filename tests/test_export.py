@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file
+from test_hf_gpt2 import SHAPES, finetune_args, shards, tiny_gpt2, train  # noqa: F401 (shards: a fixture)
 from transformers import GPT2LMHeadModel
 
 import jaxloop
@@ -25,7 +26,6 @@ from jaxloop.checkpoint.manager import read_checkpoint
 from jaxloop.core.config import CheckpointConfig, Config, LogConfig, OptimConfig
 from jaxloop.core.run_dir import read_config
 from jaxloop.export import PARAMS_FILE, main
-from test_hf_gpt2 import SHAPES, finetune_args, shards, tiny_gpt2, train  # noqa: F401 (shards: a fixture)
 
 pytestmark = pytest.mark.torch
 
@@ -74,7 +74,8 @@ def test_the_export_is_config_json_and_model_safetensors_of_the_checkpoint_asked
     assert export(str(gpt_run), "--checkpoint", "3", "--out", str(tmp_path / "a"))[0] == 0
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["config.json", "model.safetensors"]
     assert export(str(gpt_run), "--checkpoint", "0", "--out", str(tmp_path / "b"))[2] == (
-        f"jaxloop.export: error: {gpt_run} holds no checkpoint of update 0 (it holds 3)\n")
+        f"jaxloop.export: error: {gpt_run} holds no checkpoint of update 0 (it holds 3)\n"
+    )
 
 
 def test_ema_of_a_run_without_one_is_one_line_exit_2(gpt_run, tmp_path):
@@ -104,9 +105,16 @@ def task_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("task_run")
     x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
     records = [{"x": xi, "y": np.float32(xi.sum())} for xi in x]
-    cfg = Config(run_dir=str(run_dir), steps=4, batch_size=16, eval_every=2, log_every=2,
-                 optim=OptimConfig(peak_lr=1e-2, warmup_steps=1, ema_decay=0.5), checkpoint=CheckpointConfig(every=2),
-                 log=LogConfig(progress="off", report=False, tensorboard=False))
+    cfg = Config(
+        run_dir=str(run_dir),
+        steps=4,
+        batch_size=16,
+        eval_every=2,
+        log_every=2,
+        optim=OptimConfig(peak_lr=1e-2, warmup_steps=1, ema_decay=0.5),
+        checkpoint=CheckpointConfig(every=2),
+        log=LogConfig(progress="off", report=False, tensorboard=False),
+    )
     jaxloop.run(cfg, jaxloop.Task(Lin(), _mse, records[:48], records[48:]))
     return run_dir
 
@@ -117,8 +125,12 @@ def test_a_task_runs_params_and_ema_params_by_pytree_path(task_run, tmp_path):
     assert code == 0, err
     saved = load_file(tmp_path / PARAMS_FILE)
     _, _, state = read_checkpoint(task_run, "latest")
-    want = {f"{tree}/{layer}/{leaf}": np.asarray(state[tree][layer][leaf])
-            for tree in ("params", "ema_params") for layer in ("hidden", "Dense_0") for leaf in ("kernel", "bias")}
+    want = {
+        f"{tree}/{layer}/{leaf}": np.asarray(state[tree][layer][leaf])
+        for tree in ("params", "ema_params")
+        for layer in ("hidden", "Dense_0")
+        for leaf in ("kernel", "bias")
+    }
     assert sorted(saved) == sorted(want)
     assert all(np.array_equal(saved[k], want[k]) for k in want)
     assert not np.array_equal(saved["params/hidden/kernel"], saved["ema_params/hidden/kernel"])
@@ -128,15 +140,20 @@ def test_a_task_run_asked_for_hf_format_is_one_line_exit_2(task_run, tmp_path):
     # mutant seen failing: the built-in GPT check left out (a traceback from the mapping)
     code, out, err = export(str(task_run), "--format", "hf", "--out", str(tmp_path / "x"))
     assert (code, out) == (2, "")
-    assert err == (f"jaxloop.export: error: --format hf exports the built-in GPT; {task_run} trained another model "
-                   f"(--format params writes its params as {PARAMS_FILE})\n")
+    assert err == (
+        f"jaxloop.export: error: --format hf exports the built-in GPT; {task_run} trained another model "
+        f"(--format params writes its params as {PARAMS_FILE})\n"
+    )
     assert not (tmp_path / "x").exists()
 
 
 def test_a_run_that_does_not_exist_is_one_line_exit_2(tmp_path):
     code, out, err = export(str(tmp_path / "nope"))
-    assert (code, out, err) == (2, "", f"jaxloop.export: error: {tmp_path / 'nope'} does not exist (a jaxloop run "
-                                       "directory)\n")
+    assert (code, out, err) == (
+        2,
+        "",
+        f"jaxloop.export: error: {tmp_path / 'nope'} does not exist (a jaxloop run directory)\n",
+    )
 
 
 def test_a_run_without_checkpoints_is_one_line_exit_2(task_run, tmp_path):

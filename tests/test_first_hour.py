@@ -11,14 +11,25 @@ import shutil
 import pytest
 
 from jaxloop import Config, Hook, run
-from jaxloop.observe.run_report import load_run, plot_loss, plot_throughput
-from jaxloop.train import main
 from jaxloop.core.cli import UsageError, parse_config
 from jaxloop.core.config import ConfigError
+from jaxloop.observe.run_report import load_run, plot_loss, plot_throughput
+from jaxloop.train import main
 
 # A tiny run: the debug preset's MLP, 6 updates, a checkpoint every 3, no TensorBoard (speed).
-FLAGS = ["--preset", "debug", "--steps", "6", "--checkpoint.every", "3", "--eval_every", "3", "--log.no_tensorboard",
-         "--log.progress", "off"]
+FLAGS = [
+    "--preset",
+    "debug",
+    "--steps",
+    "6",
+    "--checkpoint.every",
+    "3",
+    "--eval_every",
+    "3",
+    "--log.no_tensorboard",
+    "--log.progress",
+    "off",
+]
 
 
 def _cli(*argv: str) -> tuple[int, str]:
@@ -50,8 +61,11 @@ def resumed(stopped, tmp_path_factory):
 
 def _snapshot(run_dir) -> dict[str, tuple[bytes, int]]:
     """Every file under run_dir: its bytes and its modification time (ns)."""
-    return {str(p.relative_to(run_dir)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(run_dir)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_run_dir_alone_resumes_the_saved_run_from_the_command_line(resumed):
@@ -83,9 +97,11 @@ def test_a_finished_run_re_run_says_it_is_complete_and_rewrites_nothing(resumed,
     status, err = _cli("--run_dir", str(tmp_path / "r"))
     assert status == 0
     final = json.loads((tmp_path / "r" / "summary.json").read_text())["final"]
-    assert err.strip() == (f"already complete: this run ended at update 6 (completed); "
-                           f"val_loss {final['val_loss']:.4f}, val_acc {final['val_acc']:.4f}; "
-                           f"report: {tmp_path / 'r' / 'report.md'}")
+    assert err.strip() == (
+        f"already complete: this run ended at update 6 (completed); "
+        f"val_loss {final['val_loss']:.4f}, val_acc {final['val_acc']:.4f}; "
+        f"report: {tmp_path / 'r' / 'report.md'}"
+    )
     assert _snapshot(tmp_path / "r") == before  # every file byte-identical, mtimes too
 
 
@@ -129,8 +145,9 @@ def test_a_run_shorter_than_log_every_draws_its_losses_and_step_times(tmp_path):
     cfg = parse_config([*FLAGS, "--run_dir", str(tmp_path / "r"), "--log_every", "25"])
     run(cfg)
     r = load_run(tmp_path / "r")
-    train_line = next(ln for ln in plot_loss(r, tmp_path / "loss.png", {}).axes[0].lines
-                      if ln.get_label().startswith("train loss"))
+    train_line = next(
+        ln for ln in plot_loss(r, tmp_path / "loss.png", {}).axes[0].lines if ln.get_label().startswith("train loss")
+    )
     assert len(train_line.get_xdata()) == 1 and train_line.get_marker() not in (None, "None", "", " ")
     step_time = plot_throughput(r, tmp_path / "tp.png").axes[1].lines[0]
     assert len(step_time.get_xdata()) == 1 and step_time.get_marker() not in (None, "None", "", " ")
@@ -163,8 +180,8 @@ def test_a_second_ctrl_c_under_the_cli_ends_at_once(monkeypatch):
     # the watcher's two calls, as two ^C give them; mutant (no second-signal branch): no exit
     import signal
 
-    from jaxloop.loop import actions
     from jaxloop.core.interrupt import Session
+    from jaxloop.loop import actions
 
     exits = []
     session = Session()
@@ -172,11 +189,19 @@ def test_a_second_ctrl_c_under_the_cli_ends_at_once(monkeypatch):
     stop, run_ctx = actions.SignalStop(), _Run()
     stop._run, stop.session, stop.trained, stop.stops_after = run_ctx, session, True, 40
     stop._acknowledge(signal.SIGINT)
-    assert run_ctx.messages == ["SIGINT received: stopping after update 40: saving...; Ctrl-C again to stop at "
-                                "once without saving"] and exits == []
+    assert (
+        run_ctx.messages
+        == ["SIGINT received: stopping after update 40: saving...; Ctrl-C again to stop at once without saving"]
+        and exits == []
+    )
     stop._acknowledge(signal.SIGINT)
-    assert exits == [(130, "second SIGINT: stopped at once without saving (the run resumes from its last "
-                           "checkpoint); resume with: python -m jaxloop.train --run_dir runs/x")]
+    assert exits == [
+        (
+            130,
+            "second SIGINT: stopped at once without saving (the run resumes from its last "
+            "checkpoint); resume with: python -m jaxloop.train --run_dir runs/x",
+        )
+    ]
 
 
 def test_fsdp_beyond_one_cpu_device_names_xla_flags():
@@ -189,9 +214,11 @@ def test_fsdp_beyond_one_cpu_device_names_xla_flags():
         pytest.fail("this test process must see one CPU device (tests run without XLA_FLAGS device counts)")
     with pytest.raises(ConfigError) as e:
         check_divisible(parse_config(["--distributed.fsdp", "2"], check_paths=False))
-    assert str(e.value) == ("distributed.fsdp=2 is not allowed: a divisor of the device count (1): one of 1 (on a "
-                            "CPU, XLA_FLAGS=--xla_force_host_platform_device_count=2 before the command gives 2 CPU "
-                            "devices)")
+    assert str(e.value) == (
+        "distributed.fsdp=2 is not allowed: a divisor of the device count (1): one of 1 (on a "
+        "CPU, XLA_FLAGS=--xla_force_host_platform_device_count=2 before the command gives 2 CPU "
+        "devices)"
+    )
 
 
 def test_an_invocation_that_ran_no_update_keeps_the_former_wall_time_and_rate():
@@ -226,8 +253,10 @@ def test_the_schedule_menu_gives_each_entry_its_whole_first_sentence(capsys):
     with pytest.raises(SystemExit):
         parse_config(["--help"])
     text = " ".join(capsys.readouterr().out.replace("│", " ").split())
-    assert "plateau: ReduceLROnPlateau (optim.schedule=plateau): at each evaluation checkpoint.best_metric, by " \
-           "checkpoint.best_mode, decides whether the rate is multiplied by `factor` (torch's rule and names)" in text
+    assert (
+        "plateau: ReduceLROnPlateau (optim.schedule=plateau): at each evaluation checkpoint.best_metric, by "
+        "checkpoint.best_mode, decides whether the rate is multiplied by `factor` (torch's rule and names)" in text
+    )
 
 
 def test_the_schedule_commands_help_is_its_own(capsys):
@@ -257,8 +286,10 @@ def test_a_flat_dotted_key_in_a_config_file_is_told_to_nest(tmp_path):
     f.write_text("steps: 5\noptim.peak_lr: 0.001\n")
     with pytest.raises(ConfigError) as e:
         parse_config(["--config", str(f)])
-    assert str(e.value) == (f"optim.peak_lr=0.001 is not allowed: in --config {f}, nest it under its section "
-                            "(optim:, then '  peak_lr: 0.001' on the next line): a file's keys are not dotted")
+    assert str(e.value) == (
+        f"optim.peak_lr=0.001 is not allowed: in --config {f}, nest it under its section "
+        "(optim:, then '  peak_lr: 0.001' on the next line): a file's keys are not dotted"
+    )
 
 
 def test_sigterms_acknowledgement_offers_no_ctrl_c():
@@ -305,6 +336,10 @@ def test_a_runs_silences_are_announced_and_its_last_line_times_the_process(tmp_p
         return next(i for i, line in enumerate(lines) if line.startswith(start))
 
     assert at("creating the state...") < at("the state is ready (") < at("compiling the training call")
-    assert at("compiling the training call") < at("compiling the evaluation...") < at("compiled and ran the evaluation (")
-    assert at("compiled and ran the evaluation (") < at("writing the report...") < at("wrote the report (") < at("done: ")
+    assert (
+        at("compiling the training call") < at("compiling the evaluation...") < at("compiled and ran the evaluation (")
+    )
+    assert (
+        at("compiled and ran the evaluation (") < at("writing the report...") < at("wrote the report (") < at("done: ")
+    )
     assert " of it in jaxloop.run); " in lines[at("done: ")]

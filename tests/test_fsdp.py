@@ -23,16 +23,61 @@ TEXT = str(ROOT / "tests" / "data" / "tinyshakespeare_60k.txt")  # Tiny Shakespe
 
 # A GPT small enough to compile in seconds whose matrices are still sharded (>= MIN_SHARD_SIZE elements).
 # One update per call: a scanned call of several compiles slower here and the layouts' sums are the same.
-GPT = ("--preset", "shakespeare", "--data.path", TEXT, "--steps", "4", "--batch_size", "8", "--updates_per_call", "1",
-       "--model.context", "8", "--model.d_model", "64", "--model.n_layers", "1", "--model.n_heads", "2",
-       "--log_every", "1", "--eval_every", "0", "--data.val_fraction", "0.01", "--data.eval_batch_size", "64",
-       "--optim.warmup_steps", "1", "--optim.ema_decay", "0.9",
-       "--log.progress", "off", "--log.no-report", "--log.no-tensorboard")
+GPT = (
+    "--preset",
+    "shakespeare",
+    "--data.path",
+    TEXT,
+    "--steps",
+    "4",
+    "--batch_size",
+    "8",
+    "--updates_per_call",
+    "1",
+    "--model.context",
+    "8",
+    "--model.d_model",
+    "64",
+    "--model.n_layers",
+    "1",
+    "--model.n_heads",
+    "2",
+    "--log_every",
+    "1",
+    "--eval_every",
+    "0",
+    "--data.val_fraction",
+    "0.01",
+    "--data.eval_batch_size",
+    "64",
+    "--optim.warmup_steps",
+    "1",
+    "--optim.ema_decay",
+    "0.9",
+    "--log.progress",
+    "off",
+    "--log.no-report",
+    "--log.no-tensorboard",
+)
 # The digits MLP, with matrices big enough to shard; compiles in a second or two.
-MLP = ("--preset", "debug", "--updates_per_call", "1", "--model.hidden", "128", "128", "--optim.ema_decay", "0.9",
-       "--log.progress", "off")
-LAYOUTS = {"fsdp4": ("--distributed.fsdp", "4"), "fsdp2xdata2": ("--distributed.fsdp", "2"),
-           "fsdp1": ("--distributed.fsdp", "1")}
+MLP = (
+    "--preset",
+    "debug",
+    "--updates_per_call",
+    "1",
+    "--model.hidden",
+    "128",
+    "128",
+    "--optim.ema_decay",
+    "0.9",
+    "--log.progress",
+    "off",
+)
+LAYOUTS = {
+    "fsdp4": ("--distributed.fsdp", "4"),
+    "fsdp2xdata2": ("--distributed.fsdp", "2"),
+    "fsdp1": ("--distributed.fsdp", "1"),
+}
 
 FP32_REL_TOL = 1e-5
 """Logged fp32 losses of every layout agree with fsdp=1's to this relative difference (measured at most
@@ -55,14 +100,23 @@ for argv in json.loads(sys.argv[1]):
 
 
 def _env(devices: int) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT),
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0",
+    }
 
 
 def _main_runs(devices: int, *argvs: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
     """jaxloop.train.main(argv) for each argv in turn, in one process with `devices` host devices."""
-    out = subprocess.run([sys.executable, "-c", MAIN_RUNS, json.dumps([list(a) for a in argvs])], cwd=ROOT,
-                         env=_env(devices), capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, "-c", MAIN_RUNS, json.dumps([list(a) for a in argvs])],
+        cwd=ROOT,
+        env=_env(devices),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     return out
 
@@ -141,8 +195,14 @@ def test_state_is_built_sharded_and_the_step_keeps_its_layout_and_donates():
     # Without pin_shardings, GSPMD's propagation returned some GPT leaves in another layout (measured):
     # the state would drift and not be donated into.
     argv = [*MLP, "--distributed.fsdp", "2", "--optim.accum_steps", "2", "--run_dir", "/nonexistent"]
-    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv)], cwd=ROOT, env=_env(4),
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(argv)],
+        cwd=ROOT,
+        env=_env(4),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     probe = json.loads(out.stdout.strip().splitlines()[-1])
     assert probe["mesh"] == {"data": 2, "fsdp": 2}
@@ -162,11 +222,21 @@ def layout_runs(request, tmp_path_factory):
     """GPT runs of every layout on 4 devices, K = 1 and 4 (fp32) or 4 (fp64): {(layout, K): run_dir}."""
     base = tmp_path_factory.mktemp(f"layouts_{request.param}")
     dirs, argvs = {}, []
-    for k in ((1, 4) if request.param == "fp32" else (4,)):
+    for k in (1, 4) if request.param == "fp32" else (4,):
         for name, flags in LAYOUTS.items():
             dirs[name, k] = base / f"{name}_k{k}"
-            argvs.append([*GPT, "--precision", request.param, "--optim.accum_steps", str(k),
-                          "--run_dir", str(dirs[name, k]), *flags])
+            argvs.append(
+                [
+                    *GPT,
+                    "--precision",
+                    request.param,
+                    "--optim.accum_steps",
+                    str(k),
+                    "--run_dir",
+                    str(dirs[name, k]),
+                    *flags,
+                ]
+            )
     _main_runs(4, *argvs)
     return request.param, dirs
 
@@ -186,8 +256,9 @@ def test_every_layout_logs_the_same_losses(layout_runs):
             assert worst <= tol, f"{precision} {name} K={k}: max relative loss difference {worst:.3g}"
             val = _summary(dirs[name, k])["final"]["val_loss"]
             assert abs(val - _summary(dirs["fsdp1", k])["final"]["val_loss"]) <= tol * abs(val)
-    print(f"\n{precision} max relative loss difference vs fsdp=1:",
-          ", ".join(f"{k} {v:.2g}" for k, v in report.items()))
+    print(
+        f"\n{precision} max relative loss difference vs fsdp=1:", ", ".join(f"{k} {v:.2g}" for k, v in report.items())
+    )
 
 
 # ----------------------------------------------------------------------------- memory
@@ -197,10 +268,14 @@ def test_per_device_state_bytes_shrink_with_fsdp():
     # The shakespeare preset's GPT with 2 of its 4 layers (docs/sharded-state.md's table has all 4); 4 devices.
     # the shipped slice of the text (the benchmark's default, the whole text, is not in a clone)
     text = ROOT / "tests" / "data" / "tinyshakespeare_60k.txt"
-    out = subprocess.run([sys.executable, "benchmarks/bench_memory.py", "--json", "--n_layers", "2", "--data.path", str(text)],
-                         cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_backend_optimization_level=0"},
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "benchmarks/bench_memory.py", "--json", "--n_layers", "2", "--data.path", str(text)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_backend_optimization_level=0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     rows = {r["fsdp"]: r for r in json.loads(out.stdout.strip().splitlines()[-1])}
     replicated = rows[1]["per_device_bytes"]
@@ -214,18 +289,29 @@ def test_per_device_state_bytes_shrink_with_fsdp():
 # ----------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("flags, line", [
-    (("--distributed.fsdp", "3"),
-     "distributed.fsdp=3 is not allowed: a divisor of the device count (4): one of 1, 2, 4"),
-    (("--distributed.fsdp", "2", "--batch_size", "6"),
-     "batch_size=6 is not allowed: a multiple of the device count (4)"),
-    (("--distributed.fsdp", "0"),
-     "distributed.fsdp=0 is not allowed: an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "flags, line",
+    [
+        (
+            ("--distributed.fsdp", "3"),
+            "distributed.fsdp=3 is not allowed: a divisor of the device count (4): one of 1, 2, 4",
+        ),
+        (
+            ("--distributed.fsdp", "2", "--batch_size", "6"),
+            "batch_size=6 is not allowed: a multiple of the device count (4)",
+        ),
+        (("--distributed.fsdp", "0"), "distributed.fsdp=0 is not allowed: an integer >= 1"),
+    ],
+)
 def test_bad_layout_is_one_line_and_exit_2_and_nothing_written(tmp_path, flags, line):
-    out = subprocess.run([sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir",
-                          str(tmp_path / "r"), *flags], cwd=ROOT, env=_env(4), capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(tmp_path / "r"), *flags],
+        cwd=ROOT,
+        env=_env(4),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [f"jaxloop.train: error: {line}"]
     assert not (tmp_path / "r").exists()

@@ -13,10 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_fsdp import MLP, ROOT
+from test_fsdp import _env as env
+from test_fsdp import _main_runs as main_runs
+from test_fsdp import _summary as summary
+from test_fsdp import _worst_rel as worst_rel
 
 from jaxloop.core.records import read_records
-from test_fsdp import MLP, ROOT
-from test_fsdp import _env as env, _main_runs as main_runs, _summary as summary, _worst_rel as worst_rel
 
 FP32_REL_TOL = 1e-5  # as tests/test_fsdp.py
 
@@ -45,15 +48,34 @@ for argv in json.loads(sys.argv[1]):
 """
 
 # K = 2 (the accumulator is part of the saved state, as are the EMA and Adam's moments).
-RUN = (*MLP, "--optim.accum_steps", "2", "--steps", "8", "--log_every", "1", "--eval_every", "4",
-       "--checkpoint.every", "4", "--checkpoint.keep_last", "3")
+RUN = (
+    *MLP,
+    "--optim.accum_steps",
+    "2",
+    "--steps",
+    "8",
+    "--log_every",
+    "1",
+    "--eval_every",
+    "4",
+    "--checkpoint.every",
+    "4",
+    "--checkpoint.keep_last",
+    "3",
+)
 
 
 def _restore(devices: int, argvs: list[list[str]]) -> list[dict]:
-    out = subprocess.run([sys.executable, "-c", RESTORE, json.dumps(argvs)], cwd=ROOT, env=env(devices),
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", RESTORE, json.dumps(argvs)],
+        cwd=ROOT,
+        env=env(devices),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
-    return [json.loads(line) for line in out.stdout.strip().splitlines()[-len(argvs):]]
+    return [json.loads(line) for line in out.stdout.strip().splitlines()[-len(argvs) :]]
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +108,13 @@ def test_a_checkpoint_saved_at_fsdp4_restores_the_same_bits_in_every_layout(save
 def test_resumed_in_any_layout_training_continues(saved_at_fsdp4, tmp_path):
     full, at4 = saved_at_fsdp4
     runs = {name: _copy(at4, tmp_path / name) for name in ("fsdp4", "fsdp1", "fsdp2xdata2", "two_devices")}
-    main_runs(4, *[[*RUN, "--distributed.fsdp", fsdp, "--run_dir", str(runs[name])]
-                   for name, fsdp in (("fsdp4", "4"), ("fsdp1", "1"), ("fsdp2xdata2", "2"))])
+    main_runs(
+        4,
+        *[
+            [*RUN, "--distributed.fsdp", fsdp, "--run_dir", str(runs[name])]
+            for name, fsdp in (("fsdp4", "4"), ("fsdp1", "1"), ("fsdp2xdata2", "2"))
+        ],
+    )
     main_runs(2, [*RUN, "--distributed.fsdp", "2", "--run_dir", str(runs["two_devices"])])
     ref = summary(full)
     losses = lambda d: [r["loss"] for r in read_records(d) if r["kind"] == "train"]

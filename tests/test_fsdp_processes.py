@@ -14,10 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
+from test_fsdp import MLP, ROOT
+from test_fsdp import _env as env
+from test_fsdp import _main_runs as main_runs
+from test_fsdp import _summary as summary
 
 from jaxloop.core.records import read_records
-from test_fsdp import MLP, ROOT
-from test_fsdp import _env as env, _main_runs as main_runs, _summary as summary
+
 
 def _free_port() -> int:
     import socket
@@ -30,11 +33,30 @@ def _free_port() -> int:
 def _launch(run_dir: Path, processes: int, *args: str) -> list[subprocess.Popen]:
     """The same command in `processes` processes of one device each, joined by jax.distributed."""
     coordinator = f"127.0.0.1:{_free_port()}"
-    return [subprocess.Popen([sys.executable, "-m", "jaxloop.train", *args, "--run_dir", str(run_dir),
-                              "--distributed.num_processes", str(processes), "--distributed.process_id", str(p),
-                              "--distributed.coordinator", coordinator],
-                             cwd=ROOT, env=env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for p in range(processes)]
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jaxloop.train",
+                *args,
+                "--run_dir",
+                str(run_dir),
+                "--distributed.num_processes",
+                str(processes),
+                "--distributed.process_id",
+                str(p),
+                "--distributed.coordinator",
+                coordinator,
+            ],
+            cwd=ROOT,
+            env=env(1),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for p in range(processes)
+    ]
 
 
 def _wait(procs: list[subprocess.Popen], timeout: int = 300) -> list[tuple[int, str]]:
@@ -51,8 +73,19 @@ def test_two_processes_match_one_process_bit_for_bit_through_a_sigterm_to_one_an
     # computation, the same as one process with two devices runs. SIGTERM reaches process 1 only; at the
     # next sync point (every update: log_every 1) both agree to stop, save that update and exit 143.
     # Resumed, the run ends bit-identical to the uninterrupted one-process run, every logged number too.
-    flags = (*MLP, "--optim.accum_steps", "2", "--distributed.fsdp", "2", "--steps", "120", "--log_every", "1",
-             "--checkpoint.every", "40")
+    flags = (
+        *MLP,
+        "--optim.accum_steps",
+        "2",
+        "--distributed.fsdp",
+        "2",
+        "--steps",
+        "120",
+        "--log_every",
+        "1",
+        "--checkpoint.every",
+        "40",
+    )
     main_runs(2, [*flags, "--run_dir", str(tmp_path / "ref")])
     procs = _launch(tmp_path / "run", 2, *flags)
     deadline = time.monotonic() + 240

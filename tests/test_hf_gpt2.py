@@ -26,8 +26,17 @@ pytestmark = pytest.mark.torch
 
 SHAPES = {  # two GPT-2s that differ in every field the checkpoint decides
     "tied": dict(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=256),
-    "untied": dict(n_layer=3, n_head=4, n_embd=48, n_positions=32, vocab_size=256, tie_word_embeddings=False,
-                   activation_function="gelu", layer_norm_epsilon=1e-3, n_inner=96),
+    "untied": dict(
+        n_layer=3,
+        n_head=4,
+        n_embd=48,
+        n_positions=32,
+        vocab_size=256,
+        tie_word_embeddings=False,
+        activation_function="gelu",
+        layer_norm_epsilon=1e-3,
+        n_inner=96,
+    ),
 }
 
 
@@ -36,8 +45,9 @@ def tiny_gpt2(directory, seed: int = 0, safetensors: bool = True, **config) -> G
     drawn at std 0.3 instead of GPT-2's 0.02, so that the MLP's inputs span GELU's bend (where its exact and
     tanh forms differ by up to 1e-3) rather than the near-linear middle."""
     torch.manual_seed(seed)
-    model = GPT2LMHeadModel(GPT2Config(**{"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-                                          "initializer_range": 0.3, **config}))
+    model = GPT2LMHeadModel(
+        GPT2Config(**{"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "initializer_range": 0.3, **config})
+    )
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 1:
@@ -58,8 +68,19 @@ def test_the_model_shape_is_the_checkpoints_config():
     # mutant seen failing: layer_norm_epsilon not read (ln_eps stays 1e-5)
     hf = GPT2Config(**SHAPES["untied"]).to_dict()
     fields = hf_gpt2.model_fields(hf)
-    assert fields == dict(kind="gpt", context=32, d_model=48, n_layers=3, n_heads=4, mlp_ratio=2, vocab_size=256,
-                          vocab_multiple=1, tie_embeddings=False, gelu="exact", ln_eps=1e-3)
+    assert fields == dict(
+        kind="gpt",
+        context=32,
+        d_model=48,
+        n_layers=3,
+        n_heads=4,
+        mlp_ratio=2,
+        vocab_size=256,
+        vocab_multiple=1,
+        tie_embeddings=False,
+        gelu="exact",
+        ln_eps=1e-3,
+    )
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -112,7 +133,8 @@ def test_without_transformers_the_load_check_says_the_logits_were_not_compared(t
     monkeypatch.setitem(__import__("sys").modules, "transformers", None)  # `import transformers` raises ImportError
     assert hf_gpt2.check_logits(tmp_path, params, m) == (
         "every tensor mapped with the GPT's shapes; logits not compared with transformers' GPT2LMHeadModel "
-        "(torch and transformers are not both installed)")
+        "(torch and transformers are not both installed)"
+    )
 
 
 def test_pytorch_model_bin_reads_as_safetensors_does(tmp_path):
@@ -175,10 +197,38 @@ def shards(tmp_path_factory):
 
 def finetune_args(hf_dir, shards, run_dir, *more: str) -> list[str]:
     """--preset gpt2-finetune from a tiny GPT-2, shrunk to seconds on a CPU (context 32: the first 32 positions)."""
-    return ["--preset", "gpt2-finetune", "--init_from", str(hf_dir), "--data.path", str(shards), "--run_dir",
-            str(run_dir), "--batch_size", "4", "--optim.accum_steps", "1", "--steps", "6", "--eval_every", "3",
-            "--eval_batches", "1", "--optim.peak_lr", "1e-3", "--updates_per_call", "1", "--log.no_tensorboard",
-            "--log.progress", "plain", "--compile_cache", "", "--checkpoint.every", "3", *more]
+    return [
+        "--preset",
+        "gpt2-finetune",
+        "--init_from",
+        str(hf_dir),
+        "--data.path",
+        str(shards),
+        "--run_dir",
+        str(run_dir),
+        "--batch_size",
+        "4",
+        "--optim.accum_steps",
+        "1",
+        "--steps",
+        "6",
+        "--eval_every",
+        "3",
+        "--eval_batches",
+        "1",
+        "--optim.peak_lr",
+        "1e-3",
+        "--updates_per_call",
+        "1",
+        "--log.no_tensorboard",
+        "--log.progress",
+        "plain",
+        "--compile_cache",
+        "",
+        "--checkpoint.every",
+        "3",
+        *more,
+    ]
 
 
 def train(argv: list[str]) -> tuple[int, str]:
@@ -199,9 +249,17 @@ def test_finetune_takes_the_checkpoints_shape_and_says_the_logits_check_ran(tmp_
     code, err = train(finetune_args(tmp_path / "gpt2", shards, tmp_path / "run", "--steps", "2"))
     assert code == 0, err
     model = json.loads((tmp_path / "run" / "config.json").read_text())["model"]
-    assert (model["n_layers"], model["n_heads"], model["d_model"], model["context"], model["vocab_size"],
-            model["tie_embeddings"], model["gelu"], model["ln_eps"], model["mlp_ratio"]) == (
-        3, 4, 48, 32, 256, False, "exact", 1e-3, 2)
+    assert (
+        model["n_layers"],
+        model["n_heads"],
+        model["d_model"],
+        model["context"],
+        model["vocab_size"],
+        model["tie_embeddings"],
+        model["gelu"],
+        model["ln_eps"],
+        model["mlp_ratio"],
+    ) == (3, 4, 48, 32, 256, False, "exact", 1e-3, 2)
     assert "logits equal transformers' GPT2LMHeadModel's on a fixed batch" in err and "(fp32: " in err
 
 
@@ -212,8 +270,9 @@ def test_a_finetune_at_a_negligible_lr_keeps_the_gpt2s_tensors_bit_for_bit(tmp_p
     from jaxloop.export import export
 
     tiny_gpt2(tmp_path / "gpt2", **SHAPES["untied"])
-    code, err = train(finetune_args(tmp_path / "gpt2", shards, tmp_path / "run", "--steps", "1",
-                                    "--optim.peak_lr", "1e-30"))
+    code, err = train(
+        finetune_args(tmp_path / "gpt2", shards, tmp_path / "run", "--steps", "1", "--optim.peak_lr", "1e-30")
+    )
     assert code == 0, err
     before = hf_gpt2.read_tensors(tmp_path / "gpt2")
     after = hf_gpt2.read_tensors(export(tmp_path / "run", "last", tmp_path / "out"))
@@ -228,7 +287,8 @@ def test_a_shape_flag_other_than_the_checkpoints_is_one_line_exit_2(tmp_path, sh
     assert code == 2
     assert err.strip().splitlines() == [
         f"jaxloop.train: error: model.n_layers=5 is not allowed: the value of the Hugging Face checkpoint --init_from "
-        f"names (2 in {tmp_path / 'gpt2' / 'config.json'}), or left out"]
+        f"names (2 in {tmp_path / 'gpt2' / 'config.json'}), or left out"
+    ]
     assert not (tmp_path / "run").exists()
 
 

@@ -14,9 +14,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 import jaxloop
-from jaxloop.loop.dispatch import Dispatcher
 from jaxloop.core.config import CheckpointConfig, Config, LogConfig, OptimConfig
 from jaxloop.core.records import read_records
+from jaxloop.loop.dispatch import Dispatcher
 
 
 class Lin(nn.Module):
@@ -37,9 +37,16 @@ def _task() -> jaxloop.Task:
 
 
 def _cfg(run_dir, **fields) -> Config:
-    base = Config(run_dir=str(run_dir), steps=12, batch_size=16, log_every=1, eval_every=0,
-                  optim=OptimConfig(peak_lr=1e-2, warmup_steps=1, accum_steps=2),
-                  checkpoint=CheckpointConfig(every=4, keep_last=10), log=LogConfig(progress="off", report=False))
+    base = Config(
+        run_dir=str(run_dir),
+        steps=12,
+        batch_size=16,
+        log_every=1,
+        eval_every=0,
+        optim=OptimConfig(peak_lr=1e-2, warmup_steps=1, accum_steps=2),
+        checkpoint=CheckpointConfig(every=4, keep_last=10),
+        log=LogConfig(progress="off", report=False),
+    )
     return replace(base, **fields)
 
 
@@ -68,22 +75,35 @@ def test_a_hook_sees_the_state_of_exactly_its_update(tmp_path):
 def test_a_hook_needing_the_state_ends_the_device_calls_on_its_updates(tmp_path, monkeypatch):
     calls = []
     dispatch = Dispatcher.dispatch
-    monkeypatch.setattr(Dispatcher, "dispatch", lambda self, state, step, n: (calls.append(n),
-                                                                              dispatch(self, state, step, n))[1])
-    jaxloop.run(_cfg(tmp_path / "a", checkpoint=CheckpointConfig(every=0)), _task(),
-                hooks=[jaxloop.Hook(lambda info: None, every=3)])
+    monkeypatch.setattr(
+        Dispatcher, "dispatch", lambda self, state, step, n: (calls.append(n), dispatch(self, state, step, n))[1]
+    )
+    jaxloop.run(
+        _cfg(tmp_path / "a", checkpoint=CheckpointConfig(every=0)),
+        _task(),
+        hooks=[jaxloop.Hook(lambda info: None, every=3)],
+    )
     assert calls == [3, 3, 3, 3]
     calls.clear()
-    jaxloop.run(_cfg(tmp_path / "b", checkpoint=CheckpointConfig(every=0)), _task(),
-                hooks=[jaxloop.Hook(lambda info: None, every=3, needs_state=False)])
+    jaxloop.run(
+        _cfg(tmp_path / "b", checkpoint=CheckpointConfig(every=0)),
+        _task(),
+        hooks=[jaxloop.Hook(lambda info: None, every=3, needs_state=False)],
+    )
     assert calls == [12], "a hook reading only metrics cuts no call short (mutant: needs_state ignored -> [3]*4)"
 
 
 def test_a_metrics_hook_is_called_at_each_of_its_updates_without_the_state(tmp_path):
     seen = []
-    jaxloop.run(_cfg(tmp_path), _task(),
-                hooks=[jaxloop.Hook(lambda info: seen.append((info.step, info.state, info.metrics["loss"])), every=5,
-                                    needs_state=False)])
+    jaxloop.run(
+        _cfg(tmp_path),
+        _task(),
+        hooks=[
+            jaxloop.Hook(
+                lambda info: seen.append((info.step, info.state, info.metrics["loss"])), every=5, needs_state=False
+            )
+        ],
+    )
     train = {r["step"]: r["loss"] for r in read_records(tmp_path) if r["kind"] == "train"}
     assert seen == [(5, None, train[5]), (10, None, train[10]), (12, None, train[12])], "every 5, and at the end"
 
@@ -98,9 +118,12 @@ def test_resuming_neither_repeats_nor_skips_a_hook(tmp_path):
         def stopper(info):
             if info.step == stop_at:
                 info.stop("planned")
-        return [jaxloop.Hook(lambda info: calls.append(("state", info.step)), every=4),
-                jaxloop.Hook(lambda info: calls.append(("metrics", info.step)), every=3, needs_state=False),
-                jaxloop.Hook(stopper, every=6)]
+
+        return [
+            jaxloop.Hook(lambda info: calls.append(("state", info.step)), every=4),
+            jaxloop.Hook(lambda info: calls.append(("metrics", info.step)), every=3, needs_state=False),
+            jaxloop.Hook(stopper, every=6),
+        ]
 
     first = jaxloop.run(_cfg(tmp_path), _task(), hooks=hooks(stop_at=6))
     assert first["stop_reason"] == "planned" and first["final_step"] == 6
@@ -119,11 +142,20 @@ def test_a_hook_logs_scalars_text_and_images_to_the_run(tmp_path):
         info.log_text("note", f"update {info.step}")
         info.log_image("ramp", np.linspace(0, 1, 12).reshape(3, 4))
 
-    jaxloop.run(_cfg(tmp_path, log=LogConfig(progress="off", report=False, tensorboard=True)), _task(),
-                hooks=[jaxloop.Hook(report, every=6)])
+    jaxloop.run(
+        _cfg(tmp_path, log=LogConfig(progress="off", report=False, tensorboard=True)),
+        _task(),
+        hooks=[jaxloop.Hook(report, every=6)],
+    )
     hooks = [r for r in read_records(tmp_path) if r["kind"] == "hook"]
     assert [(r["step"], sorted(k for k in r if k not in ("kind", "step"))) for r in hooks] == [
-        (6, ["weight_norm"]), (6, ["note"]), (6, ["ramp"]), (12, ["weight_norm"]), (12, ["note"]), (12, ["ramp"])]
+        (6, ["weight_norm"]),
+        (6, ["note"]),
+        (6, ["ramp"]),
+        (12, ["weight_norm"]),
+        (12, ["note"]),
+        (12, ["ramp"]),
+    ]
     assert (tmp_path / hooks[2]["ramp"]).is_file() and hooks[2]["ramp"] == "hooks/ramp-6.png"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -133,8 +165,9 @@ def test_a_hook_logs_scalars_text_and_images_to_the_run(tmp_path):
 
 
 def test_a_hook_stops_the_run_with_a_save_and_its_reason(tmp_path):
-    summary = jaxloop.run(_cfg(tmp_path), _task(),
-                          hooks=[jaxloop.Hook(lambda info: info.stop("loss small enough"), every=5)])
+    summary = jaxloop.run(
+        _cfg(tmp_path), _task(), hooks=[jaxloop.Hook(lambda info: info.stop("loss small enough"), every=5)]
+    )
     assert summary["stop_reason"] == "loss small enough" and summary["final_step"] == 5
     saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
     assert saved == [4, 5]
@@ -159,8 +192,11 @@ def test_an_nnx_model_reaches_the_hook_as_the_module():
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        jaxloop.run(_cfg(tmp, steps=4), jaxloop.Task(Net(nnx.Rngs(0)), loss, task.train, task.val),
-                    hooks=[jaxloop.Hook(lambda info: modules.append(info.model), every=4)])
+        jaxloop.run(
+            _cfg(tmp, steps=4),
+            jaxloop.Task(Net(nnx.Rngs(0)), loss, task.train, task.val),
+            hooks=[jaxloop.Hook(lambda info: modules.append(info.model), every=4)],
+        )
     assert len(modules) == 1 and isinstance(modules[0], nnx.Module)
     assert modules[0].dense.kernel.value.shape == (4, 1)
 
@@ -169,9 +205,13 @@ def test_a_hook_is_handed_the_evaluation_of_its_update(tmp_path):
     # Evaluation every 4 updates runs before the hooks of that update: a hook every 2 has it in
     # info.evaluation at 4, 8, 12 (the eval records' values) and None between.
     seen = {}
-    jaxloop.run(_cfg(tmp_path, eval_every=4), _task(),
-                hooks=[jaxloop.Hook(lambda info: seen.__setitem__(info.step, info.evaluation), every=2)])
-    evals = {r["step"]: {k: r[k] for k in ("val_loss", "val_mae")} for r in read_records(tmp_path)
-             if r["kind"] == "eval"}
+    jaxloop.run(
+        _cfg(tmp_path, eval_every=4),
+        _task(),
+        hooks=[jaxloop.Hook(lambda info: seen.__setitem__(info.step, info.evaluation), every=2)],
+    )
+    evals = {
+        r["step"]: {k: r[k] for k in ("val_loss", "val_mae")} for r in read_records(tmp_path) if r["kind"] == "eval"
+    }
     assert sorted(evals) == [4, 8, 12]
     assert seen == {2: None, 4: evals[4], 6: None, 8: evals[8], 10: None, 12: evals[12]}

@@ -31,8 +31,9 @@ print(*(faults(int(mib)) for mib in sys.argv[2:]))
 
 
 def _faults(mode: str, *mib: int) -> tuple[int, ...]:
-    out = subprocess.run([sys.executable, "-c", ROUNDS, mode, *map(str, mib)], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", ROUNDS, mode, *map(str, mib)], capture_output=True, text=True, check=True
+    )
     return tuple(map(int, out.stdout.split()))
 
 

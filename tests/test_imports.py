@@ -27,7 +27,8 @@ def test_import_jaxloop_changes_no_jax_setting_and_imports_no_checkpointing_or_l
         "heavy = [m for m in ('orbax.checkpoint', 'grain', 'torch', 'optax', 'flax', 'tensorboardX') if m in sys.modules]\n"
         "import jaxloop.loop.runner, jaxloop.train, jaxloop.sample, jaxloop.observe.run_report  # every module of the loop\n"
         "after = {k: str(getattr(jax.config, k)) for k in before}\n"
-        "print(json.dumps({'before': before, 'after': after, 'heavy': heavy}))\n")
+        "print(json.dumps({'before': before, 'after': after, 'heavy': heavy}))\n"
+    )
     assert got["after"] == got["before"], "importing jaxloop's modules changed jax's configuration"
     assert got["heavy"] == [], f"import jaxloop imported {got['heavy']}"
 
@@ -38,7 +39,8 @@ def test_each_public_name_is_imported_on_first_use():
         "jaxloop.train_step\n"
         "step_only = 'orbax.checkpoint' in sys.modules or 'grain' in sys.modules\n"
         "jaxloop.run\n"
-        "print(json.dumps({'step_only': step_only, 'run': 'orbax.checkpoint' in sys.modules, 'names': sorted(dir(jaxloop))}))\n")
+        "print(json.dumps({'step_only': step_only, 'run': 'orbax.checkpoint' in sys.modules, 'names': sorted(dir(jaxloop))}))\n"
+    )
     assert not got["step_only"], "the train step alone needs neither Orbax nor grain"
     assert got["run"], "run imports the loop's checkpointing"
     assert {"run", "Task", "Hook", "TrainState", "train_step", "make_optimizer", "Config"} <= set(got["names"])
@@ -53,7 +55,8 @@ def test_config_and_errors_import_no_jax_tyro_or_torch():
         "jaxloop.errors.ConfigError, jaxloop.errors.NonFiniteError, jaxloop.errors.RecordError\n"
         "jaxloop.OptimConfig(optimizer=jaxloop.SGDConfig(momentum=0.9), lr_schedule=jaxloop.StepConfig(step_size=5))\n"
         "jaxloop.OptimConfig(name='lion', schedule='plateau').lr_schedule.validate(1e-3, 10)\n"
-        "print(json.dumps([m for m in ('jax', 'tyro', 'torch', 'flax', 'optax') if m in sys.modules]))\n")
+        "print(json.dumps([m for m in ('jax', 'tyro', 'torch', 'flax', 'optax') if m in sys.modules]))\n"
+    )
     assert got == [], f"jaxloop.Config and jaxloop.errors imported {got}"
 
 
@@ -68,11 +71,16 @@ def test_the_exceptions_are_one_class_each_wherever_they_are_imported_from():
     """jaxloop.errors is their public home; their older import paths (jaxloop.core.config, jaxloop.core.cli) name
     the same classes, so an `except` written against either catches what the loop raises."""
     import jaxloop
-    import jaxloop.errors
     import jaxloop.core.cli
     import jaxloop.core.config
+    import jaxloop.errors
 
-    assert jaxloop.errors.ConfigError is jaxloop.ConfigError is jaxloop.core.config.ConfigError is jaxloop.core.cli.ConfigError
+    assert (
+        jaxloop.errors.ConfigError
+        is jaxloop.ConfigError
+        is jaxloop.core.config.ConfigError
+        is jaxloop.core.cli.ConfigError
+    )
     for n in ("NonFiniteError", "CheckpointWriteError", "OutOfMemoryError", "Interrupted", "UsageError", "EXIT_SIGNAL"):
         assert getattr(jaxloop.errors, n) is getattr(jaxloop.core.cli, n), n
     assert issubclass(jaxloop.errors.RecordError, jaxloop.errors.ConfigError)
@@ -97,8 +105,9 @@ def test_jaxloops_step_pins_float32_matmuls_to_highest_and_the_users_own_code_ke
 
     assert jax.config.jax_default_matmul_precision is None  # this process's default, untouched by jaxloop
     batch = {"x": np.ones((4, 5), np.float32), "y": np.zeros(4, np.int32)}
-    state = jaxloop.init_state(Proj(), _loss, batch, jaxloop.make_optimizer(jaxloop.Config().optim, 2,
-                                                                          jaxloop.get_policy("fp32")))
+    state = jaxloop.init_state(
+        Proj(), _loss, batch, jaxloop.make_optimizer(jaxloop.Config().optim, 2, jaxloop.get_policy("fp32"))
+    )
     hlo = jaxloop.train_step.lower(state, batch).as_text()
     dots = [line for line in hlo.splitlines() if "dot_general" in line]
     assert dots and all("precision = [HIGHEST, HIGHEST]" in line for line in dots), dots

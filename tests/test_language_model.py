@@ -16,11 +16,11 @@ import jax
 import numpy as np
 import pytest
 
-from jaxloop.model.attention import choose, cudnn_unsupported
-from jaxloop.model.flops import Peak, flops_per_token, gpt_params, table_peak
-from jaxloop.model.builtin import init_params, make_model
 from jaxloop.core.cli import parse_config
 from jaxloop.core.config import ConfigError, ModelConfig, padded_vocab, preset
+from jaxloop.model.attention import choose, cudnn_unsupported
+from jaxloop.model.builtin import init_params, make_model
+from jaxloop.model.flops import Peak, flops_per_token, gpt_params, table_peak
 
 GPT2_VOCAB = 50257
 
@@ -41,7 +41,14 @@ def test_gpt2_small_preset_is_gpt2_small_with_nanogpt_optimizer():
     assert (m.n_layers, m.n_heads, m.d_model, m.context) == (12, 12, 768, 1024)
     assert m.tie_embeddings and m.init == "gpt2" and m.attention == "auto" and cfg.precision == "auto"
     assert (o.name, o.peak_lr, o.b1, o.b2, o.weight_decay, o.clip_norm, o.schedule) == (
-        "adamw", 6e-4, 0.9, 0.95, 0.1, 1.0, "warmup_cosine")
+        "adamw",
+        6e-4,
+        0.9,
+        0.95,
+        0.1,
+        1.0,
+        "warmup_cosine",
+    )
     assert padded_vocab(m, GPT2_VOCAB) == 50304  # 50257 rounded up to a multiple of 64
 
 
@@ -49,8 +56,9 @@ def test_gpt2_small_has_124m_parameters_with_padded_vocab_and_tied_embeddings():
     # 50304*768 (tokens, tied head) + 1024*768 (positions) + 12 * 7,087,872 (blocks) + 1536 (ln_f)
     m = preset("gpt2-small").model
     model = make_model(m, GPT2_VOCAB, "fp32")
-    shapes = jax.eval_shape(lambda k: model.init(k, np.zeros((1, m.context), np.int32))["params"],
-                            jax.random.PRNGKey(0))
+    shapes = jax.eval_shape(
+        lambda k: model.init(k, np.zeros((1, m.context), np.int32))["params"], jax.random.PRNGKey(0)
+    )
     total = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
     assert total == 124_475_904
     assert gpt_params(m, GPT2_VOCAB)["total"] == total  # the count MFU uses is the model's own
@@ -139,18 +147,47 @@ def test_peak_table_knows_the_accelerators_by_their_jax_device_kind():
 def tiny_gpt2_run(tmp_path_factory):
     """--preset gpt2-small shrunk: 2 layers of width 32, context 16, 8 updates, on byte-token shards of a
     small text (python -m jaxloop.prepare)."""
-    from jaxloop.prepare import main as prepare
     from jaxloop.loop.runner import run
+    from jaxloop.prepare import main as prepare
 
     base = tmp_path_factory.mktemp("lm")
     rng = np.random.default_rng(0)
     words = "to be or not that is the question whether tis nobler in mind suffer slings arrows".split()
     (base / "tiny.txt").write_text("\n".join(" ".join(rng.choice(words, size=8)) for _ in range(150)) + "\n")
     assert prepare([str(base / "tiny.txt"), "--out", str(base / "shards"), "--no_progress"]) == 0
-    cfg = parse_config(["--preset", "gpt2-small", "--data.path", str(base / "shards"), "--run_dir", str(base / "run"),
-                        "--eval_batches", "2", "--steps", "8", "--batch_size", "8", "--eval_every", "0", "--log_every", "2",
-                        "--optim.warmup_steps", "2", "--model.context", "16", "--model.d_model", "32",
-                        "--model.n_layers", "2", "--model.n_heads", "2", "--log.no_tensorboard", "--compile_cache", ""])
+    cfg = parse_config(
+        [
+            "--preset",
+            "gpt2-small",
+            "--data.path",
+            str(base / "shards"),
+            "--run_dir",
+            str(base / "run"),
+            "--eval_batches",
+            "2",
+            "--steps",
+            "8",
+            "--batch_size",
+            "8",
+            "--eval_every",
+            "0",
+            "--log_every",
+            "2",
+            "--optim.warmup_steps",
+            "2",
+            "--model.context",
+            "16",
+            "--model.d_model",
+            "32",
+            "--model.n_layers",
+            "2",
+            "--model.n_heads",
+            "2",
+            "--log.no_tensorboard",
+            "--compile_cache",
+            "",
+        ]
+    )
     with contextlib.redirect_stderr(io.StringIO()):
         run(cfg)
     return base / "run"
@@ -176,8 +213,9 @@ def test_every_train_record_has_tokens_per_s_and_its_mfu(tiny_gpt2_run):
     assert [r["step"] for r in train] == [2, 4, 6, 8]
     for r in train:
         assert r["tokens_per_s"] == pytest.approx(r["samples_per_s"] * 16, rel=1e-12)
-        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * lm["flops_per_token"] / lm["peak"]["flops_per_s"],
-                                         rel=1e-12)
+        assert r["mfu"] == pytest.approx(
+            r["tokens_per_s"] * lm["flops_per_token"] / lm["peak"]["flops_per_s"], rel=1e-12
+        )
 
 
 def test_report_states_mfu_with_its_count_and_peak(tiny_gpt2_run):
@@ -205,11 +243,28 @@ def test_cli_cudnn_attention_on_a_cpu_is_one_line_exit_2_and_nothing_written(tmp
     import sys
 
     run_dir = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "jaxloop.train", "--preset", "shakespeare", "--data.path",
-                          "tests/data/tinyshakespeare_60k.txt", "--model.attention", "cudnn", "--precision", "bf16",
-                          "--run_dir", str(run_dir)], capture_output=True, text=True, timeout=120,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxloop.train",
+            "--preset",
+            "shakespeare",
+            "--data.path",
+            "tests/data/tinyshakespeare_60k.txt",
+            "--model.attention",
+            "cudnn",
+            "--precision",
+            "bf16",
+            "--run_dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "model.attention='cudnn' is not allowed" in lines[0] and "cpu" in lines[0], out.stderr

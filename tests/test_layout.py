@@ -39,8 +39,7 @@ def _imports(path: Path, skip: tuple[str, ...] = ()) -> set[str]:
     """Every module `path` imports by absolute name, anywhere in the file (function-level imports too), but
     inside the functions named in `skip`."""
     tree = ast.parse(path.read_text())
-    skipped = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in skip
-               for n in ast.walk(f)}
+    skipped = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in skip for n in ast.walk(f)}
     out = set()
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -80,17 +79,33 @@ def test_torch_ref_imports_only_the_core():
 
 def test_every_core_module_imports_without_jax_or_torch():
     modules = sorted(_module_name(p) for p in (ROOT / "jaxloop/core").glob("*.py"))
-    code = ("import importlib, json, sys\n"
-            f"for m in {modules!r}: importlib.import_module(m)\n"
-            "print(json.dumps([m for m in ('jax', 'torch', 'flax', 'optax', 'orbax.checkpoint') if m in sys.modules]))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
-                         cwd=ROOT)
+    code = (
+        "import importlib, json, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "print(json.dumps([m for m in ('jax', 'torch', 'flax', 'optax', 'orbax.checkpoint') if m in sys.modules]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True, cwd=ROOT
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
 def test_the_top_level_holds_only_the_namespace_the_commands_and_the_layers():
-    top = sorted(p.name for p in (ROOT / "jaxloop").iterdir() if p.suffix == ".py" or
-                 (p.is_dir() and (p / "__init__.py").exists()))
-    assert top == sorted(["__init__.py", "errors.py", "train.py", "prepare.py", "sample.py", "schedule.py", "report.py",
-                          "export.py",
-                          *LAYERS]), top
+    top = sorted(
+        p.name
+        for p in (ROOT / "jaxloop").iterdir()
+        if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())
+    )
+    assert top == sorted(
+        [
+            "__init__.py",
+            "errors.py",
+            "train.py",
+            "prepare.py",
+            "sample.py",
+            "schedule.py",
+            "report.py",
+            "export.py",
+            *LAYERS,
+        ]
+    ), top

@@ -21,8 +21,13 @@ from jaxloop.core.records import read_records
 
 
 def _write_holder(run_dir: Path, **fields) -> None:
-    record = {"pid": 999_999_999, "host": socket.gethostname(), "started": time.time() - 60,
-              "lease_until": time.time() + 60, "token": "t0"}
+    record = {
+        "pid": 999_999_999,
+        "host": socket.gethostname(),
+        "started": time.time() - 60,
+        "lease_until": time.time() + 60,
+        "token": "t0",
+    }
     record.update(fields)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / HOLDER_FILE).write_text(json.dumps(record))
@@ -77,8 +82,9 @@ def test_the_heartbeat_renews_the_lease(tmp_path):
 def test_a_run_failing_in_process_releases_the_lock(tmp_path):
     # run() holds the lock from before config.json until it returns or raises (here: a bad record met
     # at batching); the next run starts without a stale-lock warning.
-    import numpy as np
     import warnings
+
+    import numpy as np
 
     import jaxloop
     from jaxloop.core.config import preset, replace
@@ -100,10 +106,17 @@ def test_a_run_failing_in_process_releases_the_lock(tmp_path):
 
     import flax.linen as nn
 
-    task = jaxloop.Task(model=nn.Dense(3), loss=lambda model, b, train: (model(b["x"]).mean() * 0, {}),
-                        train=Lazy(bad), val=records)
-    cfg = replace(preset("debug"), run_dir=str(tmp_path), steps=4, batch_size=16, compile_cache="",
-                  log=replace(preset("debug").log, progress="off"))
+    task = jaxloop.Task(
+        model=nn.Dense(3), loss=lambda model, b, train: (model(b["x"]).mean() * 0, {}), train=Lazy(bad), val=records
+    )
+    cfg = replace(
+        preset("debug"),
+        run_dir=str(tmp_path),
+        steps=4,
+        batch_size=16,
+        compile_cache="",
+        log=replace(preset("debug").log, progress="off"),
+    )
     with pytest.raises(RecordError):
         jaxloop.run(cfg, task)
     assert not (tmp_path / HOLDER_FILE).exists()
@@ -116,8 +129,19 @@ def test_a_run_failing_in_process_releases_the_lock(tmp_path):
 
 
 def _cmd(run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(run_dir),
-            "--log.progress", "off", "--log.no-tensorboard", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "jaxloop.train",
+        "--preset",
+        "debug",
+        "--run_dir",
+        str(run_dir),
+        "--log.progress",
+        "off",
+        "--log.no-tensorboard",
+        *extra,
+    ]
 
 
 def _wait_for_update(run_dir: Path, proc: subprocess.Popen, beyond: int = 0, timeout: float = 120) -> None:
@@ -145,13 +169,17 @@ def test_a_second_launch_is_refused_naming_the_running_holder_and_writes_nothing
     first = subprocess.Popen(_cmd(tmp_path, "--steps", "100000", "--log_every", "1"), stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_update(tmp_path, first)
-        written = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.name in ("config.json", "metadata.json")}
+        written = {
+            p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.name in ("config.json", "metadata.json")
+        }
         second = subprocess.run(_cmd(tmp_path, "--steps", "100000"), capture_output=True, text=True, timeout=120)
         assert second.returncode == 2, second.stderr
         lines = second.stderr.strip().splitlines()
         assert len(lines) == 1, second.stderr
-        assert lines[0].startswith(f"jaxloop.train: error: run_dir='{tmp_path}' is not allowed: a run_dir no other run "
-                                   f"is using: it is held by pid {first.pid} on host {socket.gethostname()} (started ")
+        assert lines[0].startswith(
+            f"jaxloop.train: error: run_dir='{tmp_path}' is not allowed: a run_dir no other run "
+            f"is using: it is held by pid {first.pid} on host {socket.gethostname()} (started "
+        )
         assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.name in written} == written
         assert not (tmp_path / "resumes.jsonl").exists()
         assert first.poll() is None, "the holder trains on"
@@ -178,8 +206,12 @@ BARRIER = textwrap.dedent("""
 def test_two_launches_at_the_same_instant_exactly_one_runs(tmp_path, round_):
     run_dir, ready, barrier = tmp_path / "run", tmp_path / "ready", tmp_path / "go"
     args = _cmd(run_dir, "--steps", "30")[3:]  # the flags after "-m jaxloop.train"
-    procs = [subprocess.Popen([sys.executable, "-c", BARRIER, str(ready), str(barrier), *args], stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BARRIER, str(ready), str(barrier), *args], stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     deadline = time.monotonic() + 120
     while len(list(tmp_path.glob("ready.*"))) < 2:  # both imported jaxloop and wait on the barrier
         assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
@@ -195,8 +227,9 @@ def test_two_launches_at_the_same_instant_exactly_one_runs(tmp_path, round_):
 
 
 def test_a_sigkilled_holder_is_taken_over_at_once_and_the_run_resumes(tmp_path):
-    first = subprocess.Popen(_cmd(tmp_path, "--steps", "300", "--log_every", "1", "--checkpoint.every", "5"),
-                             stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        _cmd(tmp_path, "--steps", "300", "--log_every", "1", "--checkpoint.every", "5"), stderr=subprocess.DEVNULL
+    )
     _wait_for_update(tmp_path, first, beyond=12)
     _wait_for_checkpoint(tmp_path, first)  # a record alone may precede every async save's commit
     first.kill()
@@ -204,8 +237,12 @@ def test_a_sigkilled_holder_is_taken_over_at_once_and_the_run_resumes(tmp_path):
     holder = read_holder(tmp_path)
     assert holder is not None and holder.pid == first.pid, "SIGKILL leaves the record behind"
     t0 = time.monotonic()
-    second = subprocess.run(_cmd(tmp_path, "--steps", "300", "--log_every", "1", "--checkpoint.every", "5"),
-                            capture_output=True, text=True, timeout=300)
+    second = subprocess.run(
+        _cmd(tmp_path, "--steps", "300", "--log_every", "1", "--checkpoint.every", "5"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert second.returncode == 0, second.stderr
     assert "StaleLockWarning" in second.stderr and f"locked by pid {first.pid} on host" in second.stderr
     assert time.monotonic() - t0 < 120, "no lease to wait out on this host: the kernel freed the flock"

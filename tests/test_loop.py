@@ -12,12 +12,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from jaxloop.core.cadence import Cadence
+from jaxloop.core.records import BestTracker
 from jaxloop.loop.actions import Action, Evaluate, RunContext, Throughput
 from jaxloop.loop.dispatch import Call, Finished
 from jaxloop.loop.host_loop import train, updates_per_call
 from jaxloop.observe.runinfo import Timings
-from jaxloop.core.cadence import Cadence
-from jaxloop.core.records import BestTracker
 
 
 class FakeDispatcher:
@@ -79,8 +79,12 @@ def _context(steps: int, start: int = 0) -> RunContext:
 
 def _evaluate(steps: int, every: int, losses: dict[int, float], patience: int = 0) -> Evaluate:
     """A real Evaluate over a scripted evaluation: val_loss losses[step] (default 1.0) at each due update."""
-    return Evaluate(Cadence(steps, 1, every, 0), lambda state: {"val_loss": losses.get(state, 1.0)},
-                    BestTracker("min", patience), "val_loss")
+    return Evaluate(
+        Cadence(steps, 1, every, 0),
+        lambda state: {"val_loss": losses.get(state, 1.0)},
+        BestTracker("min", patience),
+        "val_loss",
+    )
 
 
 def _run(steps: int, actions_of, per_call: int | None = None, max_per_call: int = 50, evaluate: Evaluate | None = None):
@@ -103,8 +107,12 @@ def test_the_next_call_goes_out_before_the_finished_one_is_handed_to_the_actions
     assert ended.state == 20
     for end in (5, 10, 15):
         assert events.index(("dispatch", end, 5)) < events.index(("log", "after_call", end))
-    assert events[-4:] == [("log", "after_call", 20), ("log", "at_boundary", 20, 20), ("log", "record", 20, True, None),
-                           ("log", "close")]
+    assert events[-4:] == [
+        ("log", "after_call", 20),
+        ("log", "at_boundary", 20, 20),
+        ("log", "record", 20, True, None),
+        ("log", "close"),
+    ]
 
 
 def test_an_action_reading_the_state_ends_calls_on_its_updates_and_sees_that_state():
@@ -126,8 +134,14 @@ def test_each_action_is_called_once_per_boundary_the_stopping_one_included():
     # update; at the stopping update a (before b) and c (after it, every=0) are called once, seeing the
     # end. Mutant (the loop's second pass over every action where a stop is decided, as before): b is
     # called twice at 6 (seen failing).
-    ended, events = _run(20, lambda ev: [Recorder("a", ev, every=4, needs_state=True),
-                                         Recorder("b", ev, every=3, needs_state=True, stop_at=6), Recorder("c", ev)])
+    ended, events = _run(
+        20,
+        lambda ev: [
+            Recorder("a", ev, every=4, needs_state=True),
+            Recorder("b", ev, every=3, needs_state=True, stop_at=6),
+            Recorder("c", ev),
+        ],
+    )
     assert ended.state == 6 and ended.stop_reason == "recorder"
     calls = Counter((e[0], e[2]) for e in _boundary_calls(events))
     assert max(calls.values()) == 1, f"called more than once at an update: {calls}"
@@ -135,8 +149,9 @@ def test_each_action_is_called_once_per_boundary_the_stopping_one_included():
     records = {(e[0], e[2]): e[3] for e in events if e[1:2] == ("record",)}
     assert records[("a", 6)] and records[("c", 6)], "the actions before and after the stopping one see the end"
     assert not records[("b", 6)], "the stopping one was handed the record before its own stop"
-    assert events.index(("c", "at_boundary", 6, 6)) < events.index(("a", "at_boundary", 6, 6)), \
+    assert events.index(("c", "at_boundary", 6, 6)) < events.index(("a", "at_boundary", 6, 6)), (
         "those after it first (a save sees the stop), then those before it that the end makes due"
+    )
 
 
 def test_a_signal_during_the_actions_ends_the_run_at_that_boundary_with_one_call_each():
@@ -153,7 +168,10 @@ def test_a_signal_during_the_actions_ends_the_run_at_that_boundary_with_one_call
     ended, events = _run(12, lambda ev: [LateSignal("s", ev, every=2, needs_state=True), Recorder("save", ev)])
     assert ended.state == 4 and ended.stop_reason == "signal SIGTERM"
     assert [(e[0], e[2], e[3]) for e in events if e[1:2] == ("record",)] == [
-        ("s", 2, False), ("s", 4, False), ("save", 4, True)], "called once each; the save (due at the end) sees it"
+        ("s", 2, False),
+        ("s", 4, False),
+        ("save", 4, True),
+    ], "called once each; the save (due at the end) sees it"
 
 
 def test_the_evaluation_runs_before_every_action_and_its_results_are_in_their_record():
@@ -169,11 +187,15 @@ def test_the_evaluation_runs_before_every_action_and_its_results_are_in_their_re
 def test_early_stopping_ends_the_run_at_the_evaluated_update_and_every_action_sees_it():
     # patience 1: the evaluation at 8 (no better than 4) stops the run at 8, before the actions are called.
     evaluate = _evaluate(20, 4, {4: 0.5, 8: 0.75}, patience=1)
-    ended, events = _run(20, lambda ev: [Recorder("a", ev), Recorder("b", ev, every=4, needs_state=True)],
-                         evaluate=evaluate)
+    ended, events = _run(
+        20, lambda ev: [Recorder("a", ev), Recorder("b", ev, every=4, needs_state=True)], evaluate=evaluate
+    )
     assert ended.state == 8 and ended.stop_reason == "early_stopping"
-    assert [(e[0], e[2], e[3]) for e in events if e[1:2] == ("record",)] == [("b", 4, False), ("a", 8, True),
-                                                                             ("b", 8, True)]
+    assert [(e[0], e[2], e[3]) for e in events if e[1:2] == ("record",)] == [
+        ("b", 4, False),
+        ("a", 8, True),
+        ("b", 8, True),
+    ]
 
 
 def test_a_run_started_at_its_end_dispatches_nothing():

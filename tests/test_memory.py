@@ -18,13 +18,13 @@ from flax import nnx
 
 import jaxloop
 from jaxloop.checkpoint.manager import read_checkpoint
-from jaxloop.update.memory_plan import Footprint, candidates, check_plan, supports_blocks
-from jaxloop.model.builtin import make_model
-from jaxloop.update.step import cross_entropy_loss, make_train_step, scan_steps
-from jaxloop.loop.task import builtin_task, create_train_state, run_state
 from jaxloop.core.config import Config, ConfigError, MemoryConfig, ModelConfig, OptimConfig, preset, replace
 from jaxloop.core.records import read_records
 from jaxloop.core.sources import record_order
+from jaxloop.loop.task import builtin_task, create_train_state, run_state
+from jaxloop.model.builtin import make_model
+from jaxloop.update.memory_plan import Footprint, candidates, check_plan, supports_blocks
+from jaxloop.update.step import cross_entropy_loss, make_train_step, scan_steps
 
 
 def _host(tree):
@@ -39,15 +39,22 @@ def _relative(a, b) -> float:
 
 def _mlp_batches(n: int, batch: int = 16, features: int = 12, classes: int = 5) -> list[dict]:
     rng = np.random.default_rng(0)
-    return [{"x": rng.normal(size=(batch, features)).astype(np.float32),
-             "y": rng.integers(0, classes, size=batch).astype(np.int32)} for _ in range(n)]
+    return [
+        {
+            "x": rng.normal(size=(batch, features)).astype(np.float32),
+            "y": rng.integers(0, classes, size=batch).astype(np.int32),
+        }
+        for _ in range(n)
+    ]
 
 
 def _mlp_state(cfg: Config, features: int = 12, classes: int = 5):
     return create_train_state(cfg, make_model(cfg.model, classes, cfg.precision), np.zeros((1, features), np.float32))
 
 
-MLP_CFG = Config(steps=10, batch_size=16, optim=OptimConfig(peak_lr=1e-2, warmup_steps=2), model=ModelConfig(hidden=(32, 32)))
+MLP_CFG = Config(
+    steps=10, batch_size=16, optim=OptimConfig(peak_lr=1e-2, warmup_steps=2), model=ModelConfig(hidden=(32, 32))
+)
 
 
 def _run_steps(cfg: Config, memory: MemoryConfig | None, batches: list[dict], state=None):
@@ -69,7 +76,9 @@ def test_a_micro_batch_split_into_sub_batches_gives_the_same_updates(split):
     whole, whole_losses = _run_steps(MLP_CFG, None, batches)
     parts, part_losses = _run_steps(MLP_CFG, MemoryConfig(split=split), batches)
     np.testing.assert_allclose(part_losses, whole_losses, rtol=1e-6)
-    worst = max(_relative(a, b) for a, b in zip(jax.tree.leaves(_host(parts.params)), jax.tree.leaves(_host(whole.params))))
+    worst = max(
+        _relative(a, b) for a, b in zip(jax.tree.leaves(_host(parts.params)), jax.tree.leaves(_host(whole.params)))
+    )
     assert worst < 2e-6, worst
     assert int(parts.step) == int(whole.step) == 5
 
@@ -107,15 +116,22 @@ def test_a_checkpoint_policy_around_the_loss_keeps_the_update_of_any_task(remat,
     plain, _ = _run_steps(MLP_CFG, None, batches, plain)
     _, state = _task_state(NnxMLP(nnx.Rngs(0)) if kind == "nnx" else model)
     state, _ = _run_steps(MLP_CFG, MemoryConfig(remat=remat), batches, state)
-    worst = max(_relative(a, b) for a, b in zip(jax.tree.leaves(_host(state.params)), jax.tree.leaves(_host(plain.params))))
+    worst = max(
+        _relative(a, b) for a, b in zip(jax.tree.leaves(_host(state.params)), jax.tree.leaves(_host(plain.params)))
+    )
     assert worst < 2e-6, worst
 
 
 def _gpt_cfg(**memory) -> Config:
     base = preset("shakespeare")
-    return replace(base, batch_size=8, steps=10,
-                   model=replace(base.model, context=16, d_model=16, n_layers=2, n_heads=2),
-                   optim=replace(base.optim, warmup_steps=2), memory=MemoryConfig(**memory))
+    return replace(
+        base,
+        batch_size=8,
+        steps=10,
+        model=replace(base.model, context=16, d_model=16, n_layers=2, n_heads=2),
+        optim=replace(base.optim, warmup_steps=2),
+        memory=MemoryConfig(**memory),
+    )
 
 
 def _gpt_batch(seed: int = 0) -> dict:
@@ -137,8 +153,9 @@ def gpt_plain():
     return _gpt_updates(_gpt_cfg())
 
 
-@pytest.mark.parametrize("memory", [dict(remat="blocks"), dict(remat="dots_saveable"), dict(split=4),
-                                    dict(split=2, remat="blocks")])
+@pytest.mark.parametrize(
+    "memory", [dict(remat="blocks"), dict(remat="dots_saveable"), dict(split=4), dict(split=2, remat="blocks")]
+)
 def test_the_gpt_under_another_plan_computes_the_same_update(gpt_plain, memory):
     # Loss and gradient norm to 1e-6; params but the attention's qkv bias to 1e-5: the key bias is a null
     # direction (its exact gradient is 0, see PARITY.md), where Adam turns rounding noise into a step.
@@ -168,12 +185,28 @@ def test_remat_blocks_needs_a_model_that_can_rematerialise_its_blocks(tmp_path):
 
 def test_re_planning_tries_splits_then_each_later_remat():
     plans = [(p.split, p.remat) for p in candidates(MemoryConfig(), batch_size=8, blocks=True)]
-    assert plans == [(2, "none"), (4, "none"), (8, "none"),
-                     (1, "blocks"), (2, "blocks"), (4, "blocks"), (8, "blocks"),
-                     (1, "dots_saveable"), (2, "dots_saveable"), (4, "dots_saveable"), (8, "dots_saveable"),
-                     (1, "full"), (2, "full"), (4, "full"), (8, "full")]
-    assert [(p.split, p.remat) for p in candidates(MemoryConfig(split=4, remat="dots_saveable"), 8, blocks=False)] == \
-        [(8, "dots_saveable"), (4, "full"), (8, "full")]
+    assert plans == [
+        (2, "none"),
+        (4, "none"),
+        (8, "none"),
+        (1, "blocks"),
+        (2, "blocks"),
+        (4, "blocks"),
+        (8, "blocks"),
+        (1, "dots_saveable"),
+        (2, "dots_saveable"),
+        (4, "dots_saveable"),
+        (8, "dots_saveable"),
+        (1, "full"),
+        (2, "full"),
+        (4, "full"),
+        (8, "full"),
+    ]
+    assert [(p.split, p.remat) for p in candidates(MemoryConfig(split=4, remat="dots_saveable"), 8, blocks=False)] == [
+        (8, "dots_saveable"),
+        (4, "full"),
+        (8, "full"),
+    ]
     assert candidates(MemoryConfig(split=8, remat="full"), 8, blocks=True) == []
     with pytest.raises(ConfigError, match=r"memory.split=3 is not allowed: a divisor of the 8 rows"):
         check_plan(MemoryConfig(split=3), 8, None)
@@ -202,9 +235,18 @@ def text_file(tmp_path_factory):
 
 def _gpt_run_cfg(run_dir: Path, text: Path, **memory) -> Config:
     cfg = _gpt_cfg(**memory)
-    return replace(cfg, run_dir=str(run_dir), steps=8, eval_every=4, log_every=1, updates_per_call=4, compile_cache="",
-                   data=replace(cfg.data, path=str(text), eval_batch_size=64),
-                   checkpoint=replace(cfg.checkpoint, every=4), log=replace(cfg.log, progress="off", report=False))
+    return replace(
+        cfg,
+        run_dir=str(run_dir),
+        steps=8,
+        eval_every=4,
+        log_every=1,
+        updates_per_call=4,
+        compile_cache="",
+        data=replace(cfg.data, path=str(text), eval_batch_size=64),
+        checkpoint=replace(cfg.checkpoint, every=4),
+        log=replace(cfg.log, progress="off", report=False),
+    )
 
 
 def _footprint(cfg: Config) -> Footprint:
@@ -249,14 +291,31 @@ def test_auto_fit_off_says_the_update_does_not_fit_and_goes_on(tmp_path, text_fi
 def test_an_update_no_plan_fits_stops_with_the_numbers_and_exit_status_4(tmp_path, capsys):
     from jaxloop.train import main
 
-    argv = ["--preset", "debug", "--run_dir", str(tmp_path), "--steps", "4", "--optim.warmup_steps", "1",
-            "--log.progress", "off", "--compile_cache", "", "--memory.budget", "4096"]
+    argv = [
+        "--preset",
+        "debug",
+        "--run_dir",
+        str(tmp_path),
+        "--steps",
+        "4",
+        "--optim.warmup_steps",
+        "1",
+        "--log.progress",
+        "off",
+        "--compile_cache",
+        "",
+        "--memory.budget",
+        "4096",
+    ]
     assert main(argv) == 4
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert re.fullmatch(r"jaxloop\.train: error: memory: the call of \d+ update\(s\) needs [\d.]+ KiB \([\d.]+ KiB "
-                        r"arguments, .* new outputs, .* temporaries\), more than the 4\.0 KiB of memory\.budget \(plan: "
-                        r"split 1, remat none\); no plan fits: the smallest of the \d+ tried needs [\d.]+ KiB \(split "
-                        r"\d+, remat \w+\): lower batch_size or the model's size, or raise memory\.budget", line), line
+    assert re.fullmatch(
+        r"jaxloop\.train: error: memory: the call of \d+ update\(s\) needs [\d.]+ KiB \([\d.]+ KiB "
+        r"arguments, .* new outputs, .* temporaries\), more than the 4\.0 KiB of memory\.budget \(plan: "
+        r"split 1, remat none\); no plan fits: the smallest of the \d+ tried needs [\d.]+ KiB \(split "
+        r"\d+, remat \w+\): lower batch_size or the model's size, or raise memory\.budget",
+        line,
+    ), line
 
 
 # ----------------------------------------------------------------------------- out of memory at run time
@@ -316,18 +375,43 @@ def test_an_out_of_memory_error_at_run_time_reloads_the_last_checkpoint_and_goes
     # section 5): from update 11 on the gradients are means of two sub-batch means, float32 summation in
     # another order. Mutants seen failing: no reload (the run restarted from its initial state), and the
     # metrics not truncated to the checkpoint (updates 11-15 logged twice).
-    args = ["--preset", "debug", "--steps", "30", "--updates_per_call", "5", "--optim.accum_steps", "2",
-            "--checkpoint.every", "10", "--eval_every", "10", "--log_every", "1", "--log.progress", "off",
-            "--log.no-tensorboard"]
-    ref = subprocess.run([sys.executable, "-m", "jaxloop.train", "--run_dir", str(tmp_path / "ref"), *args],
-                         capture_output=True, text=True, timeout=300)
+    args = [
+        "--preset",
+        "debug",
+        "--steps",
+        "30",
+        "--updates_per_call",
+        "5",
+        "--optim.accum_steps",
+        "2",
+        "--checkpoint.every",
+        "10",
+        "--eval_every",
+        "10",
+        "--log_every",
+        "1",
+        "--log.progress",
+        "off",
+        "--log.no-tensorboard",
+    ]
+    ref = subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", "--run_dir", str(tmp_path / "ref"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ref.returncode == 0, ref.stderr
-    out = subprocess.run([sys.executable, "-c", INJECT, "17", "2", when, "--run_dir", str(tmp_path / "oom"), *args],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", INJECT, "17", "2", when, "--run_dir", str(tmp_path / "oom"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
-    assert ("out of device memory at run time (RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
-            "17179869184 bytes.): reloading update 10 and re-planning split 1, remat none -> split 2, remat none") \
-        in out.stderr
+    assert (
+        "out of device memory at run time (RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+        "17179869184 bytes.): reloading update 10 and re-planning split 1, remat none -> split 2, remat none"
+    ) in out.stderr
     steps = [r["step"] for r in read_records(tmp_path / "oom") if r["kind"] == "train"]
     assert steps == list(range(1, 31)), "every update applied (and logged) once"
     losses = [[r["loss"] for r in read_records(tmp_path / d) if r["kind"] == "train"] for d in ("oom", "ref")]
@@ -343,8 +427,10 @@ def test_an_out_of_memory_error_at_run_time_reloads_the_last_checkpoint_and_goes
             assert _relative(b, a) <= 1e-5, jax.tree_util.keystr(path)
         else:
             np.testing.assert_array_equal(b, a, err_msg=jax.tree_util.keystr(path))  # counters: same updates
-    positions = [json.loads((tmp_path / d / "checkpoints" / "30" / "data" / "metadata").read_text())["loader"]
-                 for d in ("oom", "ref")]
+    positions = [
+        json.loads((tmp_path / d / "checkpoints" / "30" / "data" / "metadata").read_text())["loader"]
+        for d in ("oom", "ref")
+    ]
     assert positions[0] == positions[1] and positions[0]["position"] == 60, "the same records, each once"
     summary = json.loads((tmp_path / "oom" / "summary.json").read_text())
     assert summary["memory"]["plan"] == {"split": 2, "remat": "none"}

@@ -52,8 +52,11 @@ SCRIPT = textwrap.dedent("""
 
 def _files(run_dir: Path) -> dict[str, str]:
     """sha256 of every file of a run but its lock's holder record, by relative path."""
-    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(run_dir.rglob("*")) if p.is_file() and not p.name.startswith(".lock")}
+    return {
+        str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and not p.name.startswith(".lock")
+    }
 
 
 def test_the_readme_model_edited_on_the_same_run_dir_is_refused_and_nothing_changes(tmp_path):
@@ -62,21 +65,30 @@ def test_the_readme_model_edited_on_the_same_run_dir_is_refused_and_nothing_chan
     script = tmp_path / "mine.py"
     script.write_text(SCRIPT)
     run_dir = tmp_path / "mine"
-    first = subprocess.run([sys.executable, str(script), str(run_dir), "32"], capture_output=True, text=True, timeout=300)
+    first = subprocess.run(
+        [sys.executable, str(script), str(run_dir), "32"], capture_output=True, text=True, timeout=300
+    )
     assert first.returncode == 0, first.stderr
     before = _files(run_dir)
-    assert {"metrics.jsonl", "summary.json", "report.md", "model.json", "checkpoints/100/digest/metadata"} <= set(before)
+    assert {"metrics.jsonl", "summary.json", "report.md", "model.json", "checkpoints/100/digest/metadata"} <= set(
+        before
+    )
 
-    edited = subprocess.run([sys.executable, str(script), str(run_dir), "64"], capture_output=True, text=True, timeout=300)
+    edited = subprocess.run(
+        [sys.executable, str(script), str(run_dir), "64"], capture_output=True, text=True, timeout=300
+    )
     assert edited.returncode == 2, edited.stderr
     lines = edited.stderr.strip().splitlines()
     assert len(lines) == 1, edited.stderr
-    assert lines[0].startswith("mine.py: error: resume='auto' is not allowed: a model that matches the checkpointed "
-                               "run's (model.json); these differ: params/Dense_0/kernel: (32, 1) in the run, (64, 1) "
-                               "now; params/Dense_1/bias: (32,) in the run, (64,) now; params/Dense_1/kernel: (4, 32) "
-                               "in the run, (4, 64) now (and 9 more). "), lines[0]
-    assert "Config(run_dir=NEW_DIR)" in lines[0] and 'Config(resume="never")' in lines[0], \
+    assert lines[0].startswith(
+        "mine.py: error: resume='auto' is not allowed: a model that matches the checkpointed "
+        "run's (model.json); these differ: params/Dense_0/kernel: (32, 1) in the run, (64, 1) "
+        "now; params/Dense_1/bias: (32,) in the run, (64,) now; params/Dense_1/kernel: (4, 32) "
+        "in the run, (4, 64) now (and 9 more). "
+    ), lines[0]
+    assert "Config(run_dir=NEW_DIR)" in lines[0] and 'Config(resume="never")' in lines[0], (
         "the ways forward in a Python caller's terms"
+    )
     assert "damaged" not in edited.stderr and not (run_dir / "checkpoints_damaged").exists()
     assert _files(run_dir) == before, "metrics, summary, report, checkpoints and model.json byte-identical"
 
@@ -85,8 +97,9 @@ def _mine(tmp_path: Path, run_dir: str, *args: str) -> subprocess.CompletedProce
     """The README's script (SCRIPT) on `run_dir` as given (relative to tmp_path), width and activation `args`."""
     script = tmp_path / "mine.py"
     script.write_text(SCRIPT)
-    return subprocess.run([sys.executable, str(script), run_dir, *args], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)
+    return subprocess.run(
+        [sys.executable, str(script), run_dir, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
 
 
 def test_an_older_run_on_a_relative_run_dir_with_an_edited_model_is_refused_and_nothing_changes(tmp_path):
@@ -106,9 +119,11 @@ def test_an_older_run_on_a_relative_run_dir_with_an_edited_model_is_refused_and_
     assert edited.returncode == 2, edited.stderr
     lines = edited.stderr.strip().splitlines()
     assert len(lines) == 1, edited.stderr
-    assert lines[0].startswith("mine.py: error: resume='auto' is not allowed: a model that matches the checkpointed "
-                               "run's (its latest checkpoint); these differ: params/Dense_0/kernel: (32, 1) in the "
-                               "run, (64, 1) now; "), lines[0]
+    assert lines[0].startswith(
+        "mine.py: error: resume='auto' is not allowed: a model that matches the checkpointed "
+        "run's (its latest checkpoint); these differ: params/Dense_0/kernel: (32, 1) in the "
+        "run, (64, 1) now; "
+    ), lines[0]
     assert not (run_dir / "checkpoints_damaged").exists()
     assert _files(run_dir) == before, "metrics.jsonl, checkpoints and every other file byte-identical"
 
@@ -138,7 +153,8 @@ def test_a_same_shape_change_of_the_computation_is_refused_in_one_line(tmp_path)
             "(model.json); the model's computation changed (its loss traces to other operations), though every "
             "leaf's shape and dtype match. To train the new model, start a new run: Config(run_dir=NEW_DIR) (add "
             "init_from='runs/mine' to start from this run's weights); to continue this run with it on purpose, "
-            'delete "computation" from runs/mine/model.json; '), lines[0]
+            'delete "computation" from runs/mine/model.json; '
+        ), lines[0]
         assert _files(run_dir) == before, "nothing written or moved"
 
 
@@ -166,8 +182,15 @@ def _task(model: nn.Module) -> jaxloop.Task:
 
 
 def _cfg(run_dir: Path) -> Config:
-    return Config(run_dir=str(run_dir), steps=4, batch_size=16, eval_every=4, log_every=4,
-                  optim=OptimConfig(warmup_steps=1), log=LogConfig(progress="off", tensorboard=False, report=False))
+    return Config(
+        run_dir=str(run_dir),
+        steps=4,
+        batch_size=16,
+        eval_every=4,
+        log_every=4,
+        optim=OptimConfig(warmup_steps=1),
+        log=LogConfig(progress="off", tensorboard=False, report=False),
+    )
 
 
 def test_a_run_without_model_json_is_compared_with_its_latest_checkpoint(tmp_path):
@@ -175,8 +198,11 @@ def test_a_run_without_model_json_is_compared_with_its_latest_checkpoint(tmp_pat
     # metadata (mutant seen failing: saved_structure() not consulted: the checkpoint damaged and moved aside)
     jaxloop.run(_cfg(tmp_path), _task(Net()))
     (tmp_path / "model.json").unlink()
-    with pytest.raises(ConfigError, match=r"\(its latest checkpoint\); these differ: params/Dense_0/kernel: \(8, 1\) in "
-                                          r"the run, \(16, 1\) now"):
+    with pytest.raises(
+        ConfigError,
+        match=r"\(its latest checkpoint\); these differ: params/Dense_0/kernel: \(8, 1\) in "
+        r"the run, \(16, 1\) now",
+    ):
         jaxloop.run(_cfg(tmp_path), _task(Net(width=16)))
     assert not (tmp_path / "model.json").exists() and not (tmp_path / "checkpoints_damaged").exists()
 
@@ -200,17 +226,32 @@ def test_the_model_class_is_part_of_the_identity(tmp_path):
 
 
 def test_differences_name_shapes_dtypes_and_leaves_present_on_one_side_only():
-    run = {"model": "Net", "leaves": [["params/Dense_0/kernel", [4, 32], "float32"], ["params/b", [2], "float32"],
-                                      ["params/gone", [3], "float32"]]}
-    now = {"model": "Net", "leaves": [["params/Dense_0/kernel", [4, 64], "float32"], ["params/b", [2], "bfloat16"],
-                                      ["params/new", [5], "float32"]]}
+    run = {
+        "model": "Net",
+        "leaves": [
+            ["params/Dense_0/kernel", [4, 32], "float32"],
+            ["params/b", [2], "float32"],
+            ["params/gone", [3], "float32"],
+        ],
+    }
+    now = {
+        "model": "Net",
+        "leaves": [
+            ["params/Dense_0/kernel", [4, 64], "float32"],
+            ["params/b", [2], "bfloat16"],
+            ["params/new", [5], "float32"],
+        ],
+    }
     assert model_differences(run, now) == [
         "params/Dense_0/kernel: (4, 32) in the run, (4, 64) now",
         "params/b: (2,) float32 in the run, (2,) bfloat16 now",
         "params/new: absent in the run, (5,) now",
-        "params/gone: (3,) in the run, absent now"]
-    assert model_differences(run, now, dtypes=False)[1:] == ["params/new: absent in the run, (5,) now",
-                                                              "params/gone: (3,) in the run, absent now"]
+        "params/gone: (3,) in the run, absent now",
+    ]
+    assert model_differences(run, now, dtypes=False)[1:] == [
+        "params/new: absent in the run, (5,) now",
+        "params/gone: (3,) in the run, absent now",
+    ]
     assert model_differences(run, json.loads(json.dumps(run))) == []
 
 
@@ -234,8 +275,11 @@ def test_another_models_checkpoints_under_an_intact_model_json_are_refused_not_d
     shutil.rmtree(mine / "checkpoints")
     shutil.copytree(other / "checkpoints", mine / "checkpoints")
     before = _files(mine)
-    with pytest.raises(ConfigError, match=r"\(its latest checkpoint\); these differ: params/Dense_0/kernel: \(16, 1\) in "
-                                          r"the run, \(8, 1\) now"):
+    with pytest.raises(
+        ConfigError,
+        match=r"\(its latest checkpoint\); these differ: params/Dense_0/kernel: \(16, 1\) in "
+        r"the run, \(8, 1\) now",
+    ):
         jaxloop.run(_cfg(mine), _task(Net()))
     assert _files(mine) == before and not (mine / "checkpoints_damaged").exists()
 
@@ -253,8 +297,11 @@ def test_a_checkpoint_of_another_structure_is_a_refusal_of_the_restore_not_damag
     try:
         ckpt.save(1, narrow, {"position": 1})
         ckpt.wait()
-        with pytest.raises(CheckpointMismatch, match=r"the checkpoint of update 1 holds another: params/Dense_0/"
-                                                     r"kernel: \(8, 1\) in the run, \(16, 1\) now"):
+        with pytest.raises(
+            CheckpointMismatch,
+            match=r"the checkpoint of update 1 holds another: params/Dense_0/"
+            r"kernel: \(8, 1\) in the run, \(16, 1\) now",
+        ):
             ckpt.restore_latest(wide)
     finally:
         ckpt.close()
@@ -298,6 +345,7 @@ def test_a_finished_run_re_run_from_python_says_so_and_returns_its_final_state(t
 
 class Shaped(nn.Module):
     """Two 4x4 layers whose order can be swapped and an output scale: the same leaves whatever the fields."""
+
     scale: float = 1.0
     swap: bool = False
 

@@ -31,16 +31,36 @@ def _wait_for(predicate, timeout_s: float, what: str) -> None:
 
 def test_data_workers_their_resource_tracker_and_shared_memory_die_with_a_sigkilled_run(tmp_path):
     shm_before = set(os.listdir(SHM))
-    run = subprocess.Popen([sys.executable, "-m", "jaxloop.train", "--run_dir", str(tmp_path / "run"), *SMALL,
-                            "--steps", "1000000", "--data.workers", "2"], stderr=subprocess.DEVNULL)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jaxloop.train",
+            "--run_dir",
+            str(tmp_path / "run"),
+            *SMALL,
+            "--steps",
+            "1000000",
+            "--data.workers",
+            "2",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     try:
         main = psutil.Process(run.pid)
 
         def workers() -> list[psutil.Process]:
             return [p for p in main.children() if "spawn_main" in _cmdline(p)]
 
-        _wait_for(lambda: len(workers()) == 2 and (tmp_path / "run" / "metrics.jsonl").exists()
-                  and os.path.getsize(tmp_path / "run" / "metrics.jsonl") > 0, 120, "two workers feeding the run")
+        _wait_for(
+            lambda: (
+                len(workers()) == 2
+                and (tmp_path / "run" / "metrics.jsonl").exists()
+                and os.path.getsize(tmp_path / "run" / "metrics.jsonl") > 0
+            ),
+            120,
+            "two workers feeding the run",
+        )
         children = main.children(recursive=True)  # the workers and multiprocessing's resource tracker
         segments = set(os.listdir(SHM)) - shm_before
         assert any("resource_tracker" in _cmdline(p) for p in children)
@@ -88,15 +108,32 @@ def read_only_checkpoints(tmp_path):
 
 def test_a_read_only_checkpoints_directory_is_one_line_and_exit_3_within_seconds(tmp_path, read_only_checkpoints):
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "jaxloop.train", "--run_dir", str(tmp_path / "run"), *SMALL,
-                          "--steps", "20", "--checkpoint.every", "10"], capture_output=True, text=True, timeout=290)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxloop.train",
+            "--run_dir",
+            str(tmp_path / "run"),
+            *SMALL,
+            "--steps",
+            "20",
+            "--checkpoint.every",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=290,
+    )
     took = time.monotonic() - t0
     assert out.returncode == 3, out.stderr[-2000:]
     lines = [line for line in out.stderr.strip().splitlines() if not is_compile_line(line)]
     assert len(lines) == 1, out.stderr
     (line,) = lines
-    assert line.startswith(f"jaxloop.train: error: the checkpoint of update 10 could not be written to "
-                           f"{read_only_checkpoints}: OSError: [Errno 30] Read-only file system"), line
+    assert line.startswith(
+        f"jaxloop.train: error: the checkpoint of update 10 could not be written to "
+        f"{read_only_checkpoints}: OSError: [Errno 30] Read-only file system"
+    ), line
     assert line.endswith("free there; no checkpoint was completed; a rerun starts afresh"), line
     # the run itself takes ~5 s here; Orbax's commit threads used to hold the exit for 300 s
     assert took < 120, f"{took:.0f} s"

@@ -28,15 +28,15 @@ import pytest
 from jaxloop import sample as sample_mod
 from jaxloop.core.cli import parse_config
 from jaxloop.core.config import preset
-from jaxloop.observe.logger import RunLogger
 from jaxloop.core.records import BestTracker, read_records
-from jaxloop.model.builtin import MLP, init_params, make_model
-from jaxloop.report import main as report_main
 from jaxloop.core.sources import encode, read_vocab
+from jaxloop.loop.runner import is_compile_line, run
+from jaxloop.model.builtin import MLP, init_params, make_model
+from jaxloop.observe.logger import RunLogger
+from jaxloop.report import main as report_main
 from jaxloop.update.optimizer import skip_nonfinite_windows
 from jaxloop.update.state import TrainState
 from jaxloop.update.step import cross_entropy_loss, train_step
-from jaxloop.loop.runner import is_compile_line, run
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -59,15 +59,44 @@ def _cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def debug_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("obs") / "debug"
-    summary, err = _train([
-        "--preset", "debug", "--run_dir", str(run_dir), "--optim.ema_decay", "0.9",
-        "--log.profile_start", "3", "--log.profile_steps", "2", "--log.report", "--log.price_per_hour", "2.5",
-    ])
+    summary, err = _train(
+        [
+            "--preset",
+            "debug",
+            "--run_dir",
+            str(run_dir),
+            "--optim.ema_decay",
+            "0.9",
+            "--log.profile_start",
+            "3",
+            "--log.profile_steps",
+            "2",
+            "--log.report",
+            "--log.price_per_hour",
+            "2.5",
+        ]
+    )
     return run_dir, summary, err
 
 
-EARLY = ["--preset", "debug", "--steps", "60", "--eval_every", "2", "--log_every", "2", "--patience", "2",
-         "--optim.peak_lr", "0.05", "--checkpoint.every", "0", "--log.no_tensorboard", "--log.report"]
+EARLY = [
+    "--preset",
+    "debug",
+    "--steps",
+    "60",
+    "--eval_every",
+    "2",
+    "--log_every",
+    "2",
+    "--patience",
+    "2",
+    "--optim.peak_lr",
+    "0.05",
+    "--checkpoint.every",
+    "0",
+    "--log.no_tensorboard",
+    "--log.report",
+]
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +115,38 @@ def text_run(tmp_path_factory):
     path = base / "tiny.txt"
     path.write_text(text + "\n")
     run_dir = base / "text"
-    summary, err = _train([
-        "--preset", "shakespeare", "--data.path", str(path), "--run_dir", str(run_dir), "--steps", "20",
-        "--batch_size", "16", "--eval_every", "10", "--log_every", "5", "--optim.warmup_steps", "4",
-        "--checkpoint.every", "10", "--data.eval_batch_size", "64", "--model.context", "16",
-        "--model.d_model", "32", "--model.n_layers", "1", "--model.n_heads", "2",
-    ])
+    summary, err = _train(
+        [
+            "--preset",
+            "shakespeare",
+            "--data.path",
+            str(path),
+            "--run_dir",
+            str(run_dir),
+            "--steps",
+            "20",
+            "--batch_size",
+            "16",
+            "--eval_every",
+            "10",
+            "--log_every",
+            "5",
+            "--optim.warmup_steps",
+            "4",
+            "--checkpoint.every",
+            "10",
+            "--data.eval_batch_size",
+            "64",
+            "--model.context",
+            "16",
+            "--model.d_model",
+            "32",
+            "--model.n_layers",
+            "1",
+            "--model.n_heads",
+            "2",
+        ]
+    )
     return run_dir, summary, err
 
 
@@ -163,8 +218,12 @@ def test_summary_and_report_track_the_best_validation_metric(debug_run):
     run_dir, summary, _ = debug_run
     evals = [r for r in read_records(run_dir) if r["kind"] == "eval"]
     best = min(evals, key=lambda r: r["val_loss"])
-    assert summary["best"] == {"metric": "val_loss", "value": best["val_loss"], "step": best["step"],
-                               "checkpoint_step": best["step"]}
+    assert summary["best"] == {
+        "metric": "val_loss",
+        "value": best["val_loss"],
+        "step": best["step"],
+        "checkpoint_step": best["step"],
+    }
     md = (run_dir / "report.md").read_text()
     assert f"(val_loss, min): **{best['val_loss']:.4f}** at update {best['step']}" in md
 
@@ -179,9 +238,20 @@ def test_tensorboard_events_read_back_with_expected_tags(debug_run):
     acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    expected = {"train/loss", "train/lr", "train/grad_norm", "eval/val_loss", "eval/val_acc", "eval/ema_val_loss",
-                "eval/ema_val_acc", "throughput/samples_per_s", "throughput/updates_per_s", "time/data_wait_ms",
-                "time/step_ms", "memory/mem_bytes"}
+    expected = {
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "eval/val_loss",
+        "eval/val_acc",
+        "eval/ema_val_loss",
+        "eval/ema_val_acc",
+        "throughput/samples_per_s",
+        "throughput/updates_per_s",
+        "time/data_wait_ms",
+        "time/step_ms",
+        "memory/mem_bytes",
+    }
     assert expected <= tags, expected - tags
     records = read_records(run_dir)
     train = [r for r in records if r["kind"] == "train"]
@@ -190,7 +260,8 @@ def test_tensorboard_events_read_back_with_expected_tags(debug_run):
     np.testing.assert_allclose([e.value for e in loss], [r["loss"] for r in train], rtol=1e-6)
     val = acc.Scalars("eval/val_loss")
     assert [(e.step, pytest.approx(e.value, rel=1e-6)) for e in val] == [
-        (r["step"], r["val_loss"]) for r in records if r["kind"] == "eval"]
+        (r["step"], r["val_loss"]) for r in records if r["kind"] == "eval"
+    ]
 
 
 def test_tensorboard_logs_tokens_per_s_for_text(text_run):
@@ -234,11 +305,23 @@ def test_resume_truncates_metrics_and_purges_tensorboard(tmp_path):
         logger.train({"step": s, "loss": 20.0 + s, "lr": 0.1})
     logger.close()
     assert [(r["step"], r["loss"]) for r in read_records(tmp_path)] == [
-        (1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0), (5, 25.0), (6, 26.0)]
+        (1, 11.0),
+        (2, 12.0),
+        (3, 13.0),
+        (4, 24.0),
+        (5, 25.0),
+        (6, 26.0),
+    ]
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [
-        (1, 11.0), (2, 12.0), (3, 13.0), (4, 24.0), (5, 25.0), (6, 26.0)]
+        (1, 11.0),
+        (2, 12.0),
+        (3, 13.0),
+        (4, 24.0),
+        (5, 25.0),
+        (6, 26.0),
+    ]
 
 
 def test_memory_is_recorded_and_its_peak_summarised(debug_run):
@@ -268,8 +351,9 @@ def test_plain_progress_lines_when_not_a_terminal(debug_run):
     # one line per device call (calls end on the evaluation and checkpoint cadence: 10 and 20), not a
     # burst of one line per record of the call
     assert [int(re.match(r"update (\d+)/20 ", ln).group(1)) for ln in updates] == [10, 20]
-    assert re.fullmatch(r"update 20/20 \(100%\) loss \d+\.\d{4} lr \S+ [\d.]+ updates/s ETA 0:00:00 mem [\d.]+ [KMG]iB",
-                        updates[-1])
+    assert re.fullmatch(
+        r"update 20/20 \(100%\) loss \d+\.\d{4} lr \S+ [\d.]+ updates/s ETA 0:00:00 mem [\d.]+ [KMG]iB", updates[-1]
+    )
     assert sum(ln.startswith("eval at update ") for ln in lines) == 2
 
 
@@ -361,16 +445,22 @@ def test_plain_progress_is_one_line_per_call_with_an_eta_timed_between_calls(tmp
 
 
 def test_a_resumed_run_says_where_it_resumed_from(tmp_path):
-    cfg = replace(preset("debug"), run_dir=str(tmp_path), steps=20, log=replace(preset("debug").log, progress="off",
-                                                                                tensorboard=False))
+    cfg = replace(
+        preset("debug"),
+        run_dir=str(tmp_path),
+        steps=20,
+        log=replace(preset("debug").log, progress="off", tensorboard=False),
+    )
     run(cfg)
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         run(replace(cfg, steps=30, allow_steps_change=True))
     # the first line past the announcements of the restore (jaxloop.loop.runner.is_compile_line)
     first = next(line for line in err.getvalue().splitlines() if not is_compile_line(line))
-    assert first == (f"resuming from update 20 (checkpoint {tmp_path.absolute()}/checkpoints/20), data position 20 "
-                     "(epoch 0, micro-batch 20 of 44)"), first
+    assert first == (
+        f"resuming from update 20 (checkpoint {tmp_path.absolute()}/checkpoints/20), data position 20 "
+        "(epoch 0, micro-batch 20 of 44)"
+    ), first
 
 
 # ----------------------------------------------------------------------------- validation, EMA, early stopping
@@ -417,8 +507,14 @@ def _tiny_state(ema_decay: float, accum: int = 1):
     x = np.zeros((1, 5), np.float32)
     params = init_params(model, jax.random.PRNGKey(0), x)
     tx = skip_nonfinite_windows(optax.sgd(0.5), accum)  # K micro-batches per update
-    return TrainState.create(apply_fn=model.apply, params=params, tx=tx, rng=jax.random.PRNGKey(1),
-                             ema_decay=ema_decay, loss=cross_entropy_loss)
+    return TrainState.create(
+        apply_fn=model.apply,
+        params=params,
+        tx=tx,
+        rng=jax.random.PRNGKey(1),
+        ema_decay=ema_decay,
+        loss=cross_entropy_loss,
+    )
 
 
 def _batch(i: int) -> dict:
@@ -434,8 +530,11 @@ def test_ema_equals_hand_computed_average():
         state, _ = train_step(state, _batch(i))
         params = jax.device_get(state.params)
         ema = jax.tree.map(lambda e, p: d * e + (1 - d) * np.asarray(p, np.float64), ema, params)
-        jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6),
-                     jax.device_get(state.ema_params), ema)
+        jax.tree.map(
+            lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6),
+            jax.device_get(state.ema_params),
+            ema,
+        )
     # and the EMA really lags the params
     ema_kernel, kernel = jax.device_get((state.ema_params["out"]["kernel"], state.params["out"]["kernel"]))
     assert not np.allclose(ema_kernel, kernel)
@@ -448,10 +547,14 @@ def test_ema_updates_once_per_update_with_accumulation():
     for i in range(4):
         state, _ = train_step(state, _batch(i))
         if i % 2 == 1:  # the second micro-batch of each window applies the update
-            ema = jax.tree.map(lambda e, p: d * e + (1 - d) * np.asarray(p, np.float64), ema,
-                               jax.device_get(state.params))
-        jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6),
-                     jax.device_get(state.ema_params), ema)
+            ema = jax.tree.map(
+                lambda e, p: d * e + (1 - d) * np.asarray(p, np.float64), ema, jax.device_get(state.params)
+            )
+        jax.tree.map(
+            lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6),
+            jax.device_get(state.ema_params),
+            ema,
+        )
     assert int(state.step) == 2
 
 
@@ -478,9 +581,26 @@ def test_profiler_writes_a_trace(debug_run):
 def test_metadata_holds_commit_config_packages_devices_cpu_and_host(debug_run):
     run_dir, _, _ = debug_run
     md = json.loads((run_dir / "metadata.json").read_text())
-    for key in ("git_commit", "git_dirty", "config", "packages", "python", "devices", "device_kind", "backend",
-                "process_count", "memory_source", "cpu", "cpu_count", "host", "platform", "argv", "xla_flags",
-                "started", "started_unix"):
+    for key in (
+        "git_commit",
+        "git_dirty",
+        "config",
+        "packages",
+        "python",
+        "devices",
+        "device_kind",
+        "backend",
+        "process_count",
+        "memory_source",
+        "cpu",
+        "cpu_count",
+        "host",
+        "platform",
+        "argv",
+        "xla_flags",
+        "started",
+        "started_unix",
+    ):
         assert key in md, key
     assert md["config"] == json.loads((run_dir / "config.json").read_text())
     assert md["packages"]["jax"] == jax.__version__ and md["packages"]["flax"]
@@ -512,16 +632,28 @@ def test_sample_matches_a_step_by_step_greedy_loop(text_run):
     apply = jax.jit(lambda params, x: model.apply({"params": params}, x, train=False))
     ids = list(encode(prompt, vocab))
     for _ in range(12):
-        window = np.asarray(ids[-cfg.model.context:], np.int32)[None]
+        window = np.asarray(ids[-cfg.model.context :], np.int32)[None]
         logits = apply(loaded.params, window)
         ids.append(int(np.argmax(logits[0, -1])))
-    assert got == "".join(vocab[i] for i in ids[len(prompt):])
+    assert got == "".join(vocab[i] for i in ids[len(prompt) :])
 
 
 def test_sample_cli_prints_prompt_and_generated_text(text_run):
     run_dir, _, _ = text_run
-    proc = _cli("jaxloop.sample", str(run_dir), "--prompt", "Whether", "--length", "30", "--checkpoint", "latest",
-                "--temperature", "0.7", "--seed", "1")
+    proc = _cli(
+        "jaxloop.sample",
+        str(run_dir),
+        "--prompt",
+        "Whether",
+        "--length",
+        "30",
+        "--checkpoint",
+        "latest",
+        "--temperature",
+        "0.7",
+        "--seed",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("Whether") and len(proc.stdout) == len("Whether") + 30 + 1
     assert "from the latest checkpoint (update 20)" in proc.stderr

@@ -14,10 +14,18 @@ import numpy as np
 import optax
 import pytest
 
-from jaxloop.update.optimizer import (SkipWindowsState, dynamic_loss_scale, find_state, make_optimizer,
-                                      optimizer_metrics, record_grad_norm, skip_nonfinite_windows, updates_applied)
-from jaxloop.model.precision import get_policy
 from jaxloop.core.config import OptimConfig
+from jaxloop.model.precision import get_policy
+from jaxloop.update.optimizer import (
+    SkipWindowsState,
+    dynamic_loss_scale,
+    find_state,
+    make_optimizer,
+    optimizer_metrics,
+    record_grad_norm,
+    skip_nonfinite_windows,
+    updates_applied,
+)
 
 NAN, INF = float("nan"), float("inf")
 
@@ -243,6 +251,6 @@ def test_logged_lr_is_the_rate_the_optimizer_applied(k):
     for _ in range(6 * k):
         _, state = tx.update({"w": jnp.ones((2, 2))}, state, params)
         rates.append(float(optimizer_metrics(state)["lr"]))
-    per_update = rates[k - 1::k]
+    per_update = rates[k - 1 :: k]
     np.testing.assert_allclose(per_update[:5], [0.0, 2.5e-3, 5e-3, 7.5e-3, 1e-2], rtol=1e-6)
     assert int(find_state(state, optax.MultiStepsState).gradient_step) == 6

@@ -14,8 +14,7 @@ import pytest
 
 from jaxloop import OptimConfig, PlateauConfig, SGDConfig, StepConfig
 from jaxloop.core.cli import parse_config
-from jaxloop.core.config import (ConfigError, changed_fields, flat_defaults, preset, resume_conflicts, to_dict,
-                                 validate)
+from jaxloop.core.config import ConfigError, changed_fields, flat_defaults, preset, resume_conflicts, to_dict, validate
 from jaxloop.core.optimizers_config import OPTIMIZERS, LionConfig
 from jaxloop.core.schedules_config import SCHEDULES, OneCycleConfig
 
@@ -39,8 +38,9 @@ def test_a_run_dir_saved_in_the_old_flat_form_resumes_by_name_without_conflicts(
 
 def test_the_old_form_is_read_into_the_classes_of_its_choices():
     cfg = parse_config(["--config", str(OLD / "sgd_one_cycle.json")], check_paths=False)
-    assert cfg.optim == OptimConfig(optimizer=SGDConfig(momentum=0.9), lr_schedule=OneCycleConfig(div_factor=10.0),
-                                    peak_lr=1e-2)
+    assert cfg.optim == OptimConfig(
+        optimizer=SGDConfig(momentum=0.9), lr_schedule=OneCycleConfig(div_factor=10.0), peak_lr=1e-2
+    )
     cfg = parse_config(["--config", str(OLD / "adamw_plateau.json")], check_paths=False)
     assert cfg.optim.lr_schedule == PlateauConfig(patience=3) and cfg.optim.b2 == 0.99
 
@@ -54,11 +54,16 @@ def test_every_presets_config_json_keeps_its_form_and_key_order():
         # one change on purpose: model.remat is memory.remat=blocks now (tests/test_model_remat.py)
         want["model"].pop("remat")
         got = to_dict(preset(name))
-        added = {section: {k: v for k, v in fields.items() if k not in want.get(section, {})}
-                 for section, fields in got.items() if isinstance(fields, dict)}
+        added = {
+            section: {k: v for k, v in fields.items() if k not in want.get(section, {})}
+            for section, fields in got.items()
+            if isinstance(fields, dict)
+        }
         assert added == ADDED_SINCE, name
-        old = {k: ({f: v for f, v in fields.items() if f not in added.get(k, {})} if isinstance(fields, dict)
-                   else fields) for k, fields in got.items()}
+        old = {
+            k: ({f: v for f, v in fields.items() if f not in added.get(k, {})} if isinstance(fields, dict) else fields)
+            for k, fields in got.items()
+        }
         assert json.dumps(old) == json.dumps(want), name
 
 
@@ -66,7 +71,10 @@ ADDED_SINCE = {  # the fields added since presets.json was saved (61bf00e), at t
     "model": {"gelu": "tanh", "ln_eps": 1e-5},
     "data": {"allow_changed": False, "train": "", "val": ""},
     "log": {"trackers": [], "project": "jaxloop", "mlflow_uri": ""},
-    "checkpoint": {}, "distributed": {}, "memory": {}, "optim": {},
+    "checkpoint": {},
+    "distributed": {},
+    "memory": {},
+    "optim": {},
 }
 
 

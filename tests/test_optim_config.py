@@ -15,23 +15,39 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxloop.loop.plateau import Plateau
 from jaxloop.core.cli import parse_config
-from jaxloop.core.config import (Config, ConfigError, PlateauConfig, preset, resume_conflicts, to_dict,
-                                 validate)
-from jaxloop.core.config import flat_hints
+from jaxloop.core.config import (
+    Config,
+    ConfigError,
+    PlateauConfig,
+    flat_hints,
+    preset,
+    resume_conflicts,
+    to_dict,
+    validate,
+)
 from jaxloop.core.optimizers_config import OPTIMIZERS
 from jaxloop.core.schedules_config import SCHEDULES
+from jaxloop.loop.plateau import Plateau
 
 
 def _check(**optim) -> Config:
     return validate(replace(Config(), optim=replace(Config().optim, **optim)), check_paths=False)
 
 
-@pytest.mark.parametrize("name,field,value", [
-    ("sgd", "b2", 0.99), ("sgd", "eps", 1e-6), ("adamw", "momentum", 0.9), ("adam", "nesterov", True),
-    ("rmsprop", "dampening", 0.1), ("adagrad", "alpha", 0.9), ("lion", "eps", 1e-6), ("lion", "lr_decay", 0.1),
-])
+@pytest.mark.parametrize(
+    "name,field,value",
+    [
+        ("sgd", "b2", 0.99),
+        ("sgd", "eps", 1e-6),
+        ("adamw", "momentum", 0.9),
+        ("adam", "nesterov", True),
+        ("rmsprop", "dampening", 0.1),
+        ("adagrad", "alpha", 0.9),
+        ("lion", "eps", 1e-6),
+        ("lion", "lr_decay", 0.1),
+    ],
+)
 def test_a_field_the_optimizer_does_not_read_is_refused_naming_it(name, field, value):
     with pytest.raises(ConfigError) as e:
         _check(name=name, **{field: value})
@@ -40,10 +56,16 @@ def test_a_field_the_optimizer_does_not_read_is_refused_naming_it(name, field, v
     assert f"optim.name={name} does not read it" in message
 
 
-@pytest.mark.parametrize("schedule,changes", [
-    ("step", dict(step_size=10, end_lr=1e-3)), ("one_cycle", dict(warmup_steps=10)), ("warmup_cosine", dict(gamma=0.5)),
-    ("plateau", dict(init_lr=1e-4)), ("constant", dict(plateau=PlateauConfig(patience=3))),
-])
+@pytest.mark.parametrize(
+    "schedule,changes",
+    [
+        ("step", dict(step_size=10, end_lr=1e-3)),
+        ("one_cycle", dict(warmup_steps=10)),
+        ("warmup_cosine", dict(gamma=0.5)),
+        ("plateau", dict(init_lr=1e-4)),
+        ("constant", dict(plateau=PlateauConfig(patience=3))),
+    ],
+)
 def test_a_field_the_schedule_does_not_read_is_refused_naming_it(schedule, changes):
     with pytest.raises(ConfigError, match=f"optim.schedule={schedule} does not read it"):
         _check(schedule=schedule, **changes)
@@ -59,24 +81,33 @@ def test_the_default_of_a_field_is_the_presets():
 
 
 def test_every_governed_field_is_read_by_someone_and_every_optim_field_is_governed_or_shared():
-    governed = {f if not c.prefix else c.prefix.rstrip(".") for table in (OPTIMIZERS, SCHEDULES)
-                for c in table.values() for f in c.field_names()}
+    governed = {
+        f if not c.prefix else c.prefix.rstrip(".")
+        for table in (OPTIMIZERS, SCHEDULES)
+        for c in table.values()
+        for f in c.field_names()
+    }
     shared = {"name", "schedule", "peak_lr", "clip_norm", "accum_steps", "ema_decay"}
     assert governed | shared == set(flat_hints())
 
 
-@pytest.mark.parametrize("changes,field", [
-    (dict(schedule="step"), "optim.step_size"), (dict(schedule="multistep"), "optim.milestones"),
-    (dict(schedule="cosine_restarts"), "optim.t_0"), (dict(schedule="wsd"), "optim.decay_steps"),
-    (dict(schedule="wsd", decay_steps=451), "optim.decay_steps"),
-    (dict(schedule="multistep", milestones=(5, 3)), "optim.milestones"),
-    (dict(name="sgd", nesterov=True), "optim.nesterov"),
-    (dict(name="sgd", momentum=0.9, dampening=0.1, nesterov=True), "optim.nesterov"),
-    (dict(name="sgd", momentum=1.0), "optim.momentum"),
-    (dict(schedule="one_cycle", pct_start=0.001), "optim.pct_start"),
-    (dict(schedule="one_cycle", pct_start=0.6, three_phase=True), "optim.pct_start"),
-    (dict(schedule="plateau", plateau=PlateauConfig(factor=1.0)), "optim.plateau.factor"),
-])
+@pytest.mark.parametrize(
+    "changes,field",
+    [
+        (dict(schedule="step"), "optim.step_size"),
+        (dict(schedule="multistep"), "optim.milestones"),
+        (dict(schedule="cosine_restarts"), "optim.t_0"),
+        (dict(schedule="wsd"), "optim.decay_steps"),
+        (dict(schedule="wsd", decay_steps=451), "optim.decay_steps"),
+        (dict(schedule="multistep", milestones=(5, 3)), "optim.milestones"),
+        (dict(name="sgd", nesterov=True), "optim.nesterov"),
+        (dict(name="sgd", momentum=0.9, dampening=0.1, nesterov=True), "optim.nesterov"),
+        (dict(name="sgd", momentum=1.0), "optim.momentum"),
+        (dict(schedule="one_cycle", pct_start=0.001), "optim.pct_start"),
+        (dict(schedule="one_cycle", pct_start=0.6, three_phase=True), "optim.pct_start"),
+        (dict(schedule="plateau", plateau=PlateauConfig(factor=1.0)), "optim.plateau.factor"),
+    ],
+)
 def test_schedule_and_optimizer_values_out_of_range_name_the_field(changes, field):
     with pytest.raises(ConfigError) as e:
         _check(**changes)
@@ -84,11 +115,22 @@ def test_schedule_and_optimizer_values_out_of_range_name_the_field(changes, fiel
 
 
 def test_flags_read_naturally_and_yaml_nests_plateau(tmp_path):
-    cfg = parse_config(["--optim.schedule", "one_cycle", "--optim.div_factor", "10", "--optim.three_phase",
-                        "--optim.anneal_strategy", "linear"], check_paths=False)
+    cfg = parse_config(
+        [
+            "--optim.schedule",
+            "one_cycle",
+            "--optim.div_factor",
+            "10",
+            "--optim.three_phase",
+            "--optim.anneal_strategy",
+            "linear",
+        ],
+        check_paths=False,
+    )
     assert (cfg.optim.schedule, cfg.optim.div_factor, cfg.optim.three_phase) == ("one_cycle", 10.0, True)
-    cfg = parse_config(["--optim.schedule", "multistep", "--optim.milestones", "100", "200", "--optim.gamma", "0.5"],
-                       check_paths=False)
+    cfg = parse_config(
+        ["--optim.schedule", "multistep", "--optim.milestones", "100", "200", "--optim.gamma", "0.5"], check_paths=False
+    )
     assert cfg.optim.milestones == (100, 200)
     cfg = parse_config(["--optim.name", "sgd", "--optim.momentum", "0.9", "--optim.nesterov"], check_paths=False)
     assert cfg.optim.nesterov
@@ -110,14 +152,22 @@ def test_help_documents_every_optimizer_and_schedule_field():
     assert "ReduceLROnPlateau" in text and "OneCycleLR" in text
 
 
-@pytest.mark.parametrize("changes", [dict(name="sgd"), dict(schedule="exponential"), dict(name="sgd", momentum=0.9),
-                                     dict(schedule="plateau", plateau=PlateauConfig(patience=2))])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(name="sgd"),
+        dict(schedule="exponential"),
+        dict(name="sgd", momentum=0.9),
+        dict(schedule="plateau", plateau=PlateauConfig(patience=2)),
+    ],
+)
 def test_resuming_with_another_optimizer_or_schedule_is_refused_naming_the_fields(changes):
     saved = to_dict(Config())
     conflicts = resume_conflicts(saved, _check(**changes))
     named = {c.split(":")[0] for c in conflicts}
     want = {f"optim.{k}" for k in changes if k != "plateau"} | (
-        {f"optim.plateau.{k}" for k in ("patience",)} if "plateau" in changes else set())
+        {f"optim.plateau.{k}" for k in ("patience",)} if "plateau" in changes else set()
+    )
     assert named == want
 
 
@@ -136,26 +186,50 @@ def _torch_plateau(mode, factor, patience, threshold, threshold_mode, cooldown, 
     import torch
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=rate)
-    return opt, torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode=mode, factor=factor, patience=patience,
-                                                           threshold=threshold, threshold_mode=threshold_mode,
-                                                           cooldown=cooldown, min_lr=min_lr, eps=eps)
+    return opt, torch.optim.lr_scheduler.ReduceLROnPlateau(
+        opt,
+        mode=mode,
+        factor=factor,
+        patience=patience,
+        threshold=threshold,
+        threshold_mode=threshold_mode,
+        cooldown=cooldown,
+        min_lr=min_lr,
+        eps=eps,
+    )
 
 
 @pytest.mark.torch
 @settings(max_examples=150, deadline=None)
-@given(mode=st.sampled_from(["min", "max"]), threshold_mode=st.sampled_from(["rel", "abs"]),
-       factor=st.sampled_from([0.1, 0.5, 0.9]), patience=st.integers(0, 3), cooldown=st.integers(0, 3),
-       threshold=st.sampled_from([0.0, 1e-4, 0.02, 0.05]), min_lr=st.sampled_from([0.0, 1e-3]),
-       eps=st.sampled_from([1e-8, 1e-3]),
-       steps=st.lists(st.floats(0.9, 1.1), min_size=1, max_size=25))
-def test_plateau_decides_as_torchs_reduce_lr_on_plateau(mode, threshold_mode, factor, patience, cooldown, threshold,
-                                                        min_lr, eps, steps):
+@given(
+    mode=st.sampled_from(["min", "max"]),
+    threshold_mode=st.sampled_from(["rel", "abs"]),
+    factor=st.sampled_from([0.1, 0.5, 0.9]),
+    patience=st.integers(0, 3),
+    cooldown=st.integers(0, 3),
+    threshold=st.sampled_from([0.0, 1e-4, 0.02, 0.05]),
+    min_lr=st.sampled_from([0.0, 1e-3]),
+    eps=st.sampled_from([1e-8, 1e-3]),
+    steps=st.lists(st.floats(0.9, 1.1), min_size=1, max_size=25),
+)
+def test_plateau_decides_as_torchs_reduce_lr_on_plateau(
+    mode, threshold_mode, factor, patience, cooldown, threshold, min_lr, eps, steps
+):
     """The same metric sequence: the same rate after every evaluation, bit for bit, and the same counters;
     the decision state survives a JSON round trip (a checkpoint) at any point. The metrics are a random walk
     of relative steps within 10% (a validation curve's), so that they often land near the thresholds."""
     metrics = list(np.cumprod(steps) * 3.0)
-    settings_ = dict(mode=mode, factor=factor, patience=patience, threshold=threshold, threshold_mode=threshold_mode,
-                     cooldown=cooldown, min_lr=min_lr, eps=eps, rate=0.1)
+    settings_ = dict(
+        mode=mode,
+        factor=factor,
+        patience=patience,
+        threshold=threshold,
+        threshold_mode=threshold_mode,
+        cooldown=cooldown,
+        min_lr=min_lr,
+        eps=eps,
+        rate=0.1,
+    )
     ours = Plateau(**settings_)
     opt, theirs = _torch_plateau(**settings_)
     for i, m in enumerate(metrics):
@@ -163,8 +237,11 @@ def test_plateau_decides_as_torchs_reduce_lr_on_plateau(mode, threshold_mode, fa
         before = opt.param_groups[0]["lr"]
         theirs.step(m)
         assert ours.rate == opt.param_groups[0]["lr"] and reduced == (opt.param_groups[0]["lr"] < before)
-        assert (ours.num_bad_epochs, ours.cooldown_counter, ours.last_epoch) == \
-            (theirs.num_bad_epochs, theirs.cooldown_counter, theirs.last_epoch)
+        assert (ours.num_bad_epochs, ours.cooldown_counter, ours.last_epoch) == (
+            theirs.num_bad_epochs,
+            theirs.cooldown_counter,
+            theirs.last_epoch,
+        )
         assert (ours.best if ours.best is not None else theirs.mode_worse) == theirs.best
         if i % 3 == 1:
             restored = Plateau(**{**settings_, "rate": math.nan})

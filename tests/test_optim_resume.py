@@ -41,10 +41,16 @@ COMBOS = [  # (schedule and its fields, the optimizer and its fields)
 
 def _cfg(run_dir: Path, schedule: dict, optimizer: dict):
     base = preset("debug")
-    return replace(base, run_dir=str(run_dir), steps=16, eval_every=4, log_every=1,
-                   optim=replace(base.optim, **schedule, **optimizer),
-                   checkpoint=CheckpointConfig(every=4, keep_last=5, keep_best=0),
-                   log=LogConfig(progress="off", report=False, tensorboard=False))
+    return replace(
+        base,
+        run_dir=str(run_dir),
+        steps=16,
+        eval_every=4,
+        log_every=1,
+        optim=replace(base.optim, **schedule, **optimizer),
+        checkpoint=CheckpointConfig(every=4, keep_last=5, keep_best=0),
+        log=LogConfig(progress="off", report=False, tensorboard=False),
+    )
 
 
 def _killed_after(run_dir: Path, step: int, to: Path) -> None:
@@ -72,12 +78,15 @@ def test_a_resumed_run_is_bit_identical_to_the_uninterrupted_one(schedule, optim
     if schedule["schedule"] == "plateau":
         lr = {r["step"]: r["lr"] for r in read_records(full) if r["kind"] == "train"}
         cuts = [u for u in range(1, 16) if lr[u + 1] < lr[u]]
-        assert any(u <= RESUME_FROM for u in cuts) and any(u > RESUME_FROM for u in cuts), \
+        assert any(u <= RESUME_FROM for u in cuts) and any(u > RESUME_FROM for u in cuts), (
             f"reductions before and after the resume at {RESUME_FROM}: {cuts}"
+        )
 
 
-@pytest.mark.parametrize("changes,named", [(dict(name="sgd"), "optim.name"), (dict(schedule="exponential"), "optim.schedule"),
-                                           (dict(b1=0.8), "optim.b1")])
+@pytest.mark.parametrize(
+    "changes,named",
+    [(dict(name="sgd"), "optim.name"), (dict(schedule="exponential"), "optim.schedule"), (dict(b1=0.8), "optim.b1")],
+)
 def test_resuming_with_a_changed_optimizer_or_schedule_is_refused(changes, named, tmp_path):
     cfg = replace(_cfg(tmp_path, dict(schedule="warmup_cosine"), dict(name="adamw")), steps=4)
     jaxloop.run(cfg)

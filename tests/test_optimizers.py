@@ -10,11 +10,20 @@ import numpy as np
 import optax
 import pytest
 
-from jaxloop.update.optimizer import SkipWindowsState, find_state, make_optimizer, optimizer_metrics, set_learning_rate
-from jaxloop.update.torch_optimizers import (DampenedTraceState, adagrad, adam, adamw, dampened_trace, lion, rmsprop,
-                                             scale_by_torch_adagrad, sgd)
-from jaxloop.model.precision import get_policy
 from jaxloop.core.config import OPTIMIZERS, OptimConfig
+from jaxloop.model.precision import get_policy
+from jaxloop.update.optimizer import SkipWindowsState, find_state, make_optimizer, optimizer_metrics, set_learning_rate
+from jaxloop.update.torch_optimizers import (
+    DampenedTraceState,
+    adagrad,
+    adam,
+    adamw,
+    dampened_trace,
+    lion,
+    rmsprop,
+    scale_by_torch_adagrad,
+    sgd,
+)
 
 
 def _steps(tx, grads, p=1.0):
@@ -71,7 +80,8 @@ def test_rmsprop_adds_eps_outside_the_root_and_keeps_momentum_before_the_rate():
     # steps instead: -(0.5 * 1 + 0.5 d2), which differs as soon as the rate changes)
     rate = lambda count: jnp.where(count == 0, 1.0, 0.5)  # noqa: E731
     tx = optax.inject_hyperparams(rmsprop, static_args=("alpha", "eps", "momentum", "centered", "weight_decay"))(
-        learning_rate=rate, alpha=0.75, eps=1.0, momentum=0.5, centered=False, weight_decay=0.0)
+        learning_rate=rate, alpha=0.75, eps=1.0, momentum=0.5, centered=False, weight_decay=0.0
+    )
     steps = _steps(tx, [2.0, 2.0])
     d2 = 2.0 / (np.sqrt(0.75 * 1.0 + 0.25 * 4.0) + 1.0)
     assert steps[0] == -1.0 and steps[1] == pytest.approx(-0.5 * (0.5 + d2), rel=1e-7)
@@ -95,8 +105,14 @@ def test_lion_steps_by_the_sign_of_the_interpolation_and_decays_decoupled():
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_every_optimizer_decays_matrices_only(name):
     """Zero gradients, weight decay 0.5: a matrix moves (toward 0), a bias never does."""
-    o = OptimConfig(name=name, weight_decay=0.5, peak_lr=0.1, warmup_steps=0, clip_norm=0.0,
-                    **({"momentum": 0.0} if name in ("sgd", "rmsprop") else {}))
+    o = OptimConfig(
+        name=name,
+        weight_decay=0.5,
+        peak_lr=0.1,
+        warmup_steps=0,
+        clip_norm=0.0,
+        **({"momentum": 0.0} if name in ("sgd", "rmsprop") else {}),
+    )
     tx = make_optimizer(o, 10, get_policy("fp32"))
     params = {"w": jnp.full((2, 2), 1.0), "b": jnp.full((2,), 1.0)}
     zeros = jax.tree.map(jnp.zeros_like, params)
@@ -138,8 +154,9 @@ def test_a_scheduled_rate_cannot_be_set_by_the_host():
 def test_an_adagrad_update_whose_state_would_overflow_is_skipped():
     """Adagrad's sum of squares grows without bound; the loop checks its result (optimizers.BOUNDED): a sum
     that would overflow float32 (3e38 + 1e38) skips the update and keeps the state finite."""
-    o = OptimConfig(name="adagrad", peak_lr=0.1, initial_accumulator_value=3e38, clip_norm=0.0, weight_decay=0.0,
-                    warmup_steps=0)
+    o = OptimConfig(
+        name="adagrad", peak_lr=0.1, initial_accumulator_value=3e38, clip_norm=0.0, weight_decay=0.0, warmup_steps=0
+    )
     tx = make_optimizer(o, 10, get_policy("fp32"))
     params = {"w": jnp.zeros((1,))}
     u, state = tx.update({"w": jnp.full((1,), 1e19)}, tx.init(params), params)

@@ -13,8 +13,8 @@ import pytest
 from flax import nnx
 
 import jaxloop
-from jaxloop.update.step import cross_entropy_loss, make_train_step
 from jaxloop.loop.task import create_train_state
+from jaxloop.update.step import cross_entropy_loss, make_train_step
 
 
 class Lin(nn.Module):
@@ -58,7 +58,7 @@ def test_train_step_on_an_own_state_is_the_textbook_sgd_update():
     for i in range(3):
         state, metrics = step(state, batch(i))
         with jax.default_matmul_precision("highest"):
-            grads = jax.grad(lambda p: mse(lambda x: Lin().apply({"params": p}, x), batch(i), True)[0])(params)
+            grads = jax.grad(lambda p, i=i: mse(lambda x: Lin().apply({"params": p}, x), batch(i), True)[0])(params)
         params = optax.apply_updates(params, jax.tree.map(lambda g: -0.1 * g, grads))
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
@@ -126,9 +126,14 @@ def test_run_returns_the_trained_state_which_train_step_trains_on(tmp_path):
     """jaxloop.run returns a RunResult: its state is the run's last (its digest is the summary's), the
     summary reads as a dict, and jaxloop.train_step goes on from the state."""
     records = [{k: v[j] for k, v in batch(0, 64).items()} for j in range(64)]
-    cfg = jaxloop.Config(run_dir=str(tmp_path / "run"), steps=6, batch_size=8, eval_every=0,
-                         optim=jaxloop.OptimConfig(warmup_steps=1),
-                         log=jaxloop.LogConfig(progress="off", report=False))
+    cfg = jaxloop.Config(
+        run_dir=str(tmp_path / "run"),
+        steps=6,
+        batch_size=8,
+        eval_every=0,
+        optim=jaxloop.OptimConfig(warmup_steps=1),
+        log=jaxloop.LogConfig(progress="off", report=False),
+    )
     result = jaxloop.run(cfg, jaxloop.Task(Lin(), mse, records, records[:16]))
     assert isinstance(result, jaxloop.RunResult) and result["final_step"] == 6 == int(result.state.step)
     assert jaxloop.state_digest(result.state) == result["state_digest"] == result.summary["state_digest"]

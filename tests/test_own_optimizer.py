@@ -16,9 +16,9 @@ import optax
 import pytest
 
 import jaxloop
-from jaxloop.update.schedules import rates
 from jaxloop.core.config import CheckpointConfig, Config, ConfigError, LogConfig, OptimConfig
 from jaxloop.core.records import read_records
+from jaxloop.update.schedules import rates
 
 
 class Linear(nn.Module):
@@ -38,10 +38,16 @@ def _task(optimizer) -> jaxloop.Task:
 
 
 def _cfg(run_dir: Path, **optim) -> Config:
-    return Config(run_dir=str(run_dir), steps=24, batch_size=16, eval_every=6, log_every=1,
-                  optim=replace(OptimConfig(clip_norm=0.5, accum_steps=2, warmup_steps=4), **optim),
-                  checkpoint=CheckpointConfig(every=6, keep_last=10, keep_best=0),
-                  log=LogConfig(progress="off", report=False, tensorboard=False))
+    return Config(
+        run_dir=str(run_dir),
+        steps=24,
+        batch_size=16,
+        eval_every=6,
+        log_every=1,
+        optim=replace(OptimConfig(clip_norm=0.5, accum_steps=2, warmup_steps=4), **optim),
+        checkpoint=CheckpointConfig(every=6, keep_last=10, keep_best=0),
+        log=LogConfig(progress="off", report=False, tensorboard=False),
+    )
 
 
 def _factory(lr):
@@ -87,13 +93,16 @@ def test_an_own_optimizer_update_that_is_not_finite_is_skipped(tmp_path):
         jaxloop.run(replace(cfg, max_bad_steps=3), _task(blow_up))
 
 
-@pytest.mark.parametrize("optimizer,changes,field", [
-    (optax.adafactor(1e-2), dict(name="sgd"), "optim.name"),
-    (_factory, dict(b1=0.8), "optim.b1"),
-    (optax.adafactor(1e-2), dict(schedule="step", step_size=10), "optim.schedule"),
-    (optax.adafactor(1e-2), dict(peak_lr=1e-2), "optim.peak_lr"),
-    (_factory, dict(schedule="plateau"), "optim.schedule"),  # (PlateauConfig holds no warmup fields to leave alone)
-])
+@pytest.mark.parametrize(
+    "optimizer,changes,field",
+    [
+        (optax.adafactor(1e-2), dict(name="sgd"), "optim.name"),
+        (_factory, dict(b1=0.8), "optim.b1"),
+        (optax.adafactor(1e-2), dict(schedule="step", step_size=10), "optim.schedule"),
+        (optax.adafactor(1e-2), dict(peak_lr=1e-2), "optim.peak_lr"),
+        (_factory, dict(schedule="plateau"), "optim.schedule"),  # (PlateauConfig holds no warmup fields to leave alone)
+    ],
+)
 def test_config_fields_an_own_optimizer_does_not_read_are_refused(optimizer, changes, field, tmp_path):
     cfg = _cfg(tmp_path / "run")
     cfg = replace(cfg, optim=replace(cfg.optim, **changes))

@@ -16,8 +16,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from docs_blocks import runnable
+
 from jaxloop.parity import training
 from jaxloop.parity.__main__ import main
 
@@ -36,7 +36,9 @@ def test_command_prints_the_mapping_and_the_table_of_a_shipped_example(doc_run):
     assert re.search(r"\nlayers\.0\.self_attn\.in_proj_weight +blocks/0/attn/qkv/kernel +transpose +order\n", out)
     assert re.search(r"\ngradients, every tensor +fp64 +\S+ +1\.00e-09 +yes ", out) and "why this tolerance" in out
     assert "trajectory" not in out
-    n = 8 + len(training.update_configs(1.0))  # output, loss and every layer in eval and train, gradients (every tensor,
+    n = 8 + len(
+        training.update_configs(1.0)
+    )  # output, loss and every layer in eval and train, gradients (every tensor,
     # whole tree); an update row per config
     assert out.strip().endswith(f"vs a Flax NNX port: {n} of {n} checks within tolerance")
 
@@ -46,7 +48,7 @@ def test_import_jaxloop_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], env=ENV, check=True, timeout=300)
 
 
-PORTS = textwrap.dedent('''
+PORTS = textwrap.dedent("""
     import numpy as np, torch, jax.numpy as jnp, flax.linen as nn
     from jaxloop.parity import Port
 
@@ -95,7 +97,7 @@ PORTS = textwrap.dedent('''
     def exits():
         import sys
         sys.exit(0)
-''')
+""")
 
 
 @pytest.fixture()
@@ -118,8 +120,14 @@ def test_a_missing_file_exits_2(tmp_path, capsys):
 
 def test_a_missing_factory_exits_2_naming_the_functions_there(ports, capsys):
     code, _, err = _main(capsys, f"{ports}:make")
-    assert code == 2 and ("has no function 'make'; functions it defines: ['as_tuple', 'exits', 'fl', 'flax_rejects', "
-                          "'good', 'swapped', 'tl', 'torch_net', 'torch_rejects', 'wrong_width']") in err
+    assert (
+        code == 2
+        and (
+            "has no function 'make'; functions it defines: ['as_tuple', 'exits', 'fl', 'flax_rejects', "
+            "'good', 'swapped', 'tl', 'torch_net', 'torch_rejects', 'wrong_width']"
+        )
+        in err
+    )
 
 
 def test_weights_that_do_not_map_exit_2_naming_the_parameter_and_the_candidates(ports, capsys):
@@ -142,12 +150,18 @@ def test_a_batch_flax_rejects_exits_2_naming_the_module(ports, capsys):
 EXPECTED = "expected a jaxloop.parity.Port(torch_module, flax_module, batch, torch_loss, flax_loss)"
 
 
-@pytest.mark.parametrize("factory, says", [
-    ("as_tuple", "returned a tuple; " + EXPECTED),
-    ("swapped", "returned a Port with torch and Flax swapped (torch_module is a Flax Net, flax_module a torch "
-                "Sequential); " + EXPECTED),
-    ("exits", "called sys.exit(0) instead of returning a jaxloop.parity.Port("),
-])
+@pytest.mark.parametrize(
+    "factory, says",
+    [
+        ("as_tuple", "returned a tuple; " + EXPECTED),
+        (
+            "swapped",
+            "returned a Port with torch and Flax swapped (torch_module is a Flax Net, flax_module a torch "
+            "Sequential); " + EXPECTED,
+        ),
+        ("exits", "called sys.exit(0) instead of returning a jaxloop.parity.Port("),
+    ],
+)
 def test_a_factory_returning_something_else_exits_2_in_one_line_naming_what_was_expected(ports, capsys, factory, says):
     code, out, err = _main(capsys, f"{ports}:{factory}")  # not 1 (a failed check) nor a silent 0
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and says in err, err
@@ -175,9 +189,13 @@ def test_the_command_says_on_stderr_what_it_is_checking_while_it_runs(ports, cap
     assert code == 0, out
     said = [line.rsplit(" (at ", 1)[0] for line in err.splitlines()]
     configs = len(training.update_configs(1.0))
-    assert said == [f"{ports}:good: torch and the Port loaded",
-                    "[fp64] the forward pass, layer by layer (eval and train mode)...", "[fp64] the gradients...",
-                    f"[fp64] the optimizers: {configs} configs x 3 updates...",
-                    "[fp64] the trajectory: 10 updates on each side...",
-                    *(f"[fp64] the trajectory: update {u}/10" for u in range(1, 10)), "checked"], err
+    assert said == [
+        f"{ports}:good: torch and the Port loaded",
+        "[fp64] the forward pass, layer by layer (eval and train mode)...",
+        "[fp64] the gradients...",
+        f"[fp64] the optimizers: {configs} configs x 3 updates...",
+        "[fp64] the trajectory: 10 updates on each side...",
+        *(f"[fp64] the trajectory: update {u}/10" for u in range(1, 10)),
+        "checked",
+    ], err
     assert "[fp64]" not in out

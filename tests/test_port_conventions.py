@@ -59,7 +59,9 @@ class TorchAttention(torch.nn.Module):
         q, k, v = (m(x).view(b, t, HEADS, -1).transpose(1, 2) for m in (self.query, self.key, self.value))
         w = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(WIDTH // HEADS), dim=-1)
         w = torch.nn.functional.dropout(w, p=self.p, training=self.training)
-        y = (w @ v) + torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0)
+        y = (w @ v) + torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.p if self.training else 0.0
+        )
         return self.out(y.transpose(1, 2).reshape(b, t, WIDTH))
 
 
@@ -98,8 +100,13 @@ class FlaxAttention(nn.Module):
         q, k, v = (a.reshape(b, t, HEADS, -1) for a in (q, k, v))
         y = 0.0
         for _ in range(2):
-            w = nn.dot_product_attention_weights(q, k, dropout_rng=self.make_rng("dropout") if train else None,
-                                                 dropout_rate=self.p, deterministic=not train)
+            w = nn.dot_product_attention_weights(
+                q,
+                k,
+                dropout_rng=self.make_rng("dropout") if train else None,
+                dropout_rate=self.p,
+                deterministic=not train,
+            )
             y = y + jnp.einsum("bhqk,bkhd->bqhd", w, v)
         return nn.Dense(WIDTH, name="out")(y.reshape(b, t, WIDTH))
 
@@ -112,9 +119,15 @@ def _attention(leak=False, precisions=("fp64", "fp32")):
             if p.dim() == 1:
                 p.add_(0.5 * torch.randn_like(p))
     batch = {"x": np.random.default_rng(0).normal(size=(3, 5, WIDTH)).astype(np.float32)}
-    return compare(tm, FlaxAttention(leak=leak), batch, lambda m, b: (m(b["x"]) ** 2).mean(),
-                   lambda m, b, train: (jnp.mean(m(b["x"], train=train) ** 2), {}), precisions=precisions,
-                   checks=("forward", "gradients"))
+    return compare(
+        tm,
+        FlaxAttention(leak=leak),
+        batch,
+        lambda m, b: (m(b["x"]) ** 2).mean(),
+        lambda m, b, train: (jnp.mean(m(b["x"], train=train) ** 2), {}),
+        precisions=precisions,
+        checks=("forward", "gradients"),
+    )
 
 
 def test_a_key_biases_zero_gradient_passes_in_both_precisions_with_dropout_off_in_functions():
@@ -172,26 +185,50 @@ class FlaxBlock(nn.Module):
         return nn.Dense(WIDTH, name="output")(FlaxIntermediate(self.act, name="intermediate")(x))
 
 
-ACTS = {"gelu_erf": lambda x: nn.gelu(x, approximate=False), "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
-        "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x), "relu": nn.relu, "silu": nn.silu}
-TORCH_ACTS = {"gelu_erf": torch.nn.GELU(), "gelu_tanh": torch.nn.GELU(approximate="tanh"), "relu": torch.nn.ReLU(),
-              "silu": torch.nn.SiLU()}
-NAMES = {"gelu_erf": "GELU, exact (erf)", "gelu_tanh": "GELU, tanh approximation", "relu": "relu", "silu": "SiLU",
-         "quick_gelu": "quick GELU (x sigmoid(1.702 x))"}
+ACTS = {
+    "gelu_erf": lambda x: nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: nn.gelu(x, approximate=True),
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+    "relu": nn.relu,
+    "silu": nn.silu,
+}
+TORCH_ACTS = {
+    "gelu_erf": torch.nn.GELU(),
+    "gelu_tanh": torch.nn.GELU(approximate="tanh"),
+    "relu": torch.nn.ReLU(),
+    "silu": torch.nn.SiLU(),
+}
+NAMES = {
+    "gelu_erf": "GELU, exact (erf)",
+    "gelu_tanh": "GELU, tanh approximation",
+    "relu": "relu",
+    "silu": "SiLU",
+    "quick_gelu": "quick GELU (x sigmoid(1.702 x))",
+}
 
 
 @pytest.mark.parametrize("precision", ["fp64", "fp32"])
-@pytest.mark.parametrize("torch_act, flax_act", [("gelu_erf", "gelu_tanh"), ("gelu_tanh", "gelu_erf"),
-                                                 ("gelu_erf", "quick_gelu"), ("relu", "silu"), ("silu", "gelu_erf")])
+@pytest.mark.parametrize(
+    "torch_act, flax_act",
+    [
+        ("gelu_erf", "gelu_tanh"),
+        ("gelu_tanh", "gelu_erf"),
+        ("gelu_erf", "quick_gelu"),
+        ("relu", "silu"),
+        ("silu", "gelu_erf"),
+    ],
+)
 def test_an_activation_inside_a_module_with_a_layer_is_diagnosed(torch_act, flax_act, precision):
     torch.manual_seed(0)
     batch = {"x": (2 * np.random.default_rng(0).normal(size=(6, WIDTH))).astype(np.float32)}
-    report = compare(TorchBlock(TORCH_ACTS[torch_act]), FlaxBlock(flax_act), batch, precisions=(precision,),
-                     checks=("forward",))
+    report = compare(
+        TorchBlock(TORCH_ACTS[torch_act]), FlaxBlock(flax_act), batch, precisions=(precision,), checks=("forward",)
+    )
     div = report.divergences[f"{precision} eval"]
     assert (div.layer.torch, div.clean_input) == ("intermediate", True)
-    assert (f"activation: torch applies {NAMES[torch_act]}, Flax {NAMES[flax_act]}" in " ".join(div.diagnoses)
-            and "(inside intermediate, after intermediate.dense)" in " ".join(div.diagnoses)), div.describe()
+    assert f"activation: torch applies {NAMES[torch_act]}, Flax {NAMES[flax_act]}" in " ".join(
+        div.diagnoses
+    ) and "(inside intermediate, after intermediate.dense)" in " ".join(div.diagnoses), div.describe()
 
 
 class FlaxBatchNorm(nn.Module):
@@ -227,11 +264,23 @@ class BatchNorm(nn.Module):
 
 
 @pytest.mark.parametrize("precision", ["fp64", "fp32"])
-@pytest.mark.parametrize("running, mode, says", [
-    (True, "train", "torch normalised with the batch's statistics (train mode), Flax with its running statistics "
-                    "(eval mode): the Flax BatchNorm got use_running_average=True while training"),
-    (False, "eval", "torch normalised with its running statistics (eval mode), Flax with the batch's statistics "
-                    "(train mode): the Flax BatchNorm got use_running_average=False in eval mode")])
+@pytest.mark.parametrize(
+    "running, mode, says",
+    [
+        (
+            True,
+            "train",
+            "torch normalised with the batch's statistics (train mode), Flax with its running statistics "
+            "(eval mode): the Flax BatchNorm got use_running_average=True while training",
+        ),
+        (
+            False,
+            "eval",
+            "torch normalised with its running statistics (eval mode), Flax with the batch's statistics "
+            "(train mode): the Flax BatchNorm got use_running_average=False in eval mode",
+        ),
+    ],
+)
 def test_a_batch_norm_using_the_other_statistics_is_diagnosed_at_the_layer(running, mode, says, precision):
     torch.manual_seed(0)
     tm = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4))
@@ -239,9 +288,15 @@ def test_a_batch_norm_using_the_other_statistics_is_diagnosed_at_the_layer(runni
         tm[1].running_mean.normal_()
         tm[1].running_var.uniform_(0.5, 2.0)
     batch = {"x": np.random.default_rng(0).normal(size=(4, 3, 6, 6)).astype(np.float32)}
-    report = compare(tm, FlaxBatchNorm(running), batch, lambda m, b: (m(b["x"]) ** 2).mean(),
-                     lambda m, b, train: (jnp.mean(m(b["x"], train=train) ** 2), {}), precisions=(precision,),
-                     checks=("forward",))
+    report = compare(
+        tm,
+        FlaxBatchNorm(running),
+        batch,
+        lambda m, b: (m(b["x"]) ** 2).mean(),
+        lambda m, b, train: (jnp.mean(m(b["x"], train=train) ** 2), {}),
+        precisions=(precision,),
+        checks=("forward",),
+    )
     div = report.divergences[f"{precision} {mode}"]
     assert (div.layer.torch, div.clean_input) == ("1", True)
     assert says in " ".join(div.diagnoses), div.describe()
@@ -266,5 +321,7 @@ def test_a_modules_float32_dtype_field_is_pinned_for_the_float64_check_with_a_no
     batch = {"x": np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)}
     report = compare(tm, Typed(), batch, precisions=("fp64",), checks=("forward", "gradients"))
     report.assert_ok()  # float32 arithmetic would differ from torch's float64 by ~1e-8
-    assert report.notes == ["[fp64] Typed computes in float32 (its dtype field (Hugging Face default)); pinned to "
-                            "dtype=float64 for the fp64 check: the check compares the port, not a precision choice"]
+    assert report.notes == [
+        "[fp64] Typed computes in float32 (its dtype field (Hugging Face default)); pinned to "
+        "dtype=float64 for the fp64 check: the check compares the port, not a precision choice"
+    ]

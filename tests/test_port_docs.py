@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from docs_blocks import runnable
+
 from jaxloop.parity import training
 
 pytestmark = pytest.mark.torch
@@ -24,7 +24,9 @@ def test_the_front_page_example_is_about_20_lines():
 def test_the_front_page_example_prints_that_every_check_is_within_tolerance(doc_run):
     out = doc_run(DOC, "python", torch=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    n = 2 * (8 + len(training.update_configs(1.0)))  # per precision: 6 forward rows, 2 gradient rows, a row per update config
+    n = 2 * (
+        8 + len(training.update_configs(1.0))
+    )  # per precision: 6 forward rows, 2 gradient rows, a row per update config
     assert f"{n} of {n} checks within tolerance" in out.outputs[0]
 
 
@@ -45,7 +47,9 @@ def test_compare_runs_a_trajectory_only_when_asked_and_the_command_100_by_defaul
     plain = compare(torch.nn.Linear(3, 2), nn.Dense(2), batch, precisions=("fp64",), checks=("forward",))
     asked = compare(torch.nn.Linear(3, 2), nn.Dense(2), batch, precisions=("fp64",), checks=("forward",), trajectory=2)
     assert not [r for r in plain.rows if r.check.startswith("trajectory")]
-    assert [r.check for r in asked.rows if r.check.startswith("trajectory")][0] == "trajectory (2 updates): loss of every update"
+    assert [r.check for r in asked.rows if r.check.startswith("trajectory")][
+        0
+    ] == "trajectory (2 updates): loss of every update"
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "updates of the trajectory check (0 = none; default 100)" in " ".join(capsys.readouterr().out.split())

@@ -45,6 +45,7 @@ def reports():
             checks = ("forward", "gradients", "update") if family in WITH_UPDATES else ("forward", "gradients")
             cache[family] = check(hf_flax.make(family), checks=checks)
         return cache[family]
+
     return get
 
 
@@ -113,8 +114,10 @@ def test_a_planted_layer_norm_eps_is_localised_to_the_first_layer_norm():
 def test_a_planted_activation_is_diagnosed_inside_the_module_that_holds_it_with_a_layer():
     div, diagnosis = forward(hf_flax.make("bert", flax_config={"hidden_act": "gelu_new"}))
     assert (div.layer.torch, div.clean_input) == ("encoder.layer.0.intermediate", True)  # dense, then the activation
-    assert ("torch applies GELU, exact (erf), Flax GELU, tanh approximation" in diagnosis
-            and "after encoder.layer.0.intermediate.dense" in diagnosis)
+    assert (
+        "torch applies GELU, exact (erf), Flax GELU, tanh approximation" in diagnosis
+        and "after encoder.layer.0.intermediate.dense" in diagnosis
+    )
 
 
 def test_a_planted_same_padding_is_localised_to_the_stem_conv(monkeypatch):
@@ -123,9 +126,14 @@ def test_a_planted_same_padding_is_localised_to_the_stem_conv(monkeypatch):
 
     class SamePadding(m.FlaxResNetConvLayer):  # HF's layer, the stem's explicit padding k // 2 replaced by 'SAME'
         def setup(self):
-            self.convolution = nn.Conv(self.out_channels, (self.kernel_size, self.kernel_size), strides=self.stride,
-                                       padding="SAME" if self.kernel_size == 7 else self.kernel_size // 2,
-                                       use_bias=False, dtype=self.dtype)
+            self.convolution = nn.Conv(
+                self.out_channels,
+                (self.kernel_size, self.kernel_size),
+                strides=self.stride,
+                padding="SAME" if self.kernel_size == 7 else self.kernel_size // 2,
+                use_bias=False,
+                dtype=self.dtype,
+            )
             self.normalization = nn.BatchNorm(momentum=0.9, epsilon=1e-05, dtype=self.dtype)
             self.activation_func = m.ACT2FN[self.activation] if self.activation is not None else m.Identity()
 

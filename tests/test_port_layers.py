@@ -29,16 +29,24 @@ def _diff(torch_name, start, end, out, inp):
 
 
 def test_first_divergence_with_a_clean_input_is_this_layer():
-    diffs = [_diff("a.x", 1, 0, 1e-16, 0.0), _diff("a.y", 2, 1, 1e-3, 1e-16), _diff("a.z", 3, 2, 1e-2, 1e-3),
-             _diff("a", 0, 3, 1e-2, 0.0)]
+    diffs = [
+        _diff("a.x", 1, 0, 1e-16, 0.0),
+        _diff("a.y", 2, 1, 1e-3, 1e-16),
+        _diff("a.z", 3, 2, 1e-2, 1e-3),
+        _diff("a", 0, 3, 1e-2, 0.0),
+    ]
     div = first_divergence(diffs, 1e-10)
     assert div.layer.torch == "a.y" and div.clean_input
 
 
 def test_first_divergence_with_a_dirty_input_is_the_code_since_the_last_clean_output():
     # a.b.fc1 agrees, a.b.fc2's input does not: the code between them, inside a.b
-    diffs = [_diff("a.b.fc1", 2, 0, 1e-16, 0.0), _diff("a.b.fc2", 3, 1, 1e-4, 1e-4), _diff("a.b", 1, 2, 1e-4, 0.0),
-             _diff("a", 0, 3, 1e-4, 0.0)]
+    diffs = [
+        _diff("a.b.fc1", 2, 0, 1e-16, 0.0),
+        _diff("a.b.fc2", 3, 1, 1e-4, 1e-4),
+        _diff("a.b", 1, 2, 1e-4, 0.0),
+        _diff("a", 0, 3, 1e-4, 0.0),
+    ]
     div = first_divergence(diffs, 1e-10)
     assert (div.layer.torch, div.clean_input, div.previous.torch, div.region) == ("a.b.fc2", False, "a.b.fc1", "a.b")
     assert "the code between them, inside a.b" in div.describe()
@@ -86,8 +94,13 @@ def test_nnx_calls_are_seen_by_path_and_the_classes_restored():
     with pinned("fp32"):
         fm = flax_model(Net(), _loss, batch)
         cap = capture_flax(fm, _loss, batch, False, "fp32")
-    assert [n for n, _ in sorted(cap.calls.items(), key=lambda kv: kv[1].start)] == ["", "blocks/0", "blocks/0/fc", "blocks/1",
-                                                                                       "blocks/1/fc"]
+    assert [n for n, _ in sorted(cap.calls.items(), key=lambda kv: kv[1].start)] == [
+        "",
+        "blocks/0",
+        "blocks/0/fc",
+        "blocks/1",
+        "blocks/1/fc",
+    ]
     assert cap.calls["blocks/1/fc"].input.shape == (2, 3) and cap.calls[""].output.shape == (2, 3)
     assert (Net.__dict__.get("__call__"), Block.__dict__.get("__call__"), nnx.Linear.__dict__.get("__call__")) == before
 
@@ -134,8 +147,10 @@ class Lossy(nn.Module):
         return nn.Dense(3, dtype=jnp.bfloat16)(x) if self.fault == "bf16" else BiaslessDense()(x)
 
 
-@pytest.mark.parametrize("fault, diagnosis", [("bias", "the Flax layer does not add its bias"),
-                                              ("bf16", "the Flax layer computes in bfloat16")])
+@pytest.mark.parametrize(
+    "fault, diagnosis",
+    [("bias", "the Flax layer does not add its bias"), ("bf16", "the Flax layer computes in bfloat16")],
+)
 def test_a_bias_left_out_and_a_bf16_layer_are_diagnosed_at_the_layer(fault, diagnosis):
     from jaxloop.parity import compare
 

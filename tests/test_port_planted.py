@@ -104,7 +104,11 @@ def test_a_transposed_kernel_is_localised_to_the_attention_output_projection():
     port = gpt2.make()
     port.flax_module = TransposedGPT2(port.flax_module.s)
     div, diagnosis = first(forward_check(port))
-    assert (div.layer.torch, div.layer.flax, div.clean_input) == ("transformer.h.0.attn.c_proj", "h_0/attn/c_proj", True)
+    assert (div.layer.torch, div.layer.flax, div.clean_input) == (
+        "transformer.h.0.attn.c_proj",
+        "h_0/attn/c_proj",
+        True,
+    )
     assert "applies its kernel transposed (x @ kernel.T)" in diagnosis
 
 
@@ -112,15 +116,20 @@ def test_a_dropped_bias_is_a_mapping_error_naming_the_layer():
     with pytest.raises(MappingError) as e:
         forward_check(gpt2.make(use_bias=False))
     msg = str(e.value)
-    assert ("torch transformer.h.0.attn.c_proj.bias (32,) (Conv1D) has no Flax counterpart; the Flax module "
-            "h_0/attn/c_proj it maps to has {'kernel': (32, 32)}, no bias (built with use_bias=False?") in msg
+    assert (
+        "torch transformer.h.0.attn.c_proj.bias (32,) (Conv1D) has no Flax counterpart; the Flax module "
+        "h_0/attn/c_proj it maps to has {'kernel': (32, 32)}, no bias (built with use_bias=False?"
+    ) in msg
 
 
 def test_unscaled_attention_is_localised_between_the_fused_and_output_projections():
     report = forward_check(gpt2.make(scale_attn_weights=False))
     div, diagnosis = first(report)
-    assert (div.previous.torch, div.layer.torch, div.region) == ("transformer.h.0.attn.c_attn", "transformer.h.0.attn.c_proj",
-                                                                 "transformer.h.0.attn")
+    assert (div.previous.torch, div.layer.torch, div.region) == (
+        "transformer.h.0.attn.c_attn",
+        "transformer.h.0.attn.c_proj",
+        "transformer.h.0.attn",
+    )
     assert "attention: scores scaled by 1/sqrt(head_dim=8) in torch, by 1 (unscaled) in Flax" in diagnosis
 
 

@@ -62,8 +62,15 @@ def failed(report):
 
 
 def run(module=None, loss=flax_loss, **kw):
-    return compare(torch_mlp(), module or Mlp(), batch(0), torch_loss, loss, overrides={"kernel": "2.weight", "bias": "2.bias"},
-                   **kw)
+    return compare(
+        torch_mlp(),
+        module or Mlp(),
+        batch(0),
+        torch_loss,
+        loss,
+        overrides={"kernel": "2.weight", "bias": "2.bias"},
+        **kw,
+    )
 
 
 def test_the_mlp_port_passes_every_check():
@@ -86,7 +93,11 @@ def update_failures(monkeypatch, **changes):
     from jaxloop.core.config import readers
 
     def changed(o):  # a config whose optimizer and schedule do not hold a field cannot take it (they are unchanged)
-        own = {k: v for k, v in changes.items() if {f"optim.name={o.name}", f"optim.schedule={o.schedule}"} & set(readers(k))}
+        own = {
+            k: v
+            for k, v in changes.items()
+            if {f"optim.name={o.name}", f"optim.schedule={o.schedule}"} & set(readers(k))
+        }
         return replace(o, **own)
 
     original = training.jax_optimizer
@@ -112,8 +123,9 @@ def test_an_optimizer_that_differs_fails_the_update_check_of_each_config_it_ente
 
 def test_a_schedule_that_differs_fails_the_update_check_of_each_schedule_it_enters(monkeypatch):
     # gamma is read by the step, multistep and exponential schedules only
-    assert update_failures(monkeypatch, gamma=0.6) == configs_where(lambda o: o.schedule in ("step", "multistep",
-                                                                                             "exponential"))
+    assert update_failures(monkeypatch, gamma=0.6) == configs_where(
+        lambda o: o.schedule in ("step", "multistep", "exponential")
+    )
 
 
 def test_momentum_that_differs_fails_the_sgd_and_rmsprop_configs(monkeypatch):
@@ -127,7 +139,7 @@ def test_the_update_check_covers_every_optimizer_and_every_schedule_but_plateau(
     configs = training.update_configs(1.0)
     assert {o.name for _, o, _ in configs} == set(OPTIMIZERS)
     assert {o.schedule for _, o, _ in configs} == set(SCHEDULES) - {"plateau"}
-    for label, o, steps in configs:  # each a config a jaxloop run accepts
+    for _label, o, steps in configs:  # each a config a jaxloop run accepts
         validate(Config(optim=o, steps=steps), check_paths=False)
 
 
@@ -158,8 +170,9 @@ def test_dropout_is_off_in_train_mode_on_both_sides(port):
     tm = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Dropout(0.5), torch.nn.Linear(8, 3))
     linen = port is LinenDropout
     loss = (lambda m, b, train: flax_loss(lambda x: m(x, train=train), b, train)) if linen else flax_loss
-    report = compare(tm, port(), batch(0), torch_loss, loss, precisions=("fp64",), checks=("forward", "gradients"),
-                     trajectory=2)
+    report = compare(
+        tm, port(), batch(0), torch_loss, loss, precisions=("fp64",), checks=("forward", "gradients"), trajectory=2
+    )
     report.assert_ok()  # masks would differ: with dropout on, train-mode outputs and gradients could not agree
 
 
@@ -188,9 +201,16 @@ def _sine_port(freq, flax_module):
     def sine_batch(u):
         return {"x": np.random.default_rng(u).normal(size=(16, 8)).astype(np.float32)}
 
-    return compare(torch_net, flax_module, sine_batch(0), lambda m, b: (2 + torch.sin(freq * m(b["x"]))).mean(),
-                   lambda m, b, train: (jnp.mean(2 + jnp.sin(freq * m(b["x"]))), {}), checks=("forward",),
-                   trajectory=30, batches=sine_batch)
+    return compare(
+        torch_net,
+        flax_module,
+        sine_batch(0),
+        lambda m, b: (2 + torch.sin(freq * m(b["x"]))).mean(),
+        lambda m, b, train: (jnp.mean(2 + jnp.sin(freq * m(b["x"]))), {}),
+        checks=("forward",),
+        trajectory=30,
+        batches=sine_batch,
+    )
 
 
 def _row(report, name):

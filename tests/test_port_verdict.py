@@ -16,7 +16,7 @@ import pytest
 pytestmark = pytest.mark.torch
 ROOT = Path(__file__).resolve().parents[1]
 
-PORTS = textwrap.dedent('''
+PORTS = textwrap.dedent("""
     import numpy as np, torch, jax.numpy as jnp, flax.linen as nn
     from jaxloop.parity import Port
 
@@ -58,7 +58,7 @@ PORTS = textwrap.dedent('''
 
     def vector_loss():
         return Port(torch_net(), Net(), X, lambda m, b: m(b["x"]) ** 2, lambda m, b, train: (m(b["x"]) ** 2, {}))
-''')
+""")
 
 
 @pytest.fixture(scope="module")
@@ -70,27 +70,45 @@ def ports(tmp_path_factory) -> Path:
 
 def _command(*argv: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "jaxloop.parity", *argv], capture_output=True, text=True, env=env,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "jaxloop.parity", *argv], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 # (factory or options, exit status, the one line); mutant seen failing for each: the command before issue 43
 # (exit 0 and no output for os._exit(0); 12-21 line tracebacks; --updates -5 and --markdown accepted)
 CASES = [
-    (["{ports}:hard_exit"], 2,
-     "error: the check ended without its verdict: its process exited with status 0 before main() returned (does the "
-     "factory or a model call os._exit?)"),
-    (["{ports}:interrupts"], 130,
-     "error: interrupted (a Ctrl-C, or a KeyboardInterrupt the factory or a model raised)"),
+    (
+        ["{ports}:hard_exit"],
+        2,
+        "error: the check ended without its verdict: its process exited with status 0 before main() returned (does the "
+        "factory or a model call os._exit?)",
+    ),
+    (
+        ["{ports}:interrupts"],
+        130,
+        "error: interrupted (a Ctrl-C, or a KeyboardInterrupt the factory or a model raised)",
+    ),
     (["{ports}:base_exception"], 2, "error: {ports}:base_exception raised Odd: not an Exception"),
-    (["{ports}:no_batch"], 2, "error: the check could not run on the Port {ports}:no_batch returned: AttributeError: "
-                              "'NoneType' object has no attribute 'items'"),
-    (["{ports}:vector_loss"], 2, "error: the check could not run on the Port {ports}:vector_loss returned: ValueError: "
-                                 "only one element tensors can be converted to Python scalars"),
+    (
+        ["{ports}:no_batch"],
+        2,
+        "error: the check could not run on the Port {ports}:no_batch returned: AttributeError: "
+        "'NoneType' object has no attribute 'items'",
+    ),
+    (
+        ["{ports}:vector_loss"],
+        2,
+        "error: the check could not run on the Port {ports}:vector_loss returned: ValueError: "
+        "only one element tensors can be converted to Python scalars",
+    ),
     (["{ports}:good", "--updates", "-5"], 2, "error: --updates=-5 is not allowed: an integer >= 0 (0 = no trajectory)"),
-    (["{ports}:good", "--markdown", "{missing}/dir/x.md"], 2,
-     "error: --markdown='{missing}/dir/x.md' is not allowed: a file in an existing, writable directory "
-     "({missing}/dir is not a directory)"),
+    (
+        ["{ports}:good", "--markdown", "{missing}/dir/x.md"],
+        2,
+        "error: --markdown='{missing}/dir/x.md' is not allowed: a file in an existing, writable directory "
+        "({missing}/dir is not a directory)",
+    ),
 ]
 
 

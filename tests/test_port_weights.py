@@ -57,7 +57,9 @@ class Mlp(nn.Module):
 
 def test_linear_weight_out_in_becomes_kernel_in_out():
     torch.manual_seed(0)
-    tm = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 6))  # square: shape alone cannot tell
+    tm = torch.nn.Sequential(
+        torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 6)
+    )  # square: shape alone cannot tell
     report = _forward_agrees(tm, Mlp(), _batch((5, 6), (5, 6)))
     assert {e.layout for e in report.mapping.entries if e.flax.endswith("kernel")} == {"transpose"}
 
@@ -70,13 +72,16 @@ class ConvNet(nn.Module):
 
 
 def _nhwc(loss):
-    return lambda model, b, train: loss(lambda x: jnp.transpose(model(jnp.transpose(x, (0, 2, 3, 1))), (0, 3, 1, 2)), b, train)
+    return lambda model, b, train: loss(
+        lambda x: jnp.transpose(model(jnp.transpose(x, (0, 2, 3, 1))), (0, 3, 1, 2)), b, train
+    )
 
 
 def test_conv_weight_oihw_becomes_kernel_hwio():
     torch.manual_seed(0)
-    tm = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
-                             torch.nn.Conv2d(4, 5, (3, 2), stride=2, padding=(1, 0)))
+    tm = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 5, (3, 2), stride=2, padding=(1, 0))
+    )
     report = _forward_agrees(tm, ConvNet(), _batch((2, 3, 8, 8), (2, 5, 4, 4)), flax_loss=_nhwc(_mse_flax))
     assert {e.layout for e in report.mapping.entries if e.flax.endswith("kernel")} == {"OIHW->HWIO"}
 
@@ -88,8 +93,9 @@ def test_conv_transpose_weight_maps_for_either_flax_convention(transpose_kernel)
         @nn.compact
         def __call__(self, x):
             k, p, op = 3, 1, 1  # torch's padding p, output_padding op -> Flax pads (k - 1 - p, k - 1 - p + op)
-            return nn.ConvTranspose(4, (k, k), strides=(2, 2), padding=((k - 1 - p, k - 1 - p + op),) * 2,
-                                    transpose_kernel=transpose_kernel)(x)
+            return nn.ConvTranspose(
+                4, (k, k), strides=(2, 2), padding=((k - 1 - p, k - 1 - p + op),) * 2, transpose_kernel=transpose_kernel
+            )(x)
 
     torch.manual_seed(0)
     tm = torch.nn.ConvTranspose2d(4, 4, 3, stride=2, padding=1, output_padding=1)
@@ -113,11 +119,18 @@ def test_norm_weights_become_scale_and_running_statistics_batch_stats():
         tm[1].running_mean.normal_()
         tm[1].running_var.uniform_(0.5, 2.0)
         tm[1].weight.uniform_(0.5, 1.5)
-    report = _forward_agrees(tm, NormNet(), _batch((6, 4), (6, 8)),
-                             flax_loss=lambda m, b, train: _mse_flax(lambda x: m(x, train=train), b, train))
+    report = _forward_agrees(
+        tm,
+        NormNet(),
+        _batch((6, 4), (6, 8)),
+        flax_loss=lambda m, b, train: _mse_flax(lambda x: m(x, train=train), b, train),
+    )
     names = {e.torch: e.flax for e in report.mapping.entries}
     assert names["1.weight"] == "params/BatchNorm_0/scale" and names["2.weight"] == "params/LayerNorm_0/scale"
-    assert names["1.running_mean"] == "batch_stats/BatchNorm_0/mean" and names["1.running_var"] == "batch_stats/BatchNorm_0/var"
+    assert (
+        names["1.running_mean"] == "batch_stats/BatchNorm_0/mean"
+        and names["1.running_var"] == "batch_stats/BatchNorm_0/var"
+    )
     assert report.mapping.dropped == ["1.num_batches_tracked"]
 
 
@@ -161,7 +174,9 @@ def test_an_untied_port_of_tied_weights_maps_both_and_says_so():
     torch.manual_seed(0)
     report = _forward_agrees(TiedLM(), UntiedPort(), _tokens())
     assert {e.flax: (e.torch, e.layout) for e in report.mapping.entries} == {
-        "params/Embed_0/embedding": ("emb.weight", "as is"), "params/Dense_0/kernel": ("head.weight", "transpose")}
+        "params/Embed_0/embedding": ("emb.weight", "as is"),
+        "params/Dense_0/kernel": ("head.weight", "transpose"),
+    }
     assert "untied" not in report.mapping.notes[0] and "separate leaves" in report.mapping.notes[0]
 
 
@@ -171,9 +186,11 @@ def test_unmatched_weights_are_an_error_naming_them_and_the_candidates():
     with pytest.raises(MappingError) as e:
         compare(tm, Mlp(), _batch((5, 6), (5, 6)), _mse_torch, _mse_flax, precisions=("fp64",), checks=("forward",))
     lines = str(e.value).splitlines()
-    assert ("  torch 0.weight (7, 6) (Linear) has no Flax counterpart; no unmapped Flax leaf has its shape in any layout; "
-            "unmapped Flax leaves: ['params/Dense_0/bias (6,)', 'params/Dense_0/kernel (6, 6)', 'params/Dense_1/bias (6,)', "
-            "'params/Dense_1/kernel (6, 6)']") in lines
+    assert (
+        "  torch 0.weight (7, 6) (Linear) has no Flax counterpart; no unmapped Flax leaf has its shape in any layout; "
+        "unmapped Flax leaves: ['params/Dense_0/bias (6,)', 'params/Dense_0/kernel (6, 6)', 'params/Dense_1/bias (6,)', "
+        "'params/Dense_1/kernel (6, 6)']"
+    ) in lines
     assert any(line.startswith("  Flax params/Dense_0/kernel (6, 6) has no torch counterpart; ") for line in lines)
 
 
@@ -210,11 +227,22 @@ def test_a_square_weight_takes_the_layout_that_reproduces_the_captured_torch_out
 def test_a_square_weight_no_layout_explains_is_refused_naming_it_until_overridden():
     torch.manual_seed(0)
     b = _batch((5, 6), (5, 6))
-    with pytest.raises(MappingError, match=r"torch w \(6, 6\) \(Bare\) fits Flax params/w \(6, 6\) in more than one "
-                       r"layout .*will not guess: .*reproduces its output under no layout .*overrides"):
+    with pytest.raises(
+        MappingError,
+        match=r"torch w \(6, 6\) \(Bare\) fits Flax params/w \(6, 6\) in more than one "
+        r"layout .*will not guess: .*reproduces its output under no layout .*overrides",
+    ):
         compare(Bare(), BarePort("tanh"), b, _mse_torch, _mse_flax, precisions=("fp64",), checks=("forward",))
-    report = compare(Bare(), BarePort("tanh"), b, _mse_torch, _mse_flax, precisions=("fp64",), checks=("forward",),
-                     overrides={"w": ("w", "as is")})  # "params/" may be left out
+    report = compare(
+        Bare(),
+        BarePort("tanh"),
+        b,
+        _mse_torch,
+        _mse_flax,
+        precisions=("fp64",),
+        checks=("forward",),
+        overrides={"w": ("w", "as is")},
+    )  # "params/" may be left out
     assert [(e.flax, e.how) for e in report.mapping.entries] == [("params/w", "override")]
 
 
@@ -222,8 +250,13 @@ def test_overrides_by_function_and_rename_rules_take_precedence():
     torch.manual_seed(0)
     tm = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 6))
     b = _batch((5, 6), (5, 6))
-    report = _forward_agrees(tm, Mlp(), b, rename=[(r"2\.(bias)", r"params/Dense_1/\1")],
-                             overrides={"params/Dense_0/kernel": (lambda sd: sd["0.weight"].T, "0.weight")})
+    report = _forward_agrees(
+        tm,
+        Mlp(),
+        b,
+        rename=[(r"2\.(bias)", r"params/Dense_1/\1")],
+        overrides={"params/Dense_0/kernel": (lambda sd: sd["0.weight"].T, "0.weight")},
+    )
     how = {e.flax: e.how for e in report.mapping.entries}
     assert how["params/Dense_1/bias"] == "rename" and "params/Dense_0/kernel" in report.mapping.custom
     assert how["params/Dense_0/bias"] in ("name", "order")
@@ -252,9 +285,15 @@ def test_round_trip_torch_to_flax_to_torch_is_exact(examples, name):
     for k in sd:
         assert back[k].dtype == sd[k].dtype and np.array_equal(back[k], sd[k]), k  # bit for bit
     layouts = {e.torch_type.split(".")[0]: e.layout for e in mapping.entries if e.flax.endswith("kernel")}
-    expected = {"gpt2": {"Conv1D": "as is"}, "resnet": {"Conv2d": "OIHW->HWIO", "Linear": "transpose"},
-                "transformer_encoder": {"MultiheadAttention": "transpose", "NonDynamicallyQuantizableLinear": "transpose",
-                                        "Linear": "transpose"}}[name]
+    expected = {
+        "gpt2": {"Conv1D": "as is"},
+        "resnet": {"Conv2d": "OIHW->HWIO", "Linear": "transpose"},
+        "transformer_encoder": {
+            "MultiheadAttention": "transpose",
+            "NonDynamicallyQuantizableLinear": "transpose",
+            "Linear": "transpose",
+        },
+    }[name]
     assert layouts == expected
 
 
@@ -275,9 +314,18 @@ def test_trained_jaxloop_checkpoint_goes_back_into_the_torch_module(tmp_path):
     b = _batch((5, 6), (5, 6))
     mapping = map_weights(tm, Mlp(), b, _mse_torch, _mse_flax)
     rng = np.random.default_rng(1)
-    records = [{"x": rng.normal(size=6).astype(np.float32), "y": rng.normal(size=6).astype(np.float32)} for _ in range(64)]
-    cfg = Config(run_dir=str(tmp_path / "run"), steps=4, batch_size=16, eval_every=4, log=LogConfig(progress="off", report=False),
-                 optim=OptimConfig(peak_lr=1e-2, warmup_steps=0), checkpoint=CheckpointConfig(every=2))
+    records = [
+        {"x": rng.normal(size=6).astype(np.float32), "y": rng.normal(size=6).astype(np.float32)} for _ in range(64)
+    ]
+    cfg = Config(
+        run_dir=str(tmp_path / "run"),
+        steps=4,
+        batch_size=16,
+        eval_every=4,
+        log=LogConfig(progress="off", report=False),
+        optim=OptimConfig(peak_lr=1e-2, warmup_steps=0),
+        checkpoint=CheckpointConfig(every=2),
+    )
     jaxloop.run(cfg, jaxloop.Task(Mlp(), _mse_flax, train=records, val=records[:16]))
     trained = jaxloop.load_model(cfg.run_dir, Mlp(), which="latest")
     before = {k: v.clone() for k, v in tm.state_dict().items()}

@@ -35,7 +35,7 @@ def test_bytes_shards_hold_the_text_split_at_a_line_near_the_fraction(tmp_path):
     raw = TEXT.read_bytes()
     train, val = _tokens(tmp_path, "train"), _tokens(tmp_path, "val")
     assert bytes(np.concatenate([train, val]).astype(np.uint8)) == raw
-    assert raw[len(train) - 1:len(train)] == b"\n" and not raw[len(train):len(train) + 1].isspace()
+    assert raw[len(train) - 1 : len(train)] == b"\n" and not raw[len(train) : len(train) + 1].isspace()
     assert int(len(raw) * 0.9) <= len(train) < int(len(raw) * 0.9) + 200  # the first line start at 90%
     assert (meta["vocab_size"], meta["dtype"], meta["tokenizer"]) == (256, "uint16", "bytes")
     assert meta["shards"]["train"] == [f"tinyshakespeare_60k_train_{i:06d}.bin" for i in range(3)]
@@ -84,8 +84,10 @@ def test_pieces_are_cut_only_where_the_whole_text_would_split_its_words(tmp_path
     assert train.tolist() == tok.encode(tok.decode(train.tolist()), add_special_tokens=False).ids
 
 
-@pytest.mark.parametrize("case, says", [("not utf-8", "UTF-8"), ("out holds shards", "--out"),
-                                        ("vocab below 256", "--vocab"), ("no input", "inputs")])
+@pytest.mark.parametrize(
+    "case, says",
+    [("not utf-8", "UTF-8"), ("out holds shards", "--out"), ("vocab below 256", "--vocab"), ("no input", "inputs")],
+)
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, case, says):
     out = tmp_path / "out"
     args = [str(TEXT), "--out", str(out), "--vocab", "300"]
@@ -100,8 +102,9 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, case, says):
     else:
         args[0] = str(tmp_path / "*.txt")
     before = sorted(p.name for p in tmp_path.rglob("*"))
-    proc = subprocess.run([sys.executable, "-m", "jaxloop.prepare", *args], capture_output=True, text=True, timeout=120,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxloop.prepare", *args], capture_output=True, text=True, timeout=120, check=False
+    )
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("jaxloop.prepare: error: ")
     assert says in proc.stderr
@@ -116,8 +119,10 @@ def _tiny_tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([TEXT.read_text()[:20000]], trainers.BpeTrainer(
-        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.train_from_iterator(
+        [TEXT.read_text()[:20000]],
+        trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False),
+    )
     return tok
 
 
@@ -145,9 +150,22 @@ def test_tokenizer_accepts_a_hugging_face_model_directory(tmp_path, layout):
 
 def test_tokenizer_directory_without_tokenizer_files_is_refused(tmp_path):
     (tmp_path / "model").mkdir()
-    proc = subprocess.run([sys.executable, "-m", "jaxloop.prepare", str(TEXT), "--out", str(tmp_path / "out"),
-                           "--tokenizer", str(tmp_path / "model")], capture_output=True, text=True, timeout=120,
-                          check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxloop.prepare",
+            str(TEXT),
+            "--out",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            str(tmp_path / "model"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "--tokenizer" in proc.stderr and "vocab.json and merges.txt" in proc.stderr
     assert not (tmp_path / "out").exists()
@@ -162,17 +180,34 @@ def test_an_end_of_text_token_goes_between_files_and_between_separated_documents
     (tmp_path / "a.txt").write_text("First file.\nIt ends here.\n")
     (tmp_path / "b.txt").write_text("Doc one.\n\n\nDoc two,\nlonger.\n\n\nDoc three.\n")
     a, b = (tmp_path / "a.txt").read_bytes(), (tmp_path / "b.txt").read_bytes()
-    meta = _run(str(tmp_path / "a.txt"), str(tmp_path / "b.txt"), "--out", str(tmp_path / "files"),
-                "--val_fraction", "0.2")
+    meta = _run(
+        str(tmp_path / "a.txt"), str(tmp_path / "b.txt"), "--out", str(tmp_path / "files"), "--val_fraction", "0.2"
+    )
     assert (meta["vocab_size"], meta["eot"]) == (257, 256)
     assert _tokens_of(tmp_path / "files") == list(a) + [256] + list(b)
-    meta = _run(str(tmp_path / "a.txt"), str(tmp_path / "b.txt"), "--out", str(tmp_path / "docs"),
-                "--val_fraction", "0.2", "--doc_separator", "\\n\\n\\n")
+    meta = _run(
+        str(tmp_path / "a.txt"),
+        str(tmp_path / "b.txt"),
+        "--out",
+        str(tmp_path / "docs"),
+        "--val_fraction",
+        "0.2",
+        "--doc_separator",
+        "\\n\\n\\n",
+    )
     docs = [list(a), *(list(d) for d in b.split(b"\n\n\n"))]
     assert _tokens_of(tmp_path / "docs") == docs[0] + [256] + docs[1] + [256] + docs[2] + [256] + docs[3]
     # a BPE: the token <|endoftext|> among its ids, never inside a document's
-    meta = _run(str(TEXT), str(tmp_path / "b.txt"), "--out", str(tmp_path / "bpe"), "--vocab", "300",
-                "--doc_separator", "\\n\\n\\n")
+    meta = _run(
+        str(TEXT),
+        str(tmp_path / "b.txt"),
+        "--out",
+        str(tmp_path / "bpe"),
+        "--vocab",
+        "300",
+        "--doc_separator",
+        "\\n\\n\\n",
+    )
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tmp_path / "bpe" / "tokenizer.json"))
@@ -200,8 +235,14 @@ def _peak_rss_kib(*argv: str) -> int:
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 
-    proc = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, *argv, "--no_progress"], capture_output=True, text=True,
-                          timeout=600, check=True, preexec_fn=two_cores)
+    proc = subprocess.run(
+        [sys.executable, "-c", PEAK_SCRIPT, *argv, "--no_progress"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+        preexec_fn=two_cores,
+    )
     return int(proc.stdout.split()[-1])
 
 

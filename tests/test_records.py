@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import jaxloop
-from jaxloop.model.builtin import make_model
-from jaxloop.update.step import cross_entropy_loss
 from jaxloop.core.config import ConfigError, ModelConfig, preset, replace
 from jaxloop.core.sources import FIRST_RECORDS_CHECKED, RecordError, SequenceRecords
+from jaxloop.model.builtin import make_model
+from jaxloop.update.step import cross_entropy_loss
 
 
 def _records(n: int, width: int = 4) -> list[dict]:
@@ -35,8 +35,17 @@ class Lazy:
 
 def _cfg(run_dir, **fields):
     base = preset("debug")
-    return replace(base, run_dir=str(run_dir), steps=6, batch_size=16, eval_every=3, compile_cache="",
-                   checkpoint=replace(base.checkpoint, every=3), log=replace(base.log, progress="off"), **fields)
+    return replace(
+        base,
+        run_dir=str(run_dir),
+        steps=6,
+        batch_size=16,
+        eval_every=3,
+        compile_cache="",
+        checkpoint=replace(base.checkpoint, every=3),
+        log=replace(base.log, progress="off"),
+        **fields,
+    )
 
 
 def _task(train, val):
@@ -52,15 +61,42 @@ def _with(records: list[dict], index: int, **record) -> list[dict]:
 WIDE = dict(x=np.zeros(5, np.float32), y=np.int32(0))
 
 
-@pytest.mark.parametrize("split,index,bad,expected", [
-    ("train", 0, WIDE, ": key 'x' has shape (5,) float32, expected shape (4,) float32 (as 99 of the 100 records checked have)"),
-    ("train", 57, WIDE, ": key 'x' has shape (5,) float32, expected shape (4,) float32 (as 99 of the 100 records checked have)"),
-    ("train", 99, dict(x=np.zeros(4, np.float64), y=np.int32(0)),
-     ": key 'x' has shape (4,) float64, expected shape (4,) float32 (as 99 of the 100 records checked have)"),
-    ("train", 31, dict(x=np.zeros(4, np.float32)),
-     " has keys ['x'], expected ['x', 'y'] (as 99 of the 100 records checked have)"),
-    ("val", 12, WIDE, ": key 'x' has shape (5,) float32, expected shape (4,) float32 (as 39 of the 40 records checked have)"),
-], ids=["train-first", "train-middle", "train-last-dtype", "train-missing-key", "val-middle"])
+@pytest.mark.parametrize(
+    "split,index,bad,expected",
+    [
+        (
+            "train",
+            0,
+            WIDE,
+            ": key 'x' has shape (5,) float32, expected shape (4,) float32 (as 99 of the 100 records checked have)",
+        ),
+        (
+            "train",
+            57,
+            WIDE,
+            ": key 'x' has shape (5,) float32, expected shape (4,) float32 (as 99 of the 100 records checked have)",
+        ),
+        (
+            "train",
+            99,
+            dict(x=np.zeros(4, np.float64), y=np.int32(0)),
+            ": key 'x' has shape (4,) float64, expected shape (4,) float32 (as 99 of the 100 records checked have)",
+        ),
+        (
+            "train",
+            31,
+            dict(x=np.zeros(4, np.float32)),
+            " has keys ['x'], expected ['x', 'y'] (as 99 of the 100 records checked have)",
+        ),
+        (
+            "val",
+            12,
+            WIDE,
+            ": key 'x' has shape (5,) float32, expected shape (4,) float32 (as 39 of the 40 records checked have)",
+        ),
+    ],
+    ids=["train-first", "train-middle", "train-last-dtype", "train-missing-key", "val-middle"],
+)
 def test_a_bad_record_of_an_in_memory_split_is_named_before_anything_is_written(tmp_path, split, index, bad, expected):
     train, val = _records(100), _records(40)
     if split == "train":
@@ -84,14 +120,19 @@ def test_a_bad_record_beyond_the_checked_ones_stops_the_run_at_batching(tmp_path
     cfg = _cfg(tmp_path, data=replace(preset("debug").data, workers=workers))
     with pytest.raises(RecordError) as error:
         jaxloop.run(cfg, _task(train, _records(40)))
-    assert str(error.value) == (f"record {index} of the train split: key 'x' has shape (5,) float32, expected shape "
-                                f"(4,) float32 (as 16 of the 16 records checked have)")
+    assert str(error.value) == (
+        f"record {index} of the train split: key 'x' has shape (5,) float32, expected shape "
+        f"(4,) float32 (as 16 of the 16 records checked have)"
+    )
 
 
 def test_a_bad_validation_record_met_at_evaluation_names_the_val_split(tmp_path):
     val = Lazy(_with(_records(40), 33, x=np.zeros(4, np.int32), y=np.int32(0)))
-    with pytest.raises(RecordError, match=r"^record 33 of the val split: key 'x' has shape \(4,\) int32, expected "
-                                          r"shape \(4,\) float32 \(as 16 of the 16 records checked have\)$"):
+    with pytest.raises(
+        RecordError,
+        match=r"^record 33 of the val split: key 'x' has shape \(4,\) int32, expected "
+        r"shape \(4,\) float32 \(as 16 of the 16 records checked have\)$",
+    ):
         jaxloop.run(_cfg(tmp_path), _task(_records(100), val))
 
 
@@ -105,7 +146,9 @@ def test_an_empty_split_is_named(tmp_path, empty):
 
 def test_validation_records_need_the_training_records_keys(tmp_path):
     val = [{"x": r["x"], "label": r["y"]} for r in _records(40)]
-    with pytest.raises(RecordError, match=r"record 0 of the val split has keys \['label', 'x'\], expected \['x', 'y'\]"):
+    with pytest.raises(
+        RecordError, match=r"record 0 of the val split has keys \['label', 'x'\], expected \['x', 'y'\]"
+    ):
         jaxloop.run(_cfg(tmp_path / "run"), _task(_records(100), val))
     assert not (tmp_path / "run").exists()
 

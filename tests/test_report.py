@@ -17,8 +17,10 @@ def test_step_ms_counts_a_saves_blocking_and_not_an_evaluation():
 
 
 def test_throughput_plot_title_says_saves_blocking_is_included(tmp_path):
-    train = [{"kind": "train", "step": s, "samples_per_s": 1000.0 + s, "step_ms": 2.0, "data_wait_ms": 0.1}
-             for s in (10, 20, 30)]
+    train = [
+        {"kind": "train", "step": s, "samples_per_s": 1000.0 + s, "step_ms": 2.0, "data_wait_ms": 0.1}
+        for s in (10, 20, 30)
+    ]
     run = Run(run_dir=tmp_path, config={"batch_size": 64}, metadata={}, summary=None, resumes=[], train=train)
     fig = plot_throughput(run, tmp_path / "throughput.png")
     title = fig.axes[0].get_title()

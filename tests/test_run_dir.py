@@ -73,8 +73,10 @@ def test_both_ways_forward_are_accepted(tmp_path):
     saved = _saved_run(tmp_path)
     # a new run, from this run's weights, with the new settings: nothing in its run_dir to conflict with
     # (check_paths=False: this saved run holds no checkpoint for --init_from to read; the rule here is run_dir's)
-    new = parse_config(["--preset", "debug", "--seed", "3", "--run_dir", str(tmp_path / "new"),
-                        "--init_from", str(run_dir)], check_paths=False)
+    new = parse_config(
+        ["--preset", "debug", "--seed", "3", "--run_dir", str(tmp_path / "new"), "--init_from", str(run_dir)],
+        check_paths=False,
+    )
     assert RunDir(new).check(has_checkpoint=False) is None
     # this run resumed with its own settings, read back from its config.json: no field differs
     again = parse_config(["--config", str(run_dir / CONFIG_FILE)])
@@ -141,10 +143,16 @@ def test_a_checkpoint_whose_config_jaxloop_cannot_read_is_no_evidence(tmp_path, 
 
 USERS_FOLDERS = {
     # a folder of the user's own files that happens to hold names a run writes (issue 43's outside pass)
-    "metrics.jsonl beside config.json": {"config.json": b'{"lr": 0.1}\n', "metrics.jsonl": b'{"epoch": 1, "acc": 0.5}\n'},
+    "metrics.jsonl beside config.json": {
+        "config.json": b'{"lr": 0.1}\n',
+        "metrics.jsonl": b'{"epoch": 1, "acc": 0.5}\n',
+    },
     "an empty checkpoints/ beside config.json, summary.json, report.md": {
-        "config.json": b'{"lr": 0.1}\n', "summary.json": b'{"acc": 0.5}\n', "report.md": b"# my notes\n",
-        "checkpoints/": b""},
+        "config.json": b'{"lr": 0.1}\n',
+        "summary.json": b'{"acc": 0.5}\n',
+        "report.md": b"# my notes\n",
+        "checkpoints/": b"",
+    },
 }
 
 
@@ -158,8 +166,13 @@ def test_a_folder_that_only_looks_like_a_run_is_refused_in_one_line_and_left_byt
         (folder / name).mkdir() if name.endswith("/") else (folder / name).write_bytes(data)
     before = {p.relative_to(folder): (p.read_bytes() if p.is_file() else None) for p in folder.rglob("*")}
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    out = subprocess.run([sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(folder)],
-                         capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"jaxloop.train: error: run_dir='{folder}' is not allowed")

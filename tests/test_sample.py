@@ -35,13 +35,39 @@ def bpe_run(tmp_path_factory):
     shards = base / "shards"
     prepare.prepare(prepare.parser().parse_args([str(TEXT), "--out", str(shards), "--vocab", "300", "--no_progress"]))
     run_dir = base / "run"
-    cfg = parse_config([
-        "--preset", "shakespeare", "--data.source", "tokens", "--data.path", str(shards), "--run_dir", str(run_dir),
-        "--steps", "60", "--batch_size", "16", "--eval_every", "60", "--eval_batches", "2", "--optim.warmup_steps", "4",
-        "--optim.peak_lr", "1e-2",
-        "--model.context", str(CONTEXT), "--model.d_model", "32", "--model.n_layers", "2", "--model.n_heads", "2",
-        "--log.no-report",
-    ])
+    cfg = parse_config(
+        [
+            "--preset",
+            "shakespeare",
+            "--data.source",
+            "tokens",
+            "--data.path",
+            str(shards),
+            "--run_dir",
+            str(run_dir),
+            "--steps",
+            "60",
+            "--batch_size",
+            "16",
+            "--eval_every",
+            "60",
+            "--eval_batches",
+            "2",
+            "--optim.warmup_steps",
+            "4",
+            "--optim.peak_lr",
+            "1e-2",
+            "--model.context",
+            str(CONTEXT),
+            "--model.d_model",
+            "32",
+            "--model.n_layers",
+            "2",
+            "--model.n_heads",
+            "2",
+            "--log.no-report",
+        ]
+    )
     with contextlib.redirect_stderr(io.StringIO()):
         run(cfg)
     return run_dir, shards
@@ -49,8 +75,15 @@ def bpe_run(tmp_path_factory):
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "jaxloop.sample", *args], capture_output=True, text=True, cwd=REPO,
-                          env=env, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "jaxloop.sample", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=300,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -66,12 +99,13 @@ def test_kv_cache_samples_the_tokens_of_the_whole_window_path(bpe_run, temperatu
     window = codec.encode("I")
     assert len(window) == 1
     buf = np.zeros(CONTEXT, np.int32)
-    buf[:len(window)] = window
+    buf[: len(window)] = window
     ids = {}
     for cache in (True, False):
         fn = sample_mod.make_generate(model, CONTEXT, 40, codec.size, kv_cache=cache)
-        ids[cache] = np.asarray(fn(loaded.params, jnp.asarray(buf), jnp.int32(len(window)), jax.random.PRNGKey(0),
-                                   jnp.float32(temperature))).tolist()
+        ids[cache] = np.asarray(
+            fn(loaded.params, jnp.asarray(buf), jnp.int32(len(window)), jax.random.PRNGKey(0), jnp.float32(temperature))
+        ).tolist()
     assert ids[True] == ids[False]
     if temperature > 0:
         assert len(set(ids[True])) > 10, "varied tokens: every position's logits matter"
@@ -88,11 +122,12 @@ def test_cached_logits_equal_the_full_forward_within_float32_rounding(bpe_run):
     apply = jax.jit(lambda variables, x, at: model.apply(variables, x, train=False, cache_index=at, mutable=["cache"]))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 300, CONTEXT), jnp.int32)
     full = np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x, train=False))(loaded.params, tokens[None]))[0]
-    logits, v = apply({"params": loaded.params}, jnp.zeros(CONTEXT, jnp.int32).at[:5].set(tokens[:5])[None],
-                      jnp.int32(0))
+    logits, v = apply(
+        {"params": loaded.params}, jnp.zeros(CONTEXT, jnp.int32).at[:5].set(tokens[:5])[None], jnp.int32(0)
+    )
     got = [np.asarray(logits[0, :5])]
     for i in range(5, CONTEXT):
-        out, v = apply({"params": loaded.params, "cache": v["cache"]}, tokens[None, i:i + 1], jnp.int32(i))
+        out, v = apply({"params": loaded.params, "cache": v["cache"]}, tokens[None, i : i + 1], jnp.int32(i))
         got.append(np.asarray(out[0]))
     got = np.concatenate(got)
     assert np.abs(full).max() > 0.1
@@ -116,7 +151,7 @@ def test_cli_prints_the_prompt_and_text_decoded_by_the_prepared_bpe(bpe_run):
     tok = Tokenizer.from_file(str(shards / "tokenizer.json"))
     loaded = sample_mod.load_params(run_dir, "latest")
     assert proc.stdout == "ROMEO:" + sample_mod.sample(run_dir, "ROMEO:", 30, 0.0, loaded=loaded) + "\n"
-    generated = proc.stdout[len("ROMEO:"):-1]
+    generated = proc.stdout[len("ROMEO:") : -1]
     assert len(tok.encode(generated, add_special_tokens=False).ids) >= 10, "BPE tokens decoded to words"
     assert "30 tokens from the latest checkpoint (update 60)" in proc.stderr and "tokens/s (KV cache" in proc.stderr
 
@@ -146,16 +181,18 @@ def test_a_bytes_token_run_decodes_bytes(tmp_path):
     assert codec.encode("é!").tolist() == [0xC3, 0xA9, 0x21] and codec.decode([0xC3, 0xA9, 0x21]) == "é!"
 
 
-@pytest.mark.parametrize("flags, says", [
-    (["--tokenizer", "missing.json"], "--tokenizer="),
-    (["--top_k", "0"], "--top_k=0"),
-    (["--prompt", ""], "--prompt is empty"),
-])
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--tokenizer", "missing.json"], "--tokenizer="),
+        (["--top_k", "0"], "--top_k=0"),
+        (["--prompt", ""], "--prompt is empty"),
+    ],
+)
 def test_bad_input_is_one_line_and_status_2(bpe_run, flags, says):
     proc = _cli(str(bpe_run[0]), *flags)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert says in proc.stderr
-
 
 
 def test_a_run_initialised_from_a_hugging_face_directory_reads_its_tokenizer(bpe_run, tmp_path):
@@ -168,8 +205,10 @@ def test_a_run_initialised_from_a_hugging_face_directory_reads_its_tokenizer(bpe
     bare = tmp_path / "bare"
     bare.mkdir()
     codec = sample_mod.run_codec(run_dir, replace(cfg, init_from=str(hf), data=replace(cfg.data, path=str(bare))))
-    assert codec.describe == str(hf) and codec.encode("ROMEO:").tolist() == sample_mod.run_codec(run_dir, cfg).encode(
-        "ROMEO:").tolist()
+    assert (
+        codec.describe == str(hf)
+        and codec.encode("ROMEO:").tolist() == sample_mod.run_codec(run_dir, cfg).encode("ROMEO:").tolist()
+    )
 
 
 def test_a_model_other_than_the_built_in_gpt_samples_without_the_cache():

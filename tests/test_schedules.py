@@ -14,12 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxloop.update.optimizer import make_optimizer
-from jaxloop.model.precision import get_policy
-from jaxloop.schedule import main
-from jaxloop.update.schedules import make_schedule, rates
 from jaxloop.core.config import Config, OptimConfig, validate
 from jaxloop.core.schedules_config import SCHEDULES
+from jaxloop.model.precision import get_policy
+from jaxloop.schedule import main
+from jaxloop.update.optimizer import make_optimizer
+from jaxloop.update.schedules import make_schedule, rates
 
 
 def _o(steps: int, **fields) -> OptimConfig:
@@ -37,8 +37,16 @@ def _rates(steps: int, **fields) -> list[float]:
 def test_warmup_is_composed_in_front_and_the_schedule_counts_from_its_end():
     # warmup 2 from 0.5 (torch: SequentialLR(LinearLR(0.5), StepLR(step_size 2, gamma 0.5), [2])):
     # 0.5, 0.75, then StepLR's own count 0, 1 -> 1, 2, 3 -> 0.5, 4 -> 0.25
-    assert _rates(7, schedule="step", step_size=2, gamma=0.5, warmup_steps=2, init_lr=0.5) == \
-        [0.5, 0.75, 1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
+    assert _rates(7, schedule="step", step_size=2, gamma=0.5, warmup_steps=2, init_lr=0.5) == [
+        0.5,
+        0.75,
+        1.0,
+        1.0,
+        0.5,
+        0.5,
+        0.25,
+        0.25,
+    ]
 
 
 def test_constant_linear_and_polynomial():
@@ -58,7 +66,9 @@ def test_cosine_restarts_restart_at_t0_then_cycles_t_mult_times_longer():
     # cycle 1: updates 0, 1 (T_i 2); cycle 2: 2..5 (T_i 4); cycle 3 from 6 (T_i 8)
     assert r[0] == r[2] == r[6] == 1.0
     assert r[1] == 0.75  # halfway down a cycle of 2: 0.5 + 0.5 * cos^2(pi/4)
-    assert r[4] == pytest.approx(0.75, abs=1e-16) and r[3] == pytest.approx(0.5 + 0.5 * math.cos(math.pi / 8) ** 2, rel=1e-15)
+    assert r[4] == pytest.approx(0.75, abs=1e-16) and r[3] == pytest.approx(
+        0.5 + 0.5 * math.cos(math.pi / 8) ** 2, rel=1e-15
+    )
 
 
 def test_one_cycle_phases_end_where_torch_puts_them():
@@ -95,10 +105,16 @@ def test_plateau_starts_at_peak_lr():
     assert _rates(3, schedule="plateau") == [1.0] * 4
 
 
-@pytest.mark.parametrize("schedule,fields", [
-    ("warmup_cosine", dict(warmup_steps=3, end_lr=0.01)), ("step", dict(step_size=2, gamma=0.5, warmup_steps=1)),
-    ("one_cycle", dict()), ("wsd", dict(decay_steps=3, warmup_steps=2)), ("cosine_restarts", dict(t_0=3)),
-])
+@pytest.mark.parametrize(
+    "schedule,fields",
+    [
+        ("warmup_cosine", dict(warmup_steps=3, end_lr=0.01)),
+        ("step", dict(step_size=2, gamma=0.5, warmup_steps=1)),
+        ("one_cycle", dict()),
+        ("wsd", dict(decay_steps=3, warmup_steps=2)),
+        ("cosine_restarts", dict(t_0=3)),
+    ],
+)
 def test_the_optimizer_applies_the_rate_of_each_update_once_per_k_micro_batches(schedule, fields):
     """SGD without momentum on a parameter whose gradient is 1: the emitted update is minus the rate. K = 3:
     nothing is applied mid-window, and update u applies rate(u)."""
@@ -112,8 +128,8 @@ def test_the_optimizer_applies_the_rate_of_each_update_once_per_k_micro_batches(
         applied.append(-float(updates["w"][0]))
     want = [float(np.float32(r)) for r in rates(o, steps)]
     want = want + [want[-1]]
-    assert applied[k - 1::k] == want, "update u applies the float32 rounding of rate(u); held past steps"
-    assert not any(np.delete(np.asarray(applied), np.s_[k - 1::k])), "nothing is applied mid-window"
+    assert applied[k - 1 :: k] == want, "update u applies the float32 rounding of rate(u); held past steps"
+    assert not any(np.delete(np.asarray(applied), np.s_[k - 1 :: k])), "nothing is applied mid-window"
 
 
 def test_float32_rates_are_the_float64_table_rounded_once():

@@ -18,8 +18,12 @@ from jaxloop.core.config import CheckpointConfig, Config, LogConfig, OptimConfig
 
 def _process_wide() -> dict:
     absl = logging.getLogger("absl")
-    return {"unraisablehook": sys.unraisablehook, "absl level": absl.level, "absl filters": list(absl.filters),
-            "jax_enable_x64": bool(jax.config.jax_enable_x64)}
+    return {
+        "unraisablehook": sys.unraisablehook,
+        "absl level": absl.level,
+        "absl filters": list(absl.filters),
+        "jax_enable_x64": bool(jax.config.jax_enable_x64),
+    }
 
 
 def test_a_checkpointer_quiets_orbax_while_open_and_puts_everything_back_when_closed(tmp_path):
@@ -42,6 +46,7 @@ def test_a_hook_installed_over_a_checkpointers_is_kept_and_passed_everything_aft
     previous = sys.unraisablehook
     ckpt = Checkpointer(Config().checkpoint, tmp_path)
     wrapped = sys.unraisablehook
+
     def theirs(unraisable):  # someone else's hook, installed over the Checkpointer's while it is open
         wrapped(unraisable)
 
@@ -74,9 +79,19 @@ def fp64_run(tmp_path_factory):
     x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
     records = [{"x": xi, "y": np.float32(xi.sum())} for xi in x]
     run_dir = tmp_path_factory.mktemp("fp64")
-    cfg = replace(Config(run_dir=str(run_dir), steps=3, batch_size=16, eval_every=3, log_every=3,
-                         optim=OptimConfig(peak_lr=1e-2, warmup_steps=1), checkpoint=CheckpointConfig(every=3),
-                         log=LogConfig(progress="off", report=False, tensorboard=False)), precision="fp64")
+    cfg = replace(
+        Config(
+            run_dir=str(run_dir),
+            steps=3,
+            batch_size=16,
+            eval_every=3,
+            log_every=3,
+            optim=OptimConfig(peak_lr=1e-2, warmup_steps=1),
+            checkpoint=CheckpointConfig(every=3),
+            log=LogConfig(progress="off", report=False, tensorboard=False),
+        ),
+        precision="fp64",
+    )
     cfg = replace(cfg, compile_cache=str(tmp_path_factory.mktemp("jax-cache")))
     before = _jax_settings()
     try:
@@ -89,8 +104,10 @@ def fp64_run(tmp_path_factory):
 
 
 def _jax_settings() -> dict:
-    return {k: getattr(jax.config, k) for k in ("jax_enable_x64", "jax_compilation_cache_dir",
-                                                 "jax_persistent_cache_min_compile_time_secs")}
+    return {
+        k: getattr(jax.config, k)
+        for k in ("jax_enable_x64", "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    }
 
 
 def test_a_run_puts_x64_and_the_compile_cache_back_as_they_were_when_it_ends(fp64_run):

@@ -37,8 +37,12 @@ CTX = 8
 
 def _cfg(path, **model) -> Config:
     base = preset("shakespeare")
-    return replace(base, batch_size=4, data=DataConfig(source="tokens", path=str(path), val_fraction=0.25),
-                   model=replace(base.model, context=CTX, **model))
+    return replace(
+        base,
+        batch_size=4,
+        data=DataConfig(source="tokens", path=str(path), val_fraction=0.25),
+        model=replace(base.model, context=CTX, **model),
+    )
 
 
 def _meta(directory: Path, vocab: int, **more) -> None:
@@ -85,8 +89,9 @@ def _corrupt(tmp_path: Path, kind: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("kind, says", [("version", "version 7"), ("count", "says 101 uint16 tokens"),
-                                        ("magic", "bad magic 20240521")])
+@pytest.mark.parametrize(
+    "kind, says", [("version", "version 7"), ("count", "says 101 uint16 tokens"), ("magic", "bad magic 20240521")]
+)
 def test_a_corrupt_header_is_refused_naming_the_file(tmp_path, kind, says):
     path = _corrupt(tmp_path, kind)
     with pytest.raises(ConfigError, match="data.path") as caught:
@@ -98,9 +103,27 @@ def test_a_corrupt_header_is_refused_naming_the_file(tmp_path, kind, says):
 def test_a_corrupt_header_on_the_command_line_is_one_line_and_exit_2_with_nothing_written(tmp_path):
     _corrupt(tmp_path, "count")
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "jaxloop.train", "--preset", "shakespeare", "--data.source", "tokens",
-                           "--data.path", str(tmp_path), "--model.vocab_size", "256", "--run_dir", str(run_dir)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxloop.train",
+            "--preset",
+            "shakespeare",
+            "--data.source",
+            "tokens",
+            "--data.path",
+            str(tmp_path),
+            "--model.vocab_size",
+            "256",
+            "--run_dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "fineweb_train_000001.bin" in lines[0] and "header says 101" in lines[0], lines
@@ -166,10 +189,16 @@ def _names(record: dict, split: str) -> list[str]:
     return [os.path.basename(f) for f in record["splits"][split]["files"]]
 
 
-@pytest.mark.parametrize("train, val", [("tiny_shakespeare_train.bin", "tiny_shakespeare_val.bin"),
-                                        ("fineweb_train_000001.bin", "fineweb_val_000000.bin"),
-                                        ("x_train_000000.bin", "x_validation_000000.bin"),
-                                        ("train.bin", "valid.bin"), ("TRAIN.bin", "eval.bin")])
+@pytest.mark.parametrize(
+    "train, val",
+    [
+        ("tiny_shakespeare_train.bin", "tiny_shakespeare_val.bin"),
+        ("fineweb_train_000001.bin", "fineweb_val_000000.bin"),
+        ("x_train_000000.bin", "x_validation_000000.bin"),
+        ("train.bin", "valid.bin"),
+        ("TRAIN.bin", "eval.bin"),
+    ],
+)
 def test_llmc_nanogpt_and_hugging_face_split_names_assign_the_files(tmp_path, train, val):
     """val, valid, validation and eval as a word of a file's name (any case) make it validation data: its windows
     validate whole, none is trained on (before, x_validation_000000.bin was split 90/10 like a nameless file)."""
@@ -220,26 +249,39 @@ def test_a_directory_where_no_file_names_a_split_splits_each_file_and_says_so(tm
 
     assert data_lines(splits.record) == [
         "data train (no file names a split): 2 files, 150 tokens: a.bin, b.bin",
-        "data val (the last 0.25 of each training file: data.val_fraction): 2 files, 50 tokens: a.bin, b.bin"]
+        "data val (the last 0.25 of each training file: data.val_fraction): 2 files, 50 tokens: a.bin, b.bin",
+    ]
 
 
 def test_data_train_and_data_val_name_the_splits_when_the_names_do_not(tmp_path):
     for name, first in (("part_0.bin", 0), ("part_1.bin", 200), ("holdout.bin", 500)):
         np.arange(first, first + 100, dtype=np.uint16).tofile(tmp_path / name)
     base = _cfg(tmp_path, vocab_size=1024)
-    cfg = replace(base, data=replace(base.data, path="", train=str(tmp_path / "part_*.bin"),
-                                     val=str(tmp_path / "holdout.bin")))
+    cfg = replace(
+        base, data=replace(base.data, path="", train=str(tmp_path / "part_*.bin"), val=str(tmp_path / "holdout.bin"))
+    )
     splits = load_splits(validate(cfg))
-    assert (_names(splits.record, "train"), _names(splits.record, "val")) == (["part_0.bin", "part_1.bin"],
-                                                                              ["holdout.bin"])
+    assert (_names(splits.record, "train"), _names(splits.record, "val")) == (
+        ["part_0.bin", "part_1.bin"],
+        ["holdout.bin"],
+    )
     assert splits.num_train == 2 * (100 - CTX) and int(splits.val.get([0])["x"][0, 0]) == 500
 
 
-@pytest.mark.parametrize("given, refused", [
-    (dict(val="v.bin"), "data.val='v.bin' is not allowed: empty unless data.train names the training shards too"),
-    (dict(path="d", train="t_*.bin"), "data.path='d' is not allowed: empty when data.train names the training shards"),
-    (dict(source="text", path="t.txt", train="t.bin"), "data.train='t.bin' is not allowed: empty unless data.source "
-                                                       "is tokens")])
+@pytest.mark.parametrize(
+    "given, refused",
+    [
+        (dict(val="v.bin"), "data.val='v.bin' is not allowed: empty unless data.train names the training shards too"),
+        (
+            dict(path="d", train="t_*.bin"),
+            "data.path='d' is not allowed: empty when data.train names the training shards",
+        ),
+        (
+            dict(source="text", path="t.txt", train="t.bin"),
+            "data.train='t.bin' is not allowed: empty unless data.source is tokens",
+        ),
+    ],
+)
 def test_data_train_and_data_val_are_refused_where_they_cannot_name_the_splits(given, refused):
     with pytest.raises(ConfigError) as caught:
         DataConfig(**{"source": "tokens", **given}).validate()
@@ -357,20 +399,29 @@ def _tiny_run(tmp_path: Path, run_dir: Path) -> Config:
     base = preset("shakespeare")
     # every update logged, one per call (the signal below stops the run where chosen); the runs share one
     # compile cache (the second and third load their compiled calls from it)
-    return replace(base, run_dir=str(run_dir), steps=12, batch_size=4, eval_every=6, eval_batches=2, log_every=1,
-                   updates_per_call=1, compile_cache=str(tmp_path / "cache"),
-                   optim=replace(base.optim, warmup_steps=2),
-                   model=ModelConfig(kind="gpt", context=16, d_model=32, n_layers=1, n_heads=2),
-                   data=DataConfig(source="tokens", path=str(shards), eval_batch_size=4),
-                   checkpoint=replace(base.checkpoint, every=6),
-                   log=replace(base.log, progress="off", report=False, tensorboard=False))
+    return replace(
+        base,
+        run_dir=str(run_dir),
+        steps=12,
+        batch_size=4,
+        eval_every=6,
+        eval_batches=2,
+        log_every=1,
+        updates_per_call=1,
+        compile_cache=str(tmp_path / "cache"),
+        optim=replace(base.optim, warmup_steps=2),
+        model=ModelConfig(kind="gpt", context=16, d_model=32, n_layers=1, n_heads=2),
+        data=DataConfig(source="tokens", path=str(shards), eval_batch_size=4),
+        checkpoint=replace(base.checkpoint, every=6),
+        log=replace(base.log, progress="off", report=False, tensorboard=False),
+    )
 
 
 def test_a_run_on_shards_interrupted_and_resumed_ends_bit_identical(tmp_path, monkeypatch):
-    from jaxloop.observe.logger import RunLogger
-    from jaxloop.loop.runner import run
     from jaxloop.core.cli import Interrupted
     from jaxloop.core.records import read_records
+    from jaxloop.loop.runner import run
+    from jaxloop.observe.logger import RunLogger
 
     reference = run(_tiny_run(tmp_path, tmp_path / "whole"))
     cfg = _tiny_run(tmp_path, tmp_path / "resumed")
@@ -389,7 +440,9 @@ def test_a_run_on_shards_interrupted_and_resumed_ends_bit_identical(tmp_path, mo
     resumed = run(cfg)
 
     def losses(d):
-        return [(r["step"], r.get("loss"), r.get("val_loss")) for r in read_records(d) if r["kind"] in ("train", "eval")]
+        return [
+            (r["step"], r.get("loss"), r.get("val_loss")) for r in read_records(d) if r["kind"] in ("train", "eval")
+        ]
 
     assert resumed["state_digest"] == reference["state_digest"]
     assert losses(tmp_path / "resumed")[-6:] == losses(tmp_path / "whole")[-6:]
@@ -427,15 +480,55 @@ def test_a_shard_truncated_during_a_run_is_one_line_and_exit_2_not_sigbus(tmp_pa
     write_shard(str(tmp_path / "shards" / "x_val_000000.bin"), tokens[20000:])
     _meta(tmp_path / "shards", 97)
     proc = subprocess.run(
-        [sys.executable, "-c", _TRUNCATE_AT_UPDATE_2, str(shard), "--preset", "shakespeare", "--data.source", "tokens",
-         "--data.path", str(tmp_path / "shards"), "--model.context", "16", "--model.d_model", "32",
-         "--model.n_layers", "1", "--model.n_heads", "2", "--batch_size", "4", "--steps", "50",
-         "--optim.warmup_steps", "2", "--log_every", "1", "--updates_per_call", "1", "--eval_every", "0",
-         "--data.prefetch", "0", "--log.progress", "off",
-         "--log.no-report", "--compile_cache", str(tmp_path / "cache"), "--run_dir", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=600, check=False)
+        [
+            sys.executable,
+            "-c",
+            _TRUNCATE_AT_UPDATE_2,
+            str(shard),
+            "--preset",
+            "shakespeare",
+            "--data.source",
+            "tokens",
+            "--data.path",
+            str(tmp_path / "shards"),
+            "--model.context",
+            "16",
+            "--model.d_model",
+            "32",
+            "--model.n_layers",
+            "1",
+            "--model.n_heads",
+            "2",
+            "--batch_size",
+            "4",
+            "--steps",
+            "50",
+            "--optim.warmup_steps",
+            "2",
+            "--log_every",
+            "1",
+            "--updates_per_call",
+            "1",
+            "--eval_every",
+            "0",
+            "--data.prefetch",
+            "0",
+            "--log.progress",
+            "off",
+            "--log.no-report",
+            "--compile_cache",
+            str(tmp_path / "cache"),
+            "--run_dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     lines = proc.stderr.strip().splitlines()  # the compile lines, then the error
     assert "Traceback" not in proc.stderr and [line for line in lines if "error" in line] == lines[-1:], lines
-    assert lines[-1].startswith(f"jaxloop.train: error: token shard {shard} shrank during the run: it holds 1024 bytes "
-                                "now"), lines[-1]
+    assert lines[-1].startswith(
+        f"jaxloop.train: error: token shard {shard} shrank during the run: it holds 1024 bytes now"
+    ), lines[-1]

@@ -12,13 +12,12 @@ import pytest
 from optax.tree_utils import tree_set
 
 from jaxloop.core.config import Config, DataConfig, ModelConfig, OptimConfig
-from jaxloop.model.builtin import make_model
-from jaxloop.update.schedules import make_schedule
-from parity_tests.oracle import lr_oracle as closed_form
 from jaxloop.loop.task import create_train_state
-
+from jaxloop.model.builtin import make_model
 from jaxloop.update.optimizer import LossScaleState, find_state, loss_scale, replace_state
+from jaxloop.update.schedules import make_schedule
 from jaxloop.update.step import cross_entropy_loss, make_train_step, train_step
+from parity_tests.oracle import lr_oracle as closed_form
 
 F32_EPS = 2.0**-23
 FEATURES, CLASSES = 16, 5
@@ -32,8 +31,10 @@ def _cfg(**optim) -> Config:
 
 def _batch(seed: int, n: int = 8) -> dict:
     rng = np.random.default_rng(seed)
-    return {"x": rng.normal(size=(n, FEATURES)).astype(np.float32),
-            "y": rng.integers(0, CLASSES, size=n).astype(np.int32)}
+    return {
+        "x": rng.normal(size=(n, FEATURES)).astype(np.float32),
+        "y": rng.integers(0, CLASSES, size=n).astype(np.int32),
+    }
 
 
 def _state(cfg: Config):
@@ -95,11 +96,13 @@ def test_k_micro_batches_equal_one_batch_of_k_times_b():
     for u in range(3):
         big = _batch(u, k * b)
         for i in range(k):
-            s_k, m_k = train_step(s_k, {key: v[i * b:(i + 1) * b] for key, v in big.items()})
+            s_k, m_k = train_step(s_k, {key: v[i * b : (i + 1) * b] for key, v in big.items()})
         s_1, m_1 = train_step(s_1, big)
         assert float(m_k["grad_norm"]) == pytest.approx(float(m_1["grad_norm"]), rel=1e-5)
-    diff = max(float(np.max(np.abs(a - c))) for a, c in zip(jax.tree.leaves(_host(s_k.params)),
-                                                              jax.tree.leaves(_host(s_1.params))))
+    diff = max(
+        float(np.max(np.abs(a - c)))
+        for a, c in zip(jax.tree.leaves(_host(s_k.params)), jax.tree.leaves(_host(s_1.params)))
+    )
     assert diff <= 1e-6, f"max |params_K - params_KB| = {diff:.3g}"
 
 
@@ -111,7 +114,8 @@ def test_clip_factor_is_max_norm_over_norm_when_norm_exceeds_it():
     state = _state(cfg)
     batch = _batch(0)
     loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(
-        state.model.module.apply({"params": p}, batch["x"]), batch["y"]).mean()
+        state.model.module.apply({"params": p}, batch["x"]), batch["y"]
+    ).mean()
     grads = _host(jax.grad(loss)(state.params))
     norm = math.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in jax.tree.leaves(grads)))
     assert norm > cfg.optim.clip_norm
@@ -129,7 +133,8 @@ def test_no_clipping_below_max_norm():
     state = _state(cfg)
     batch = _batch(0)
     loss = lambda p: optax.softmax_cross_entropy_with_integer_labels(
-        state.model.module.apply({"params": p}, batch["x"]), batch["y"]).mean()
+        state.model.module.apply({"params": p}, batch["x"]), batch["y"]
+    ).mean()
     grads = _host(jax.grad(loss)(state.params))
     state, _ = train_step(state, batch)
     for g, m1 in zip(jax.tree.leaves(grads), jax.tree.leaves(_host(_inner_adam(state.opt_state).mu))):
@@ -213,7 +218,10 @@ def test_fp16_loss_scale_halves_on_overflow_and_doubles_after_2000_good_updates(
     assert float(loss_scale(state.opt_state)) == 2.0**15 and int(m["skipped"]) == 1
     state = state.replace(opt_state=tree_set(state.opt_state, good_steps=jnp.asarray(1999, jnp.int32)))
     state, m = train_step(state, _batch(1))
-    assert float(loss_scale(state.opt_state)) == 2.0**16 and int(find_state(state.opt_state, LossScaleState).good_steps) == 0
+    assert (
+        float(loss_scale(state.opt_state)) == 2.0**16
+        and int(find_state(state.opt_state, LossScaleState).good_steps) == 0
+    )
 
 
 def test_fp16_overflow_from_a_huge_scale_is_skipped_not_applied():
@@ -265,9 +273,14 @@ def test_train_step_needs_no_host_transfer():
 def test_per_step_randomness_differs_between_micro_steps_and_updates():
     # Dropout masks come from fold_in(rng, micro_steps): two identical batches in the same window, or
     # in consecutive updates, see different masks, hence different losses.
-    cfg = Config(preset="shakespeare", steps=10, batch_size=4, optim=OptimConfig(accum_steps=2, warmup_steps=1),
-                 model=ModelConfig(kind="gpt", context=8, d_model=16, n_layers=1, n_heads=2, dropout=0.5),
-                 data=DataConfig(source="text", path="unused.txt"))
+    cfg = Config(
+        preset="shakespeare",
+        steps=10,
+        batch_size=4,
+        optim=OptimConfig(accum_steps=2, warmup_steps=1),
+        model=ModelConfig(kind="gpt", context=8, d_model=16, n_layers=1, n_heads=2, dropout=0.5),
+        data=DataConfig(source="text", path="unused.txt"),
+    )
     model = make_model(cfg.model, 11, cfg.precision)
     state = create_train_state(cfg, model, np.zeros((1, 8), np.int32))
     tokens = np.random.default_rng(0).integers(0, 11, size=(4, 9)).astype(np.int32)
@@ -298,8 +311,14 @@ def test_an_update_that_would_make_the_state_non_finite_is_skipped():
 def _gpt(**model) -> tuple:
     m = dict(kind="gpt", context=8, d_model=16, n_layers=2, n_heads=2)
     m.update(model)
-    cfg = Config(preset="shakespeare", steps=10, batch_size=4, optim=OptimConfig(warmup_steps=1),
-                 model=ModelConfig(**m), data=DataConfig(source="text", path="unused.txt"))
+    cfg = Config(
+        preset="shakespeare",
+        steps=10,
+        batch_size=4,
+        optim=OptimConfig(warmup_steps=1),
+        model=ModelConfig(**m),
+        data=DataConfig(source="text", path="unused.txt"),
+    )
     tokens = np.random.default_rng(0).integers(0, 11, size=(4, 9)).astype(np.int32)
     return cfg, {"x": tokens[:, :-1], "y": tokens[:, 1:]}
 

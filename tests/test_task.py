@@ -18,9 +18,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from docs_blocks import env, in_section
 
 import jaxloop
-from docs_blocks import env, in_section
 from jaxloop.core.config import CheckpointConfig, Config, LogConfig, OptimConfig
 from jaxloop.core.records import read_records
 
@@ -37,8 +37,9 @@ def run_snippet(kind: str, cwd: Path) -> subprocess.Popen:
     """The snippet as its own program, in the environment of the docs' blocks (tests/docs_blocks.py), as a
     process this test may kill."""
     (cwd / f"{kind}.py").write_text(snippet(kind))
-    return subprocess.Popen([sys.executable, f"{kind}.py"], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env())
+    return subprocess.Popen(
+        [sys.executable, f"{kind}.py"], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env()
+    )
 
 
 @pytest.fixture(scope="module", params=["linen", "nnx"])
@@ -102,9 +103,16 @@ def _records(n: int = 256, seed: int = 0) -> list[dict]:
 
 
 def _cfg(run_dir: Path, **fields) -> Config:
-    base = Config(run_dir=str(run_dir), steps=6, batch_size=16, eval_every=3, log_every=3,
-                  optim=OptimConfig(peak_lr=1e-2, warmup_steps=1), checkpoint=CheckpointConfig(every=3),
-                  log=LogConfig(progress="off", report=False, tensorboard=False))
+    base = Config(
+        run_dir=str(run_dir),
+        steps=6,
+        batch_size=16,
+        eval_every=3,
+        log_every=3,
+        optim=OptimConfig(peak_lr=1e-2, warmup_steps=1),
+        checkpoint=CheckpointConfig(every=3),
+        log=LogConfig(progress="off", report=False, tensorboard=False),
+    )
     return replace(base, **fields)
 
 
@@ -134,8 +142,10 @@ def test_a_users_task_fills_the_compile_cache_too(tmp_path):
     # --compile_cache is JAX's persistent cache, keyed by the traced code: a user's model and loss are cached
     # as the built-in ones are, so their next run loads its compiled calls.
     records = _records()
-    jaxloop.run(_cfg(tmp_path / "run", compile_cache=str(tmp_path / "cache")),
-                jaxloop.Task(NormNet(), _mse, train=records[:192], val=records[192:]))
+    jaxloop.run(
+        _cfg(tmp_path / "run", compile_cache=str(tmp_path / "cache")),
+        jaxloop.Task(NormNet(), _mse, train=records[:192], val=records[192:]),
+    )
     assert any(p.is_file() for p in (tmp_path / "cache").iterdir())
 
 
@@ -169,11 +179,14 @@ def test_a_best_metric_the_task_does_not_report_is_a_config_error(tmp_path):
         jaxloop.run(cfg, jaxloop.Task(Lin(), _mse, records[:192], records[192:]))
 
 
-@pytest.mark.parametrize("section, changes, named", [
-    ("model", dict(d_model=256), r"model.d_model=256 is not allowed: the digits preset's 128: only the built-in"),
-    ("model", dict(kind="gpt"), r"model.kind='gpt' is not allowed: the digits preset's 'mlp'"),
-    ("data", dict(val_fraction=0.3), r"data.val_fraction=0.3 is not allowed: the digits preset's 0.2"),
-])
+@pytest.mark.parametrize(
+    "section, changes, named",
+    [
+        ("model", dict(d_model=256), r"model.d_model=256 is not allowed: the digits preset's 128: only the built-in"),
+        ("model", dict(kind="gpt"), r"model.kind='gpt' is not allowed: the digits preset's 'mlp'"),
+        ("data", dict(val_fraction=0.3), r"data.val_fraction=0.3 is not allowed: the digits preset's 0.2"),
+    ],
+)
 def test_a_users_task_run_refuses_a_builtin_task_field_it_would_ignore(tmp_path, section, changes, named):
     """model.* and data.source/path/val_fraction are the built-in task's: the Task's model and records replace
     them, so a run of a Task of one's own refuses them set away from the preset's, naming the field, before

@@ -105,11 +105,28 @@ def test_ctrl_c_while_compiling_stops_at_once_in_one_line(tmp_path):
     # Mutant (SignalStop without the watcher thread): nothing is printed until the compile and the
     # first call end, and the run trains on to its first save: fails on the ACK_S bound.
     run_dir = tmp_path / "r"
-    flags = ("--preset", "shakespeare", "--data.path", str(TEXT), "--model.n_layers", "1", "--steps", "4",
-             "--optim.warmup_steps", "0", "--eval_every", "0", "--compile_cache", "")
+    flags = (
+        "--preset",
+        "shakespeare",
+        "--data.path",
+        str(TEXT),
+        "--model.n_layers",
+        "1",
+        "--steps",
+        "4",
+        "--optim.warmup_steps",
+        "0",
+        "--eval_every",
+        "0",
+        "--compile_cache",
+        "",
+    )
     term = _train(run_dir, *flags)
-    term.read_until(r"compiling the training call \(\d+ update\(s\) of batch 32 per device call\); compile_cache "
-                    r"is off: every run compiles it\.\.\.", 300)
+    term.read_until(
+        r"compiling the training call \(\d+ update\(s\) of batch 32 per device call\); compile_cache "
+        r"is off: every run compiles it\.\.\.",
+        300,
+    )
     sent = term.ctrl_c()
     term.read_until(r"SIGINT received while compiling \(nothing trained in this run yet\): stopped at once", ACK_S)
     assert time.monotonic() - sent < ACK_S
@@ -122,9 +139,23 @@ def test_ctrl_c_while_compiling_stops_at_once_in_one_line(tmp_path):
 def test_ctrl_c_while_training_is_acknowledged_saves_and_the_next_run_resumes(tmp_path):
     # Mutant (no acknowledgement from the watcher): the "stopping after" line is missing.
     run_dir = tmp_path / "r"
-    term = _train(run_dir, "--preset", "debug", "--steps", "100000", "--updates_per_call", "20",
-                  "--checkpoint.every", "0", "--eval_every", "0", "--log.no_tensorboard", "--log.report",
-                  "--compile_cache", str(tmp_path / "cache"))
+    term = _train(
+        run_dir,
+        "--preset",
+        "debug",
+        "--steps",
+        "100000",
+        "--updates_per_call",
+        "20",
+        "--checkpoint.every",
+        "0",
+        "--eval_every",
+        "0",
+        "--log.no_tensorboard",
+        "--log.report",
+        "--compile_cache",
+        str(tmp_path / "cache"),
+    )
     term.read_until(r"compiled in [\d.]+s", 300)
     # the bar's ETA, after two calls: not 00:00 with 99.9% of the run to go (the former ETA, taken
     # between the records of one call, read 0:00:00); mutant (eta_s from record to record): fails
@@ -136,8 +167,10 @@ def test_ctrl_c_while_training_is_acknowledged_saves_and_the_next_run_resumes(tm
     assert time.monotonic() - sent < ACK_S
     assert term.wait(120) == 130
     saved = int(ack.group(1))
-    assert _last_line(term) == (f"jaxloop.train: SIGINT received: saved and stopped at update {saved}; "
-                                f"resume with: python -m jaxloop.train --run_dir {run_dir}")
+    assert _last_line(term) == (
+        f"jaxloop.train: SIGINT received: saved and stopped at update {saved}; "
+        f"resume with: python -m jaxloop.train --run_dir {run_dir}"
+    )
     assert "Traceback" not in term.text()
     summary = json.loads((run_dir / "summary.json").read_text())  # a stopped run gets its summary and report
     assert summary["final_step"] == saved and summary["stop_reason"] == "signal SIGINT"

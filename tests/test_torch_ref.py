@@ -19,8 +19,19 @@ import pytest
 import torch
 
 from jaxloop.core.cli import NonFiniteError
-from jaxloop.core.config import (CheckpointConfig, Config, ConfigError, DataConfig, DistributedConfig, LogConfig, MemoryConfig,
-                                 ModelConfig, OptimConfig, preset, to_dict)
+from jaxloop.core.config import (
+    CheckpointConfig,
+    Config,
+    ConfigError,
+    DataConfig,
+    DistributedConfig,
+    LogConfig,
+    MemoryConfig,
+    ModelConfig,
+    OptimConfig,
+    preset,
+    to_dict,
+)
 from jaxloop.core.sources import ArrayRecords, Splits, load_splits, record_order
 from torch_ref.checkpoint import CheckpointManager, best_step, kept_steps
 from torch_ref.data import ReplayBatchSampler, make_train_loader, micro_batch
@@ -37,8 +48,18 @@ pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore:os.fork\\(\\
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = LogConfig(progress="off", report=False, tensorboard=False)
-DETERMINISTIC_KEYS = ("kind", "step", "lr", "loss", "grad_norm", "skipped", "updated", "loss_scale",
-                      "val_loss", "val_acc")
+DETERMINISTIC_KEYS = (
+    "kind",
+    "step",
+    "lr",
+    "loss",
+    "grad_norm",
+    "skipped",
+    "updated",
+    "loss_scale",
+    "val_loss",
+    "val_acc",
+)
 
 
 def _debug(run_dir, **changes) -> Config:
@@ -48,11 +69,19 @@ def _debug(run_dir, **changes) -> Config:
 def _text_cfg(run_dir, text_path, **changes) -> Config:
     """A tiny character GPT with dropout (so resume must restore torch's RNG) on a small text file."""
     return replace(
-        preset("shakespeare"), run_dir=str(run_dir), steps=12, batch_size=16, eval_every=4, log_every=1,
+        preset("shakespeare"),
+        run_dir=str(run_dir),
+        steps=12,
+        batch_size=16,
+        eval_every=4,
+        log_every=1,
         optim=replace(preset("shakespeare").optim, warmup_steps=3, accum_steps=3),
         model=ModelConfig(kind="gpt", context=16, d_model=16, n_layers=1, n_heads=2, dropout=0.1),
         data=DataConfig(source="text", path=str(text_path), val_fraction=0.2),
-        checkpoint=CheckpointConfig(every=5), log=QUIET, **changes)
+        checkpoint=CheckpointConfig(every=5),
+        log=QUIET,
+        **changes,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +123,7 @@ def test_lambda_lr_rate_of_every_update_equals_the_float64_closed_form(changes):
     rates = lr_table(cfg, cfg.steps + 20)
     expected = [_closed_form(cfg, u) for u in range(cfg.steps + 20)]
     assert rates == expected
-    assert rates[cfg.steps:] == [cfg.optim.end_lr] * 20
+    assert rates[cfg.steps :] == [cfg.optim.end_lr] * 20
     if cfg.optim.warmup_steps < cfg.steps:
         assert rates[cfg.optim.warmup_steps] == cfg.optim.peak_lr
 
@@ -106,8 +135,13 @@ def test_rotation_keeps_the_hand_computed_steps_for_a_known_metric_sequence(tmp_
     cfg = _debug(tmp_path, checkpoint=CheckpointConfig(every=1, keep_last=2, keep_best=1, keep_every=5))
     saved = list(range(1, 11))
     # Evaluations at even updates only; 4 and 8 tie for the best val_loss.
-    metrics = {2: {"val_loss": 0.5}, 4: {"val_loss": 0.3}, 6: {"val_loss": 0.4}, 8: {"val_loss": 0.3},
-               10: {"val_loss": 0.9}}
+    metrics = {
+        2: {"val_loss": 0.5},
+        4: {"val_loss": 0.3},
+        6: {"val_loss": 0.4},
+        8: {"val_loss": 0.3},
+        10: {"val_loss": 0.9},
+    }
     # By hand: newest two {9, 10}; best one {8} (a tie keeps the newer, as Orbax's stable sort does);
     # every 5th {5, 10}.
     assert kept_steps(saved, metrics, cfg) == [5, 8, 9, 10]
@@ -164,10 +198,14 @@ def test_sampler_replays_jaxloop_record_order_from_a_mid_epoch_position(workers)
 
 MODELS = {
     "mlp": lambda: preset("debug"),
-    "gpt-tied": lambda: replace(preset("shakespeare"), model=replace(
-        preset("shakespeare").model, context=8, d_model=16, n_layers=2, n_heads=2, tie_embeddings=True)),
-    "gpt-untied": lambda: replace(preset("shakespeare"), model=replace(
-        preset("shakespeare").model, context=8, d_model=16, n_layers=2, n_heads=2, tie_embeddings=False)),
+    "gpt-tied": lambda: replace(
+        preset("shakespeare"),
+        model=replace(preset("shakespeare").model, context=8, d_model=16, n_layers=2, n_heads=2, tie_embeddings=True),
+    ),
+    "gpt-untied": lambda: replace(
+        preset("shakespeare"),
+        model=replace(preset("shakespeare").model, context=8, d_model=16, n_layers=2, n_heads=2, tie_embeddings=False),
+    ),
 }
 
 
@@ -175,13 +213,15 @@ MODELS = {
 def test_weights_round_trip_jax_to_torch_to_jax_exactly(name):
     import jax
 
-    from jaxloop.model.builtin import init_params, make_model as make_flax_model
+    from jaxloop.model.builtin import init_params
+    from jaxloop.model.builtin import make_model as make_flax_model
 
     cfg = MODELS[name]()
     classes = 11
-    example = (np.zeros((1, 64), np.float32) if cfg.model.kind == "mlp"
-               else np.zeros((1, cfg.model.context), np.int32))
-    flax_params = jax.device_get(init_params(make_flax_model(cfg.model, classes, cfg.precision), jax.random.PRNGKey(3), example))
+    example = np.zeros((1, 64), np.float32) if cfg.model.kind == "mlp" else np.zeros((1, cfg.model.context), np.int32)
+    flax_params = jax.device_get(
+        init_params(make_flax_model(cfg.model, classes, cfg.precision), jax.random.PRNGKey(3), example)
+    )
     model = make_model(cfg, classes, example)
     load_jax_params(model, flax_params)
     back = export_jax_params(model)
@@ -200,8 +240,9 @@ def test_weights_round_trip_jax_to_torch_to_jax_exactly(name):
 def test_the_gpt_checkpoints_its_blocks_exactly_under_memory_remat_blocks():
     """torch_ref reads memory.remat (model.remat is gone): blocks recomputes each block in the backward pass,
     any other plan does not (torch_ref has no policy around the loss). Mutant (GPT built with remat=False): fails."""
-    cfg = replace(preset("shakespeare"), model=replace(preset("shakespeare").model, context=8, d_model=16, n_layers=2,
-                                                      n_heads=2))
+    cfg = replace(
+        preset("shakespeare"), model=replace(preset("shakespeare").model, context=8, d_model=16, n_layers=2, n_heads=2)
+    )
     example = np.zeros((1, 8), np.int32)
     for remat, expected in (("blocks", True), ("none", False), ("full", False)):
         assert make_model(replace(cfg, memory=MemoryConfig(remat=remat)), 11, example).remat is expected
@@ -282,8 +323,13 @@ def test_max_bad_steps_consecutive_skips_stop_the_run_naming_the_update(tmp_path
     good = load_splits(cfg)
     x = np.array(good.train.get(np.arange(good.num_train))["x"])
     x[:, 5] = np.nan  # every training record is poisoned
-    poisoned = Splits(source="digits", train=ArrayRecords(x, good.train.get(np.arange(good.num_train))["y"]),
-                      val=good.val, num_classes=good.num_classes, example_x=good.example_x)
+    poisoned = Splits(
+        source="digits",
+        train=ArrayRecords(x, good.train.get(np.arange(good.num_train))["y"]),
+        val=good.val,
+        num_classes=good.num_classes,
+        example_x=good.example_x,
+    )
     with pytest.raises(NonFiniteError, match=r"3 consecutive updates were skipped .*update 1 tried 3 times"):
         run(cfg, splits=poisoned)
     assert not list((tmp_path / "checkpoints").glob("step_*.pt")), "a non-finite run saves nothing"
@@ -307,14 +353,18 @@ def references(tmp_path_factory, text_file):
 def _resume_cfg(name: str, run_dir, text_file) -> Config:
     if name == "mlp":
         # digits: 44 micro-batches per epoch; 20 updates x 3 micro-batches cross into epoch 1 at update 15.
-        return _debug(run_dir, optim=replace(preset("debug").optim, accum_steps=3),
-                      checkpoint=CheckpointConfig(every=5))
+        return _debug(
+            run_dir, optim=replace(preset("debug").optim, accum_steps=3), checkpoint=CheckpointConfig(every=5)
+        )
     # tiny text: 29 micro-batches of 16 windows per epoch; 12 updates x 3 cross into epoch 1 at update 10.
     return _text_cfg(run_dir, text_file)
 
 
-@pytest.mark.parametrize("name,stop,save_on_stop", [("mlp", 13, True), ("mlp", 13, False), ("gpt", 7, True)],
-                         ids=["mlp-sigterm-at-13", "mlp-killed-at-13", "gpt-dropout-sigterm-at-7"])
+@pytest.mark.parametrize(
+    "name,stop,save_on_stop",
+    [("mlp", 13, True), ("mlp", 13, False), ("gpt", 7, True)],
+    ids=["mlp-sigterm-at-13", "mlp-killed-at-13", "gpt-dropout-sigterm-at-7"],
+)
 def test_resume_mid_epoch_is_bit_identical_to_the_uninterrupted_run(references, tmp_path, name, stop, save_on_stop):
     # Interrupted at an update that is not a multiple of checkpoint.every (5), mid-epoch (mlp: micro-batch
     # 39 of 44; gpt: 21 of 29). save_on_stop=True saves update `stop` as SIGTERM does; False stands for
@@ -339,8 +389,23 @@ def test_resume_mid_epoch_is_bit_identical_to_the_uninterrupted_run(references, 
 
 def test_cli_runs_the_debug_preset_end_to_end(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "torch_ref.train", "--preset", "debug", "--run_dir", str(run_dir),
-                           "--log.progress", "off"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch_ref.train",
+            "--preset",
+            "debug",
+            "--run_dir",
+            str(run_dir),
+            "--log.progress",
+            "off",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     cfg = replace(preset("debug"), run_dir=str(run_dir), log=replace(preset("debug").log, progress="off"))
     assert json.loads((run_dir / "config.json").read_text()) == to_dict(cfg)
@@ -380,8 +445,13 @@ def test_bad_flag_gives_one_line_and_exit_2_and_writes_nothing(argv, expected, t
 
 
 def test_bad_flag_in_a_real_process_exits_2_with_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "torch_ref.train", "--steps", "0", "--run_dir", str(tmp_path / "r")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch_ref.train", "--steps", "0", "--run_dir", str(tmp_path / "r")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "steps=0" in proc.stderr and proc.stdout == ""
 

@@ -50,11 +50,11 @@ def wandb_records(path: Path) -> list:
         if left < 7:  # a block's tail too short for a chunk header is padding
             pos += left
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if length == 0 and kind == 0:  # zero padding to the block's end
             pos += left
             continue
-        pending += data[pos + 7:pos + 7 + length]
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # FULL, or LAST of FIRST/MIDDLE/LAST
             record = pb.Record()
@@ -101,7 +101,9 @@ def test_a_resumed_run_continues_the_tracker_run_and_logs_no_update_twice(tmp_pa
         logger.train({"step": s, "loss": 10.0 + s})
     logger.close()
     assert json.loads((tracker_dir(tmp_path) / "state.json").read_text())[tracker] == {
-        "run_id": run_id, "logged_through": 8}, "the same run, continued"
+        "run_id": run_id,
+        "logged_through": 8,
+    }, "the same run, continued"
     assert history(tmp_path, "train/loss") == [(s, 10.0 + s) for s in range(1, 9)]
     assert history(tmp_path, "eval/val_loss") == [(6, 0.5)]
     assert [r["step"] for r in read_records(tmp_path)] == list(range(1, 9)), "metrics.jsonl as before"
@@ -137,8 +139,12 @@ def test_wandb_sessions_share_one_run_id(tmp_path):
     logger = RunLogger(tmp_path, _log(("wandb",)), start_step=1, total_steps=4, config={"steps": 4})
     logger.train({"step": 2, "loss": 1.0})
     logger.close()
-    ids = {r.run.run_id for f in wandb_run_files(tmp_path) for r in wandb_records(f)
-           if r.WhichOneof("record_type") == "run"}
+    ids = {
+        r.run.run_id
+        for f in wandb_run_files(tmp_path)
+        for r in wandb_records(f)
+        if r.WhichOneof("record_type") == "run"
+    }
     assert len(wandb_run_files(tmp_path)) == 2 and len(ids) == 1
 
 
@@ -149,9 +155,31 @@ def cli_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("trackers") / "debug"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "WANDB_BASE_URL": "http://127.0.0.1:9", "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(run_dir), "--steps", "6",
-         "--eval_every", "3", "--log.progress", "off", "--log.report", "--log.trackers", "mlflow", "wandb"],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "jaxloop.train",
+            "--preset",
+            "debug",
+            "--run_dir",
+            str(run_dir),
+            "--steps",
+            "6",
+            "--eval_every",
+            "3",
+            "--log.progress",
+            "off",
+            "--log.report",
+            "--log.trackers",
+            "mlflow",
+            "wandb",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=600,
+    )
     return run_dir, proc
 
 
@@ -168,11 +196,18 @@ def test_the_cli_run_exits_quietly_with_the_config_and_every_metric_in_both_trac
     assert mlflow_history(run_dir, "train/loss") == losses
     assert wandb_history(run_dir, "train/loss") == losses
     state = json.loads((tracker_dir(run_dir) / "state.json").read_text())
-    params = MlflowClient(f"sqlite:///{(tracker_dir(run_dir) / 'mlflow.db').resolve()}").get_run(
-        state["mlflow"]["run_id"]).data.params
+    params = (
+        MlflowClient(f"sqlite:///{(tracker_dir(run_dir) / 'mlflow.db').resolve()}")
+        .get_run(state["mlflow"]["run_id"])
+        .data.params
+    )
     assert params["optim.peak_lr"] == "0.01" and params["steps"] == "6"
-    updates = {u.key: json.loads(u.value_json) for r in wandb_records(wandb_run_files(run_dir)[0])
-               if r.WhichOneof("record_type") == "run" for u in r.run.config.update}
+    updates = {
+        u.key: json.loads(u.value_json)
+        for r in wandb_records(wandb_run_files(run_dir)[0])
+        if r.WhichOneof("record_type") == "run"
+        for u in r.run.config.update
+    }
     assert updates["optim"]["peak_lr"] == 0.01 and updates["steps"] == 6
 
 
@@ -185,8 +220,12 @@ def test_the_report_and_its_plots_are_artifacts_of_both_runs(cli_run):
     state = json.loads((tracker_dir(run_dir) / "state.json").read_text())
     client = MlflowClient(f"sqlite:///{(tracker_dir(run_dir) / 'mlflow.db').resolve()}")
     assert {f.path for f in client.list_artifacts(state["mlflow"]["run_id"])} == expected
-    artifacts = [r.artifact for f in wandb_run_files(run_dir) for r in wandb_records(f)
-                 if r.WhichOneof("record_type") == "artifact"]
+    artifacts = [
+        r.artifact
+        for f in wandb_run_files(run_dir)
+        for r in wandb_records(f)
+        if r.WhichOneof("record_type") == "artifact"
+    ]
     assert [a.type for a in artifacts] == ["report"]
     assert {c.path for c in artifacts[0].manifest.contents} == expected
     # W&B's own folders (its debug logs, the artifact's staged copies) stay inside the run directory
@@ -201,8 +240,10 @@ def test_a_missing_tracker_library_is_one_line_naming_the_extra(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ConfigError) as e:
         LogConfig(trackers=("wandb",)).validate()
-    assert str(e.value) == ("log.trackers='wandb' is not allowed: an installed tracker (wandb is not installed): "
-                            "pip install 'jaxloop[wandb]'")
+    assert str(e.value) == (
+        "log.trackers='wandb' is not allowed: an installed tracker (wandb is not installed): "
+        "pip install 'jaxloop[wandb]'"
+    )
     with pytest.raises(ConfigError, match="one of wandb, mlflow"):
         LogConfig(trackers=("neptune",)).validate()
 
@@ -220,10 +261,32 @@ def test_a_cli_resume_continues_both_tracker_runs_from_the_run_directory(cli_run
     before = json.loads((tracker_dir(resumed) / "state.json").read_text())
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "WANDB_BASE_URL": "http://127.0.0.1:9", "PYTHONPATH": str(REPO)}
     again = subprocess.run(
-        [sys.executable, "-m", "jaxloop.train", "--preset", "debug", "--run_dir", str(resumed), "--steps", "9",
-         "--allow_steps_change",
-         "--eval_every", "3", "--log.progress", "off", "--log.report", "--log.trackers", "mlflow", "wandb"],
-        capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "jaxloop.train",
+            "--preset",
+            "debug",
+            "--run_dir",
+            str(resumed),
+            "--steps",
+            "9",
+            "--allow_steps_change",
+            "--eval_every",
+            "3",
+            "--log.progress",
+            "off",
+            "--log.report",
+            "--log.trackers",
+            "mlflow",
+            "wandb",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=600,
+    )
     assert again.returncode == 0, again.stderr
     after = json.loads((tracker_dir(resumed) / "state.json").read_text())
     assert {k: v["run_id"] for k, v in after.items()} == {k: v["run_id"] for k, v in before.items()}

@@ -20,8 +20,13 @@ from parity_tests.oracle import lr_oracle as closed_form
 def _cli(run_dir: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     """The CLI as a user starts it; without the test process's XLA_FLAGS, which the determinism tests read."""
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    return subprocess.run([sys.executable, "-m", "jaxloop.train", "--run_dir", str(run_dir), "--log.progress", "off",
-                           *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", "--run_dir", str(run_dir), "--log.progress", "off", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +44,9 @@ def test_the_cli_asks_xla_for_deterministic_gpu_kernels_and_records_the_flags(de
 
 
 def test_no_deterministic_leaves_xla_flags_alone(tmp_path):
-    out = _cli(tmp_path, "--preset", "debug", "--steps", "4", "--eval_every", "4", "--no_deterministic",
-               "--compile_cache", "")
+    out = _cli(
+        tmp_path, "--preset", "debug", "--steps", "4", "--eval_every", "4", "--no_deterministic", "--compile_cache", ""
+    )
     assert out.returncode == 0, out.stderr
     assert "xla_gpu_deterministic_ops" not in json.loads((tmp_path / "metadata.json").read_text())["xla_flags"]
 
@@ -76,8 +82,9 @@ def test_the_same_command_twice_gives_bit_identical_runs(debug_run, tmp_path):
     assert out.returncode == 0, out.stderr
     a, b = (json.loads((d / "summary.json").read_text()) for d in (debug_run, tmp_path))
     assert a["state_digest"] == b["state_digest"]
-    assert [r["loss"] for r in read_records(debug_run) if r["kind"] == "train"] == \
-           [r["loss"] for r in read_records(tmp_path) if r["kind"] == "train"]
+    assert [r["loss"] for r in read_records(debug_run) if r["kind"] == "train"] == [
+        r["loss"] for r in read_records(tmp_path) if r["kind"] == "train"
+    ]
 
 
 def test_a_second_run_loads_its_compiled_calls_and_gives_the_same_bits(debug_run, tmp_path):
@@ -94,8 +101,10 @@ def test_a_second_run_loads_its_compiled_calls_and_gives_the_same_bits(debug_run
     assert second.returncode == 0, second.stderr
     assert sorted(str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_file()) == entries
     assert "loaded the compiled training call from the cache in " in second.stderr
-    digests = [json.loads((d / "summary.json").read_text())["state_digest"] for d in (debug_run, tmp_path / "a",
-                                                                                        tmp_path / "b")]
+    digests = [
+        json.loads((d / "summary.json").read_text())["state_digest"]
+        for d in (debug_run, tmp_path / "a", tmp_path / "b")
+    ]
     assert digests[0] == digests[1] == digests[2]
 
 
@@ -104,8 +113,19 @@ def test_non_finite_data_stops_the_run_after_max_bad_steps(tmp_path):
     # Finite inputs at float32's edge (the loader refuses NaN): every forward pass overflows to inf/NaN.
     x = np.full((200, 8), 3e38, np.float32)
     np.savez(tmp_path / "nan.npz", x=x, y=rng.integers(0, 3, 200))
-    out = _cli(tmp_path / "run", "--data.source", "npz", "--data.path", str(tmp_path / "nan.npz"),
-               "--batch_size", "16", "--max_bad_steps", "5", "--log_every", "50")
+    out = _cli(
+        tmp_path / "run",
+        "--data.source",
+        "npz",
+        "--data.path",
+        str(tmp_path / "nan.npz"),
+        "--batch_size",
+        "16",
+        "--max_bad_steps",
+        "5",
+        "--log_every",
+        "50",
+    )
     assert out.returncode == 1, out.stderr
     last = out.stderr.strip().splitlines()[-1]
     assert "5 consecutive updates were skipped" in last and "update 1" in last, last
@@ -115,8 +135,13 @@ def test_non_finite_data_stops_the_run_after_max_bad_steps(tmp_path):
 @pytest.mark.slow
 def test_default_run_reaches_95_percent_validation_accuracy(tmp_path):
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "jaxloop.train", "--log.progress", "off"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", "--log.progress", "off"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     wall = time.perf_counter() - t0
     assert out.returncode == 0, out.stderr
     summary = json.loads((tmp_path / "runs" / "digits" / "summary.json").read_text())

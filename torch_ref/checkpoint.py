@@ -39,6 +39,7 @@ import torch
 from jaxloop.core.atomic import fsync_dir
 from jaxloop.core.config import Config
 from jaxloop.core.layout import CHECKPOINT_DIR, DAMAGED_DIR, TORCH_CHECKPOINT
+
 FORMAT = "torch_ref-checkpoint-1"
 _NAME = TORCH_CHECKPOINT
 
@@ -82,7 +83,7 @@ def preserved(checkpoints: Sequence[tuple[int, Metrics]], cfg: Config) -> list[b
             # Ascending for max, descending for min: the best are at the end; ties keep file order,
             # so the newer of two equal checkpoints is the better one.
             ranked = sorted(scored, key=lambda iv: iv[1], reverse=c.best_mode == "min")
-            for i, _ in ranked[-c.keep_best:]:
+            for i, _ in ranked[-c.keep_best :]:
                 keep[i] = True
     if c.keep_every:
         for i, (step, _) in enumerate(checkpoints):
@@ -133,7 +134,7 @@ def _read_header(path: Path) -> tuple[dict[str, Any], bytes]:
         raise DamagedCheckpoint(f"header is not JSON ({e})") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise DamagedCheckpoint(f"not a {FORMAT} file")
-    return header, data[end + 1:]
+    return header, data[end + 1 :]
 
 
 def _finite(obj: Any) -> bool:
@@ -186,8 +187,13 @@ class CheckpointManager:
         torch.save(payload, buffer)
         body = buffer.getvalue()
         clean = None if metrics is None else {k: float(v) for k, v in metrics.items()}
-        header = {"format": FORMAT, "step": int(step), "metrics": clean,
-                  "sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
+        header = {
+            "format": FORMAT,
+            "step": int(step),
+            "metrics": clean,
+            "sha256": hashlib.sha256(body).hexdigest(),
+            "size": len(body),
+        }
         path = _path(self.directory, step)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as f:
@@ -227,8 +233,11 @@ class CheckpointManager:
                 return step, self.load(step)
             except DamagedCheckpoint as e:
                 cause = str(e).splitlines()[0][:300] if str(e) else "damaged"
-                warnings.warn(f"checkpoint at update {step} is damaged ({cause}); moving it to "
-                              f"{DAMAGED_DIR}/ and trying the previous one", stacklevel=2)
+                warnings.warn(
+                    f"checkpoint at update {step} is damaged ({cause}); moving it to "
+                    f"{DAMAGED_DIR}/ and trying the previous one",
+                    stacklevel=2,
+                )
                 self._quarantine(step)
         return None
 
@@ -239,4 +248,3 @@ class CheckpointManager:
         if src.exists():
             shutil.move(str(src), str(damaged / f"{src.name}-{int(time.time())}"))
         self._metrics.pop(step, None)
-

@@ -37,7 +37,7 @@ def epoch_batches(seed: int, epoch: int, num_train: int, batch_size: int) -> np.
         raise ValueError(f"batch_size {batch_size} must be in [1, {num_train}]")
     perm = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch]))).permutation(num_train)
     per_epoch = num_train // batch_size
-    return perm[:per_epoch * batch_size].reshape(per_epoch, batch_size).astype(np.int64)
+    return perm[: per_epoch * batch_size].reshape(per_epoch, batch_size).astype(np.int64)
 
 
 def feistel_shuffle(key: list[int], n: int, positions: np.ndarray) -> np.ndarray:
@@ -45,8 +45,12 @@ def feistel_shuffle(key: list[int], n: int, positions: np.ndarray) -> np.ndarray
     halves of h bits, splitmix64's finalizer as round function, cycle-walked back into range(n)."""
     h = max(1, (int(n - 1).bit_length() + 1) // 2)
     low = (1 << h) - 1
-    keys = [int(k) for k in np.random.Generator(np.random.PCG64(np.random.SeedSequence(key))).integers(
-        0, 2**32, size=4, dtype=np.uint64)]
+    keys = [
+        int(k)
+        for k in np.random.Generator(np.random.PCG64(np.random.SeedSequence(key))).integers(
+            0, 2**32, size=4, dtype=np.uint64
+        )
+    ]
 
     def mix(z: int) -> int:
         z ^= z >> 30
@@ -75,8 +79,9 @@ def shuffled_batch(seed: int, epoch: int, k: int, num_train: int, batch_size: in
     return feistel_shuffle([seed, epoch], num_train, np.arange(k * batch_size, (k + 1) * batch_size))
 
 
-def replay_order(cfg: Config, num_train: int, start: int, stop: int | None = None,
-                 order: str = "permutation") -> Iterator[np.ndarray]:
+def replay_order(
+    cfg: Config, num_train: int, start: int, stop: int | None = None, order: str = "permutation"
+) -> Iterator[np.ndarray]:
     """Micro-batches start, start + 1, ... (up to stop, or endless): epoch by epoch, batch by batch;
     global micro-batch b is batch b mod batches-per-epoch of epoch b div batches-per-epoch. `order`
     "index_shuffle" (token windows): each batch from the index shuffle, never a whole permutation."""
@@ -117,8 +122,9 @@ class ReplayBatchSampler(Sampler[list[int]]):
     drawn from (cfg.seed, e), cut into num_train // batch_size batches, remainder dropped.
     """
 
-    def __init__(self, cfg: Config, num_train: int, start: int = 0, stop: int | None = None,
-                 order: str = "permutation"):
+    def __init__(
+        self, cfg: Config, num_train: int, start: int = 0, stop: int | None = None, order: str = "permutation"
+    ):
         if start < 0 or (stop is not None and stop < start):
             raise ValueError(f"need 0 <= start <= stop, got start={start}, stop={stop}")
         self.cfg, self.num_train, self.start, self.stop, self.order = cfg, num_train, start, stop, order
@@ -148,11 +154,13 @@ def _loader_kwargs(cfg: Config, device: torch.device) -> dict:
     return kwargs
 
 
-def make_train_loader(cfg: Config, splits: Splits, position: int = 0,
-                      device: torch.device | str = "cpu", stop: int | None = None) -> DataLoader:
+def make_train_loader(
+    cfg: Config, splits: Splits, position: int = 0, device: torch.device | str = "cpu", stop: int | None = None
+) -> DataLoader:
     """Endless (or up to micro-batch `stop`) loader of training micro-batches from `position` on."""
-    sampler = ReplayBatchSampler(cfg, splits.num_train, start=position, stop=stop,
-                                 order=getattr(splits.train, "order", "permutation"))
+    sampler = ReplayBatchSampler(
+        cfg, splits.num_train, start=position, stop=stop, order=getattr(splits.train, "order", "permutation")
+    )
     return DataLoader(SplitDataset(splits.train), batch_sampler=sampler, **_loader_kwargs(cfg, torch.device(device)))
 
 
@@ -177,12 +185,14 @@ def make_val_loader(cfg: Config, splits: Splits, device: torch.device | str = "c
     subset = eval_subset(cfg, len(splits.val))
     if subset is not None:
         dataset = Subset(dataset, subset)
-    return DataLoader(dataset, batch_size=size, shuffle=False, drop_last=False,
-                      **_loader_kwargs(cfg, torch.device(device)))
+    return DataLoader(
+        dataset, batch_size=size, shuffle=False, drop_last=False, **_loader_kwargs(cfg, torch.device(device))
+    )
 
 
 def micro_batch(cfg: Config, splits: Splits, b: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Micro-batch b as one (x, y) pair without a DataLoader (for tests and single-update helpers)."""
-    record = splits.train.get(next(replay_order(cfg, splits.num_train, b, b + 1,
-                                                getattr(splits.train, "order", "permutation"))))
+    record = splits.train.get(
+        next(replay_order(cfg, splits.num_train, b, b + 1, getattr(splits.train, "order", "permutation")))
+    )
     return torch.from_numpy(np.array(record["x"])), torch.from_numpy(np.array(record["y"]))

@@ -17,8 +17,13 @@ import torch
 class Lion(torch.optim.Optimizer):
     """Lion with torch.optim's interface: lr, betas=(b1, b2), weight_decay per param group; state exp_avg (m)."""
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
-                 weight_decay: float = 0.0):
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+    ):
         if lr < 0 or not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0 or weight_decay < 0:
             raise ValueError(f"invalid Lion hyperparameters: lr={lr}, betas={betas}, weight_decay={weight_decay}")
         super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})

@@ -73,8 +73,9 @@ class CausalSelfAttention(nn.Module):
         if torch.is_autocast_enabled(x.device.type):
             y = self._autocast_attention(q, k, v)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                               dropout_p=self.attn_drop.p if self.training else 0.0)
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=self.attn_drop.p if self.training else 0.0
+            )
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
     def _autocast_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -108,8 +109,18 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """Token + position embeddings, pre-LN blocks, final LayerNorm, tied or untied head; returns logits."""
 
-    def __init__(self, vocab_size: int, context: int, d_model: int, n_layers: int, n_heads: int,
-                 mlp_ratio: int = 4, dropout: float = 0.0, tie_embeddings: bool = True, remat: bool = False):
+    def __init__(
+        self,
+        vocab_size: int,
+        context: int,
+        d_model: int,
+        n_layers: int,
+        n_heads: int,
+        mlp_ratio: int = 4,
+        dropout: float = 0.0,
+        tie_embeddings: bool = True,
+        remat: bool = False,
+    ):
         super().__init__()
         self.tie_embeddings, self.remat = tie_embeddings, remat
         self.tok_embed = nn.Embedding(vocab_size, d_model)
@@ -146,8 +157,17 @@ def make_model(cfg: Config, num_classes: int, example_x: Any) -> nn.Module:
         in_features = int(np.prod(np.shape(example_x)[1:]))
         model = MLP(in_features, tuple(m.hidden), m.vocab_size or num_classes, m.activation)
     else:
-        model = GPT(padded_vocab(m, num_classes), m.context, m.d_model, m.n_layers, m.n_heads, m.mlp_ratio,
-                    m.dropout, m.tie_embeddings, cfg.memory.remat == "blocks")
+        model = GPT(
+            padded_vocab(m, num_classes),
+            m.context,
+            m.d_model,
+            m.n_layers,
+            m.n_heads,
+            m.mlp_ratio,
+            m.dropout,
+            m.tie_embeddings,
+            cfg.memory.remat == "blocks",
+        )
     init_like_flax(model, m.init)
     return model
 
@@ -256,8 +276,10 @@ def load_jax_params(model: nn.Module, params: Mapping[str, Any]) -> nn.Module:
         value = flat[path].T if transpose else flat[path]
         param = named[name]
         if tuple(value.shape) != tuple(param.shape):
-            raise ValueError(f"{'/'.join(path)}: flax shape {flat[path].shape} does not fit torch {name} "
-                             f"{tuple(param.shape)}{' (transposed)' if transpose else ''}")
+            raise ValueError(
+                f"{'/'.join(path)}: flax shape {flat[path].shape} does not fit torch {name} "
+                f"{tuple(param.shape)}{' (transposed)' if transpose else ''}"
+            )
         param.copy_(torch.from_numpy(np.array(value, copy=True)).to(param.dtype))
     extra = sorted("/".join(p) for p in set(flat) - expected)
     if extra:

@@ -65,19 +65,27 @@ def make_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer
 
 
 TORCH_OPTIMIZERS: dict[type, Callable[[Any, list[dict], float], torch.optim.Optimizer]] = {
-    AdamWConfig: lambda o, groups, lr: torch.optim.AdamW(groups, lr=lr, betas=(o.b1, o.b2), eps=o.eps,
-                                                         weight_decay=o.weight_decay, amsgrad=False),
+    AdamWConfig: lambda o, groups, lr: torch.optim.AdamW(
+        groups, lr=lr, betas=(o.b1, o.b2), eps=o.eps, weight_decay=o.weight_decay, amsgrad=False
+    ),
     # weight_decay: L2 added to the gradient (decoupled_weight_decay=False)
-    AdamConfig: lambda o, groups, lr: torch.optim.Adam(groups, lr=lr, betas=(o.b1, o.b2), eps=o.eps,
-                                                       weight_decay=o.weight_decay, amsgrad=False),
-    SGDConfig: lambda o, groups, lr: torch.optim.SGD(groups, lr=lr, momentum=o.momentum, dampening=o.dampening,
-                                                     weight_decay=o.weight_decay, nesterov=o.nesterov),
-    RMSpropConfig: lambda o, groups, lr: torch.optim.RMSprop(groups, lr=lr, alpha=o.alpha, eps=o.eps,
-                                                             weight_decay=o.weight_decay, momentum=o.momentum,
-                                                             centered=o.centered),
-    AdagradConfig: lambda o, groups, lr: torch.optim.Adagrad(groups, lr=lr, lr_decay=o.lr_decay,
-                                                             weight_decay=o.weight_decay, eps=o.eps,
-                                                             initial_accumulator_value=o.initial_accumulator_value),
+    AdamConfig: lambda o, groups, lr: torch.optim.Adam(
+        groups, lr=lr, betas=(o.b1, o.b2), eps=o.eps, weight_decay=o.weight_decay, amsgrad=False
+    ),
+    SGDConfig: lambda o, groups, lr: torch.optim.SGD(
+        groups, lr=lr, momentum=o.momentum, dampening=o.dampening, weight_decay=o.weight_decay, nesterov=o.nesterov
+    ),
+    RMSpropConfig: lambda o, groups, lr: torch.optim.RMSprop(
+        groups, lr=lr, alpha=o.alpha, eps=o.eps, weight_decay=o.weight_decay, momentum=o.momentum, centered=o.centered
+    ),
+    AdagradConfig: lambda o, groups, lr: torch.optim.Adagrad(
+        groups,
+        lr=lr,
+        lr_decay=o.lr_decay,
+        weight_decay=o.weight_decay,
+        eps=o.eps,
+        initial_accumulator_value=o.initial_accumulator_value,
+    ),
     LionConfig: lambda o, groups, lr: Lion(groups, lr=lr, betas=(o.b1, o.b2), weight_decay=o.weight_decay),
 }
 """Each optimizer config class (jaxloop.core.optimizers_config) -> torch's optimizer built from its fields."""

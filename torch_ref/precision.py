@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import ContextManager
 
 import torch
 
@@ -52,7 +51,7 @@ class Policy:
     def uses_autocast(self) -> bool:
         return self.compute_dtype != self.param_dtype
 
-    def autocast(self, device_type: str) -> ContextManager:
+    def autocast(self, device_type: str) -> contextlib.AbstractContextManager:
         """The context the forward pass runs in (a no-op for fp32 and fp64)."""
         if not self.uses_autocast:
             return contextlib.nullcontext()
@@ -73,8 +72,12 @@ class Policy:
     def make_scaler(self, device_type: str) -> torch.amp.GradScaler:
         """GradScaler with jaxloop's constants; disabled (a pass-through with scale 1) unless fp16."""
         return torch.amp.GradScaler(
-            device_type, init_scale=INIT_SCALE, growth_factor=GROWTH_FACTOR, backoff_factor=BACKOFF_FACTOR,
-            growth_interval=GROWTH_INTERVAL, enabled=self.loss_scaling,
+            device_type,
+            init_scale=INIT_SCALE,
+            growth_factor=GROWTH_FACTOR,
+            backoff_factor=BACKOFF_FACTOR,
+            growth_interval=GROWTH_INTERVAL,
+            enabled=self.loss_scaling,
         )
 
 
@@ -92,6 +95,10 @@ def get_policy(name: str) -> Policy:
     if name == "fp64":
         return Policy("fp64", f64, f64, f64)
     if name == "bf16_full":
-        raise ConfigError("precision", name, "fp32, bf16, fp16 or fp64 in torch_ref (its bf16 is torch.autocast; "
-                                              "bf16_full, the whole model in bf16, is jaxloop's only)")
+        raise ConfigError(
+            "precision",
+            name,
+            "fp32, bf16, fp16 or fp64 in torch_ref (its bf16 is torch.autocast; "
+            "bf16_full, the whole model in bf16, is jaxloop's only)",
+        )
     raise ValueError(f"precision={name!r} is not allowed: one of fp32, bf16, fp16, fp64")

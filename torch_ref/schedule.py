@@ -50,8 +50,17 @@ import torch
 from torch.optim import lr_scheduler as sched
 
 from jaxloop.core.config import Config
-from jaxloop.core.schedules_config import (ConstantConfig, CosineRestartsConfig, ExponentialConfig, InverseSqrtConfig,
-                                           LinearConfig, MultiStepConfig, PolynomialConfig, StepConfig, WSDConfig)
+from jaxloop.core.schedules_config import (
+    ConstantConfig,
+    CosineRestartsConfig,
+    ExponentialConfig,
+    InverseSqrtConfig,
+    LinearConfig,
+    MultiStepConfig,
+    PolynomialConfig,
+    StepConfig,
+    WSDConfig,
+)
 
 BASE_LR = 1.0
 """warmup_cosine's base learning rate: LambdaLR multiplies it by lr(u), exactly."""
@@ -117,19 +126,29 @@ def _main(cfg: Config, optimizer: torch.optim.Optimizer) -> sched.LRScheduler:
 
 TORCH_AFTER_WARMUP: dict[type, Callable[[Any, torch.optim.Optimizer, float, int], sched.LRScheduler]] = {
     ConstantConfig: lambda s, opt, peak, span: sched.ConstantLR(opt, factor=1.0, total_iters=0),
-    LinearConfig: lambda s, opt, peak, span: sched.LinearLR(opt, start_factor=1.0, end_factor=s.end_lr / peak,
-                                                            total_iters=span),
+    LinearConfig: lambda s, opt, peak, span: sched.LinearLR(
+        opt, start_factor=1.0, end_factor=s.end_lr / peak, total_iters=span
+    ),
     PolynomialConfig: lambda s, opt, peak, span: sched.PolynomialLR(opt, total_iters=span, power=s.power),
     StepConfig: lambda s, opt, peak, span: sched.StepLR(opt, step_size=s.step_size, gamma=s.gamma),
     MultiStepConfig: lambda s, opt, peak, span: sched.MultiStepLR(opt, milestones=list(s.milestones), gamma=s.gamma),
     ExponentialConfig: lambda s, opt, peak, span: sched.ExponentialLR(opt, gamma=s.gamma),
-    CosineRestartsConfig: lambda s, opt, peak, span: sched.CosineAnnealingWarmRestarts(opt, T_0=s.t_0, T_mult=s.t_mult,
-                                                                                      eta_min=s.end_lr),
-    WSDConfig: lambda s, opt, peak, span: sched.LambdaLR(opt, partial(
-        wsd_lambda, stable=span - s.decay_steps, decay=s.decay_steps, decay_type=s.decay_type,
-        min_lr_ratio=s.end_lr / peak)),
-    InverseSqrtConfig: lambda s, opt, peak, span: sched.LambdaLR(opt, partial(
-        inverse_sqrt_lambda, timescale=s.effective_timescale())),  # Hugging Face's default when 0
+    CosineRestartsConfig: lambda s, opt, peak, span: sched.CosineAnnealingWarmRestarts(
+        opt, T_0=s.t_0, T_mult=s.t_mult, eta_min=s.end_lr
+    ),
+    WSDConfig: lambda s, opt, peak, span: sched.LambdaLR(
+        opt,
+        partial(
+            wsd_lambda,
+            stable=span - s.decay_steps,
+            decay=s.decay_steps,
+            decay_type=s.decay_type,
+            min_lr_ratio=s.end_lr / peak,
+        ),
+    ),
+    InverseSqrtConfig: lambda s, opt, peak, span: sched.LambdaLR(
+        opt, partial(inverse_sqrt_lambda, timescale=s.effective_timescale())
+    ),  # Hugging Face's default when 0
 }
 """Each schedule config class with a warmup in front (all but warmup_cosine, one_cycle, plateau: their own in
 make_scheduler) -> torch's scheduler of the updates after it: (config, optimizer, peak_lr, steps - warmup)."""
@@ -158,14 +177,30 @@ def make_scheduler(cfg: Config, optimizer: torch.optim.Optimizer) -> Any:
     if o.schedule == "warmup_cosine":
         return _warmup_cosine(cfg, optimizer)
     if o.schedule == "one_cycle":
-        return sched.OneCycleLR(optimizer, max_lr=o.peak_lr, total_steps=cfg.steps, pct_start=float(o.pct_start),
-                                anneal_strategy=o.anneal_strategy, cycle_momentum=False, div_factor=o.div_factor,
-                                final_div_factor=o.final_div_factor, three_phase=o.three_phase)
+        return sched.OneCycleLR(
+            optimizer,
+            max_lr=o.peak_lr,
+            total_steps=cfg.steps,
+            pct_start=float(o.pct_start),
+            anneal_strategy=o.anneal_strategy,
+            cycle_momentum=False,
+            div_factor=o.div_factor,
+            final_div_factor=o.final_div_factor,
+            three_phase=o.three_phase,
+        )
     if o.schedule == "plateau":
         p = o.plateau
-        return sched.ReduceLROnPlateau(optimizer, mode=cfg.checkpoint.best_mode, factor=p.factor, patience=p.patience,
-                                       threshold=p.threshold, threshold_mode=p.threshold_mode, cooldown=p.cooldown,
-                                       min_lr=p.min_lr, eps=p.eps)
+        return sched.ReduceLROnPlateau(
+            optimizer,
+            mode=cfg.checkpoint.best_mode,
+            factor=p.factor,
+            patience=p.patience,
+            threshold=p.threshold,
+            threshold_mode=p.threshold_mode,
+            cooldown=p.cooldown,
+            min_lr=p.min_lr,
+            eps=p.eps,
+        )
     return _with_warmup(cfg, optimizer, _main)
 
 
@@ -174,7 +209,9 @@ def warmup_cosine_classes(cfg: Config, optimizer: torch.optim.Optimizer) -> sche
     eta_min=end_lr)) over an optimizer with base lr peak_lr (a measurement of the chained form: the runs use
     make_scheduler's exact LambdaLR)."""
     decay_span = cfg.steps - cfg.optim.warmup_steps
-    return _with_warmup(cfg, optimizer, lambda c, opt: sched.CosineAnnealingLR(opt, T_max=decay_span, eta_min=c.optim.end_lr))
+    return _with_warmup(
+        cfg, optimizer, lambda c, opt: sched.CosineAnnealingLR(opt, T_max=decay_span, eta_min=c.optim.end_lr)
+    )
 
 
 def step_per_update(scheduler: Any) -> None:

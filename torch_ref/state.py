@@ -63,9 +63,13 @@ class TrainState:
             "rng": {
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-                "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-                          "pos": int(np_state[2]), "has_gauss": int(np_state[3]),
-                          "cached_gaussian": float(np_state[4])},
+                "numpy": {
+                    "name": np_state[0],
+                    "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                    "pos": int(np_state[2]),
+                    "has_gauss": int(np_state[3]),
+                    "cached_gaussian": float(np_state[4]),
+                },
                 "python": random.getstate(),
             },
             "extra": dict(self.extra),
@@ -88,8 +92,9 @@ class TrainState:
         if rng["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
         n = rng["numpy"]
-        np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                             n["cached_gaussian"]))
+        np.random.set_state(
+            (n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+        )
         random.setstate(_as_tuples(rng["python"]))
         self.extra = dict(saved.get("extra", {}))
 
@@ -112,8 +117,9 @@ def seed_everything(seed: int, device_type: str = "cpu") -> None:
     torch.use_deterministic_algorithms(True, warn_only=device_type != "cpu")
 
 
-def create_train_state(cfg: Config, splits: Splits, init_params: Any = None,
-                       device: torch.device | str = "cpu") -> TrainState:
+def create_train_state(
+    cfg: Config, splits: Splits, init_params: Any = None, device: torch.device | str = "cpu"
+) -> TrainState:
     """The state of a fresh run: the model initialised from torch.manual_seed(seed), or from
     `init_params` (a flax params tree, e.g. jaxloop's, so both frameworks start from the same weights);
     then the policy's dtype, the optimizer, the schedule, the loss scaler and the EMA."""
@@ -129,8 +135,14 @@ def create_train_state(cfg: Config, splits: Splits, init_params: Any = None,
     optimizer = make_optimizer(cfg, model)
     ema = [p.detach().clone() for p in model.parameters()] if cfg.optim.ema_decay > 0 else None
     return TrainState(
-        cfg=cfg, model=model, optimizer=optimizer, scheduler=make_scheduler(cfg, optimizer),
-        scaler=policy.make_scaler(device.type), policy=policy, device=device, ema=ema,
+        cfg=cfg,
+        model=model,
+        optimizer=optimizer,
+        scheduler=make_scheduler(cfg, optimizer),
+        scaler=policy.make_scaler(device.type),
+        policy=policy,
+        device=device,
+        ema=ema,
     )
 
 

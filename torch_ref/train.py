@@ -36,8 +36,8 @@ from jaxloop.core.layout import RunLayout
 from jaxloop.core.lock import RunLock
 from jaxloop.core.outcome import COMPLETED, EARLY_STOPPING, early_stopping_message, final_evaluation_due, signal_stop
 from jaxloop.core.outcome import summary as run_summary
-from jaxloop.core.run_dir import RunDir
 from jaxloop.core.records import BestTracker, read_records, rewrite_for_resume
+from jaxloop.core.run_dir import RunDir
 from jaxloop.core.sources import Splits, load_splits, write_vocab
 from torch_ref.checkpoint import CheckpointManager
 from torch_ref.data import make_train_loader, make_val_loader
@@ -92,8 +92,11 @@ class MetricsWriter:
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
         if self._print:
-            shown = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                             for k, v in record.items() if k not in ("kind", "step"))
+            shown = " ".join(
+                f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                for k, v in record.items()
+                if k not in ("kind", "step")
+            )
             print(f"{record['kind']} {record['step']}/{self.cfg.steps}: {shown}", file=sys.stderr, flush=True)
 
     def message(self, text: str) -> None:
@@ -112,8 +115,15 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def run(cfg: Config, init_params: Any = None, clip: ClipMode = "torch", stop_after: int | None = None,
-        save_on_stop: bool = True, device: str | None = None, splits: Splits | None = None) -> RunResult:
+def run(
+    cfg: Config,
+    init_params: Any = None,
+    clip: ClipMode = "torch",
+    stop_after: int | None = None,
+    save_on_stop: bool = True,
+    device: str | None = None,
+    splits: Splits | None = None,
+) -> RunResult:
     """Train according to cfg into cfg.run_dir (resuming per cfg.resume); the records and summary.
 
     init_params: a flax params tree (e.g. jaxloop's initial params) to start from instead of torch's own
@@ -126,13 +136,16 @@ def run(cfg: Config, init_params: Any = None, clip: ClipMode = "torch", stop_aft
     if clip not in CLIP_MODES:
         raise ConfigError("--clip", clip, f"one of {', '.join(CLIP_MODES)}")
     if cfg.distributed.num_processes != 1:
-        raise ConfigError("distributed.num_processes", cfg.distributed.num_processes,
-                          "1 (torch_ref runs in one process)")
+        raise ConfigError(
+            "distributed.num_processes", cfg.distributed.num_processes, "1 (torch_ref runs in one process)"
+        )
     splits = splits if splits is not None else load_splits(cfg)  # bad data: ConfigError, nothing written
     rd = RunDir(cfg)
     rd.check(has_checkpoint=CheckpointManager.has_checkpoint(rd.checkpoints))
     with RunLock(rd.path):  # one run per run_dir, as jaxloop's (jaxloop.core.lock); a refusal writes nothing
-        rd.check(has_checkpoint=CheckpointManager.has_checkpoint(rd.checkpoints))  # held: a killed holder may have saved
+        rd.check(
+            has_checkpoint=CheckpointManager.has_checkpoint(rd.checkpoints)
+        )  # held: a killed holder may have saved
         rd.start()
         run_dir = rd.path
         write_vocab(str(run_dir), splits)
@@ -156,8 +169,16 @@ def run(cfg: Config, init_params: Any = None, clip: ClipMode = "torch", stop_aft
 class Loop:
     """One training run from a fresh or restored state to `steps` updates (or an early stop)."""
 
-    def __init__(self, cfg: Config, run_dir: Path, splits: Splits, ckpt: CheckpointManager, clip: ClipMode,
-                 stop_after: int | None = None, save_on_stop: bool = True):
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        splits: Splits,
+        ckpt: CheckpointManager,
+        clip: ClipMode,
+        stop_after: int | None = None,
+        save_on_stop: bool = True,
+    ):
         self.cfg, self.run_dir, self.splits, self.ckpt, self.clip = cfg, run_dir, splits, ckpt, clip
         self.stop_after, self.save_on_stop = stop_after, save_on_stop
         self.signal: int | None = None
@@ -213,17 +234,26 @@ class Loop:
                 raise NonFiniteError(
                     f"{state.bad_streak} consecutive updates were skipped for a non-finite loss or gradient "
                     f"(update {attempted} tried {state.bad_streak} times; max_bad_steps={cfg.max_bad_steps}); "
-                    "the last saved checkpoint is finite")
+                    "the last saved checkpoint is finite"
+                )
 
             if cadence.logs(attempted) or (metrics["updated"] and u >= cfg.steps):
                 now = time.perf_counter()
                 rate = interval_updates / max(now - interval_start, 1e-9)
                 interval_start, interval_updates = now, 0
-                logger.write({
-                    "kind": "train", "step": u, "lr": metrics["lr"], "loss": metrics["loss"],
-                    "grad_norm": metrics["grad_norm"], "skipped": metrics["skipped"],
-                    "updated": metrics["updated"], "loss_scale": metrics["loss_scale"], "updates_per_s": rate,
-                })
+                logger.write(
+                    {
+                        "kind": "train",
+                        "step": u,
+                        "lr": metrics["lr"],
+                        "loss": metrics["loss"],
+                        "grad_norm": metrics["grad_norm"],
+                        "skipped": metrics["skipped"],
+                        "updated": metrics["updated"],
+                        "loss_scale": metrics["loss_scale"],
+                        "updates_per_s": rate,
+                    }
+                )
 
             stopping = self.signal is not None or (self.stop_after is not None and u >= self.stop_after)
             if not metrics["updated"]:
@@ -258,11 +288,20 @@ class Loop:
         del batches, train_loader, val_loader  # stops loader worker processes
         train_time = self.timings["train"]
         return run_summary(
-            final_step=state.step, stop_reason=stop_reason, final=last_eval, tracker=tracker,
-            metric=cfg.checkpoint.best_metric, checkpoint_step=self.ckpt.best_step(),
-            updates_per_s=updates_done / train_time if train_time > 0 else 0.0, skipped=state.skipped,
-            digest=state_digest(state), timings_s=dict(self.timings), framework="torch", clip=self.clip,
-            device=str(state.device))
+            final_step=state.step,
+            stop_reason=stop_reason,
+            final=last_eval,
+            tracker=tracker,
+            metric=cfg.checkpoint.best_metric,
+            checkpoint_step=self.ckpt.best_step(),
+            updates_per_s=updates_done / train_time if train_time > 0 else 0.0,
+            skipped=state.skipped,
+            digest=state_digest(state),
+            timings_s=dict(self.timings),
+            framework="torch",
+            clip=self.clip,
+            device=str(state.device),
+        )
 
     def _stop_reason(self) -> str:
         if self.signal is not None:

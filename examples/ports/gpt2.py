@@ -39,14 +39,25 @@ class Settings:
     use_bias: bool = True  # every GPT-2 projection has a bias
 
     @classmethod
-    def of(cls, config: Any, **changes: Any) -> "Settings":
-        s = cls(config.vocab_size, config.n_positions, config.n_embd, config.n_layer, config.n_head,
-                config.layer_norm_epsilon, config.activation_function, config.scale_attn_weights)
+    def of(cls, config: Any, **changes: Any) -> Settings:
+        s = cls(
+            config.vocab_size,
+            config.n_positions,
+            config.n_embd,
+            config.n_layer,
+            config.n_head,
+            config.layer_norm_epsilon,
+            config.activation_function,
+            config.scale_attn_weights,
+        )
         return replace(s, **changes)
 
 
-ACTIVATIONS = {"gelu_new": lambda x: nn.gelu(x, approximate=True), "gelu": lambda x: nn.gelu(x, approximate=False),
-               "relu": nn.relu}
+ACTIVATIONS = {
+    "gelu_new": lambda x: nn.gelu(x, approximate=True),
+    "gelu": lambda x: nn.gelu(x, approximate=False),
+    "relu": nn.relu,
+}
 
 
 class Attention(nn.Module):
@@ -111,9 +122,19 @@ def torch_model(seed: int = 0) -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=VOCAB, n_positions=CONTEXT, n_embd=WIDTH, n_layer=LAYERS, n_head=HEADS,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, bos_token_id=0,
-                        eos_token_id=0)
+    config = GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=CONTEXT,
+        n_embd=WIDTH,
+        n_layer=LAYERS,
+        n_head=HEADS,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = GPT2LMHeadModel(config)
     with torch.no_grad():
         for p in model.parameters():
@@ -143,5 +164,12 @@ def flax_loss(model: Any, b: dict[str, jax.Array], train: bool) -> tuple[jax.Arr
 def make(**flax_changes: Any) -> Port:
     """The pair: transformers' GPT-2 and the Flax port (with `flax_changes` applied to its Settings)."""
     tm = torch_model()
-    return Port(tm, GPT2LMHead(Settings.of(tm.config, **flax_changes)), batch(0), torch_loss, flax_loss, batches=batch,
-                name="transformers GPT-2 (2 layers, width 32) vs a Flax Linen port")
+    return Port(
+        tm,
+        GPT2LMHead(Settings.of(tm.config, **flax_changes)),
+        batch(0),
+        torch_loss,
+        flax_loss,
+        batches=batch,
+        name="transformers GPT-2 (2 layers, width 32) vs a Flax Linen port",
+    )

@@ -25,8 +25,14 @@ import numpy as np
 from jaxloop.parity import Port
 
 BATCH, TOKENS, VOCAB, IMAGE = 2, 8, 64, 32
-TEXT = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            max_position_embeddings=32)
+TEXT = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=32,
+)
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,9 @@ class Family:
     flax: str  # its Flax counterpart
     settings: dict[str, Any]
     inputs: str = "text"  # "text": token ids and a padding mask; "image": NCHW pixels
-    positions: Callable[[Any, Any, Any], Any] | None = None  # (ids, mask, config) -> position ids, as the wrapper makes them
+    positions: Callable[[Any, Any, Any], Any] | None = (
+        None  # (ids, mask, config) -> position ids, as the wrapper makes them
+    )
 
 
 def _roberta_positions(ids: Any, mask: Any, config: Any) -> Any:
@@ -55,28 +63,93 @@ FAMILIES: dict[str, Family] = {
     "bert": Family("BertConfig", "BertModel", "FlaxBertModel", TEXT),
     "roberta": Family("RobertaConfig", "RobertaModel", "FlaxRobertaModel", TEXT, positions=_roberta_positions),
     "electra": Family("ElectraConfig", "ElectraModel", "FlaxElectraModel", {**TEXT, "embedding_size": 32}),
-    "distilbert": Family("DistilBertConfig", "DistilBertModel", "FlaxDistilBertModel",
-                         dict(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=37, max_position_embeddings=32)),
+    "distilbert": Family(
+        "DistilBertConfig",
+        "DistilBertModel",
+        "FlaxDistilBertModel",
+        dict(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=37, max_position_embeddings=32),
+    ),
     "albert": Family("AlbertConfig", "AlbertModel", "FlaxAlbertModel", {**TEXT, "embedding_size": 16}),
-    "gpt2": Family("GPT2Config", "GPT2LMHeadModel", "FlaxGPT2LMHeadModel",
-                   dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=32)),
-    "gpt_neo": Family("GPTNeoConfig", "GPTNeoModel", "FlaxGPTNeoModel",
-                      dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, max_position_embeddings=32,
-                           attention_types=[[["global", "local"], 1]], window_size=4)),
-    "opt": Family("OPTConfig", "OPTModel", "FlaxOPTModel",
-                  dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=37,
-                       max_position_embeddings=32, word_embed_proj_dim=32), positions=_opt_positions),
-    "vit": Family("ViTConfig", "ViTForImageClassification", "FlaxViTForImageClassification",
-                  dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, image_size=IMAGE,
-                       patch_size=8, num_labels=10), "image"),
-    "beit": Family("BeitConfig", "BeitForImageClassification", "FlaxBeitForImageClassification",
-                   dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, image_size=IMAGE,
-                        patch_size=8, num_labels=10, use_mean_pooling=True), "image"),
-    "resnet": Family("ResNetConfig", "ResNetForImageClassification", "FlaxResNetForImageClassification",
-                     dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", num_labels=10), "image"),
-    "regnet": Family("RegNetConfig", "RegNetForImageClassification", "FlaxRegNetForImageClassification",
-                     dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], groups_width=8, layer_type="y",
-                          num_labels=10), "image"),
+    "gpt2": Family(
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        "FlaxGPT2LMHeadModel",
+        dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=32),
+    ),
+    "gpt_neo": Family(
+        "GPTNeoConfig",
+        "GPTNeoModel",
+        "FlaxGPTNeoModel",
+        dict(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=4,
+            max_position_embeddings=32,
+            attention_types=[[["global", "local"], 1]],
+            window_size=4,
+        ),
+    ),
+    "opt": Family(
+        "OPTConfig",
+        "OPTModel",
+        "FlaxOPTModel",
+        dict(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            ffn_dim=37,
+            max_position_embeddings=32,
+            word_embed_proj_dim=32,
+        ),
+        positions=_opt_positions,
+    ),
+    "vit": Family(
+        "ViTConfig",
+        "ViTForImageClassification",
+        "FlaxViTForImageClassification",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            image_size=IMAGE,
+            patch_size=8,
+            num_labels=10,
+        ),
+        "image",
+    ),
+    "beit": Family(
+        "BeitConfig",
+        "BeitForImageClassification",
+        "FlaxBeitForImageClassification",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            image_size=IMAGE,
+            patch_size=8,
+            num_labels=10,
+            use_mean_pooling=True,
+        ),
+        "image",
+    ),
+    "resnet": Family(
+        "ResNetConfig",
+        "ResNetForImageClassification",
+        "FlaxResNetForImageClassification",
+        dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", num_labels=10),
+        "image",
+    ),
+    "regnet": Family(
+        "RegNetConfig",
+        "RegNetForImageClassification",
+        "FlaxRegNetForImageClassification",
+        dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], groups_width=8, layer_type="y", num_labels=10),
+        "image",
+    ),
 }
 
 
@@ -142,8 +215,11 @@ def flax_loss_of(family: str, cfg: Any) -> Callable[[Any, dict, bool], tuple[Any
             if "token_type_ids" in params:
                 kwargs["token_type_ids"] = jnp.zeros_like(ids)
             if "position_ids" in params:
-                kwargs["position_ids"] = (f.positions(ids, mask, cfg) if f.positions is not None
-                                          else jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape))
+                kwargs["position_ids"] = (
+                    f.positions(ids, mask, cfg)
+                    if f.positions is not None
+                    else jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+                )
             if "head_mask" in params:
                 kwargs["head_mask"] = None
             out = model(ids, **kwargs)
@@ -162,17 +238,26 @@ def make(family: str = "bert", flax_config: dict[str, Any] | None = None) -> Por
     """The pair for a family; `flax_config`: config changes on the Flax side only (a planted port bug)."""
     tm = torch_model(family)
     cfg = config(family, **(flax_config or {}))
-    return Port(tm, flax_module(family, **(flax_config or {})), batch(family), torch_loss, flax_loss_of(family, cfg),
-                batches=lambda i: batch(family, i), name=f"transformers {family}: torch vs Hugging Face's Flax port")
+    return Port(
+        tm,
+        flax_module(family, **(flax_config or {})),
+        batch(family),
+        torch_loss,
+        flax_loss_of(family, cfg),
+        batches=lambda i: batch(family, i),
+        name=f"transformers {family}: torch vs Hugging Face's Flax port",
+    )
 
 
 def _factory(family: str) -> Callable[[], Port]:
     def factory() -> Port:
         return make(family)
+
     factory.__name__ = family
     factory.__doc__ = f"make({family!r}), for `python -m jaxloop.parity examples/ports/hf_flax.py:{family}`."
     return factory
 
 
 bert, roberta, electra, distilbert, albert, gpt2, gpt_neo, opt, vit, beit, resnet, regnet = (
-    _factory(name) for name in FAMILIES)
+    _factory(name) for name in FAMILIES
+)

@@ -40,9 +40,17 @@ class Settings:
     conv_padding: str = "torch"  # "torch": k // 2 on each side; "SAME": Flax's 'SAME'
 
     @classmethod
-    def of(cls, config: Any, **changes: Any) -> "Settings":
-        return replace(cls(config.embedding_size, tuple(config.hidden_sizes), tuple(config.depths), config.num_labels,
-                           config.downsample_in_first_stage), **changes)
+    def of(cls, config: Any, **changes: Any) -> Settings:
+        return replace(
+            cls(
+                config.embedding_size,
+                tuple(config.hidden_sizes),
+                tuple(config.depths),
+                config.num_labels,
+                config.downsample_in_first_stage,
+            ),
+            **changes,
+        )
 
 
 class BatchNorm(nn.Module):
@@ -81,11 +89,13 @@ class ConvLayer(nn.Module):
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
         s, k = self.s, self.kernel
         padding = "SAME" if s.conv_padding == "SAME" else ((k // 2, k // 2), (k // 2, k // 2))
-        x = nn.Conv(self.features, (k, k), (self.stride, self.stride), padding=padding, use_bias=False,
-                    name="convolution")(x)
+        x = nn.Conv(
+            self.features, (k, k), (self.stride, self.stride), padding=padding, use_bias=False, name="convolution"
+        )(x)
         if s.batch_norm == "flax":
-            x = nn.BatchNorm(use_running_average=not train, momentum=s.bn_momentum, epsilon=s.bn_epsilon,
-                             name="normalization")(x)
+            x = nn.BatchNorm(
+                use_running_average=not train, momentum=s.bn_momentum, epsilon=s.bn_epsilon, name="normalization"
+            )(x)
         else:
             x = BatchNorm(s.bn_momentum, s.bn_epsilon, name="normalization")(x, train)
         return nn.relu(x) if self.relu else x
@@ -98,10 +108,16 @@ class ShortCut(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
-        x = nn.Conv(self.features, (1, 1), (self.stride, self.stride), padding="VALID", use_bias=False, name="convolution")(x)
+        x = nn.Conv(
+            self.features, (1, 1), (self.stride, self.stride), padding="VALID", use_bias=False, name="convolution"
+        )(x)
         if self.s.batch_norm == "flax":
-            return nn.BatchNorm(use_running_average=not train, momentum=self.s.bn_momentum, epsilon=self.s.bn_epsilon,
-                                name="normalization")(x)
+            return nn.BatchNorm(
+                use_running_average=not train,
+                momentum=self.s.bn_momentum,
+                epsilon=self.s.bn_epsilon,
+                name="normalization",
+            )(x)
         return BatchNorm(self.s.bn_momentum, self.s.bn_epsilon, name="normalization")(x, train)
 
 
@@ -162,11 +178,18 @@ def torch_model(seed: int = 0) -> Any:
     """transformers' ResNetForImageClassification from a small config: torch's init, BatchNorm scales and
     biases moved off 1 and 0, and running statistics from three train-mode passes over random images."""
     import torch
-    from transformers import ResNetConfig, ResNetForImageClassification as TorchResNet
+    from transformers import ResNetConfig
+    from transformers import ResNetForImageClassification as TorchResNet
 
     torch.manual_seed(seed)
-    config = ResNetConfig(num_channels=CHANNELS, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
-                          layer_type="basic", num_labels=CLASSES)
+    config = ResNetConfig(
+        num_channels=CHANNELS,
+        embedding_size=8,
+        hidden_sizes=[8, 16],
+        depths=[1, 1],
+        layer_type="basic",
+        num_labels=CLASSES,
+    )
     model = TorchResNet(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -182,8 +205,10 @@ def torch_model(seed: int = 0) -> Any:
 def batch(i: int, batch_size: int = BATCH) -> dict[str, np.ndarray]:
     """Batch i: random NCHW images x and labels y."""
     rng = np.random.default_rng(2000 + i)
-    return {"x": rng.normal(size=(batch_size, CHANNELS, IMAGE, IMAGE)).astype(np.float32),
-            "y": rng.integers(0, CLASSES, batch_size)}
+    return {
+        "x": rng.normal(size=(batch_size, CHANNELS, IMAGE, IMAGE)).astype(np.float32),
+        "y": rng.integers(0, CLASSES, batch_size),
+    }
 
 
 def torch_loss(model: Any, b: dict[str, Any]) -> Any:
@@ -200,5 +225,12 @@ def flax_loss(model: Any, b: dict[str, jax.Array], train: bool) -> tuple[jax.Arr
 def make(**flax_changes: Any) -> Port:
     """The pair: transformers' ResNet and the Flax port (with `flax_changes` applied to its Settings)."""
     tm = torch_model()
-    return Port(tm, ResNetForImageClassification(Settings.of(tm.config, **flax_changes)), batch(0), torch_loss,
-                flax_loss, batches=batch, name="transformers ResNet (2 stages, 32x32 images) vs a Flax Linen port")
+    return Port(
+        tm,
+        ResNetForImageClassification(Settings.of(tm.config, **flax_changes)),
+        batch(0),
+        torch_loss,
+        flax_loss,
+        batches=batch,
+        name="transformers ResNet (2 stages, 32x32 images) vs a Flax Linen port",
+    )

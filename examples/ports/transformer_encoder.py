@@ -40,8 +40,9 @@ class SelfAttention(nnx.Module):
 class EncoderBlock(nnx.Module):
     """Pre-norm: x + attn(attn_norm(x)), then x + mlp(mlp_norm(x))."""
 
-    def __init__(self, width: int, heads: int, ffn: int, eps: float, approximate_gelu: bool, scale: float | None,
-                 rngs: nnx.Rngs):
+    def __init__(
+        self, width: int, heads: int, ffn: int, eps: float, approximate_gelu: bool, scale: float | None, rngs: nnx.Rngs
+    ):
         self.attn_norm = nnx.LayerNorm(width, epsilon=eps, rngs=rngs)
         self.attn = SelfAttention(width, heads, scale, rngs)
         self.mlp_norm = nnx.LayerNorm(width, epsilon=eps, rngs=rngs)
@@ -57,11 +58,21 @@ class EncoderBlock(nnx.Module):
 class Encoder(nnx.Module):
     """nn.TransformerEncoder(norm_first layers, final norm) for inputs [batch, time, width]."""
 
-    def __init__(self, width: int = WIDTH, heads: int = HEADS, ffn: int = FFN, layers: int = LAYERS, eps: float = 1e-5,
-                 approximate_gelu: bool = False, attention_scale: float | None = None, rngs: nnx.Rngs | None = None):
+    def __init__(
+        self,
+        width: int = WIDTH,
+        heads: int = HEADS,
+        ffn: int = FFN,
+        layers: int = LAYERS,
+        eps: float = 1e-5,
+        approximate_gelu: bool = False,
+        attention_scale: float | None = None,
+        rngs: nnx.Rngs | None = None,
+    ):
         rngs = rngs or nnx.Rngs(0)
-        self.blocks = nnx.List([EncoderBlock(width, heads, ffn, eps, approximate_gelu, attention_scale, rngs)
-                                for _ in range(layers)])
+        self.blocks = nnx.List(
+            [EncoderBlock(width, heads, ffn, eps, approximate_gelu, attention_scale, rngs) for _ in range(layers)]
+        )
         self.final_norm = nnx.LayerNorm(width, epsilon=eps, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -75,8 +86,9 @@ def torch_model(seed: int = 0) -> Any:
     import torch
 
     torch.manual_seed(seed)
-    layer = torch.nn.TransformerEncoderLayer(WIDTH, HEADS, dim_feedforward=FFN, dropout=0.0, activation="gelu",
-                                             batch_first=True, norm_first=True)
+    layer = torch.nn.TransformerEncoderLayer(
+        WIDTH, HEADS, dim_feedforward=FFN, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+    )
     model = torch.nn.TransformerEncoder(layer, LAYERS, norm=torch.nn.LayerNorm(WIDTH), enable_nested_tensor=False)
     with torch.no_grad():
         for p in model.parameters():
@@ -88,8 +100,10 @@ def torch_model(seed: int = 0) -> Any:
 def batch(i: int, batch_size: int = BATCH) -> dict[str, np.ndarray]:
     """Batch i: random sequences x and targets y, [batch, time, width]."""
     rng = np.random.default_rng(3000 + i)
-    return {"x": rng.normal(size=(batch_size, TIME, WIDTH)).astype(np.float32),
-            "y": rng.normal(size=(batch_size, TIME, WIDTH)).astype(np.float32)}
+    return {
+        "x": rng.normal(size=(batch_size, TIME, WIDTH)).astype(np.float32),
+        "y": rng.normal(size=(batch_size, TIME, WIDTH)).astype(np.float32),
+    }
 
 
 def torch_loss(model: Any, b: dict[str, Any]) -> Any:
@@ -102,5 +116,12 @@ def flax_loss(model: Any, b: dict[str, jax.Array], train: bool) -> tuple[jax.Arr
 
 def make(**flax_changes: Any) -> Port:
     """The pair: torch's TransformerEncoder and the NNX port (keyword arguments of Encoder changed by flax_changes)."""
-    return Port(torch_model(), Encoder(**flax_changes), batch(0), torch_loss, flax_loss, batches=batch,
-                name="torch nn.TransformerEncoder (2 pre-norm GELU layers, width 32) vs a Flax NNX port")
+    return Port(
+        torch_model(),
+        Encoder(**flax_changes),
+        batch(0),
+        torch_loss,
+        flax_loss,
+        batches=batch,
+        name="torch nn.TransformerEncoder (2 pre-norm GELU layers, width 32) vs a Flax NNX port",
+    )

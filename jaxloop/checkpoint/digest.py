@@ -17,8 +17,11 @@ import jax.numpy as jnp
 
 from jaxloop.update.state import leaf_digests
 
-finite = jax.jit(lambda tree: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
-                                                   if jnp.issubdtype(x.dtype, jnp.inexact)])))
+finite = jax.jit(
+    lambda tree: jnp.all(
+        jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)])
+    )
+)
 """Whether every inexact leaf of a tree is finite (one jitted reduction)."""
 
 
@@ -68,8 +71,13 @@ def _malformed(recorded: Any) -> str | None:
     return None
 
 
-def verify(restored: dict[str, Any], recorded: Any, directory: Path, cast: frozenset[str] = frozenset(),
-           step: int | None = None) -> bool:
+def verify(
+    restored: dict[str, Any],
+    recorded: Any,
+    directory: Path,
+    cast: frozenset[str] = frozenset(),
+    step: int | None = None,
+) -> bool:
     """Raise DamagedCheckpointError when what was restored of a step (its `state`, and `data` if read) differs
     from the digest recorded with it, the digest names another update than `step` (the directory's name), the
     record is malformed or names an unknown algorithm, or the state is not finite. `cast`: leaves the reader
@@ -78,14 +86,19 @@ def verify(restored: dict[str, Any], recorded: Any, directory: Path, cast: froze
     Returns whether the bytes were checked against a digest."""
     state = restored["state"]
     if recorded is None:
-        warnings.warn(f"the checkpoints in {directory} carry no digest (written by an older jaxloop): "
-                      "restored without checking their bytes", UnverifiedCheckpointWarning, stacklevel=3)
+        warnings.warn(
+            f"the checkpoints in {directory} carry no digest (written by an older jaxloop): "
+            "restored without checking their bytes",
+            UnverifiedCheckpointWarning,
+            stacklevel=3,
+        )
     elif (wrong := _malformed(recorded)) is not None:
         raise DamagedCheckpointError(f"its digest record holds {wrong}")
     elif recorded["algorithm"] == DIGEST_ALGORITHM:
         if step is not None and "step" in recorded and recorded["step"] != step:
-            raise DamagedCheckpointError(f"its digest records update {recorded['step']}, not {step} (the directory "
-                                         "was renamed or copied)")
+            raise DamagedCheckpointError(
+                f"its digest records update {recorded['step']}, not {step} (the directory was renamed or copied)"
+            )
         now = leaf_digests(state)
         saved = recorded.get("state") or {}
         bad = [p for p in sorted(set(now) | set(saved)) if p not in cast and now.get(p) != saved.get(p)]

@@ -70,7 +70,9 @@ def read_config(path: str | Path) -> dict[str, Any]:
     try:
         hf = json.loads((Path(path) / CONFIG_FILE).read_text())
     except (OSError, ValueError) as e:
-        raise HFError("init_from", str(path), f"a Hugging Face GPT-2 directory with a readable {CONFIG_FILE} ({e})") from None
+        raise HFError(
+            "init_from", str(path), f"a Hugging Face GPT-2 directory with a readable {CONFIG_FILE} ({e})"
+        ) from None
     if not isinstance(hf, dict):
         raise HFError("init_from", str(path), f"a Hugging Face GPT-2 directory ({CONFIG_FILE} is not a JSON object)")
     return hf
@@ -79,6 +81,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
 def model_fields(hf: dict[str, Any], path: str = "") -> dict[str, Any]:
     """The model.* fields of the built-in GPT that GPT-2's config.json describes; HFError naming the first
     config.json field the built-in GPT does not implement."""
+
     def refuse(what: str) -> HFError:
         return HFError("init_from", path, f"a GPT-2 the built-in GPT implements: {CONFIG_FILE} has {what}")
 
@@ -93,10 +96,18 @@ def model_fields(hf: dict[str, Any], path: str = "") -> dict[str, Any]:
         raise refuse(f"activation_function={act!r} (allowed: {', '.join(GELUS)})")
     try:
         d, n_inner = int(hf["n_embd"]), hf.get("n_inner")
-        fields = dict(kind="gpt", context=int(hf["n_positions"]), d_model=d, n_layers=int(hf["n_layer"]),
-                      n_heads=int(hf["n_head"]), vocab_size=int(hf["vocab_size"]), vocab_multiple=1,
-                      tie_embeddings=bool(hf.get("tie_word_embeddings", True)), gelu=GELUS[act],
-                      ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)))
+        fields = dict(
+            kind="gpt",
+            context=int(hf["n_positions"]),
+            d_model=d,
+            n_layers=int(hf["n_layer"]),
+            n_heads=int(hf["n_head"]),
+            vocab_size=int(hf["vocab_size"]),
+            vocab_multiple=1,
+            tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+            gelu=GELUS[act],
+            ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+        )
     except (KeyError, TypeError, ValueError) as e:
         raise refuse(f"no usable {e} (GPT-2 configs give n_embd, n_positions, n_layer, n_head, vocab_size)") from None
     if n_inner is not None and (int(n_inner) % d or int(n_inner) <= 0):
@@ -105,8 +116,19 @@ def model_fields(hf: dict[str, Any], path: str = "") -> dict[str, Any]:
     return fields
 
 
-SHAPE_FIELDS = ("kind", "context", "d_model", "n_layers", "n_heads", "mlp_ratio", "vocab_size", "vocab_multiple",
-                "tie_embeddings", "gelu", "ln_eps")
+SHAPE_FIELDS = (
+    "kind",
+    "context",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "mlp_ratio",
+    "vocab_size",
+    "vocab_multiple",
+    "tie_embeddings",
+    "gelu",
+    "ln_eps",
+)
 """The model.* fields a Hugging Face checkpoint decides (model_fields' keys)."""
 
 
@@ -119,8 +141,12 @@ def with_checkpoint_shape(m: ModelConfig, default: ModelConfig, path: str) -> Mo
     for name, value in fields.items():
         given = getattr(m, name)
         if given != value and given != getattr(default, name):
-            raise ConfigError(f"model.{name}", given, f"the value of the Hugging Face checkpoint --init_from names "
-                              f"({value!r} in {Path(path) / CONFIG_FILE}), or left out")
+            raise ConfigError(
+                f"model.{name}",
+                given,
+                f"the value of the Hugging Face checkpoint --init_from names "
+                f"({value!r} in {Path(path) / CONFIG_FILE}), or left out",
+            )
     return replace(m, **fields)
 
 
@@ -141,18 +167,23 @@ def read_tensors(path: str | Path) -> dict[str, np.ndarray]:
     try:
         import torch
     except ImportError:
-        raise HFError("init_from", str(path), f"a {SAFETENSORS_FILE} (its {TORCH_FILE} needs torch, which is not "
-                      "installed)") from None
+        raise HFError(
+            "init_from", str(path), f"a {SAFETENSORS_FILE} (its {TORCH_FILE} needs torch, which is not installed)"
+        ) from None
     try:  # weights_only: tensors and containers of them, never an arbitrary pickled object
         state = torch.load(p / TORCH_FILE, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch's UnpicklingError names the object it refused
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise HFError("init_from", str(path), f"a {TORCH_FILE} of tensors only (torch.load(weights_only=True) "
-                      f"refused it: {first})") from None
+        raise HFError(
+            "init_from",
+            str(path),
+            f"a {TORCH_FILE} of tensors only (torch.load(weights_only=True) refused it: {first})",
+        ) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise HFError("init_from", str(path), f"a {TORCH_FILE} holding a state_dict of tensors")
-    return {k: v.detach().float().numpy() if v.dtype == torch.bfloat16 else v.detach().numpy()
-            for k, v in state.items()}
+    return {
+        k: v.detach().float().numpy() if v.dtype == torch.bfloat16 else v.detach().numpy() for k, v in state.items()
+    }
 
 
 def tensor_shapes(path: str | Path) -> dict[str, np.ndarray]:
@@ -184,7 +215,7 @@ def _translate(name: str, source: int) -> tuple[str, str] | None:
 def _leaf(key: str) -> tuple[str, str] | None:
     """(leaf, layout) of a GPT-2 tensor name (with or without "transformer."); None for a dropped buffer,
     ("", "") for a name that maps nowhere."""
-    name = key[len(TRANSFORMER):] if key.startswith(TRANSFORMER) else key
+    name = key[len(TRANSFORMER) :] if key.startswith(TRANSFORMER) else key
     if re.fullmatch(DROPPED, name):
         return None
     return _translate(name, 0) or ("", "")
@@ -210,17 +241,28 @@ def to_params(tensors: dict[str, np.ndarray], m: ModelConfig, path: str = "") ->
             continue  # a causal-mask buffer; a tied head's saved copy of wte
         leaf, layout = got
         if leaf not in want:
-            raise HFError("init_from", path, f"a GPT-2 checkpoint: tensor {key} {tuple(value.shape)} has no place in "
-                          f"the built-in GPT")
+            raise HFError(
+                "init_from",
+                path,
+                f"a GPT-2 checkpoint: tensor {key} {tuple(value.shape)} has no place in the built-in GPT",
+            )
         value = value.T if layout == "transpose" else value
         if tuple(value.shape) != want[leaf]:
-            raise HFError("init_from", path, f"a GPT-2 checkpoint matching its {CONFIG_FILE}: {key} has shape "
-                          f"{tuple(value.shape)} as {leaf}, which is {want[leaf]} in the GPT it describes")
+            raise HFError(
+                "init_from",
+                path,
+                f"a GPT-2 checkpoint matching its {CONFIG_FILE}: {key} has shape "
+                f"{tuple(value.shape)} as {leaf}, which is {want[leaf]} in the GPT it describes",
+            )
         flat[leaf] = value
     missing = sorted(set(want) - set(flat))
     if missing:
-        raise HFError("init_from", path, f"a GPT-2 checkpoint with every tensor of the GPT its {CONFIG_FILE} describes;"
-                      f" missing: {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}")
+        raise HFError(
+            "init_from",
+            path,
+            f"a GPT-2 checkpoint with every tensor of the GPT its {CONFIG_FILE} describes;"
+            f" missing: {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}",
+        )
     out: dict[str, Any] = {}
     for leaf, value in flat.items():
         node = out
@@ -254,11 +296,22 @@ def expected_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
     out = {"tok_embed/embedding": (v, d), "pos_embed/embedding": (m.context, d), "ln_f/scale": (d,), "ln_f/bias": (d,)}
     for i in range(m.n_layers):
         b = f"block_{i}/"
-        out.update({b + "ln1/scale": (d,), b + "ln1/bias": (d,), b + "ln2/scale": (d,), b + "ln2/bias": (d,),
-                    b + "attn/qkv/kernel": (d, 3 * d), b + "attn/qkv/bias": (3 * d,),
-                    b + "attn/proj/kernel": (d, d), b + "attn/proj/bias": (d,),
-                    b + "mlp_fc/kernel": (d, f), b + "mlp_fc/bias": (f,),
-                    b + "mlp_proj/kernel": (f, d), b + "mlp_proj/bias": (d,)})
+        out.update(
+            {
+                b + "ln1/scale": (d,),
+                b + "ln1/bias": (d,),
+                b + "ln2/scale": (d,),
+                b + "ln2/bias": (d,),
+                b + "attn/qkv/kernel": (d, 3 * d),
+                b + "attn/qkv/bias": (3 * d,),
+                b + "attn/proj/kernel": (d, d),
+                b + "attn/proj/bias": (d,),
+                b + "mlp_fc/kernel": (d, f),
+                b + "mlp_fc/bias": (f,),
+                b + "mlp_proj/kernel": (f, d),
+                b + "mlp_proj/bias": (d,),
+            }
+        )
     if not m.tie_embeddings:
         out["head/kernel"] = (d, v)
     return out
@@ -266,13 +319,25 @@ def expected_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def hf_config(m: ModelConfig, vocab_size: int) -> dict[str, Any]:
     """config.json of the GPT-2 that the built-in GPT `m` (vocabulary `vocab_size`) is, for GPT2LMHeadModel."""
-    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": vocab_size,
-            "n_positions": m.context, "n_embd": m.d_model, "n_layer": m.n_layers, "n_head": m.n_heads,
-            "n_inner": None if m.mlp_ratio == 4 else m.mlp_ratio * m.d_model,
-            "activation_function": "gelu_new" if m.gelu == "tanh" else "gelu", "layer_norm_epsilon": m.ln_eps,
-            "tie_word_embeddings": m.tie_embeddings, "resid_pdrop": m.dropout, "embd_pdrop": m.dropout,
-            "attn_pdrop": m.dropout, "scale_attn_weights": True, "initializer_range": 0.02,
-            "torch_dtype": "float32"}
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": vocab_size,
+        "n_positions": m.context,
+        "n_embd": m.d_model,
+        "n_layer": m.n_layers,
+        "n_head": m.n_heads,
+        "n_inner": None if m.mlp_ratio == 4 else m.mlp_ratio * m.d_model,
+        "activation_function": "gelu_new" if m.gelu == "tanh" else "gelu",
+        "layer_norm_epsilon": m.ln_eps,
+        "tie_word_embeddings": m.tie_embeddings,
+        "resid_pdrop": m.dropout,
+        "embd_pdrop": m.dropout,
+        "attn_pdrop": m.dropout,
+        "scale_attn_weights": True,
+        "initializer_range": 0.02,
+        "torch_dtype": "float32",
+    }
 
 
 # ----------------------------------------------------------------------------- the check against transformers
@@ -334,19 +399,29 @@ def check_logits(path: str | Path, params: dict[str, Any], m: ModelConfig, preci
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError:
-        return ("every tensor mapped with the GPT's shapes; logits not compared with transformers' GPT2LMHeadModel "
-                "(torch and transformers are not both installed)")
+        return (
+            "every tensor mapped with the GPT's shapes; logits not compared with transformers' GPT2LMHeadModel "
+            "(torch and transformers are not both installed)"
+        )
     tokens = check_batch(m)
     diff = rel_diff(gpt_logits(params, m, tokens, precision), transformers_logits(path, tokens, precision))
     tol = CHECK_TOLERANCE[precision]
     if not diff <= tol:
-        raise HFError("init_from", str(path), f"a GPT-2 the built-in GPT reproduces: its logits differ from "
-                      f"transformers' GPT2LMHeadModel's by {diff:.3g} (relative, {precision}; at most {tol:g} allowed)")
-    return (f"logits equal transformers' GPT2LMHeadModel's on a fixed batch of {tokens.shape[0]}x{tokens.shape[1]} "
-            f"tokens ({precision}: max relative difference {diff:.2g} <= {tol:g})")
+        raise HFError(
+            "init_from",
+            str(path),
+            f"a GPT-2 the built-in GPT reproduces: its logits differ from "
+            f"transformers' GPT2LMHeadModel's by {diff:.3g} (relative, {precision}; at most {tol:g} allowed)",
+        )
+    return (
+        f"logits equal transformers' GPT2LMHeadModel's on a fixed batch of {tokens.shape[0]}x{tokens.shape[1]} "
+        f"tokens ({precision}: max relative difference {diff:.2g} <= {tol:g})"
+    )
 
 
 def describe(m: ModelConfig) -> str:
     """The GPT-2's shape in words."""
-    return (f"{m.n_layers} layers, {m.n_heads} heads, width {m.d_model}, context {m.context}, vocabulary "
-            f"{m.vocab_size}, {'tied' if m.tie_embeddings else 'untied'} head, GELU {m.gelu}, LayerNorm eps {m.ln_eps:g}")
+    return (
+        f"{m.n_layers} layers, {m.n_heads} heads, width {m.d_model}, context {m.context}, vocabulary "
+        f"{m.vocab_size}, {'tied' if m.tie_embeddings else 'untied'} head, GELU {m.gelu}, LayerNorm eps {m.ln_eps:g}"
+    )

@@ -45,14 +45,22 @@ def _placed(params: Any, target_params: Any, path: str | Path) -> Any:
     flat_saved = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}
     want = {jax.tree_util.keystr(k) for k, _ in flat_target}
     if set(flat_saved) != want:
-        raise ConfigError("init_from", str(path), f"a run of this model's params: missing "
-                          f"{sorted(want - set(flat_saved))}, unexpected {sorted(set(flat_saved) - want)}")
+        raise ConfigError(
+            "init_from",
+            str(path),
+            f"a run of this model's params: missing "
+            f"{sorted(want - set(flat_saved))}, unexpected {sorted(set(flat_saved) - want)}",
+        )
     leaves = []
     for key, leaf in flat_target:
         value = np.asarray(flat_saved[jax.tree_util.keystr(key)])
         if value.shape != leaf.shape:
-            raise ConfigError("init_from", str(path), f"a run of this model's shapes: {jax.tree_util.keystr(key)} has "
-                              f"shape {value.shape} there, {leaf.shape} in this model")
+            raise ConfigError(
+                "init_from",
+                str(path),
+                f"a run of this model's shapes: {jax.tree_util.keystr(key)} has "
+                f"shape {value.shape} there, {leaf.shape} in this model",
+            )
         sharding = getattr(leaf, "sharding", None)
         array = jnp.asarray(value, dtype=leaf.dtype)
         leaves.append(jax.device_put(array, sharding) if sharding is not None else array)
@@ -66,8 +74,12 @@ def shaped_by_init_from(cfg: Config, own_task: bool) -> Config:
     if not cfg.init_from or not hf_gpt2.is_hf_dir(cfg.init_from):
         return cfg
     if own_task:
-        raise ConfigError("init_from", cfg.init_from, "a jaxloop run directory when the Task is one's own (a Hugging "
-                          "Face GPT-2 directory initialises the built-in GPT, model.kind=gpt)")
+        raise ConfigError(
+            "init_from",
+            cfg.init_from,
+            "a jaxloop run directory when the Task is one's own (a Hugging "
+            "Face GPT-2 directory initialises the built-in GPT, model.kind=gpt)",
+        )
     from dataclasses import replace
 
     return replace(cfg, model=hf_gpt2.with_checkpoint_shape(cfg.model, preset(cfg.preset).model, cfg.init_from))
@@ -81,5 +93,7 @@ def initial_params(path: str | Path, target_params: Any, model: ModelConfig, pre
         return init_params_from(path, target_params), None
     params = hf_gpt2.to_params(hf_gpt2.read_tensors(path), model, str(path))
     check = hf_gpt2.check_logits(path, params, model, "fp64" if precision == "fp64" else "fp32")
-    return (_placed(params, target_params, path),
-            f"init_from: Hugging Face GPT-2 {path} ({hf_gpt2.describe(model)}): {check}")
+    return (
+        _placed(params, target_params, path),
+        f"init_from: Hugging Face GPT-2 {path} ({hf_gpt2.describe(model)}): {check}",
+    )

@@ -48,10 +48,11 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -59,16 +60,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
-from jaxloop.core.errors import CheckpointWriteError, ConfigError
+from jaxloop.checkpoint.digest import checkpoint_digest, finite, verify
+from jaxloop.checkpoint.orbax_quiet import MessageFilter, quiet_absl, quiet_checkpointing, settle_abandoned_tasks
+from jaxloop.checkpoint.write_errors import committed_steps, free_bytes, root_cause, size_text, write_error
 from jaxloop.core.config import CheckpointConfig, Config
+from jaxloop.core.errors import CheckpointWriteError, ConfigError
 from jaxloop.core.identity import first_differences, model_differences
 from jaxloop.core.layout import DAMAGED_DIR, RunLayout
 from jaxloop.update.distributed import barrier, is_primary
-from jaxloop.checkpoint.digest import checkpoint_digest, finite, verify
-from jaxloop.checkpoint.write_errors import committed_steps, free_bytes, root_cause, size_text, write_error
-from jaxloop.checkpoint.orbax_quiet import MessageFilter, quiet_absl, quiet_checkpointing, settle_abandoned_tasks
 from jaxloop.update.state import TrainState, leaf_path, model_record
-
 
 ITEMS = ("state", "data", "config", "metadata", "digest")
 SPACE_MARGIN = 2
@@ -101,8 +101,14 @@ def preservation_policy(c: CheckpointConfig) -> cm.PreservationPolicy:
     policies: list[cm.PreservationPolicy] = [cm.LatestN(n=c.keep_last)]
     if c.keep_best:
         # BestN sorts ascending (reverse=False) and keeps the tail, so `min` needs reverse=True.
-        policies.append(cm.BestN(get_metric_fn=_metric_fn(c.best_metric), reverse=c.best_mode == "min",
-                                 n=c.keep_best, keep_checkpoints_without_metrics=False))
+        policies.append(
+            cm.BestN(
+                get_metric_fn=_metric_fn(c.best_metric),
+                reverse=c.best_mode == "min",
+                n=c.keep_best,
+                keep_checkpoints_without_metrics=False,
+            )
+        )
     if c.keep_every:
         policies.append(cm.EveryNSteps(interval_steps=c.keep_every))
     return cm.AnyPreservationPolicy(policies)
@@ -110,7 +116,6 @@ def preservation_policy(c: CheckpointConfig) -> cm.PreservationPolicy:
 
 def _metric_fn(name: str):
     return lambda metrics: float(metrics[name])
-
 
 
 def _tree_bytes(path: Path) -> int:
@@ -132,8 +137,11 @@ def _host_views(state: TrainState) -> list[np.ndarray] | None:
     being donated; None where views cannot hold them (accelerators, extended dtypes such as PRNG keys)
     or must not stand for them (several processes: Orbax must see global arrays)."""
     leaves = jax.tree.leaves(state)
-    if jax.process_count() > 1 or any(d.platform != "cpu" for leaf in leaves for d in leaf.devices()) or any(
-            jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended) for leaf in leaves):
+    if (
+        jax.process_count() > 1
+        or any(d.platform != "cpu" for leaf in leaves for d in leaf.devices())
+        or any(jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended) for leaf in leaves)
+    ):
         return None
     return [np.asarray(shard.data) for leaf in leaves for shard in leaf.addressable_shards]
 
@@ -165,8 +173,14 @@ class Checkpointer:
     options: retention and async (the run's checkpoint.* config); config: the run's config as a dict,
     saved with every checkpoint beside `metadata`."""
 
-    def __init__(self, options: CheckpointConfig, run_dir: str | Path, *, config: dict[str, Any] | None = None,
-                 metadata: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        options: CheckpointConfig,
+        run_dir: str | Path,
+        *,
+        config: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ):
         self.options = options
         self.layout = RunLayout(Path(run_dir).absolute())
         self.directory = self.layout.checkpoints
@@ -192,8 +206,11 @@ class Checkpointer:
         self.manager = ocp.CheckpointManager(self.directory, options=manager_options, item_names=ITEMS)
         # Orbax's save runs barriers made of device collectives, which must come in the same order on
         # every process: with several processes it stays on the loop's thread (Orbax's own async save).
-        self._stager = (ThreadPoolExecutor(1, thread_name_prefix="jaxloop-checkpoint")
-                        if options.async_save and jax.process_count() == 1 else None)
+        self._stager = (
+            ThreadPoolExecutor(1, thread_name_prefix="jaxloop-checkpoint")
+            if options.async_save and jax.process_count() == 1
+            else None
+        )
         self._handover: Future | None = None
         self._handed: list[int] = []  # the steps handed to Orbax, in order
         self._failed: CheckpointWriteError | None = None  # the first failed save, raised again on every call
@@ -205,8 +222,14 @@ class Checkpointer:
         """Whether a run's checkpoint directory holds anything (a checkpoint, valid or not)."""
         return directory.is_dir() and any(directory.iterdir())
 
-    def save(self, step: int, state: TrainState, data: dict[str, Any],
-             metrics: dict[str, float] | None = None, check_finite: bool = True) -> float:
+    def save(
+        self,
+        step: int,
+        state: TrainState,
+        data: dict[str, Any],
+        metrics: dict[str, float] | None = None,
+        check_finite: bool = True,
+    ) -> float:
         """Save at an update boundary; returns the seconds the caller was blocked.
 
         check_finite reads the whole state once (tens of ms for 100M floats on a CPU); the loop skips it
@@ -254,12 +277,22 @@ class Checkpointer:
         free = free_bytes(self.directory)
         if free is not None and free < SPACE_MARGIN * self._sizes[last]:
             self._space_warned = True
-            warnings.warn(f"the next saves will not fit in {self.directory}: {size_text(free)} free, each save "
-                          f"~{size_text(self._sizes[last])} (update {last}); free some space or lower "
-                          "checkpoint.keep_last", DiskSpaceWarning, stacklevel=3)
+            warnings.warn(
+                f"the next saves will not fit in {self.directory}: {size_text(free)} free, each save "
+                f"~{size_text(self._sizes[last])} (update {last}); free some space or lower "
+                "checkpoint.keep_last",
+                DiskSpaceWarning,
+                stacklevel=3,
+            )
 
-    def _save(self, step: int, state: TrainState, data: dict[str, Any], metrics: dict[str, float] | None,
-              pins: list[Any] | None = None) -> None:
+    def _save(
+        self,
+        step: int,
+        state: TrainState,
+        data: dict[str, Any],
+        metrics: dict[str, float] | None,
+        pins: list[Any] | None = None,
+    ) -> None:
         """Orbax's save (async or not); `pins` are released when it returns, Orbax then holds the buffers."""
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
@@ -268,8 +301,11 @@ class Checkpointer:
             metadata=ocp.args.JsonSave(self.metadata),
             # read from the arrays handed to Orbax (host views, or a device copy), before it holds them;
             # several processes hold only their shards of the state: no digest there
-            digest=ocp.args.JsonSave(checkpoint_digest(state, data, step) if jax.process_count() == 1 else
-                                     {"algorithm": None, "why": "several processes: each holds part of the state"}),
+            digest=ocp.args.JsonSave(
+                checkpoint_digest(state, data, step)
+                if jax.process_count() == 1
+                else {"algorithm": None, "why": "several processes: each holds part of the state"}
+            ),
         )
         self._handed.append(step)
         self.manager.save(step, args=args, metrics=metrics, force=True)
@@ -289,9 +325,14 @@ class Checkpointer:
             try:
                 check_structure(self.directory, step, expected)
                 out = restore(self.manager, step, target, data=True)
-                return Restored(step=step, state=out["state"], data=dict(out["data"]),
-                                metadata=dict(out["metadata"] or {}), path=self.directory / str(step),
-                                verified=out["verified"])
+                return Restored(
+                    step=step,
+                    state=out["state"],
+                    data=dict(out["data"]),
+                    metadata=dict(out["metadata"] or {}),
+                    path=self.directory / str(step),
+                    verified=out["verified"],
+                )
             except CheckpointMismatch:
                 raise
             except Exception as e:  # noqa: BLE001 - any other failure to read a step means it is damaged
@@ -300,8 +341,10 @@ class Checkpointer:
 
     def set_aside(self, step: int, why: str) -> None:
         """Warn that the checkpoint of `step` is damaged (`why`) and move it to checkpoints_damaged/."""
-        warnings.warn(f"checkpoint at update {step} is damaged ({why}); "
-                      f"moving it to {DAMAGED_DIR}/ and trying the previous one", stacklevel=3)
+        warnings.warn(
+            f"checkpoint at update {step} is damaged ({why}); moving it to {DAMAGED_DIR}/ and trying the previous one",
+            stacklevel=3,
+        )
         self._quarantine(step)
 
     def _quarantine(self, step: int) -> None:
@@ -385,9 +428,13 @@ def _release_signal_waiters(wait_s: float = 10.0) -> None:
         key = future.AwaitableSignalsContract.get_unique_awaitable_singal_key
 
         def waiting() -> list[Any]:
-            return [t for t in threading.enumerate() if isinstance(t, future._SignalingThread) and t.is_alive()
-                    and any(client.key_value_try_get(key(signal, t._operation_id)) is None
-                            for signal in t._receive_signals)]
+            return [
+                t
+                for t in threading.enumerate()
+                if isinstance(t, future._SignalingThread)
+                and t.is_alive()
+                and any(client.key_value_try_get(key(signal, t._operation_id)) is None for signal in t._receive_signals)
+            ]
 
         # the failed save's remaining threads may still be starting (Orbax's own background thread makes
         # them): released until two looks, 0.1 s apart, find none waiting
@@ -408,8 +455,9 @@ class DiskSpaceWarning(UserWarning):
     """The free space beside the checkpoints holds at most one more save."""
 
 
-def restore(manager: ocp.CheckpointManager, step: int, target: Any, data: bool = False,
-            cast: frozenset[str] = frozenset()) -> dict[str, Any]:
+def restore(
+    manager: ocp.CheckpointManager, step: int, target: Any, data: bool = False, cast: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     """The one Orbax restore of jaxloop: the state of `step` against `target` (a TrainState to resume,
     or an abstract tree to read), with the data position and metadata when `data`; checked against the
     step's digest (`verify`: DamagedCheckpointError; `cast`: leaves the target converts on purpose)."""
@@ -429,8 +477,9 @@ def restore(manager: ocp.CheckpointManager, step: int, target: Any, data: bool =
     return {**dict(out), "verified": verified}
 
 
-def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None = None,
-                    follow_x64: bool = True) -> tuple[int, str, dict]:
+def read_checkpoint(
+    run_dir: str | Path, which: str = "best", cfg: Config | None = None, follow_x64: bool = True
+) -> tuple[int, str, dict]:
     """(step, "best" or "latest" (or the step asked for by its number), the saved TrainState as nested dicts)
     of a run, read-only.
 
@@ -462,8 +511,9 @@ def read_checkpoint(run_dir: str | Path, which: str = "best", cfg: Config | None
 def _read_steps(run_dir: Path, directory: Path, cfg: Config, which: str) -> tuple[int, str, dict]:
     """read_checkpoint's read: the chosen step, else the next newest that reads."""
     metric = cfg.checkpoint.best_metric
-    options = ocp.CheckpointManagerOptions(read_only=True, create=False, best_mode=cfg.checkpoint.best_mode,
-                                           best_fn=lambda metrics: float(metrics[metric]))
+    options = ocp.CheckpointManagerOptions(
+        read_only=True, create=False, best_mode=cfg.checkpoint.best_mode, best_fn=lambda metrics: float(metrics[metric])
+    )
     with ocp.CheckpointManager(directory, options=options, item_names=ITEMS) as manager:
         steps = sorted(manager.all_steps(), reverse=True)
         if not steps:
@@ -471,8 +521,9 @@ def _read_steps(run_dir: Path, directory: Path, cfg: Config, which: str) -> tupl
         chosen, first = which, steps[0]
         if which.isdigit():  # one step by its number: that step or nothing
             if int(which) not in steps:
-                raise FileNotFoundError(f"{run_dir} holds no checkpoint of update {which} (it holds "
-                                        f"{', '.join(map(str, sorted(steps)))})")
+                raise FileNotFoundError(
+                    f"{run_dir} holds no checkpoint of update {which} (it holds {', '.join(map(str, sorted(steps)))})"
+                )
             first = int(which)
             steps = [first]
         if which == "best":
@@ -489,15 +540,22 @@ def _read_steps(run_dir: Path, directory: Path, cfg: Config, which: str) -> tupl
         for step in [first] + [s for s in steps if s != first]:
             try:
                 meta = _state_metadata(directory / str(step))
-                abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, jax.dtypes.canonicalize_dtype(m.dtype),
-                                                                       sharding=sharding), meta)
+                abstract = jax.tree.map(
+                    lambda m: jax.ShapeDtypeStruct(m.shape, jax.dtypes.canonicalize_dtype(m.dtype), sharding=sharding),
+                    meta,
+                )
                 # float64 leaves read as float32 (follow_x64=False, x64 off) are converted: their digest cannot match
-                cast = frozenset(leaf_path(p) for p, m in jax.tree_util.tree_flatten_with_path(meta)[0]
-                                 if jax.dtypes.canonicalize_dtype(m.dtype) != m.dtype)
+                cast = frozenset(
+                    leaf_path(p)
+                    for p, m in jax.tree_util.tree_flatten_with_path(meta)[0]
+                    if jax.dtypes.canonicalize_dtype(m.dtype) != m.dtype
+                )
                 return int(step), chosen, restore(manager, step, abstract, cast=cast)["state"]
             except Exception as e:  # noqa: BLE001 - any failure to read a step means it is damaged
-                warnings.warn(f"checkpoint at update {step} could not be read ({root_cause(e)}); "
-                              "trying the next newest", stacklevel=3)
+                warnings.warn(
+                    f"checkpoint at update {step} could not be read ({root_cause(e)}); trying the next newest",
+                    stacklevel=3,
+                )
                 chosen = "latest"
     raise FileNotFoundError(f"no checkpoint of {run_dir} could be read")
 
@@ -519,8 +577,10 @@ def read_state(run_dir: str | Path, step: int, target: TrainState) -> TrainState
         except CheckpointMismatch:
             raise
         except Exception as e:  # noqa: BLE001 - the summary is still the run's; the state is not to be had
-            warnings.warn(f"the final state of {directory.parent} could not be read ({root_cause(e)}); "
-                          "no state returned", stacklevel=3)
+            warnings.warn(
+                f"the final state of {directory.parent} could not be read ({root_cause(e)}); no state returned",
+                stacklevel=3,
+            )
             return None
 
 
@@ -530,8 +590,12 @@ def _state_metadata(step_dir: Path) -> Any:
     line). Orbax's warning that the item has no _CHECKPOINT_METADATA of its own (the step directory holds it)
     is kept off the console."""
     item = Path(step_dir).absolute() / "state"
-    with quiet_absl(logging.NOTSET, MessageFilter("Metadata file does not exist"),
-                    MessageFilter("Failed to get item metadata")), ocp.StandardCheckpointer() as reader:
+    with (
+        quiet_absl(
+            logging.NOTSET, MessageFilter("Metadata file does not exist"), MessageFilter("Failed to get item metadata")
+        ),
+        ocp.StandardCheckpointer() as reader,
+    ):
         meta = reader.metadata(item).item_metadata
     if meta is None or not jax.tree.leaves(meta):  # Orbax reads a missing state item as an empty tree
         raise ValueError(f"no readable state metadata in {item}")
@@ -563,9 +627,13 @@ def check_structure(directory: Path, step: int, expected: dict[str, Any]) -> Non
         return
     differences = model_differences(saved, expected)
     if differences:
-        raise CheckpointMismatch("run_dir", str(directory.parent), f"checkpoints of the model trained now; the "
-                                 f"checkpoint of update {step} holds another: {first_differences(differences)}; "
-                                 "nothing was moved")
+        raise CheckpointMismatch(
+            "run_dir",
+            str(directory.parent),
+            f"checkpoints of the model trained now; the "
+            f"checkpoint of update {step} holds another: {first_differences(differences)}; "
+            "nothing was moved",
+        )
 
 
 def load_model(run_dir: str | Path, model: Any, which: str = "best") -> Any:
@@ -590,6 +658,7 @@ def load_model(run_dir: str | Path, model: Any, which: str = "best") -> Any:
 
 def _fill(target: Any, saved: dict[str, Any]) -> Any:
     """target's tree with each leaf taken from the nested dict `saved` at the same names."""
+
     def name(key: Any) -> str:
         return str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key))))
 

@@ -11,7 +11,8 @@ import gc
 import logging
 import os
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -94,8 +95,11 @@ class DropAbandonedWrites:
 
     def __call__(self, unraisable: Any) -> None:
         error = unraisable.exc_value
-        if self.active and (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
-                            or ".orbax-checkpoint-tmp" in str(error)):
+        if self.active and (
+            isinstance(error, RuntimeError)
+            and str(error) == "Event loop is closed"
+            or ".orbax-checkpoint-tmp" in str(error)
+        ):
             return
         self.previous(unraisable)
 

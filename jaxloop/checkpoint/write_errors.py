@@ -9,9 +9,9 @@ import re
 import shutil
 from pathlib import Path
 
-from jaxloop.update.memory_plan import size
 from jaxloop.core.errors import CheckpointWriteError
 from jaxloop.core.layout import RunLayout
+from jaxloop.update.memory_plan import size
 
 
 def _chain(error: BaseException) -> list[BaseException]:
@@ -26,8 +26,10 @@ def _chain(error: BaseException) -> list[BaseException]:
 def is_disk_full(error: BaseException) -> bool:
     """Whether a failed write ran out of space: ENOSPC anywhere in the chain, or tensorstore's report of it
     (RESOURCE_EXHAUSTED ... No space left on device)."""
-    return any(getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e)
-               or "os_error_code='28'" in str(e) for e in _chain(error))
+    return any(
+        getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e) or "os_error_code='28'" in str(e)
+        for e in _chain(error)
+    )
 
 
 def committed_steps(directory: str | Path) -> list[int]:
@@ -63,20 +65,29 @@ def write_error(error: BaseException, directory: Path, handed: list[int]) -> Che
         cause = "the disk is full (No space left on device)"
     else:
         cause = root_cause(error)
-    last = (f"the last good checkpoint is update {good[-1]}, which a rerun resumes from" if good
-            else "no checkpoint was completed; a rerun starts afresh")
+    last = (
+        f"the last good checkpoint is update {good[-1]}, which a rerun resumes from"
+        if good
+        else "no checkpoint was completed; a rerun starts afresh"
+    )
     which = f"the checkpoint of update {failed}" if failed is not None else "a checkpoint"
-    return CheckpointWriteError(f"{which} could not be written to {directory}: {cause}; "
-                                f"{size_text(free_bytes(directory))} free there; {last}")
+    return CheckpointWriteError(
+        f"{which} could not be written to {directory}: {cause}; {size_text(free_bytes(directory))} free there; {last}"
+    )
 
 
 def disk_full_line(error: OSError, run_dir: str | Path) -> str:
     """The one line of a full disk met outside a checkpoint save (metrics.jsonl, config.json, ...)."""
     good = committed_steps(RunLayout.of(Path(run_dir).absolute()).checkpoints)
-    last = (f"the last good checkpoint is update {good[-1]}, which a rerun resumes from" if good
-            else "no checkpoint was completed; a rerun starts afresh")
-    return (f"{error.filename or run_dir} could not be written: the disk is full (No space left on device); "
-            f"{size_text(free_bytes(Path(run_dir)))} free there; {last}")
+    last = (
+        f"the last good checkpoint is update {good[-1]}, which a rerun resumes from"
+        if good
+        else "no checkpoint was completed; a rerun starts afresh"
+    )
+    return (
+        f"{error.filename or run_dir} could not be written: the disk is full (No space left on device); "
+        f"{size_text(free_bytes(Path(run_dir)))} free there; {last}"
+    )
 
 
 def root_cause(error: BaseException) -> str:

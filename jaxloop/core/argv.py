@@ -41,11 +41,19 @@ FOREIGN_FLAGS: dict[str, tuple[str, str]] = {
     "max_steps": ("--steps", "optimizer updates in all"),
     "max_iters": ("--steps", "optimizer updates in all"),
     "max_epochs": ("--steps", "jaxloop counts updates, not epochs: steps = epochs x training examples / batch_size"),
-    "num_train_epochs": ("--steps", "jaxloop counts updates, not epochs: steps = epochs x training examples / batch_size"),
+    "num_train_epochs": (
+        "--steps",
+        "jaxloop counts updates, not epochs: steps = epochs x training examples / batch_size",
+    ),
     "epochs": ("--steps", "jaxloop counts updates, not epochs: steps = epochs x training examples / batch_size"),
-    "learning_rate": ("--optim.peak_lr", "the rate after warmup; --optim.init_lr starts the warmup, --optim.end_lr "
-                                         "ends the schedule"),
-    "lr": ("--optim.peak_lr", "the rate after warmup; --optim.init_lr starts the warmup, --optim.end_lr ends the schedule"),
+    "learning_rate": (
+        "--optim.peak_lr",
+        "the rate after warmup; --optim.init_lr starts the warmup, --optim.end_lr ends the schedule",
+    ),
+    "lr": (
+        "--optim.peak_lr",
+        "the rate after warmup; --optim.init_lr starts the warmup, --optim.end_lr ends the schedule",
+    ),
     "min_lr": ("--optim.end_lr", "the schedule's last rate"),
     "lr_scheduler_type": ("--optim.schedule", "the schedule's name; --help lists them"),
     "optim": ("--optim.name", "the optimizer's name; --help lists them"),
@@ -80,12 +88,15 @@ FOREIGN_FLAGS: dict[str, tuple[str, str]] = {
     "output_dir": ("--run_dir", "the run's directory; a run resumes from its own: --run_dir DIR alone"),
     "out_dir": ("--run_dir", "the run's directory; a run resumes from its own: --run_dir DIR alone"),
     "default_root_dir": ("--run_dir", "the run's directory; a run resumes from its own: --run_dir DIR alone"),
-    "resume_from_checkpoint": ("--run_dir", "a run resumes from its own directory: --run_dir DIR, with --resume must to insist"),
+    "resume_from_checkpoint": (
+        "--run_dir",
+        "a run resumes from its own directory: --run_dir DIR, with --resume must to insist",
+    ),
 }
 
 
 def foreign_flag(flag: str) -> str | None:
-    """"jaxloop's is --steps: optimizer updates in all" for another loop's flag (`--max_steps`,
+    """ "jaxloop's is --steps: optimizer updates in all" for another loop's flag (`--max_steps`,
     `--trainer.max_epochs`, `--gradient-accumulation-steps`), None for any other."""
     name = flag.lstrip("-").replace("-", "_").removeprefix("trainer.")
     if name not in FOREIGN_FLAGS:

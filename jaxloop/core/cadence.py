@@ -35,7 +35,7 @@ class Cadence:
     save_every: int  # 0: only at the end
 
     @classmethod
-    def of(cls, cfg: Config) -> "Cadence":
+    def of(cls, cfg: Config) -> Cadence:
         return cls(cfg.steps, cfg.log_every, cfg.eval_every, cfg.checkpoint.every)
 
     def logs(self, step: int) -> bool:

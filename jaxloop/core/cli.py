@@ -24,21 +24,42 @@ from typing import Any
 
 import tyro
 
-from jaxloop.core.config import (Config, ConfigError, OptimShared, flat_hints, flat_view, from_dict, preset,
-                                 preset_baseline, validate, with_flat)
-from jaxloop.core.optimizers_config import OPTIMIZERS
-from jaxloop.core.schedules_config import SCHEDULES
-from jaxloop.core.errors import (  # noqa: F401  (the exceptions' home is jaxloop.core.errors, free of tyro; kept importable here)
-    EXIT_BAD_INPUT, EXIT_CHECKPOINT_WRITE, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, EXIT_SIGNAL, VALUE_SHOWN,
-    CheckpointWriteError, Interrupted, NonFiniteError, OutOfMemoryError, UsageError)
 from jaxloop.core.argv import foreign_flag, take_flag, take_option
+from jaxloop.core.config import (
+    Config,
+    ConfigError,
+    OptimShared,
+    flat_hints,
+    flat_view,
+    from_dict,
+    preset,
+    preset_baseline,
+    validate,
+    with_flat,
+)
 from jaxloop.core.config_file import read_config_file
+from jaxloop.core.errors import (  # noqa: F401  (the exceptions' home is jaxloop.core.errors, free of tyro; kept importable here)
+    EXIT_BAD_INPUT,
+    EXIT_CHECKPOINT_WRITE,
+    EXIT_NONFINITE,
+    EXIT_OUT_OF_MEMORY,
+    EXIT_SIGNAL,
+    VALUE_SHOWN,
+    CheckpointWriteError,
+    Interrupted,
+    NonFiniteError,
+    OutOfMemoryError,
+    UsageError,
+)
 from jaxloop.core.layout import REPORT_FILE
+from jaxloop.core.optimizers_config import OPTIMIZERS
 from jaxloop.core.run_dir import saved_config
+from jaxloop.core.schedules_config import SCHEDULES
 
 
-def parse_config(argv: Sequence[str], prog: str = "jaxloop.train", check_paths: bool = True,
-                 description: str = "") -> Config:
+def parse_config(
+    argv: Sequence[str], prog: str = "jaxloop.train", check_paths: bool = True, description: str = ""
+) -> Config:
     """Parse and validate argv; raise ConfigError or UsageError (never SystemExit, except for --help, which
     begins with `description`: the train command's DESCRIPTION unless another command gives its own).
 
@@ -53,8 +74,12 @@ def parse_config(argv: Sequence[str], prog: str = "jaxloop.train", check_paths: 
     file_fields = read_config_file(config_file) if config_file else {}
     wanted_preset = preset_flag or file_fields.get("preset")
     base = preset(wanted_preset or "digits")
-    run_dir = take_option(argv, "--run_dir", keep=True) or take_option(argv, "--run-dir", keep=True) \
-        or file_fields.get("run_dir") or base.run_dir
+    run_dir = (
+        take_option(argv, "--run_dir", keep=True)
+        or take_option(argv, "--run-dir", keep=True)
+        or file_fields.get("run_dir")
+        or base.run_dir
+    )
     resume = take_option(argv, "--resume", keep=True) or file_fields.get("resume") or "auto"
     stored = saved_config(str(run_dir)) if resume != "never" else None
     if stored is not None and wanted_preset in (None, stored.preset):
@@ -72,8 +97,10 @@ def _model_remat_flags(argv: list[str], on: bool, off: bool, base_remat: str) ->
     flag = take_option(argv, "--memory.remat", keep=True)
     remat = flag or base_remat
     if on and remat not in ("none", "blocks"):
-        raise UsageError(f"--model.remat is --memory.remat blocks now, which cannot be combined with "
-                         f"memory.remat={remat}: give one --memory.remat")
+        raise UsageError(
+            f"--model.remat is --memory.remat blocks now, which cannot be combined with "
+            f"memory.remat={remat}: give one --memory.remat"
+        )
     if on:
         if flag is not None:
             take_option(argv, "--memory.remat")
@@ -143,14 +170,19 @@ def resume_command(prog: str, run_dir: str) -> str:
     return f"python -m {prog} --run_dir {shlex.quote(str(run_dir))}"
 
 
-def finish(prog: str, cfg: Config, run: Callable[[], dict[str, Any]],
-           announce: Callable[[], bool] = lambda: True) -> int:
+def finish(
+    prog: str, cfg: Config, run: Callable[[], dict[str, Any]], announce: Callable[[], bool] = lambda: True
+) -> int:
     """Run `run()` (a whole training run) and map how it ended to the exit status, with one line on stderr:
     done (0), bad input (2), too many non-finite updates (1), a failed checkpoint write or a full disk (3),
     out of memory in every plan (4), a signal (130 / 143, after saving).
     `announce()`: whether to print the done line (only the process that writes the run's files does)."""
-    failures = ((ConfigError, EXIT_BAD_INPUT), (NonFiniteError, EXIT_NONFINITE),
-                (CheckpointWriteError, EXIT_CHECKPOINT_WRITE), (OutOfMemoryError, EXIT_OUT_OF_MEMORY))
+    failures = (
+        (ConfigError, EXIT_BAD_INPUT),
+        (NonFiniteError, EXIT_NONFINITE),
+        (CheckpointWriteError, EXIT_CHECKPOINT_WRITE),
+        (OutOfMemoryError, EXIT_OUT_OF_MEMORY),
+    )
     try:
         summary = run()
     except tuple(kind for kind, _ in failures) as e:
@@ -158,8 +190,11 @@ def finish(prog: str, cfg: Config, run: Callable[[], dict[str, Any]],
         return next(status for kind, status in failures if isinstance(e, kind))
     except Interrupted as e:
         saved = f" at update {e.step}" if e.step is not None else ""
-        print(f"{prog}: {e} received: saved and stopped{saved}; resume with: "
-              f"{resume_command(prog, e.run_dir or cfg.run_dir)}", file=sys.stderr)
+        print(
+            f"{prog}: {e} received: saved and stopped{saved}; resume with: "
+            f"{resume_command(prog, e.run_dir or cfg.run_dir)}",
+            file=sys.stderr,
+        )
         return EXIT_SIGNAL[e.signum]
     if announce() and not summary.get("already_complete"):  # jaxloop.run says that itself
         print(done_line(summary, cfg.run_dir, process_seconds()), file=sys.stderr)
@@ -187,8 +222,11 @@ def done_line(summary: dict[str, Any], run_dir: str, process_s: float | None = N
         return f"already complete: this run ended at update {total} ({summary['stop_reason']}); {final}; {where}"
     this = summary.get("updates_this_run", total)
     count = f"{this} updates" if this == total else f"{this} updates this time ({total} in all)"
-    took = f"{summary['wall_time_s']:.1f}s" if process_s is None else \
-        f"{process_s:.1f}s ({summary['wall_time_s']:.1f}s of it in jaxloop.run)"
+    took = (
+        f"{summary['wall_time_s']:.1f}s"
+        if process_s is None
+        else f"{process_s:.1f}s ({summary['wall_time_s']:.1f}s of it in jaxloop.run)"
+    )
     return f"done: {count} in {took}; {final}; outputs in {run_dir}"
 
 
@@ -224,24 +262,32 @@ def _tyro_parse(argv: list[str], base: Config, prog: str, description: str = "")
     cls = _cli_class(*_help_choices(argv)) if "--help" in argv or "-h" in argv else _cli_class()
     optim_cls = typing.get_type_hints(cls)["optim"]
     view = flat_view(base.optim, baseline)
-    default = cls(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Config) if f.name != "optim"},
-                  optim=optim_cls(**{f.name: view[f.name] for f in dataclasses.fields(optim_cls)}))
+    default = cls(
+        **{f.name: getattr(base, f.name) for f in dataclasses.fields(Config) if f.name != "optim"},
+        optim=optim_cls(**{f.name: view[f.name] for f in dataclasses.fields(optim_cls)}),
+    )
     try:
         with contextlib.redirect_stderr(err):
-            parsed = tyro.cli(cls, default=default, args=argv, prog=prog, use_underscores=True,
-                                description=description or DESCRIPTION)
+            parsed = tyro.cli(
+                cls, default=default, args=argv, prog=prog, use_underscores=True, description=description or DESCRIPTION
+            )
     except SystemExit as e:
         if e.code in (0, None):
             raise
         message = _first_section(err.getvalue()) or "invalid command line"
         # a value tyro quotes is shown as ConfigError shows one: cut after VALUE_SHOWN characters
-        message = re.sub(f"'[^']{{{VALUE_SHOWN + 1},}}'", lambda m: f"{m[0][:VALUE_SHOWN + 1]}... (cut at "
-                         f"{VALUE_SHOWN} characters)'", message)
+        message = re.sub(
+            f"'[^']{{{VALUE_SHOWN + 1},}}'",
+            lambda m: f"{m[0][: VALUE_SHOWN + 1]}... (cut at {VALUE_SHOWN} characters)'",
+            message,
+        )
         raise UsageError(f"{message} (see --help)") from None
-    optim = with_flat(base.optim, {f.name: getattr(parsed.optim, f.name) for f in dataclasses.fields(optim_cls)},
-                      baseline)
-    return Config(**{f.name: getattr(parsed, f.name) for f in dataclasses.fields(Config) if f.name != "optim"},
-                  optim=optim)
+    optim = with_flat(
+        base.optim, {f.name: getattr(parsed.optim, f.name) for f in dataclasses.fields(optim_cls)}, baseline
+    )
+    return Config(
+        **{f.name: getattr(parsed, f.name) for f in dataclasses.fields(Config) if f.name != "optim"}, optim=optim
+    )
 
 
 def _help_choices(argv: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -263,19 +309,29 @@ def _cli_class(names: tuple[str, ...] = tuple(OPTIMIZERS), schedules: tuple[str,
     hints = flat_hints()
 
     def menu(cls_of: dict[str, Any], selector: str) -> str:
-        return "; ".join(f"{n}: {_first_sentence(c.__doc__ or '')}" for n, c in cls_of.items()) + \
-            f" (--optim.{selector} X --help lists X's fields)"
+        return (
+            "; ".join(f"{n}: {_first_sentence(c.__doc__ or '')}" for n, c in cls_of.items())
+            + f" (--optim.{selector} X --help lists X's fields)"
+        )
 
     name_hint, schedule_hint = hints["name"], hints["schedule"]
     own: list[tuple[str, Any, Any]] = [
-        ("name", typing.Annotated[name_hint, tyro.conf.arg(help=menu(OPTIMIZERS, "name"))],
-         dataclasses.field(default=names[0] if len(names) == 1 else next(iter(OPTIMIZERS)))),
-        ("schedule", typing.Annotated[schedule_hint, tyro.conf.arg(help=menu(SCHEDULES, "schedule"))],
-         dataclasses.field(default=schedules[0] if len(schedules) == 1 else next(iter(SCHEDULES))))]
+        (
+            "name",
+            typing.Annotated[name_hint, tyro.conf.arg(help=menu(OPTIMIZERS, "name"))],
+            dataclasses.field(default=names[0] if len(names) == 1 else next(iter(OPTIMIZERS))),
+        ),
+        (
+            "schedule",
+            typing.Annotated[schedule_hint, tyro.conf.arg(help=menu(SCHEDULES, "schedule"))],
+            dataclasses.field(default=schedules[0] if len(schedules) == 1 else next(iter(SCHEDULES))),
+        ),
+    ]
     own += [(c.prefix.rstrip("."), c, dataclasses.field(default_factory=c)) for c in chosen if c.prefix]
     optim = dataclasses.make_dataclass("optim", own, bases=(OptimShared, *bases), frozen=True)
-    return dataclasses.make_dataclass("Config", [("optim", optim, dataclasses.field(default_factory=optim))],
-                                      bases=(Config,), frozen=True)
+    return dataclasses.make_dataclass(
+        "Config", [("optim", optim, dataclasses.field(default_factory=optim))], bases=(Config,), frozen=True
+    )
 
 
 def _first_sentence(doc: str) -> str:

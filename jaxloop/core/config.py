@@ -21,14 +21,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal, get_args, get_type_hints
 
-from jaxloop.core.errors import ConfigError, short_repr  # its home is jaxloop.core.errors; still importable from here
-from jaxloop.core.checks import (check_type, finite, is_int, nonneg_float, nonneg_int, one_of, positive_float,
-                                 positive_int, readable_file, writable_dir)
+from jaxloop.core.checks import (
+    check_type,
+    finite,
+    is_int,
+    nonneg_float,
+    nonneg_int,
+    one_of,
+    positive_float,
+    positive_int,
+    readable_file,
+    writable_dir,
+)
 from jaxloop.core.choice import Choice
+from jaxloop.core.errors import ConfigError, short_repr  # its home is jaxloop.core.errors; still importable from here
 from jaxloop.core.layout import TORCH_CHECKPOINT, RunLayout
 from jaxloop.core.optimizers_config import OPTIMIZERS, AdamWConfig, OptimizerConfig
-from jaxloop.core.schedules_config import (  # noqa: F401  (PlateauConfig: importable from here, as before)
-    SCHEDULES, PlateauConfig, ScheduleConfig, WarmupCosineConfig)
+from jaxloop.core.schedules_config import SCHEDULES, PlateauConfig, ScheduleConfig, WarmupCosineConfig  # noqa: F401  (PlateauConfig: importable from here, as before)
 
 PRECISIONS = ("fp32", "bf16", "bf16_full", "fp16", "fp64", "auto")
 REMATS = ("none", "blocks", "dots_saveable", "full")
@@ -102,8 +111,11 @@ class OptimConfig(OptimShared):
 
     def __init__(self, **kwargs: Any) -> None:
         for f in fields(OptimConfig):
-            value = kwargs.pop(f.name) if f.name in kwargs else (
-                f.default_factory() if f.default is dataclasses.MISSING else f.default)  # type: ignore[misc]
+            value = (
+                kwargs.pop(f.name)
+                if f.name in kwargs
+                else (f.default_factory() if f.default is dataclasses.MISSING else f.default)
+            )  # type: ignore[misc]
             object.__setattr__(self, f.name, value)
         if kwargs:  # the flat form: name="sgd", momentum=0.9, ...
             flat = with_flat(self, kwargs)
@@ -131,8 +143,10 @@ class OptimConfig(OptimShared):
             if not part.prefix and key in part.field_names():
                 return getattr(part, key)
         if key in flat_hints():
-            raise AttributeError(f"optim.{key}: not read by optim.name={self.name} nor optim.schedule="
-                                 f"{self.schedule} (read by {', '.join(readers(key))})")
+            raise AttributeError(
+                f"optim.{key}: not read by optim.name={self.name} nor optim.schedule="
+                f"{self.schedule} (read by {', '.join(readers(key))})"
+            )
         raise AttributeError(f"'OptimConfig' object has no attribute {key!r}")
 
     def validate(self, steps: int) -> None:
@@ -145,11 +159,13 @@ class OptimConfig(OptimShared):
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError("optim.ema_decay", self.ema_decay, "a number in [0, 1) (0 = off)")
         if type(self.optimizer) not in OPTIMIZERS.values():
-            raise ConfigError("optim.optimizer", self.optimizer,
-                              f"one of {', '.join(c.__name__ for c in OPTIMIZERS.values())}")
+            raise ConfigError(
+                "optim.optimizer", self.optimizer, f"one of {', '.join(c.__name__ for c in OPTIMIZERS.values())}"
+            )
         if type(self.lr_schedule) not in SCHEDULES.values():
-            raise ConfigError("optim.lr_schedule", self.lr_schedule,
-                              f"one of {', '.join(c.__name__ for c in SCHEDULES.values())}")
+            raise ConfigError(
+                "optim.lr_schedule", self.lr_schedule, f"one of {', '.join(c.__name__ for c in SCHEDULES.values())}"
+            )
         self.optimizer.validate()
         self.lr_schedule.validate(self.peak_lr, steps)
 
@@ -185,8 +201,11 @@ def flat_hints() -> dict[str, Any]:
         for name in cls.field_names():
             out.setdefault(name, hints[name])
     lead = [k for k in _LEADING if k in out or k in shared]
-    return {**{k: out.get(k, shared.get(k)) for k in lead}, **{k: v for k, v in out.items() if k not in lead},
-            **{k: v for k, v in shared.items() if k not in lead}}
+    return {
+        **{k: out.get(k, shared.get(k)) for k in lead},
+        **{k: v for k, v in out.items() if k not in lead},
+        **{k: v for k, v in shared.items() if k not in lead},
+    }
 
 
 def flat_defaults() -> dict[str, Any]:
@@ -199,8 +218,10 @@ def flat_defaults() -> dict[str, Any]:
             continue
         for f in fields(cls):
             if f.name in out and out[f.name] != f.default:
-                raise AssertionError(f"optim.{f.name}: {cls.__name__}'s default {f.default!r} differs from "
-                                     f"another class's {out[f.name]!r} (the flat form needs one)")
+                raise AssertionError(
+                    f"optim.{f.name}: {cls.__name__}'s default {f.default!r} differs from "
+                    f"another class's {out[f.name]!r} (the flat form needs one)"
+                )
             out[f.name] = f.default
     return {k: out[k] for k in flat_hints()}
 
@@ -212,8 +233,11 @@ def flat_keys(classes: Any) -> list[str]:
 
 def readers(key: str) -> list[str]:
     """The choices that read flat field `key` (optim.name=sgd, optim.schedule=step), from the classes."""
-    return [f"optim.{cls.selector}={cls.name}" for cls in _choices()
-            if (cls.prefix and key == _key(cls)) or (not cls.prefix and key in cls.field_names())]
+    return [
+        f"optim.{cls.selector}={cls.name}"
+        for cls in _choices()
+        if (cls.prefix and key == _key(cls)) or (not cls.prefix and key in cls.field_names())
+    ]
 
 
 def _read_by(o: OptimConfig) -> dict[str, Any]:
@@ -242,8 +266,9 @@ def with_flat(o: OptimConfig, changes: dict[str, Any], baseline: dict[str, Any] 
     view = flat_view(o, baseline)
     unknown = sorted(set(changes) - set(view))
     if unknown:
-        raise ConfigError(f"optim.{unknown[0]}", changes[unknown[0]],
-                          f"a known field{_did_you_mean(unknown[0], set(view), 'optim.')}")
+        raise ConfigError(
+            f"optim.{unknown[0]}", changes[unknown[0]], f"a known field{_did_you_mean(unknown[0], set(view), 'optim.')}"
+        )
     ref = baseline if baseline is not None else view
     new = {**view, **changes}
     opt_cls, sched_cls = OPTIMIZERS.get(new["name"]), SCHEDULES.get(new["schedule"])
@@ -251,22 +276,34 @@ def with_flat(o: OptimConfig, changes: dict[str, Any], baseline: dict[str, Any] 
         raise ConfigError("optim.name", new["name"], f"one of {', '.join(OPTIMIZERS)}")
     if sched_cls is None:
         raise ConfigError("optim.schedule", new["schedule"], f"one of {', '.join(SCHEDULES)}")
-    read = {"name", "schedule", *(f.name for f in fields(OptimShared)), *opt_cls.field_names(),
-            *([_key(sched_cls)] if sched_cls.prefix else sched_cls.field_names())}
+    read = {
+        "name",
+        "schedule",
+        *(f.name for f in fields(OptimShared)),
+        *opt_cls.field_names(),
+        *([_key(sched_cls)] if sched_cls.prefix else sched_cls.field_names()),
+    }
     for key in sorted(set(new) - read):
         if new[key] == ref[key]:
             continue
-        who = f"optim.name={new['name']}" if any(key in c.field_names() for c in OPTIMIZERS.values()) \
+        who = (
+            f"optim.name={new['name']}"
+            if any(key in c.field_names() for c in OPTIMIZERS.values())
             else f"optim.schedule={new['schedule']}"
+        )
         path, value, default = f"optim.{key}", new[key], ref[key]
         if is_dataclass(value) and type(value) is type(default):  # plateau: name the nested field that differs
             sub = next(f.name for f in fields(value) if getattr(value, f.name) != getattr(default, f.name))
             path, value, default = f"{path}.{sub}", getattr(value, sub), getattr(default, sub)
-        raise ConfigError(path, value, f"its default {default!r} ({who} does not read it; read by "
-                          f"{', '.join(readers(key))})")
+        raise ConfigError(
+            path, value, f"its default {default!r} ({who} does not read it; read by {', '.join(readers(key))})"
+        )
     schedule = new[_key(sched_cls)] if sched_cls.prefix else sched_cls(**{k: new[k] for k in sched_cls.field_names()})
-    return OptimConfig(optimizer=opt_cls(**{k: new[k] for k in opt_cls.field_names()}), lr_schedule=schedule,
-                       **{f.name: new[f.name] for f in fields(OptimShared)})
+    return OptimConfig(
+        optimizer=opt_cls(**{k: new[k] for k in opt_cls.field_names()}),
+        lr_schedule=schedule,
+        **{f.name: new[f.name] for f in fields(OptimShared)},
+    )
 
 
 def preset_baseline(name: str) -> dict[str, Any]:
@@ -335,8 +372,17 @@ class ModelConfig:
             raise ConfigError("model.dropout", self.dropout, "a number in [0, 1)")
         nonneg_int("model.vocab_size", self.vocab_size)
         positive_int("model.vocab_multiple", self.vocab_multiple)
-        for name in ("context", "d_model", "n_layers", "n_heads", "mlp_ratio", "vocab_size", "vocab_multiple", "hidden"):
-            for v in (self.hidden if name == "hidden" else (getattr(self, name),)):
+        for name in (
+            "context",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "mlp_ratio",
+            "vocab_size",
+            "vocab_multiple",
+            "hidden",
+        ):
+            for v in self.hidden if name == "hidden" else (getattr(self, name),):
                 if v > INT32_MAX:
                     raise ConfigError(f"model.{name}", v, f"an integer <= {INT32_MAX} (sizes and token ids are int32)")
         one_of("model.attention", self.attention, ATTENTIONS)
@@ -383,9 +429,13 @@ class DataConfig:
         nonneg_int("data.workers", self.workers)
         cores = usable_cores()
         if self.workers > WORKERS_PER_CORE * cores:
-            raise ConfigError("data.workers", self.workers, f"an integer in [0, {WORKERS_PER_CORE * cores}] "
-                              f"({WORKERS_PER_CORE} per CPU core this process may use: {cores}; each worker is a "
-                              "process of its own)")
+            raise ConfigError(
+                "data.workers",
+                self.workers,
+                f"an integer in [0, {WORKERS_PER_CORE * cores}] "
+                f"({WORKERS_PER_CORE} per CPU core this process may use: {cores}; each worker is a "
+                "process of its own)",
+            )
         nonneg_int("data.prefetch", self.prefetch)
         nonneg_int("data.eval_batch_size", self.eval_batch_size)
         check_type("data.allow_changed", self.allow_changed, bool)
@@ -395,8 +445,12 @@ class DataConfig:
         if self.val and not self.train:
             raise ConfigError("data.val", self.val, "empty unless data.train names the training shards too")
         if self.train and self.path:
-            raise ConfigError("data.path", self.path, f"empty when data.train names the training shards "
-                              f"({self.train}); put the validation shards in data.val")
+            raise ConfigError(
+                "data.path",
+                self.path,
+                f"empty when data.train names the training shards "
+                f"({self.train}); put the validation shards in data.val",
+            )
 
 
 WORKERS_PER_CORE = 4
@@ -474,8 +528,11 @@ class LogConfig:
             one_of("log.trackers", name, tuple(TRACKER_MODULES))
             missing = [m for m in TRACKER_MODULES[name] if importlib.util.find_spec(m) is None]
             if missing:
-                raise ConfigError("log.trackers", name, f"an installed tracker ({missing[0]} is not installed): "
-                                  f"pip install 'jaxloop[{name}]'")
+                raise ConfigError(
+                    "log.trackers",
+                    name,
+                    f"an installed tracker ({missing[0]} is not installed): pip install 'jaxloop[{name}]'",
+                )
         nonneg_int("log.profile_start", self.profile_start)
         nonneg_int("log.profile_steps", self.profile_steps)
         nonneg_float("log.price_per_hour", self.price_per_hour)
@@ -500,13 +557,19 @@ class DistributedConfig:
         positive_int("distributed.num_processes", self.num_processes)
         positive_int("distributed.fsdp", self.fsdp)  # divides the device count: checked when jax starts
         if not is_int(self.process_id) or not 0 <= self.process_id < self.num_processes:
-            raise ConfigError("distributed.process_id", self.process_id,
-                              f"an integer in [0, distributed.num_processes={self.num_processes})")
+            raise ConfigError(
+                "distributed.process_id",
+                self.process_id,
+                f"an integer in [0, distributed.num_processes={self.num_processes})",
+            )
         if self.num_processes > 1:
             host, _, port = self.coordinator.rpartition(":")
             if not host or not port.isdigit():
-                raise ConfigError("distributed.coordinator", self.coordinator,
-                                  "host:port of process 0 (needed when distributed.num_processes > 1)")
+                raise ConfigError(
+                    "distributed.coordinator",
+                    self.coordinator,
+                    "host:port of process 0 (needed when distributed.num_processes > 1)",
+                )
 
 
 @dataclass(frozen=True)
@@ -609,7 +672,12 @@ def preset(name: str) -> Config:
         return Config()
     if name == "debug":
         return Config(
-            preset="debug", run_dir="runs/debug", steps=20, batch_size=32, eval_every=10, log_every=1,
+            preset="debug",
+            run_dir="runs/debug",
+            steps=20,
+            batch_size=32,
+            eval_every=10,
+            log_every=1,
             optim=OptimConfig(peak_lr=1e-2, warmup_steps=4, end_lr=1e-4),
             model=ModelConfig(hidden=(32,)),
             checkpoint=CheckpointConfig(every=10),
@@ -617,8 +685,12 @@ def preset(name: str) -> Config:
         )
     if name == "shakespeare":
         return Config(
-            preset="shakespeare", run_dir="runs/shakespeare", steps=2000, batch_size=32,
-            eval_every=250, log_every=25,
+            preset="shakespeare",
+            run_dir="runs/shakespeare",
+            steps=2000,
+            batch_size=32,
+            eval_every=250,
+            log_every=25,
             optim=OptimConfig(peak_lr=1e-3, end_lr=1e-4, warmup_steps=100, weight_decay=0.1, b2=0.99),
             model=ModelConfig(kind="gpt", context=128, d_model=128, n_layers=4, n_heads=4),
             # 32 sequences per validation batch: on a CPU, forward passes of 32 ran at 2.3x the tokens/s
@@ -630,29 +702,66 @@ def preset(name: str) -> Config:
         # GPT-2 small (124M with the padded vocabulary and tied embeddings) with nanoGPT's / llm.c's
         # optimizer: AdamW 6e-4, betas (0.9, 0.95), decay 0.1, warmup then cosine to 6e-5, clip 1.0
         return Config(
-            preset="gpt2-small", run_dir="runs/gpt2-small", steps=5000, batch_size=16, eval_every=250,
-            log_every=10, precision="auto",
-            optim=OptimConfig(peak_lr=6e-4, end_lr=6e-5, warmup_steps=700, weight_decay=0.1, b1=0.9, b2=0.95,
-                              clip_norm=1.0),
-            model=ModelConfig(kind="gpt", context=1024, d_model=768, n_layers=12, n_heads=12, mlp_ratio=4,
-                              dropout=0.0, tie_embeddings=True, vocab_multiple=64, attention="auto", init="gpt2"),
+            preset="gpt2-small",
+            run_dir="runs/gpt2-small",
+            steps=5000,
+            batch_size=16,
+            eval_every=250,
+            log_every=10,
+            precision="auto",
+            optim=OptimConfig(
+                peak_lr=6e-4, end_lr=6e-5, warmup_steps=700, weight_decay=0.1, b1=0.9, b2=0.95, clip_norm=1.0
+            ),
+            model=ModelConfig(
+                kind="gpt",
+                context=1024,
+                d_model=768,
+                n_layers=12,
+                n_heads=12,
+                mlp_ratio=4,
+                dropout=0.0,
+                tie_embeddings=True,
+                vocab_multiple=64,
+                attention="auto",
+                init="gpt2",
+            ),
             # token shards (python -m jaxloop.prepare, or llm.c's / nanoGPT's own) given by --data.path; 200
             # validation batches per evaluation, as nanoGPT's eval_iters estimates (the same batches every time)
             data=DataConfig(source="tokens", val_fraction=0.05, eval_batch_size=16),
-            eval_batches=200, checkpoint=CheckpointConfig(every=250),
+            eval_batches=200,
+            checkpoint=CheckpointConfig(every=250),
         )
     if name == "gpt2-finetune":
         # nanoGPT's config/finetune_shakespeare.py: a pretrained GPT-2 (--init_from a Hugging Face directory, whose
         # config.json gives the model's shape) fine-tuned for 20 updates of 32 sequences at a constant 3e-5
         return Config(
-            preset="gpt2-finetune", run_dir="runs/gpt2-finetune", steps=20, batch_size=8, eval_every=5,
-            log_every=1, precision="auto",
-            optim=with_flat(OptimConfig(peak_lr=3e-5, warmup_steps=0, weight_decay=0.1, b1=0.9, b2=0.95,
-                                        clip_norm=1.0, accum_steps=4), {"schedule": "constant"}),
-            model=ModelConfig(kind="gpt", context=1024, d_model=768, n_layers=12, n_heads=12, vocab_size=50257,
-                              dropout=0.0, tie_embeddings=True, attention="auto"),
+            preset="gpt2-finetune",
+            run_dir="runs/gpt2-finetune",
+            steps=20,
+            batch_size=8,
+            eval_every=5,
+            log_every=1,
+            precision="auto",
+            optim=with_flat(
+                OptimConfig(
+                    peak_lr=3e-5, warmup_steps=0, weight_decay=0.1, b1=0.9, b2=0.95, clip_norm=1.0, accum_steps=4
+                ),
+                {"schedule": "constant"},
+            ),
+            model=ModelConfig(
+                kind="gpt",
+                context=1024,
+                d_model=768,
+                n_layers=12,
+                n_heads=12,
+                vocab_size=50257,
+                dropout=0.0,
+                tie_embeddings=True,
+                attention="auto",
+            ),
             data=DataConfig(source="tokens", val_fraction=0.1, eval_batch_size=8),
-            eval_batches=40, checkpoint=CheckpointConfig(every=5, keep_last=1),
+            eval_batches=40,
+            checkpoint=CheckpointConfig(every=5, keep_last=1),
         )
     raise ConfigError("preset", name, f"one of {', '.join(PRESETS)}")
 
@@ -739,13 +848,17 @@ def upgrade(d: dict[str, Any], memory_remat: str = "none", stored: bool = False)
     if old and remat in ("none", "blocks"):
         upgraded["memory"] = {**memory, "remat": "blocks"}
     elif old and not stored:
-        raise ConfigError("model.remat", old, f"absent beside memory.remat={remat} (model.remat=true is "
-                          "memory.remat=blocks now): write one memory.remat")
+        raise ConfigError(
+            "model.remat",
+            old,
+            f"absent beside memory.remat={remat} (model.remat=true is memory.remat=blocks now): write one memory.remat",
+        )
     return upgraded
 
 
-def _optim_from_dict(d: dict[str, Any], base: OptimConfig, path: str, baseline: dict[str, Any] | None,
-                     record: bool = False) -> OptimConfig:
+def _optim_from_dict(
+    d: dict[str, Any], base: OptimConfig, path: str, baseline: dict[str, Any] | None, record: bool = False
+) -> OptimConfig:
     """The flat optim section of a config file or config.json over `base` (with_flat), each value checked
     against its flat field's type; plateau's nested mapping over the flat view's PlateauConfig. `record`: the
     section is read as it is, what its choices do not read ignored (no preset to hold those to)."""
@@ -765,7 +878,7 @@ def _optim_from_dict(d: dict[str, Any], base: OptimConfig, path: str, baseline: 
 
 
 def _did_you_mean(name: str, known: set[str], section: str) -> str:
-    """"; did you mean optim.peak_lr?" for the closest known field, else the section's fields listed."""
+    """ "; did you mean optim.peak_lr?" for the closest known field, else the section's fields listed."""
     close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
     if close:
         return f"; did you mean {section}{close[0]}?"
@@ -818,8 +931,12 @@ def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -
     one_of("resume", cfg.resume, ("auto", "never", "must"))
     positive_int("steps", cfg.steps)
     if cfg.steps > MAX_STEPS:
-        raise ConfigError("steps", cfg.steps, f"an integer in [1, {MAX_STEPS}] (the learning-rate schedule is a "
-                          f"table of one float64 rate per update: {MAX_STEPS * 8 // 2**20} MiB at the bound)")
+        raise ConfigError(
+            "steps",
+            cfg.steps,
+            f"an integer in [1, {MAX_STEPS}] (the learning-rate schedule is a "
+            f"table of one float64 rate per update: {MAX_STEPS * 8 // 2**20} MiB at the bound)",
+        )
     positive_int("batch_size", cfg.batch_size)
     nonneg_int("seed", cfg.seed)
     if cfg.seed > MAX_SEED:
@@ -867,11 +984,18 @@ def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -
                     shard_paths(value, name)  # ConfigError when it names no file
         writable_dir("run_dir", cfg.run_dir)
         if cfg.init_from and not os.path.isdir(cfg.init_from):
-            raise ConfigError("init_from", cfg.init_from, "empty or an existing run_dir or checkpoints directory "
-                              "(or a Hugging Face GPT-2 directory)")
+            raise ConfigError(
+                "init_from",
+                cfg.init_from,
+                "empty or an existing run_dir or checkpoints directory (or a Hugging Face GPT-2 directory)",
+            )
         if cfg.init_from and not (_holds_checkpoint(cfg.init_from) or is_hf_model_dir(cfg.init_from)):
-            raise ConfigError("init_from", cfg.init_from, f"a run_dir or checkpoints directory holding a checkpoint, "
-                              f"or a Hugging Face GPT-2 directory ({cfg.init_from} holds neither)")
+            raise ConfigError(
+                "init_from",
+                cfg.init_from,
+                f"a run_dir or checkpoints directory holding a checkpoint, "
+                f"or a Hugging Face GPT-2 directory ({cfg.init_from} holds neither)",
+            )
         if cfg.compile_cache:
             _makeable_dir("compile_cache", cfg.compile_cache)
     return cfg
@@ -882,8 +1006,10 @@ def _holds_checkpoint(path: str) -> bool:
     named by its update) or torch_ref's (a step_<update>.pt file), whichever loop reads it."""
     checkpoints = RunLayout.of(path).checkpoints
     try:
-        return any(p.name.isdigit() and p.is_dir() or TORCH_CHECKPOINT.match(p.name) and p.is_file()
-                   for p in checkpoints.iterdir())
+        return any(
+            p.name.isdigit() and p.is_dir() or TORCH_CHECKPOINT.match(p.name) and p.is_file()
+            for p in checkpoints.iterdir()
+        )
     except OSError:
         return False
 
@@ -892,7 +1018,8 @@ def is_hf_model_dir(path: str | os.PathLike[str]) -> bool:
     """Whether `path` is a Hugging Face model directory: config.json and model.safetensors or pytorch_model.bin."""
     p = os.fspath(path)
     return os.path.isfile(os.path.join(p, "config.json")) and any(
-        os.path.isfile(os.path.join(p, f)) for f in ("model.safetensors", "pytorch_model.bin"))
+        os.path.isfile(os.path.join(p, f)) for f in ("model.safetensors", "pytorch_model.bin")
+    )
 
 
 def _makeable_dir(name: str, path: str) -> None:
@@ -901,8 +1028,9 @@ def _makeable_dir(name: str, path: str) -> None:
     while not os.path.exists(probe) and os.path.dirname(probe) != probe:
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe):
-        raise ConfigError(name, path, f"a directory, or a path where one can be made ({probe} is a file), or \"\" "
-                          "for none")
+        raise ConfigError(
+            name, path, f'a directory, or a path where one can be made ({probe} is a file), or "" for none'
+        )
 
 
 MAX_STEPS = 100_000_000
@@ -957,6 +1085,7 @@ def _fields_where(keep: Callable[[Rule], bool]) -> tuple[str, ...]:
 # Fields a resumed run may change: they do not alter the computed trajectory (HOST and PLAN fields).
 RESUME_SAFE = _fields_where(lambda r: r.resume_safe)
 
+
 def resume_conflicts(saved: dict[str, Any], cfg: Config) -> list[str]:
     """The dotted fields in which cfg differs from the saved config of the run it would resume.
 
@@ -979,8 +1108,11 @@ def changed_fields(saved: dict[str, Any], cfg: Config) -> dict[str, list[Any]]:
     """Every field that differs from the saved config, as {field: [before, after]} (for the record: a field the
     saved config lacks, saved before the field existed, is recorded as None -> its value)."""
     current, before = _flatten(to_dict(cfg)), _flatten(upgrade(saved, stored=True))
-    return {k: [before.get(k), current.get(k)] for k in sorted(set(current) | set(before))
-            if current.get(k) != before.get(k)}
+    return {
+        k: [before.get(k), current.get(k)]
+        for k in sorted(set(current) | set(before))
+        if current.get(k) != before.get(k)
+    }
 
 
 def _saved_fields(saved: dict[str, Any]) -> dict[str, Any]:

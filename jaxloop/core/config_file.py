@@ -63,16 +63,22 @@ def read_config_file(path: str) -> dict[str, Any]:
     except OSError as e:
         raise ConfigError("--config", path, f"a readable YAML or JSON file ({e.strerror})") from None
     except UnicodeDecodeError as e:
-        raise ConfigError("--config", path, f"a UTF-8 text file (byte {e.object[e.start]:#04x} at offset {e.start} "
-                          "is not UTF-8)") from None
+        raise ConfigError(
+            "--config", path, f"a UTF-8 text file (byte {e.object[e.start]:#04x} at offset {e.start} is not UTF-8)"
+        ) from None
     if len(text) > MAX_CHARS:
-        raise ConfigError("--config", path, f"a YAML or JSON file of at most {MAX_CHARS:,} characters (a config "
-                          "has a few thousand)")
+        raise ConfigError(
+            "--config", path, f"a YAML or JSON file of at most {MAX_CHARS:,} characters (a config has a few thousand)"
+        )
     try:
         data = json.loads(text) if path.endswith(".json") else yaml.load(text, Loader=BoundedLoader)  # noqa: S506
     except TooManyValues:
-        raise ConfigError("--config", path, f"a YAML file of at most {MAX_VALUES:,} values once its aliases are "
-                          "followed (a config has a few hundred; these aliases expand beyond that)") from None
+        raise ConfigError(
+            "--config",
+            path,
+            f"a YAML file of at most {MAX_VALUES:,} values once its aliases are "
+            "followed (a config has a few hundred; these aliases expand beyond that)",
+        ) from None
     except Exception as e:  # noqa: BLE001 - any parser error is bad input
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         mark = getattr(e, "problem_mark", None)  # YAML's: where the parser stopped (JSON's message says it)
@@ -84,6 +90,10 @@ def read_config_file(path: str) -> dict[str, Any]:
     for key, value in data.items():
         head, dot, rest = str(key).partition(".")
         if dot:  # a flag's dotted path written as a key: files nest sections
-            raise ConfigError(str(key), value, f"in --config {path}, nest it under its section ({head}:, then "
-                              f"'  {rest}: {value}' on the next line): a file's keys are not dotted")
+            raise ConfigError(
+                str(key),
+                value,
+                f"in --config {path}, nest it under its section ({head}:, then "
+                f"'  {rest}: {value}' on the next line): a file's keys are not dotted",
+            )
     return data

@@ -42,8 +42,12 @@ def data_record(source: str, path: str, files: list[str], splits: dict[str, Any]
     """metadata.json's "data": the source and data.path, each split's files and tokens (`splits`, token shards),
     and the fingerprint of every file read (keyed by absolute path)."""
     paths = list(dict.fromkeys(os.path.abspath(f) for f in files))
-    return {"source": source, "path": path, **({"splits": splits} if splits is not None else {}),
-            "files": {p: file_fingerprint(p) for p in paths}}
+    return {
+        "source": source,
+        "path": path,
+        **({"splits": splits} if splits is not None else {}),
+        "files": {p: file_fingerprint(p) for p in paths},
+    }
 
 
 def _name(path: str) -> str:
@@ -66,14 +70,21 @@ def data_differences(run: dict[str, Any], now: dict[str, Any]) -> list[str]:
     out += [f"{path}: read now, not by the run" for path in after if path not in before]
     for split, was in (run.get("splits") or {}).items():
         new = (now.get("splits") or {}).get(split)
-        if isinstance(was, dict) and isinstance(new, dict) and (was.get("files"), was.get("tokens")) != (
-                new.get("files"), new.get("tokens")):
-            out.append(f"the {split} split: {len(was['files'])} files, {was['tokens']} tokens in the run, "
-                       f"{len(new['files'])} files, {new['tokens']} tokens now")
+        if (
+            isinstance(was, dict)
+            and isinstance(new, dict)
+            and (was.get("files"), was.get("tokens")) != (new.get("files"), new.get("tokens"))
+        ):
+            out.append(
+                f"the {split} split: {len(was['files'])} files, {was['tokens']} tokens in the run, "
+                f"{len(new['files'])} files, {new['tokens']} tokens now"
+            )
     return out
 
 
-def check_same_data(layout: RunLayout, now: dict[str, Any] | None, resuming: bool, allow: bool) -> dict[str, Any] | None:
+def check_same_data(
+    layout: RunLayout, now: dict[str, Any] | None, resuming: bool, allow: bool
+) -> dict[str, Any] | None:
     """`now` (the data record of this start) once a resume on other data than the run's last start recorded in
     metadata.json is refused (ConfigError, exit 2: its CLI message names flags, str() Config arguments). With
     `allow` (data.allow_changed) the run goes on and the record keeps what changed ("changed_on_resume")."""
@@ -91,14 +102,20 @@ def check_same_data(layout: RunLayout, now: dict[str, Any] | None, resuming: boo
     more = len(differences) - SHOWN
     shown = "; ".join(differences[:SHOWN]) + (f" (and {more} more)" if more > 0 else "")
     root = layout.root
-    why = (f"the data the run trained on, unchanged since it last started ({shown}; the fingerprints are in "
-           f"{layout.metadata})")
-    flags = (f"To train on the new data, start a new run: --run_dir NEW_DIR (add --init_from {root} to start from "
-             f"this run's weights); to continue this run on it on purpose: --data.allow_changed; to continue it as "
-             f"it was, put the original files back")
-    python = (f"To train on the new data, start a new run: Config(run_dir=NEW_DIR, init_from={str(root)!r}, ...); "
-              f"to continue this run on it on purpose: DataConfig(allow_changed=True); to continue it as it was, "
-              f"put the original files back")
+    why = (
+        f"the data the run trained on, unchanged since it last started ({shown}; the fingerprints are in "
+        f"{layout.metadata})"
+    )
+    flags = (
+        f"To train on the new data, start a new run: --run_dir NEW_DIR (add --init_from {root} to start from "
+        f"this run's weights); to continue this run on it on purpose: --data.allow_changed; to continue it as "
+        f"it was, put the original files back"
+    )
+    python = (
+        f"To train on the new data, start a new run: Config(run_dir=NEW_DIR, init_from={str(root)!r}, ...); "
+        f"to continue this run on it on purpose: DataConfig(allow_changed=True); to continue it as it was, "
+        f"put the original files back"
+    )
     raise ConfigError("data.path", now.get("path") or now["source"], f"{why}. {flags}", python=f"{why}. {python}")
 
 
@@ -111,9 +128,11 @@ def data_lines(record: dict[str, Any] | None) -> list[str]:
     by = str(splits.get("assigned_by", ""))
     cut = "val_fraction" in by
     fraction = splits.get("val_fraction")
-    how = {"train": f"by {by.split(';')[0]}" if not by.startswith("no file") else "no file names a split",
-           "val": (f"the last {fraction:g} of each training file: data.val_fraction" if cut else f"by {by}"),
-           "test": "listed, never read"}
+    how = {
+        "train": f"by {by.split(';')[0]}" if not by.startswith("no file") else "no file names a split",
+        "val": (f"the last {fraction:g} of each training file: data.val_fraction" if cut else f"by {by}"),
+        "test": "listed, never read",
+    }
     lines = []
     for split in ("train", "val", "test"):
         files, tokens = splits[split]["files"], splits[split]["tokens"]

@@ -37,8 +37,9 @@ def short_repr(value: Any, limit: int = VALUE_SHOWN) -> str:
 
     def walk(x: Any) -> None:
         if type(x) in (list, tuple, set, frozenset) and x:
-            opening, closing = {list: ("[", "]"), tuple: ("(", ")"), set: ("{", "}"),
-                                frozenset: ("frozenset({", "})")}[type(x)]
+            opening, closing = {list: ("[", "]"), tuple: ("(", ")"), set: ("{", "}"), frozenset: ("frozenset({", "})")}[
+                type(x)
+            ]
             emit(opening)
             for i, item in enumerate(x):
                 emit(", " if i else "")
@@ -54,7 +55,7 @@ def short_repr(value: Any, limit: int = VALUE_SHOWN) -> str:
                 walk(v)
             emit("}")
         elif isinstance(x, (str, bytes)) and len(x) > limit:
-            emit(repr(x[:limit + 1]))
+            emit(repr(x[: limit + 1]))
         elif isinstance(x, int) and x.bit_length() > 4 * limit:  # repr would be over `limit` digits (or refused)
             emit(f"{'-' if x < 0 else ''}<an integer of {x.bit_length()} bits>")
         else:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from jaxloop.core.atomic import atomic_write_text
 from jaxloop.core.config import ConfigError
 from jaxloop.core.errors import short_repr
-from jaxloop.core.atomic import atomic_write_text
 from jaxloop.core.layout import RunLayout
 
 SHOWN = 3
@@ -32,11 +32,21 @@ def read_model_record(layout: RunLayout) -> dict[str, Any] | None:
     if not (isinstance(record, dict) and isinstance(record.get("leaves"), list)):
         return None
     for i, leaf in enumerate(record["leaves"]):
-        if not (isinstance(leaf, list) and len(leaf) == 3 and isinstance(leaf[0], str) and isinstance(leaf[1], list)
-                and all(isinstance(n, int) for n in leaf[1]) and isinstance(leaf[2], str)):
-            raise ConfigError("run_dir", str(layout.root), f"a run directory whose {layout.model.name} can be read "
-                              f"(leaf {i} of {layout.model} is {short_repr(leaf)}, not [path, shape, dtype]); restore "
-                              "it from a copy, or delete it (the checkpoints' own metadata stands in for it)")
+        if not (
+            isinstance(leaf, list)
+            and len(leaf) == 3
+            and isinstance(leaf[0], str)
+            and isinstance(leaf[1], list)
+            and all(isinstance(n, int) for n in leaf[1])
+            and isinstance(leaf[2], str)
+        ):
+            raise ConfigError(
+                "run_dir",
+                str(layout.root),
+                f"a run directory whose {layout.model.name} can be read "
+                f"(leaf {i} of {layout.model} is {short_repr(leaf)}, not [path, shape, dtype]); restore "
+                "it from a copy, or delete it (the checkpoints' own metadata stands in for it)",
+            )
     return record
 
 
@@ -44,16 +54,21 @@ def write_model_record(layout: RunLayout, record: dict[str, Any]) -> None:
     """Write run_dir/model.json atomically (a crash leaves the old record or the new one)."""
     leaves = ",\n  ".join(json.dumps(leaf) for leaf in record["leaves"])  # one leaf a line
     computation = f',\n "computation": {json.dumps(record["computation"])}' if "computation" in record else ""
-    atomic_write_text(layout.model, f'{{"model": {json.dumps(record["model"])}{computation},\n "leaves": [\n'
-                                    f'  {leaves}\n ]}}\n')
+    atomic_write_text(
+        layout.model, f'{{"model": {json.dumps(record["model"])}{computation},\n "leaves": [\n  {leaves}\n ]}}\n'
+    )
 
 
 def computation_changed(run: dict[str, Any], now: dict[str, Any]) -> bool:
     """Whether both records fingerprint their computation with the same jax and flax and the fingerprints
     differ (a record without one, or traced by other versions, is not compared)."""
     was, is_ = run.get("computation"), now.get("computation")
-    return (isinstance(was, dict) and isinstance(is_, dict) and was.get("traced_with") == is_.get("traced_with")
-            and was.get("sha256") != is_.get("sha256"))
+    return (
+        isinstance(was, dict)
+        and isinstance(is_, dict)
+        and was.get("traced_with") == is_.get("traced_with")
+        and was.get("sha256") != is_.get("sha256")
+    )
 
 
 def _shape(shape: Any) -> str:
@@ -88,8 +103,14 @@ def first_differences(differences: list[str]) -> str:
     return "; ".join(differences[:SHOWN]) + (f" (and {more} more)" if more > 0 else "")
 
 
-def check_model(layout: RunLayout, resume: str, now: dict[str, Any], run: dict[str, Any] | None,
-                flags: bool, source: str | None = None) -> None:
+def check_model(
+    layout: RunLayout,
+    resume: str,
+    now: dict[str, Any],
+    run: dict[str, Any] | None,
+    flags: bool,
+    source: str | None = None,
+) -> None:
     """Refuse (ConfigError, exit 2) to resume the run in `layout` with a model whose record `now` differs
     from the run's (`run`: its model.json, or the structure of one of its checkpoints, named by `source`;
     None: nothing to compare). `flags`: word the ways forward as command-line flags, else as Python
@@ -100,28 +121,43 @@ def check_model(layout: RunLayout, resume: str, now: dict[str, Any], run: dict[s
     root = layout.root
     if not differences and computation_changed(run, now):
         if flags:
-            forward = (f"To train the new model, start a new run: --run_dir NEW_DIR (add --init_from {root} to "
-                       f"start from this run's weights); to continue this run with it on purpose, delete "
-                       f'"computation" from {layout.model}; to continue this run as it was, run it with the model '
-                       "it was saved with")
+            forward = (
+                f"To train the new model, start a new run: --run_dir NEW_DIR (add --init_from {root} to "
+                f"start from this run's weights); to continue this run with it on purpose, delete "
+                f'"computation" from {layout.model}; to continue this run as it was, run it with the model '
+                "it was saved with"
+            )
         else:
-            forward = (f"To train the new model, start a new run: Config(run_dir=NEW_DIR) (add "
-                       f"init_from={str(root)!r} to start from this run's weights); to continue this run with it on "
-                       f'purpose, delete "computation" from {layout.model}; to continue this run as it was, give '
-                       "jaxloop.run the model it was saved with")
-        raise ConfigError("resume", resume, f"a model that computes what the checkpointed run's did "
-                          f"({layout.model.name}); the model's computation changed (its loss traces to other "
-                          f"operations), though every leaf's shape and dtype match. {forward}")
+            forward = (
+                f"To train the new model, start a new run: Config(run_dir=NEW_DIR) (add "
+                f"init_from={str(root)!r} to start from this run's weights); to continue this run with it on "
+                f'purpose, delete "computation" from {layout.model}; to continue this run as it was, give '
+                "jaxloop.run the model it was saved with"
+            )
+        raise ConfigError(
+            "resume",
+            resume,
+            f"a model that computes what the checkpointed run's did "
+            f"({layout.model.name}); the model's computation changed (its loss traces to other "
+            f"operations), though every leaf's shape and dtype match. {forward}",
+        )
     if not differences:
         return
     if flags:
-        forward = (f"To train the new model, start a new run: --run_dir NEW_DIR; to start over in place, empty "
-                   f"{root} and pass --resume never; to continue this run, run it with the model it was saved with")
+        forward = (
+            f"To train the new model, start a new run: --run_dir NEW_DIR; to start over in place, empty "
+            f"{root} and pass --resume never; to continue this run, run it with the model it was saved with"
+        )
     else:
-        forward = (f"To train the new model, start a new run: Config(run_dir=NEW_DIR); to start over in place, "
-                   f"empty {root} and pass Config(resume=\"never\"); to continue this run, give "
-                   "jaxloop.run the model it was saved with")
+        forward = (
+            f"To train the new model, start a new run: Config(run_dir=NEW_DIR); to start over in place, "
+            f'empty {root} and pass Config(resume="never"); to continue this run, give '
+            "jaxloop.run the model it was saved with"
+        )
     source = source or (layout.model.name if layout.model.exists() else "its latest checkpoint")
-    raise ConfigError("resume", resume, f"a model that matches the checkpointed run's ({source}); these differ: "
-                      f"{first_differences(differences)}. {forward}")
-
+    raise ConfigError(
+        "resume",
+        resume,
+        f"a model that matches the checkpointed run's ({source}); these differ: "
+        f"{first_differences(differences)}. {forward}",
+    )

@@ -59,6 +59,7 @@ def on_abrupt_exit(cleanup: Callable[[], None] | None) -> Iterator[None]:
     finally:
         session.cleanups.remove(cleanup)
 
+
 WATCHED = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -67,8 +68,9 @@ def _ignore(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def watch_signals(on_signal: Callable[[int], None], handler: Callable[[int, Any], None] = _ignore,
-                  signals: tuple[int, ...] = WATCHED) -> Iterator[bool]:
+def watch_signals(
+    on_signal: Callable[[int], None], handler: Callable[[int, Any], None] = _ignore, signals: tuple[int, ...] = WATCHED
+) -> Iterator[bool]:
     """Within: `handler` is the Python-level handler of `signals` and `on_signal(signum)` runs on a watcher
     thread the moment each arrives. Yields whether the watch is on (only the main thread can set it)."""
     if threading.current_thread() is not threading.main_thread():
@@ -125,8 +127,11 @@ def cli_session(prog: str) -> Iterator[None]:
     session = Session()
 
     def stop(signum: int) -> None:
-        session.exit(EXIT_SIGNAL[signum], f"{prog}: {signal.Signals(signum).name} received outside the training "
-                 "loop (setup, or the summary after it): stopped at once; checkpoints already saved are kept")
+        session.exit(
+            EXIT_SIGNAL[signum],
+            f"{prog}: {signal.Signals(signum).name} received outside the training "
+            "loop (setup, or the summary after it): stopped at once; checkpoints already saved are kept",
+        )
 
     token = CLI_SESSION.set(session)
     try:

@@ -39,8 +39,17 @@ PROFILE_DIR = "profile"
 HOOKS_DIR = "hooks"
 REPORT_FILE = "report.md"
 MARKER_FILE = ".jaxloop-run"
-RUN_FILES = (CONFIG_FILE, METADATA_FILE, MODEL_FILE, METRICS_FILE, SUMMARY_FILE, RESUMES_FILE, VOCAB_FILE, REPORT_FILE,
-             MARKER_FILE)
+RUN_FILES = (
+    CONFIG_FILE,
+    METADATA_FILE,
+    MODEL_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    RESUMES_FILE,
+    VOCAB_FILE,
+    REPORT_FILE,
+    MARKER_FILE,
+)
 """The names a run writes as files."""
 RUN_DIRS = (CHECKPOINT_DIR, DAMAGED_DIR, TB_DIR, PROFILE_DIR, HOOKS_DIR)
 """The names a run writes as directories."""
@@ -57,7 +66,7 @@ class RunLayout:
     root: Path
 
     @classmethod
-    def of(cls, run_dir: str | Path) -> "RunLayout":
+    def of(cls, run_dir: str | Path) -> RunLayout:
         """The layout of `run_dir`, or of the run whose checkpoints/ directory `run_dir` is."""
         path = Path(run_dir)
         if path.name == CHECKPOINT_DIR and not (path / CHECKPOINT_DIR).is_dir():

@@ -52,12 +52,16 @@ def is_lock_file(name: str) -> bool:
 class RunDirInUse(ConfigError):
     """Another run holds the run_dir: the launch is refused before it writes anything (exit status 2)."""
 
-    def __init__(self, run_dir: str, holder: "Holder | None", reason: str = "", who: str | None = None):
+    def __init__(self, run_dir: str, holder: Holder | None, reason: str = "", who: str | None = None):
         self.holder = holder
         if who is None:
             who = holder.describe() if holder is not None else "another process (it has not named itself yet)"
-        super().__init__("run_dir", run_dir, f"a run_dir no other run is using: it is held by {who}{reason}; "
-                         "wait for it, stop it, or choose another --run_dir")
+        super().__init__(
+            "run_dir",
+            run_dir,
+            f"a run_dir no other run is using: it is held by {who}{reason}; "
+            "wait for it, stop it, or choose another --run_dir",
+        )
 
 
 class StaleLockWarning(UserWarning):
@@ -96,8 +100,9 @@ def read_holder(run_dir: str | Path) -> Holder | None:
     """The holder record of run_dir, or None (absent, or half-written by a crash)."""
     try:
         data = json.loads(RunLayout(Path(run_dir)).holder.read_text())
-        return Holder(int(data["pid"]), str(data["host"]), float(data["started"]), float(data["lease_until"]),
-                      str(data["token"]))
+        return Holder(
+            int(data["pid"]), str(data["host"]), float(data["started"]), float(data["lease_until"]), str(data["token"])
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -116,7 +121,7 @@ class RunLock:
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         """Hold run_dir (creating it), or raise RunDirInUse naming the holder. Warns (StaleLockWarning)
         when it takes over a stale lock."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -130,15 +135,19 @@ class RunLock:
             now = time.time()
             if previous is not None and previous.host != self.host:
                 if previous.lease_until > now:  # flock may not reach across hosts: the record decides
-                    raise RunDirInUse(str(self.run_dir), previous,
-                                      f", whose lease runs until {_when(previous.lease_until)}")
+                    raise RunDirInUse(
+                        str(self.run_dir), previous, f", whose lease runs until {_when(previous.lease_until)}"
+                    )
                 reason = f"its host's lease expired at {_when(previous.lease_until)}"
             else:
                 reason = "that process no longer holds it"
             if previous is not None:
                 self.took_over = previous
-                warnings.warn(f"run_dir {self.run_dir} was locked by {previous.describe()}, and {reason}: "
-                              "taking the lock over", StaleLockWarning, stacklevel=2)
+                warnings.warn(
+                    f"run_dir {self.run_dir} was locked by {previous.describe()}, and {reason}: taking the lock over",
+                    StaleLockWarning,
+                    stacklevel=2,
+                )
             self.holder = Holder(os.getpid(), self.host, now, now + self.lease_s, secrets.token_hex(8))
             self._write(self.holder)
         except BaseException:
@@ -156,8 +165,9 @@ class RunLock:
         deadline = time.monotonic() + self.settle_s
         while True:
             holder = read_holder(self.run_dir)
-            live = holder is not None and (holder.alive_here() if holder.host == self.host
-                                           else holder.lease_until > time.time())
+            live = holder is not None and (
+                holder.alive_here() if holder.host == self.host else holder.lease_until > time.time()
+            )
             if live or time.monotonic() >= deadline:
                 return holder if live else None
             time.sleep(0.02)
@@ -195,7 +205,7 @@ class RunLock:
             self.holder = None
             lock.release()
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc: Any) -> None:

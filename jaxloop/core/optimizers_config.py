@@ -107,8 +107,12 @@ class SGDConfig(OptimizerConfig):
         within(self.flag("momentum"), self.momentum, 0.0, 1.0)
         within(self.flag("dampening"), self.dampening, 0.0, 1.0, closed_high=True)
         if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
-            raise ConfigError(self.flag("nesterov"), self.nesterov, f"false unless optim.momentum > 0 and "
-                              f"optim.dampening = 0 (they are {self.momentum} and {self.dampening}; torch's rule)")
+            raise ConfigError(
+                self.flag("nesterov"),
+                self.nesterov,
+                f"false unless optim.momentum > 0 and "
+                f"optim.dampening = 0 (they are {self.momentum} and {self.dampening}; torch's rule)",
+            )
 
 
 @dataclass(frozen=True)
@@ -170,5 +174,6 @@ class LionConfig(OptimizerConfig):
 
 
 OPTIMIZERS: dict[str, type[OptimizerConfig]] = registry(  # type: ignore[assignment]
-    AdamWConfig, AdamConfig, SGDConfig, RMSpropConfig, AdagradConfig, LionConfig)
+    AdamWConfig, AdamConfig, SGDConfig, RMSpropConfig, AdagradConfig, LionConfig
+)
 """optim.name -> its config class: the one list of optimizers (the CLI's choices, the docs' table)."""

@@ -34,9 +34,19 @@ def early_stopping_message(step: int, metric: str, patience: int) -> str:
     return f"early stopping at update {step}: no better {metric} in {patience} evaluations"
 
 
-def summary(*, final_step: int, stop_reason: str, final: dict[str, float], tracker: BestTracker, metric: str,
-            checkpoint_step: int | None, updates_per_s: float, skipped: int, digest: str,
-            **extra: Any) -> dict[str, Any]:
+def summary(
+    *,
+    final_step: int,
+    stop_reason: str,
+    final: dict[str, float],
+    tracker: BestTracker,
+    metric: str,
+    checkpoint_step: int | None,
+    updates_per_s: float,
+    skipped: int,
+    digest: str,
+    **extra: Any,
+) -> dict[str, Any]:
     """summary.json's common fields (each loop adds its own: timings, wall time, device, ...).
 
     final: the last evaluation's metrics; best: the tracker's best `metric` and where it was, with the
@@ -45,7 +55,12 @@ def summary(*, final_step: int, stop_reason: str, final: dict[str, float], track
         "final_step": int(final_step),
         "stop_reason": stop_reason,
         "final": dict(final),
-        "best": {"metric": metric, "value": tracker.best, "step": tracker.best_step, "checkpoint_step": checkpoint_step},
+        "best": {
+            "metric": metric,
+            "value": tracker.best,
+            "step": tracker.best_step,
+            "checkpoint_step": checkpoint_step,
+        },
         "updates_per_s": float(updates_per_s),
         "skipped_updates": int(skipped),
         "state_digest": digest,

@@ -44,8 +44,9 @@ def check_records(run_dir: str | Path) -> None:
         try:
             record = json.loads(line.decode("utf-8"))
         except UnicodeDecodeError as e:
-            raise RecordsError(f"{path} line {number}: byte {line[e.start]:#04x} at column {e.start + 1} is not "
-                               "UTF-8 text") from None
+            raise RecordsError(
+                f"{path} line {number}: byte {line[e.start]:#04x} at column {e.start + 1} is not UTF-8 text"
+            ) from None
         except json.JSONDecodeError as e:
             raise RecordsError(f"{path} line {number} is not a JSON record ({e.msg})") from None
         if not isinstance(record, dict):
@@ -66,7 +67,7 @@ def rewrite_for_resume(run_dir: str | Path, start_step: int) -> list[dict[str, A
     path = RunLayout(Path(run_dir)).metrics
     kept = [r for r in read_records(run_dir) if kept_on_resume(r, start_step)]
     for stale in path.parent.glob(f".{path.name}.*{TMP_SUFFIX}"):  # what rewrites killed before left (the
-        stale.unlink(missing_ok=True)                              # caller holds the run_dir: none is running)
+        stale.unlink(missing_ok=True)  # caller holds the run_dir: none is running)
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
     return kept
 

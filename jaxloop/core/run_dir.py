@@ -18,8 +18,18 @@ from typing import Any
 
 from jaxloop.core.atomic import atomic_write_text, is_temporary
 from jaxloop.core.config import Config, ConfigError, changed_fields, from_dict, resume_conflicts, to_dict, upgrade
-from jaxloop.core.layout import (CHECKPOINT_CONFIG, CHECKPOINT_DIR, DAMAGED_DIR, HOOKS_DIR, MARKER_FILE, PROFILE_DIR,
-                                 RUN_DIRS, RUN_FILES, TB_DIR, RunLayout)
+from jaxloop.core.layout import (
+    CHECKPOINT_CONFIG,
+    CHECKPOINT_DIR,
+    DAMAGED_DIR,
+    HOOKS_DIR,
+    MARKER_FILE,
+    PROFILE_DIR,
+    RUN_DIRS,
+    RUN_FILES,
+    TB_DIR,
+    RunLayout,
+)
 from jaxloop.core.lock import is_lock_file
 from jaxloop.core.outcome import EARLY_STOPPING
 from jaxloop.core.records import RecordsError, check_records
@@ -33,13 +43,17 @@ def ways_forward(run_dir: Path, python: bool = False) -> str:
     (from scratch, or from this run's weights), or continue this run with the settings it was saved with;
     in flags (the CLI) or, `python`, in Config arguments (jaxloop.run)."""
     if python:
-        return (f"To train with the new settings, start a new run: Config(run_dir=NEW_DIR, ...) (add "
-                f"init_from={str(run_dir)!r} to start from this run's weights); to continue this run, resume it "
-                f"with its own settings: Config(run_dir={str(run_dir)!r}) alone, or keep the saved values of "
-                f"the fields that differ")
-    return (f"To train with the new settings, start a new run: --run_dir NEW_DIR (add --init_from {run_dir} to "
-            f"start from this run's weights); to continue this run, resume it with its own settings: "
-            f"--run_dir {run_dir} alone, or drop the changed flags")
+        return (
+            f"To train with the new settings, start a new run: Config(run_dir=NEW_DIR, ...) (add "
+            f"init_from={str(run_dir)!r} to start from this run's weights); to continue this run, resume it "
+            f"with its own settings: Config(run_dir={str(run_dir)!r}) alone, or keep the saved values of "
+            f"the fields that differ"
+        )
+    return (
+        f"To train with the new settings, start a new run: --run_dir NEW_DIR (add --init_from {run_dir} to "
+        f"start from this run's weights); to continue this run, resume it with its own settings: "
+        f"--run_dir {run_dir} alone, or drop the changed flags"
+    )
 
 
 def saved_config(run_dir: str) -> Config | None:
@@ -51,8 +65,14 @@ def saved_config(run_dir: str) -> Config | None:
         saved = from_dict(upgrade(json.loads(RunLayout(Path(run_dir).expanduser()).config.read_text()), stored=True))
     except (OSError, ValueError):  # ValueError: a JSON error or a ConfigError
         return None
-    return replace(saved, run_dir=run_dir, resume="auto", allow_steps_change=False, init_from="",
-                   data=replace(saved.data, allow_changed=False))
+    return replace(
+        saved,
+        run_dir=run_dir,
+        resume="auto",
+        allow_steps_change=False,
+        init_from="",
+        data=replace(saved.data, allow_changed=False),
+    )
 
 
 def resume_by_name(cfg: Config) -> Config:
@@ -80,37 +100,61 @@ class RunDir:
         cfg, run_dir = self.cfg, self.path
         foreign = self.foreign_files()
         if foreign:
-            shown = ", ".join(foreign[:FOREIGN_SHOWN]) + (f" and {len(foreign) - FOREIGN_SHOWN} more"
-                                                         if len(foreign) > FOREIGN_SHOWN else "")
-            raise ConfigError("run_dir", str(run_dir), f"a missing or empty directory, or a run directory of "
-                              f"jaxloop's own, marked {MARKER_FILE} or holding a checkpoint jaxloop wrote ({run_dir} "
-                              f"holds other files: {shown}; a run writes config.json, summary.json, ... there): "
-                              "choose another --run_dir")
+            shown = ", ".join(foreign[:FOREIGN_SHOWN]) + (
+                f" and {len(foreign) - FOREIGN_SHOWN} more" if len(foreign) > FOREIGN_SHOWN else ""
+            )
+            raise ConfigError(
+                "run_dir",
+                str(run_dir),
+                f"a missing or empty directory, or a run directory of "
+                f"jaxloop's own, marked {MARKER_FILE} or holding a checkpoint jaxloop wrote ({run_dir} "
+                f"holds other files: {shown}; a run writes config.json, summary.json, ... there): "
+                "choose another --run_dir",
+            )
         misplaced = self.misplaced()
         if misplaced:
-            raise ConfigError("run_dir", str(run_dir), f"a run directory whose files are files and whose "
-                              f"directories are directories ({'; '.join(misplaced)}): move them aside, or choose "
-                              "another --run_dir")
+            raise ConfigError(
+                "run_dir",
+                str(run_dir),
+                f"a run directory whose files are files and whose "
+                f"directories are directories ({'; '.join(misplaced)}): move them aside, or choose "
+                "another --run_dir",
+            )
         saved = self._saved_config() if has_checkpoint and cfg.resume != "never" else None
         if has_checkpoint and cfg.resume != "never":
             try:
                 check_records(run_dir)
             except RecordsError as e:
-                raise ConfigError("run_dir", str(run_dir), f"a run directory whose records a resume can keep ({e}; "
-                                  "repair or delete that line, or choose another --run_dir)") from None
-        if cfg.resume == "never" and run_dir.exists() and any(not is_lock_file(p.name) and p.name != MARKER_FILE
-                                                              for p in run_dir.iterdir()):
-            raise ConfigError("resume", "never", f"an empty or new run_dir ({run_dir} is not empty; "
-                              "use --resume auto to continue it or choose another --run_dir)",
-                              python=f"an empty or new run_dir ({run_dir} is not empty; use resume=\"auto\" to "
-                              "continue it or choose another Config(run_dir=...))")
+                raise ConfigError(
+                    "run_dir",
+                    str(run_dir),
+                    f"a run directory whose records a resume can keep ({e}; "
+                    "repair or delete that line, or choose another --run_dir)",
+                ) from None
+        if (
+            cfg.resume == "never"
+            and run_dir.exists()
+            and any(not is_lock_file(p.name) and p.name != MARKER_FILE for p in run_dir.iterdir())
+        ):
+            raise ConfigError(
+                "resume",
+                "never",
+                f"an empty or new run_dir ({run_dir} is not empty; "
+                "use --resume auto to continue it or choose another --run_dir)",
+                python=f'an empty or new run_dir ({run_dir} is not empty; use resume="auto" to '
+                "continue it or choose another Config(run_dir=...))",
+            )
         if cfg.resume == "must" and not has_checkpoint:
             raise ConfigError("resume", "must", f"a run_dir holding a checkpoint ({run_dir} has none)")
         if cfg.init_from and has_checkpoint and cfg.resume != "never":
-            raise ConfigError("init_from", cfg.init_from, f"empty when the run resumes ({run_dir} holds a checkpoint; "
-                              "drop --init_from to resume it, or choose another --run_dir)",
-                              python=f"empty when the run resumes ({run_dir} holds a checkpoint; leave init_from "
-                              "out to resume it, or choose another Config(run_dir=...))")
+            raise ConfigError(
+                "init_from",
+                cfg.init_from,
+                f"empty when the run resumes ({run_dir} holds a checkpoint; "
+                "drop --init_from to resume it, or choose another --run_dir)",
+                python=f"empty when the run resumes ({run_dir} holds a checkpoint; leave init_from "
+                "out to resume it, or choose another Config(run_dir=...))",
+            )
         if has_checkpoint and saved is not None:
             conflicts = resume_conflicts(saved, cfg)
             if conflicts:
@@ -118,11 +162,14 @@ class RunDir:
 
                 def steps_hint(flag: str) -> str:
                     return f" (steps may change with {flag})" if steps_changed else ""
+
                 differ = f"a config that matches the checkpointed run; these fields differ: {'; '.join(conflicts)}"
-                raise ConfigError("resume", cfg.resume,
-                                  f"{differ}{steps_hint('--allow_steps_change')}. " + ways_forward(run_dir),
-                                  python=f"{differ}{steps_hint('allow_steps_change=True')}. "
-                                  + ways_forward(run_dir, python=True))
+                raise ConfigError(
+                    "resume",
+                    cfg.resume,
+                    f"{differ}{steps_hint('--allow_steps_change')}. " + ways_forward(run_dir),
+                    python=f"{differ}{steps_hint('allow_steps_change=True')}. " + ways_forward(run_dir, python=True),
+                )
         self.saved = saved if has_checkpoint else None
         return self.saved
 
@@ -143,8 +190,11 @@ class RunDir:
         """The run's own names that hold the wrong kind of thing (metrics.jsonl a directory, tb/ a file): a run
         would fail on them halfway, after writing; named before it writes anything."""
         wrong = [f"{self.path / n} is a directory, not a file" for n in RUN_FILES if (self.path / n).is_dir()]
-        return wrong + [f"{self.path / n} is not a directory" for n in RUN_DIRS
-                        if (self.path / n).exists() and not (self.path / n).is_dir()]
+        return wrong + [
+            f"{self.path / n} is not a directory"
+            for n in RUN_DIRS
+            if (self.path / n).exists() and not (self.path / n).is_dir()
+        ]
 
     def earlier_run(self) -> bool:
         """Whether run_dir is a run of a jaxloop from before MARKER_FILE: by evidence that jaxloop wrote it, a
@@ -166,8 +216,11 @@ class RunDir:
     def _empty_own_dir(self, name: str) -> bool:
         """An empty directory of the run's layout made beforehand (checkpoints/ as a mount point, say)."""
         path = self.path / name
-        return name in (CHECKPOINT_DIR, DAMAGED_DIR, TB_DIR, PROFILE_DIR, HOOKS_DIR) and path.is_dir() and not any(
-            path.iterdir())
+        return (
+            name in (CHECKPOINT_DIR, DAMAGED_DIR, TB_DIR, PROFILE_DIR, HOOKS_DIR)
+            and path.is_dir()
+            and not any(path.iterdir())
+        )
 
     def _saved_config(self) -> dict[str, Any] | None:
         """The config.json of the run being resumed (None if it has none); a ConfigError if it cannot be read."""
@@ -178,12 +231,21 @@ class RunDir:
             saved = json.loads(path.read_bytes().decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             why = f"{type(e).__name__}: {e}".splitlines()[0]
-            raise ConfigError("run_dir", str(self.path), f"a run directory whose config.json can be read ({path} "
-                              f"is damaged: {why}); restore it from a copy, or choose another --run_dir") from None
+            raise ConfigError(
+                "run_dir",
+                str(self.path),
+                f"a run directory whose config.json can be read ({path} "
+                f"is damaged: {why}); restore it from a copy, or choose another --run_dir",
+            ) from None
         if not isinstance(saved, dict):
-            raise ConfigError("run_dir", str(self.path), f"a run directory whose config.json holds a config ({path} "
-                              f"holds a {type(saved).__name__}); restore it from a copy, or choose another --run_dir")
+            raise ConfigError(
+                "run_dir",
+                str(self.path),
+                f"a run directory whose config.json holds a config ({path} "
+                f"holds a {type(saved).__name__}); restore it from a copy, or choose another --run_dir",
+            )
         return saved
+
     def finished(self) -> dict[str, Any] | None:
         """The summary of the run saved here when it has already ended (its `steps` reached, or early
         stopping) and its newest checkpoint is that end: a re-run has nothing to do and must write nothing.
@@ -193,8 +255,11 @@ class RunDir:
         if not isinstance(summary, dict) or not isinstance(summary.get("final_step"), int):
             return None
         end = summary["final_step"]
-        steps = sorted(int(p.name) for p in self.checkpoints.iterdir() if p.name.isdigit()) \
-            if self.checkpoints.is_dir() else []
+        steps = (
+            sorted(int(p.name) for p in self.checkpoints.iterdir() if p.name.isdigit())
+            if self.checkpoints.is_dir()
+            else []
+        )
         ended = end >= cfg.steps or summary.get("stop_reason") == EARLY_STOPPING
         return summary if ended and steps and steps[-1] == end else None
 

@@ -81,8 +81,11 @@ class WarmupScheduleConfig(ScheduleConfig):
 
     def _decay_span_at_least_one(self, steps: int) -> None:
         if steps - self.warmup_steps < 1:
-            raise ConfigError(self.flag("warmup_steps"), self.warmup_steps, f"less than steps ({steps}) for "
-                              f"optim.schedule={self.name}, which decays over the updates after warmup")
+            raise ConfigError(
+                self.flag("warmup_steps"),
+                self.warmup_steps,
+                f"less than steps ({steps}) for optim.schedule={self.name}, which decays over the updates after warmup",
+            )
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,7 @@ class ExponentialConfig(WarmupScheduleConfig):
         positive(self.flag("gamma"), self.gamma)
 
     def after_warmup(self, v: int, peak_lr: float, steps: int) -> float:
-        return peak_lr * self.gamma ** v
+        return peak_lr * self.gamma**v
 
 
 @dataclass(frozen=True)
@@ -261,11 +264,17 @@ class OneCycleConfig(ScheduleConfig):
         # torch's phase ends: pct_start * steps - 1 (and 2 * pct_start * steps - 2), each after the previous
         up = self.pct_start * steps - 1
         if up <= 0:
-            raise ConfigError(p, self.pct_start, f"more than 1 / steps = {1 / steps:.4g} "
-                              "(one_cycle's rising phase must hold at least one update)")
+            raise ConfigError(
+                p,
+                self.pct_start,
+                f"more than 1 / steps = {1 / steps:.4g} (one_cycle's rising phase must hold at least one update)",
+            )
         if self.three_phase and not up < 2 * self.pct_start * steps - 2 < steps - 1:
-            raise ConfigError(p, self.pct_start, f"in ({1 / steps:.4g}, {(steps + 1) / (2 * steps):.4g}) for "
-                              "three_phase (three non-empty phases)")
+            raise ConfigError(
+                p,
+                self.pct_start,
+                f"in ({1 / steps:.4g}, {(steps + 1) / (2 * steps):.4g}) for three_phase (three non-empty phases)",
+            )
 
     def rate(self, u: int, peak_lr: float, steps: int) -> float:
         """torch's OneCycleLR at update min(u, steps - 1) (its phase ends and endpoints, cancellation-free)."""
@@ -273,8 +282,15 @@ class OneCycleConfig(ScheduleConfig):
         initial = peak_lr / self.div_factor
         low = initial / self.final_div_factor
         up = float(self.pct_start * steps) - 1
-        phases = ([(up, initial, peak_lr), (float(2 * self.pct_start * steps) - 2, peak_lr, initial),
-                   (steps - 1, initial, low)] if self.three_phase else [(up, initial, peak_lr), (steps - 1, peak_lr, low)])
+        phases = (
+            [
+                (up, initial, peak_lr),
+                (float(2 * self.pct_start * steps) - 2, peak_lr, initial),
+                (steps - 1, initial, low),
+            ]
+            if self.three_phase
+            else [(up, initial, peak_lr), (steps - 1, peak_lr, low)]
+        )
         start = 0.0
         for i, (end, a, b) in enumerate(phases):
             if u <= end or i == len(phases) - 1:
@@ -373,8 +389,19 @@ class PlateauConfig(ScheduleConfig):
 
 
 SCHEDULES: dict[str, type[ScheduleConfig]] = registry(  # type: ignore[assignment]
-    WarmupCosineConfig, ConstantConfig, LinearConfig, StepConfig, MultiStepConfig, PolynomialConfig,
-    ExponentialConfig, CosineRestartsConfig, OneCycleConfig, WSDConfig, InverseSqrtConfig, PlateauConfig)
+    WarmupCosineConfig,
+    ConstantConfig,
+    LinearConfig,
+    StepConfig,
+    MultiStepConfig,
+    PolynomialConfig,
+    ExponentialConfig,
+    CosineRestartsConfig,
+    OneCycleConfig,
+    WSDConfig,
+    InverseSqrtConfig,
+    PlateauConfig,
+)
 """optim.schedule -> its config class: the one list of schedules."""
 
 WARMUP_FIELDS = tuple(f for f in WarmupScheduleConfig.field_names())

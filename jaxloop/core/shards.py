@@ -78,9 +78,11 @@ class Shard:
         mapping = getattr(tokens.base, "obj", None)
         size = mapping.size() if isinstance(mapping, mmap.mmap) else None
         if size is not None and size < self.end:
-            raise ShardShrank(f"token shard {self.path} shrank during the run: it holds {size} bytes now, the "
-                              f"{split} split reads its bytes up to {self.end}; nothing past its end was read. Put "
-                              "the whole file back and resume (the run continues from its last checkpoint)")
+            raise ShardShrank(
+                f"token shard {self.path} shrank during the run: it holds {size} bytes now, the "
+                f"{split} split reads its bytes up to {self.end}; nothing past its end was read. Put "
+                "the whole file back and resume (the run continues from its last checkpoint)"
+            )
 
     def part(self, start: int, stop: int) -> Shard:
         """Tokens start .. stop - 1 of this shard, as a shard."""
@@ -121,13 +123,19 @@ def read_shard(path: str, require_header: bool = False) -> Shard:
         count = int(header[2])
         expected = HEADER_BYTES + count * dtype.itemsize
         if count < 0 or expected != size:
-            raise _bad(path, f"its header says {count} {dtype.name} tokens ({expected} bytes with the header), "
-                             f"the file has {size} bytes")
+            raise _bad(
+                path,
+                f"its header says {count} {dtype.name} tokens ({expected} bytes with the header), "
+                f"the file has {size} bytes",
+            )
         return Shard(os.path.abspath(path), HEADER_BYTES, dtype.name, count, "llm.c")
     if require_header:
         shown = "none (the file is empty)" if magic is None else magic
-        raise _bad(path, f"bad magic {shown}: {META_FILE} beside it says llm.c shards, whose magic is "
-                         f"{' or '.join(map(str, LLMC_FORMATS))}")
+        raise _bad(
+            path,
+            f"bad magic {shown}: {META_FILE} beside it says llm.c shards, whose magic is "
+            f"{' or '.join(map(str, LLMC_FORMATS))}",
+        )
     if size % 2:
         raise _bad(path, f"no llm.c header, and {size} bytes is not a whole number of uint16 tokens (nanoGPT's .bin)")
     return Shard(os.path.abspath(path), 0, "uint16", size // 2, "nanogpt")
@@ -176,10 +184,14 @@ def split_of(path: str) -> str | None:
     name = os.path.basename(path)
     named = sorted({SPLIT_WORDS[w] for w in re.findall(r"[a-z]+", name.lower()) if w in SPLIT_WORDS})
     if len(named) > 1:
-        raise ConfigError("data.path", path, f"token shards whose file names name one split each ({name} names "
-                          f"{' and '.join(named)}): rename it, or name the splits with --data.train and --data.val",
-                          python=f"token shards whose file names name one split each ({name} names "
-                          f"{' and '.join(named)}): rename it, or name the splits with DataConfig(train=..., val=...)")
+        raise ConfigError(
+            "data.path",
+            path,
+            f"token shards whose file names name one split each ({name} names "
+            f"{' and '.join(named)}): rename it, or name the splits with --data.train and --data.val",
+            python=f"token shards whose file names name one split each ({name} names "
+            f"{' and '.join(named)}): rename it, or name the splits with DataConfig(train=..., val=...)",
+        )
     return named[0] if named else None
 
 
@@ -200,8 +212,12 @@ def read_meta(files: list[str]) -> dict[str, Any] | None:
         raise ConfigError("data.path", path, f"a readable JSON {META_FILE} ({e})") from None
     vocab = meta.get("vocab_size") if isinstance(meta, dict) else None
     if not isinstance(vocab, int) or isinstance(vocab, bool) or not 1 <= vocab <= INT32_MAX:
-        raise ConfigError("data.path", path, f"a {META_FILE} whose vocab_size is an integer in [1, {INT32_MAX}] "
-                          f"(got {short_repr(vocab)}; token ids are int32)")
+        raise ConfigError(
+            "data.path",
+            path,
+            f"a {META_FILE} whose vocab_size is an integer in [1, {INT32_MAX}] "
+            f"(got {short_repr(vocab)}; token ids are int32)",
+        )
     return meta
 
 
@@ -219,14 +235,19 @@ class TokenSplits:
 
     def record(self) -> dict[str, Any]:
         """The assignment as metadata.json keeps it: per split its files (absolute paths) and tokens."""
-        return {"assigned_by": self.by, **({"val_fraction": self.val_fraction} if "val_fraction" in self.by else {}),
-                **{name: {"files": [s.path for s in shards], "tokens": int(sum(s.count for s in shards))}
-                   for name, shards in (("train", self.train), ("val", self.val), ("test", self.test))}}
+        return {
+            "assigned_by": self.by,
+            **({"val_fraction": self.val_fraction} if "val_fraction" in self.by else {}),
+            **{
+                name: {"files": [s.path for s in shards], "tokens": int(sum(s.count for s in shards))}
+                for name, shards in (("train", self.train), ("val", self.val), ("test", self.test))
+            },
+        }
 
 
 def _shown(paths: list[str], most: int = 4) -> str:
     names = [os.path.basename(p) for p in paths]
-    return ", ".join(names) if len(names) <= most else ", ".join(names[:most - 1]) + f", ... {names[-1]}"
+    return ", ".join(names) if len(names) <= most else ", ".join(names[: most - 1]) + f", ... {names[-1]}"
 
 
 def token_splits(path: str, val_fraction: float, train: str = "", val: str = "") -> TokenSplits:
@@ -244,8 +265,12 @@ def token_splits(path: str, val_fraction: float, train: str = "", val: str = "")
         val_files = shard_paths(val, "data.val") if val else []
         both = sorted(set(train_files) & set(val_files))
         if both:
-            raise ConfigError("data.val", val, f"files that data.train ({train}) does not match too ({_shown(both)} "
-                              "would be trained and validated on)")
+            raise ConfigError(
+                "data.val",
+                val,
+                f"files that data.train ({train}) does not match too ({_shown(both)} "
+                "would be trained and validated on)",
+            )
         test_files, by, files = [], "data.train and data.val", train_files + val_files
     else:
         files = shard_paths(path)
@@ -253,20 +278,29 @@ def token_splits(path: str, val_fraction: float, train: str = "", val: str = "")
         nameless = [f for f in files if named[f] is None]
         if nameless and len(nameless) < len(files):
             some = [f for f in files if named[f] is not None]
-            which = (f"{_shown(nameless)} name{'s' if len(nameless) == 1 else ''} no split, {_shown(some)} "
-                     f"do{'es' if len(some) == 1 else ''}")
-            raise ConfigError("data.path", path, f"token shards whose file names all name a split or none do "
-                              f"({which}): rename them (train, val, test as a word in the name), move them away, "
-                              "or name the splits with --data.train and --data.val",
-                              python=f"token shards whose file names all name a split or none do ({which}): rename "
-                              "them, move them away, or name the splits with DataConfig(train=..., val=...)")
+            which = (
+                f"{_shown(nameless)} name{'s' if len(nameless) == 1 else ''} no split, {_shown(some)} "
+                f"do{'es' if len(some) == 1 else ''}"
+            )
+            raise ConfigError(
+                "data.path",
+                path,
+                f"token shards whose file names all name a split or none do "
+                f"({which}): rename them (train, val, test as a word in the name), move them away, "
+                "or name the splits with --data.train and --data.val",
+                python=f"token shards whose file names all name a split or none do ({which}): rename "
+                "them, move them away, or name the splits with DataConfig(train=..., val=...)",
+            )
         train_files = [f for f in files if named[f] in ("train", None)]
         val_files = [f for f in files if named[f] == "val"]
         test_files = [f for f in files if named[f] == "test"]
         by = "file names" if not nameless else "no file names a split"
         if not train_files:
-            raise ConfigError("data.path", path, f"shards for training too (only {_shown(files)} were found, named "
-                              "as validation or test files)")
+            raise ConfigError(
+                "data.path",
+                path,
+                f"shards for training too (only {_shown(files)} were found, named as validation or test files)",
+            )
     meta = read_meta(files)
     llmc = meta is not None and meta.get("format") == "llm.c"
     train_shards = [read_shard(f, require_header=llmc) for f in train_files]

@@ -59,9 +59,9 @@ from __future__ import annotations
 
 import functools
 import json
-from collections import Counter
 import math
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -188,9 +188,11 @@ class TokenWindows:
         if windows.size and windows.max() >= self.vocab_size:
             row = int(np.nonzero((windows >= self.vocab_size).any(axis=1))[0][0])
             s = self.shards[shard[row]]
-            raise RecordError(f"record {int(idx[row])} of the {self.split} split holds token {int(windows[row].max())} "
-                              f"(in {s.path}), outside the vocabulary of {self.vocab_size} (meta.json's vocab_size, "
-                              "else model.vocab_size)")
+            raise RecordError(
+                f"record {int(idx[row])} of the {self.split} split holds token {int(windows[row].max())} "
+                f"(in {s.path}), outside the vocabulary of {self.vocab_size} (meta.json's vocab_size, "
+                "else model.vocab_size)"
+            )
         windows = windows.astype(np.int32)
         return {"x": windows[:, :-1], "y": windows[:, 1:]}
 
@@ -238,8 +240,9 @@ def record_error(split: str, index: int, record: Any, expected: Spec, why: str) 
     where = f"record {index} of the {split} split"
     found = record_spec(record)
     if found is None:
-        return RecordError(f"{where} is {type(record).__name__} {_short(record)}, expected a non-empty dict of "
-                           f"arrays ({why})")
+        return RecordError(
+            f"{where} is {type(record).__name__} {_short(record)}, expected a non-empty dict of arrays ({why})"
+        )
     have, want = _spec_text(found), _spec_text(expected)
     if set(have) != set(want):
         return RecordError(f"{where} has keys {sorted(have)}, expected {sorted(want)} ({why})")
@@ -264,8 +267,10 @@ class SequenceRecords:
 
     def __init__(self, seq: Any, split: str = "records"):
         if not hasattr(seq, "__getitem__") or not hasattr(seq, "__len__"):
-            raise RecordError(f"the {split} split must support len() and [i] (a sequence of dicts of arrays), "
-                              f"got {type(seq).__name__}")
+            raise RecordError(
+                f"the {split} split must support len() and [i] (a sequence of dicts of arrays), "
+                f"got {type(seq).__name__}"
+            )
         if len(seq) == 0:
             raise RecordError(f"the {split} split holds no records: give it at least one")
         self.seq, self.split = seq, split
@@ -274,8 +279,10 @@ class SequenceRecords:
         specs = [record_spec(seq[i]) for i in range(checked)]
         counts = Counter(spec for spec in specs if spec is not None)
         if not counts:
-            raise RecordError(f"record 0 of the {split} split is {type(seq[0]).__name__} {_short(seq[0])}, expected "
-                              "a non-empty dict of arrays")
+            raise RecordError(
+                f"record 0 of the {split} split is {type(seq[0]).__name__} {_short(seq[0])}, expected "
+                "a non-empty dict of arrays"
+            )
         self.spec, most = counts.most_common(1)[0]  # ties: the first record's
         self.why = f"as {most} of the {checked} records checked have" if checked > 1 else "as record 0 has"
         bad = next((i for i, spec in enumerate(specs) if spec != self.spec), None)
@@ -360,12 +367,14 @@ def load_splits(cfg: Config) -> Splits:
         raise ConfigError("data.source", d.source, "one of digits, text, npz, tokens")
     if cfg.batch_size > splits.num_train:
         raise ConfigError(
-            "batch_size", cfg.batch_size,
+            "batch_size",
+            cfg.batch_size,
             f"at most the {splits.num_train} records of the training split ({d.source})",
         )
     if cfg.model.vocab_size and cfg.model.vocab_size < splits.num_classes:
         raise ConfigError(
-            "model.vocab_size", cfg.model.vocab_size,
+            "model.vocab_size",
+            cfg.model.vocab_size,
             f"0 (from the data) or at least the data's {splits.num_classes} classes",
         )
     return splits
@@ -389,7 +398,8 @@ def _fixed_split(n: int, val_fraction: float, what: str) -> tuple[np.ndarray, np
     n_train = _num_train(n, val_fraction)
     if n_train < 1 or n_train >= n:
         raise ConfigError(
-            "data.val_fraction", val_fraction,
+            "data.val_fraction",
+            val_fraction,
             f"a fraction leaving at least one training and one validation record of the {n} in {what}",
         )
     perm = np.random.Generator(np.random.PCG64(np.random.SeedSequence(SPLIT_SEED))).permutation(n)
@@ -435,21 +445,21 @@ def _load_text(key: tuple[str, int, int], val_fraction: float, context: int) -> 
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(
-            "data.path", path, f"a UTF-8 text file (invalid UTF-8 at byte {e.start})"
-        ) from None
+        raise ConfigError("data.path", path, f"a UTF-8 text file (invalid UTF-8 at byte {e.start})") from None
     n = len(text)
     n_train = _num_train(n, val_fraction)
     window = context + 1
     if n_train < window:
         raise ConfigError(
-            "data.path", path,
+            "data.path",
+            path,
             f"a text whose training split (first {1 - val_fraction:g} of its characters) holds at least "
             f"model.context + 1 = {window} characters (it holds {n_train} of {n})",
         )
     if n - n_train < window:
         raise ConfigError(
-            "data.val_fraction", val_fraction,
+            "data.val_fraction",
+            val_fraction,
             f"a fraction whose validation split holds at least model.context + 1 = {window} characters "
             f"(it holds {n - n_train} of {n} in {path})",
         )
@@ -531,13 +541,21 @@ def _load_npz(key: tuple[str, int, int], val_fraction: float) -> Splits:
     def check(xk: str, yk: str) -> tuple[np.ndarray, np.ndarray]:
         x, y = arrays[xk], arrays[yk]
         if x.ndim != 2:
-            fix = (f"{xk}[:, None] if each record is one number" if x.ndim == 1 else
-                   f"flatten each record's features: {xk}.reshape(len({xk}), -1)")
-            raise ConfigError(field, path, f"{xk} of shape (records, features), 2 dimensions (got shape {x.shape}; "
-                              f"{fix})")
+            fix = (
+                f"{xk}[:, None] if each record is one number"
+                if x.ndim == 1
+                else f"flatten each record's features: {xk}.reshape(len({xk}), -1)"
+            )
+            raise ConfigError(
+                field, path, f"{xk} of shape (records, features), 2 dimensions (got shape {x.shape}; {fix})"
+            )
         if y.ndim != 1:
-            raise ConfigError(field, path, f"{yk} of shape (records,), one integer label per record (got shape "
-                              f"{y.shape}; {yk}.reshape(-1) gives it if each record has one label)")
+            raise ConfigError(
+                field,
+                path,
+                f"{yk} of shape (records,), one integer label per record (got shape "
+                f"{y.shape}; {yk}.reshape(-1) gives it if each record has one label)",
+            )
         if len(x) != len(y):
             raise ConfigError(field, path, f"{xk} and {yk} with the same number of records (got {len(x)} and {len(y)})")
         if len(x) == 0:
@@ -558,7 +576,8 @@ def _load_npz(key: tuple[str, int, int], val_fraction: float) -> Splits:
         x_val, y_val = check("x_val", "y_val")
         if x_val.shape[1:] != x.shape[1:] or y_val.shape[1:] != y.shape[1:]:
             raise ConfigError(
-                field, path,
+                field,
+                path,
                 f"x_val/y_val records shaped like x/y ({x.shape[1:]}/{y.shape[1:]}; "
                 f"got {x_val.shape[1:]}/{y_val.shape[1:]})",
             )
@@ -578,8 +597,9 @@ def _load_npz(key: tuple[str, int, int], val_fraction: float) -> Splits:
     )
 
 
-def _check_labels(path: str, y_train: np.ndarray, y_val: np.ndarray, rows_train: np.ndarray, rows_val: np.ndarray,
-                  own_val: bool) -> int:
+def _check_labels(
+    path: str, y_train: np.ndarray, y_val: np.ndarray, rows_train: np.ndarray, rows_val: np.ndarray, own_val: bool
+) -> int:
     """The class count of an npz's labels (1 + the largest training label), or a ConfigError naming the split,
     record index and label of the first record that breaks the rules (docs/data.md): the training labels are
     the class indices 0 .. num_classes - 1, every one of them present (a label beyond a class no record has, a
@@ -596,26 +616,41 @@ def _check_labels(path: str, y_train: np.ndarray, y_val: np.ndarray, rows_train:
         missing = int(np.flatnonzero(~present)[0])
         i = int(np.flatnonzero(y_train > missing)[0])
         seen = f"0..{missing - 1}" if missing else "none below it"
-        raise ConfigError("data.path", path, f"class indices as labels: {where('train', i, rows_train, 'y')} has label "
-                          f"{int(y_train[i])}, but no training record has label {missing} (labels seen from 0: "
-                          f"{seen}); labels are 0 .. num_classes - 1, each with training records")
+        raise ConfigError(
+            "data.path",
+            path,
+            f"class indices as labels: {where('train', i, rows_train, 'y')} has label "
+            f"{int(y_train[i])}, but no training record has label {missing} (labels seen from 0: "
+            f"{seen}); labels are 0 .. num_classes - 1, each with training records",
+        )
     unseen = np.flatnonzero(y_val >= num_classes)
     if len(unseen):
         i = int(unseen[0])
-        raise ConfigError("data.path", path, f"validation labels the training split has: "
-                          f"{where('val', i, rows_val, 'y_val' if own_val else 'y')} has label {int(y_val[i])}, "
-                          f"a class seen only in validation (training labels are 0..{num_classes - 1})")
+        raise ConfigError(
+            "data.path",
+            path,
+            f"validation labels the training split has: "
+            f"{where('val', i, rows_val, 'y_val' if own_val else 'y')} has label {int(y_val[i])}, "
+            f"a class seen only in validation (training labels are 0..{num_classes - 1})",
+        )
     return num_classes
-def _load_tokens(path: str, val_fraction: float, context: int, vocab_size: int, train_glob: str = "",
-                 val_glob: str = "") -> Splits:
+
+
+def _load_tokens(
+    path: str, val_fraction: float, context: int, vocab_size: int, train_glob: str = "", val_glob: str = ""
+) -> Splits:
     from jaxloop.core.shards import META_FILE, token_splits
 
     assigned = token_splits(path, val_fraction, train_glob, val_glob)
     train, val, meta = assigned.train, assigned.val, assigned.meta
     vocab = int(meta["vocab_size"]) if meta is not None else vocab_size
     if not vocab:
-        raise ConfigError("model.vocab_size", vocab_size, f"the token shards' vocabulary size (they have no {META_FILE} "
-                          "beside them to say it; e.g. 50257 for GPT-2's tokenizer)")
+        raise ConfigError(
+            "model.vocab_size",
+            vocab_size,
+            f"the token shards' vocabulary size (they have no {META_FILE} "
+            "beside them to say it; e.g. 50257 for GPT-2's tokenizer)",
+        )
     splits = Splits(
         source="tokens",
         train=TokenWindows(train, context, 1, vocab, "train"),
@@ -626,8 +661,12 @@ def _load_tokens(path: str, val_fraction: float, context: int, vocab_size: int, 
     )
     for name, records, shards in (("training", splits.train, train), ("validation", splits.val, val)):
         if len(records) == 0:
-            raise ConfigError("data.path", path, f"token shards whose {name} split holds a window of model.context + 1 "
-                              f"= {context + 1} tokens (its longest shard holds {max(s.count for s in shards)})")
+            raise ConfigError(
+                "data.path",
+                path,
+                f"token shards whose {name} split holds a window of model.context + 1 "
+                f"= {context + 1} tokens (its longest shard holds {max(s.count for s in shards)})",
+            )
     return splits
 
 
@@ -643,8 +682,9 @@ def write_vocab(run_dir: str, splits: Splits) -> str | None:
         return None
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, VOCAB_FILE)
-    atomic_write_text(path, json.dumps({"vocab": list(splits.vocab), "unk": UNK if UNK in splits.vocab else None},
-                                       ensure_ascii=False))
+    atomic_write_text(
+        path, json.dumps({"vocab": list(splits.vocab), "unk": UNK if UNK in splits.vocab else None}, ensure_ascii=False)
+    )
     return path
 
 
@@ -743,8 +783,9 @@ def record_order(cfg: Config, num_train: int, start: int, count: int, order: str
     return _record_order(cfg.seed, cfg.batch_size, num_train, start, count, order)
 
 
-def _record_order(seed: int, batch_size: int, num_train: int, start: int, count: int,
-                  order: str = "permutation") -> np.ndarray:
+def _record_order(
+    seed: int, batch_size: int, num_train: int, start: int, count: int, order: str = "permutation"
+) -> np.ndarray:
     if start < 0 or count < 0:
         raise ValueError(f"start and count must be >= 0, got {start}, {count}")
     bpe = _batches_per_epoch(batch_size, num_train)
@@ -754,7 +795,7 @@ def _record_order(seed: int, batch_size: int, num_train: int, start: int, count:
         if order == "index_shuffle":
             out[row] = index_shuffle((seed, epoch), num_train, np.arange(k * batch_size, (k + 1) * batch_size))
         else:
-            out[row] = _cached_permutation(seed, epoch, num_train)[k * batch_size:(k + 1) * batch_size]
+            out[row] = _cached_permutation(seed, epoch, num_train)[k * batch_size : (k + 1) * batch_size]
     return out
 
 

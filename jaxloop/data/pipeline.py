@@ -29,7 +29,6 @@ import numpy as np
 from absl import flags as absl_flags
 
 from jaxloop.core.config import Config, ConfigError
-from jaxloop.data.workers import loader_worker_init
 from jaxloop.core.sources import (
     Batch,
     ChunkGather,
@@ -40,6 +39,7 @@ from jaxloop.core.sources import (
     shard_slice,
     stack_batches,
 )
+from jaxloop.data.workers import loader_worker_init
 
 STATE_VERSION = 1
 WORKER_BUFFER = 2
@@ -259,8 +259,11 @@ def train_loader(cfg: Config, splits: Splits, saved: dict[str, Any] | None = Non
     for key, before, now in order_changes(saved, cfg.seed, cfg.batch_size, splits.num_train):
         field = {"num_train": "data.path"}.get(key, key)
         shown = now if key != "num_train" else (cfg.data.path or cfg.data.source)
-        raise ConfigError(field, shown, f"the checkpointed run's data order ({key}={before}, now {now}); "
-                          "start a new run_dir to change it")
+        raise ConfigError(
+            field,
+            shown,
+            f"the checkpointed run's data order ({key}={before}, now {now}); start a new run_dir to change it",
+        )
     return TrainLoader.from_state(splits, saved, seed=cfg.seed, batch_size=cfg.batch_size, workers=cfg.data.workers)
 
 
@@ -338,16 +341,25 @@ class DevicePrefetcher(Iterator[Any]):
     is also stopped at interpreter exit.
     """
 
-    def __init__(self, iterator: Iterator[Any], size: int = 2, put: Callable[[Any], Any] | None = None,
-                 chunk: int = 0, first_chunk: int = 0):
+    def __init__(
+        self,
+        iterator: Iterator[Any],
+        size: int = 2,
+        put: Callable[[Any], Any] | None = None,
+        chunk: int = 0,
+        first_chunk: int = 0,
+    ):
         if size < 0:
             raise ValueError(f"prefetch size must be an integer >= 0, got {size!r}")
         self.chunk, self._first_chunk = int(chunk), int(first_chunk)
         self._source = iterator
         if chunk:  # a fresh TrainLoader gathers whole chunks itself; any other source is stacked here
             fresh = isinstance(iterator, TrainLoader) and not iterator.started
-            self._source = (iterator.chunks(self.chunk, self._first_chunk) if fresh
-                            else _stacked(iterator, self.chunk, self._first_chunk))
+            self._source = (
+                iterator.chunks(self.chunk, self._first_chunk)
+                if fresh
+                else _stacked(iterator, self.chunk, self._first_chunk)
+            )
         self._position_source = iterator
         self._head: Any = None  # what is left of the chunk take() last cut
         self._put = put if put is not None else jax.device_put
@@ -416,8 +428,8 @@ class DevicePrefetcher(Iterator[Any]):
                 parts.append(self._head)
                 self._head = None
             else:
-                parts.append(jax.tree.map(lambda a: a[:cut], self._head))
-                self._head = jax.tree.map(lambda a: a[cut:], self._head)
+                parts.append(jax.tree.map(lambda a, cut=cut: a[:cut], self._head))
+                self._head = jax.tree.map(lambda a, cut=cut: a[cut:], self._head)
             have += cut
         self.taken += n
         return parts[0] if len(parts) == 1 else jax.tree.map(lambda *a: jax.numpy.concatenate(a), *parts)

@@ -44,19 +44,18 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxloop.loop.dispatch import Finished
-from jaxloop.model.flops import Peak, device_memory
-from jaxloop.observe.logger import RunLogger
-from jaxloop.update.optimizer import set_learning_rate
-from jaxloop.observe.runinfo import Profiler, Timings, memory_bytes
-from jaxloop.update.state import TrainState
 from jaxloop.core.cadence import Cadence, due
-from jaxloop.core.errors import EXIT_SIGNAL, NonFiniteError
 from jaxloop.core.config import ConfigError
+from jaxloop.core.errors import EXIT_SIGNAL, NonFiniteError
 from jaxloop.core.interrupt import CLI_SESSION, Session, watch_signals
 from jaxloop.core.outcome import COMPLETED, EARLY_STOPPING, early_stopping_message, signal_stop
 from jaxloop.core.records import BestTracker
-
+from jaxloop.loop.dispatch import Finished
+from jaxloop.model.flops import Peak, device_memory
+from jaxloop.observe.logger import RunLogger
+from jaxloop.observe.runinfo import Profiler, Timings, memory_bytes
+from jaxloop.update.optimizer import set_learning_rate
+from jaxloop.update.state import TrainState
 
 # ----------------------------------------------------------------------------- what actions share
 
@@ -75,8 +74,11 @@ class Throughput:
     def interval(self, step: int, now: float, data_wait: float) -> dict[str, float]:
         updates = max(step - self.step, 1)
         seconds = max(now - self.time, 1e-9)
-        rates = {"updates_per_s": updates / seconds, "step_ms": 1e3 * seconds / updates,
-                 "data_wait_ms": 1e3 * (data_wait - self.data_wait) / updates}
+        rates = {
+            "updates_per_s": updates / seconds,
+            "step_ms": 1e3 * seconds / updates,
+            "data_wait_ms": 1e3 * (data_wait - self.data_wait) / updates,
+        }
         self.step, self.time, self.data_wait = step, now, data_wait
         self.updates, self.seconds = self.updates + updates, self.seconds + seconds
         return rates
@@ -134,10 +136,10 @@ class Boundary:
         """summary.json's stop_reason were the run to end here: the first stop decided, else completed."""
         return self.stop if self.stop is not None else COMPLETED
 
-    def replace(self, **changes: Any) -> "Boundary":
+    def replace(self, **changes: Any) -> Boundary:
         return dataclasses.replace(self, **changes)
 
-    def stopping(self, reason: str | None) -> "Boundary":
+    def stopping(self, reason: str | None) -> Boundary:
         """This record with the run ending for `reason` (the first reason decided is the one kept)."""
         return self if reason is None or self.stop is not None else self.replace(stop=reason)
 
@@ -153,7 +155,7 @@ def update_metrics(metrics: dict[str, np.ndarray], i: int, accum_steps: int) -> 
     """The metrics of the update that micro-batch i of a call closed: its loss (the mean of its K
     micro-batch losses), the rate it applied, its pre-clip gradient norm, skips so far, the loss scale,
     and the loss's aux metrics (of micro-batch i)."""
-    out: dict[str, Any] = {"loss": float(np.mean(metrics["loss"][max(i + 1 - accum_steps, 0):i + 1]))}
+    out: dict[str, Any] = {"loss": float(np.mean(metrics["loss"][max(i + 1 - accum_steps, 0) : i + 1]))}
     for key, cast in (("lr", float), ("grad_norm", float), ("skipped", int), ("loss_scale", float)):
         if key in metrics:
             out[key] = cast(metrics[key][i])
@@ -173,8 +175,10 @@ class Action:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "at_step" in vars(cls):  # the protocol before one call per boundary: it would never be called
-            raise TypeError(f"{cls.__name__}.at_step: the loop calls at_boundary(run, b) once per boundary, with its "
-                            "record b (b.step, b.state, b.evaluation, b.ends); rename it (docs/hooks.md)")
+            raise TypeError(
+                f"{cls.__name__}.at_step: the loop calls at_boundary(run, b) once per boundary, with its "
+                "record b (b.step, b.state, b.evaluation, b.ends); rename it (docs/hooks.md)"
+            )
 
     def cuts(self, step: int) -> bool:
         """Whether the loop's device calls must end at `step` for this action (it reads the state there)."""
@@ -241,11 +245,15 @@ class SignalStop(Action):
         name, cli = signal.Signals(signum).name, self.session is not None
         resume = f"resume with: python -m jaxloop.train --run_dir {shlex.quote(self._run.run_dir)}"
         if cli and not self.trained:
-            self.session.exit(EXIT_SIGNAL[signum], f"{name} received while compiling (nothing trained in this run "
-                              f"yet): stopped at once; {resume}")
+            self.session.exit(
+                EXIT_SIGNAL[signum],
+                f"{name} received while compiling (nothing trained in this run yet): stopped at once; {resume}",
+            )
         if cli and self.received > 1 and signum == signal.SIGINT:
-            self.session.exit(EXIT_SIGNAL[signum], f"second {name}: stopped at once without saving (the run resumes "
-                              f"from its last checkpoint); {resume}")
+            self.session.exit(
+                EXIT_SIGNAL[signum],
+                f"second {name}: stopped at once without saving (the run resumes from its last checkpoint); {resume}",
+            )
         if self.received == 1:
             again = "; Ctrl-C again to stop at once without saving" if cli and signum == signal.SIGINT else ""
             self._run.logger.message(f"{name} received: stopping after update {self.stops_after}: saving...{again}")
@@ -286,7 +294,8 @@ class NonFiniteStreak(Action):
             update = int(done.applied()[i]) + 1
             raise NonFiniteError(
                 f"{int(m['bad_streak'][i])} consecutive updates were skipped for a non-finite loss or gradient "
-                f"(update {update}; max_bad_steps={self.max_bad_steps}); the last saved checkpoint is finite")
+                f"(update {update}; max_bad_steps={self.max_bad_steps}); the last saved checkpoint is finite"
+            )
 
 
 class LogTrain(Action):
@@ -296,8 +305,14 @@ class LogTrain(Action):
     (jaxloop.model.flops), each record has its MFU; where the device reports its memory limit, mem_util
     (peak bytes in use / limit)."""
 
-    def __init__(self, cadence: Cadence, batch_size: int, tokens_per_sample: int = 0, flops_per_token: float = 0.0,
-                 peak: Peak | None = None):
+    def __init__(
+        self,
+        cadence: Cadence,
+        batch_size: int,
+        tokens_per_sample: int = 0,
+        flops_per_token: float = 0.0,
+        peak: Peak | None = None,
+    ):
         self.cadence, self.batch_size, self.tokens_per_sample = cadence, batch_size, tokens_per_sample
         self.flops_per_token, self.peak = flops_per_token, peak
 
@@ -318,12 +333,26 @@ class LogTrain(Action):
 
     def _record(self, run: RunContext, step: int, done: Finished, i: int) -> dict[str, Any]:
         clock, K = run.clock, run.accum_steps
-        record = {"step": step, **update_metrics({k: done.metrics[k] for k in
-                                                   ("loss", "lr", "grad_norm", "skipped", "loss_scale", "updated")
-                                                   if k in done.metrics}, i, K)}
+        record = {
+            "step": step,
+            **update_metrics(
+                {
+                    k: done.metrics[k]
+                    for k in ("loss", "lr", "grad_norm", "skipped", "loss_scale", "updated")
+                    if k in done.metrics
+                },
+                i,
+                K,
+            ),
+        }
         share = (step - clock.step) / max(done.step - clock.step, 1)
-        record.update(clock.interval(step, clock.time + share * (done.synced - clock.time),
-                                     clock.data_wait + share * (done.data_wait - clock.data_wait)))
+        record.update(
+            clock.interval(
+                step,
+                clock.time + share * (done.synced - clock.time),
+                clock.data_wait + share * (done.data_wait - clock.data_wait),
+            )
+        )
         record["samples_per_s"] = record["updates_per_s"] * K * self.batch_size
         if self.tokens_per_sample:
             record["tokens_per_s"] = record["samples_per_s"] * self.tokens_per_sample
@@ -353,8 +382,9 @@ class Evaluate:
     needs_state = True
     key = "best"
 
-    def __init__(self, cadence: Cadence, evaluate: Callable[[TrainState], dict[str, float]], tracker: BestTracker,
-                 metric: str):
+    def __init__(
+        self, cadence: Cadence, evaluate: Callable[[TrainState], dict[str, float]], tracker: BestTracker, metric: str
+    ):
         self.every, self.cadence, self.evaluate = cadence.eval_every, cadence, evaluate
         self.tracker, self.metric = tracker, metric
 
@@ -372,8 +402,9 @@ class Evaluate:
         run.logger.eval({"step": step, **evaluated})
         run.clock.pause(time.perf_counter() - t0)  # evaluation is reported apart, not as training time
         if self.metric not in evaluated:
-            raise ConfigError("checkpoint.best_metric", self.metric,
-                              f"a metric the evaluation reports ({', '.join(evaluated)})")
+            raise ConfigError(
+                "checkpoint.best_metric", self.metric, f"a metric the evaluation reports ({', '.join(evaluated)})"
+            )
         if not self.tracker.update(step, evaluated[self.metric]):
             return evaluated, None
         run.logger.message(early_stopping_message(step, self.metric, self.tracker.patience))

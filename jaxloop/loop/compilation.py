@@ -55,8 +55,12 @@ def enable_compilation_cache(path: str | os.PathLike[str]) -> Path:
     return directory
 
 
-SETTINGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-            "jax_persistent_cache_min_entry_size_bytes", "jax_persistent_cache_enable_xla_caches")
+SETTINGS = (
+    "jax_compilation_cache_dir",
+    "jax_persistent_cache_min_compile_time_secs",
+    "jax_persistent_cache_min_entry_size_bytes",
+    "jax_persistent_cache_enable_xla_caches",
+)
 """The jax settings enable_compilation_cache changes (the last only where jax has it)."""
 
 

@@ -46,9 +46,12 @@ def request_deterministic_ops() -> bool:
         import jax
 
         if jax.default_backend() == "gpu":
-            warnings.warn(f"jax started its GPU backend before jaxloop could set XLA_FLAGS={FLAG}=true: this "
-                          "run's kernels are chosen by timing and may differ from another process's; set it "
-                          "in the environment before jax is first used", stacklevel=3)
+            warnings.warn(
+                f"jax started its GPU backend before jaxloop could set XLA_FLAGS={FLAG}=true: this "
+                "run's kernels are chosen by timing and may differ from another process's; set it "
+                "in the environment before jax is first used",
+                stacklevel=3,
+            )
         return False
     os.environ["XLA_FLAGS"] = f"{flags} {FLAG}=true".strip()
     return True

@@ -21,13 +21,13 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from jaxloop.data.pipeline import DevicePrefetcher
-from jaxloop.update.distributed import pin_shardings
-from jaxloop.loop.compilation import loaded_from_cache
-from jaxloop.update.memory_plan import Fit, fit
-from jaxloop.observe.runinfo import Timings
-from jaxloop.update.state import TrainState
 from jaxloop.core.config import MemoryConfig
+from jaxloop.data.pipeline import DevicePrefetcher
+from jaxloop.loop.compilation import loaded_from_cache
+from jaxloop.observe.runinfo import Timings
+from jaxloop.update.distributed import pin_shardings
+from jaxloop.update.memory_plan import Fit, fit
+from jaxloop.update.state import TrainState
 
 
 class Call(NamedTuple):
@@ -120,8 +120,13 @@ class Dispatcher:
                 if self.memory is None:
                     compiled = self._compile(n, state, chunk, None)
                 else:
-                    fitted = fit(lambda memory: self._compile(n, state, chunk, memory), self.memory,
-                                 self.plan.batch_size, self.plan.blocks, f"the call of {n} update(s)")
+                    fitted = fit(
+                        lambda memory: self._compile(n, state, chunk, memory),
+                        self.memory,
+                        self.plan.batch_size,
+                        self.plan.blocks,
+                        f"the call of {n} update(s)",
+                    )
                     if fitted.replanned:
                         self.steps, self.memory = self.plan.steps_of(fitted.memory), fitted.memory
                         self.compiled.clear()  # calls of other sizes compiled under the former plan

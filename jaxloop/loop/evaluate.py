@@ -9,8 +9,8 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from jaxloop.update.distributed import shard_batch, whole_params
 from jaxloop.model.interface import LossFn
+from jaxloop.update.distributed import shard_batch, whole_params
 from jaxloop.update.state import TrainState
 from jaxloop.update.step import make_eval_step
 
@@ -32,8 +32,9 @@ class Evaluator:
 
     def __call__(self, state: TrainState) -> dict[str, float]:
         out: dict[str, float] = {}
-        variants = [("val_", state)] + ([("ema_val_", state.replace(params=state.ema_params))]
-                                       if state.ema_params is not None else [])
+        variants = [("val_", state)] + (
+            [("ema_val_", state.replace(params=state.ema_params))] if state.ema_params is not None else []
+        )
         for prefix, s in variants:
             batches = list(self.batches())
             sums = [self.step(s, shard_batch(b, self.mesh)) for b in batches]

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from jaxloop.core.cadence import call_size, next_call_size
+from jaxloop.core.outcome import COMPLETED
 from jaxloop.loop.actions import Action, Boundary, Evaluate, RunContext, metrics_of
 from jaxloop.loop.dispatch import Call, Dispatcher, Finished
 from jaxloop.update.state import TrainState
-from jaxloop.core.cadence import call_size, next_call_size
-from jaxloop.core.outcome import COMPLETED
 
 EVALUATION = -1
 """The evaluation's place in a boundary's set of parts already run (the actions': their index)."""
@@ -82,16 +82,26 @@ class Parts(NamedTuple):
 
     def cuts(self, done: Finished, stop: str | None) -> bool:
         """Whether the call ends here: the run ends, or something reading the state is due."""
-        return (done.step >= self.run.steps or stop is not None or any(a.cuts(done.step) for a in self.actions)
-                or (self.evaluate is not None and self.evaluate.cuts(done.step)))
+        return (
+            done.step >= self.run.steps
+            or stop is not None
+            or any(a.cuts(done.step) for a in self.actions)
+            or (self.evaluate is not None and self.evaluate.cuts(done.step))
+        )
 
     def boundary(self, done: Finished, stop: str | None, acted: Acted) -> tuple[Boundary, Acted]:
         """The record of the boundary `done` reached, evaluated there first when due; the actions, once."""
         if acted.step != done.step:
             acted = Acted(done.step, set(), None)
-        b = Boundary(done.step, done.state, metrics_of(done, done.step, self.run.accum_steps),
-                     self.dispatcher.data_state(), acted.record.evaluation if acted.record is not None else None,
-                     stop, final=done.step >= self.run.steps)
+        b = Boundary(
+            done.step,
+            done.state,
+            metrics_of(done, done.step, self.run.accum_steps),
+            self.dispatcher.data_state(),
+            acted.record.evaluation if acted.record is not None else None,
+            stop,
+            final=done.step >= self.run.steps,
+        )
         if self.evaluate is not None and EVALUATION not in acted.parts and self.evaluate.due(b.step):
             acted.parts.add(EVALUATION)
             evaluation, early = self.evaluate(self.run, b.step, b.state)
@@ -104,8 +114,15 @@ class Parts(NamedTuple):
         return b, acted._replace(record=b)
 
 
-def train(state: TrainState, step: int, dispatcher: Dispatcher, actions: Sequence[Action], run: RunContext,
-          per_call: int, evaluate: Evaluate | None = None) -> Ended:
+def train(
+    state: TrainState,
+    step: int,
+    dispatcher: Dispatcher,
+    actions: Sequence[Action],
+    run: RunContext,
+    per_call: int,
+    evaluate: Evaluate | None = None,
+) -> Ended:
     """Train from `state` (after `step` applied updates) to the end of the run; `evaluate` runs at each
     boundary where it is due, before the actions (its results and early stopping are in their record)."""
     parts = Parts(dispatcher, actions, run, per_call, evaluate)

@@ -24,12 +24,12 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
 from jaxloop.checkpoint import hf_gpt2
 from jaxloop.checkpoint.manager import Checkpointer, saved_structure
-from jaxloop.update.state import hash_array, model_record
-from jaxloop.loop.task import Task, run_state
 from jaxloop.core.config import Config, ConfigError
 from jaxloop.core.identity import check_model, first_differences, model_differences, read_model_record
 from jaxloop.core.layout import RunLayout
 from jaxloop.core.sources import Splits
+from jaxloop.loop.task import Task, run_state
+from jaxloop.update.state import hash_array, model_record
 
 
 def this_model(cfg: Config, task: Task, splits: Splits) -> dict[str, Any]:
@@ -43,15 +43,20 @@ def this_model(cfg: Config, task: Task, splits: Splits) -> dict[str, Any]:
 def computation(state: Any, loss: Any, example: dict[str, Any]) -> dict[str, str]:
     """The fingerprint of what `loss` computes with the model of `state` (abstract or not) in training mode on
     a batch shaped like `example`, and the jax and flax versions that traced it."""
+
     def forward(params: Any, model_state: Any, batch: Any, rng: Any) -> Any:
         bound, new_state = state.model.bind(params, model_state, True, rng, state.policy)
         return loss(bound, batch, True), new_state()
 
-    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype if not hasattr(x, "dtype")
-                                                         else x.dtype), example)
+    shapes = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype if not hasattr(x, "dtype") else x.dtype),
+        example,
+    )
     traced = jax.make_jaxpr(forward)(state.params, state.model_state, shapes, state.rng)
-    return {"sha256": hashlib.sha256(jaxpr_text(traced).encode()).hexdigest(),
-            "traced_with": f"jax {jax.__version__}, flax {flax.__version__}"}
+    return {
+        "sha256": hashlib.sha256(jaxpr_text(traced).encode()).hexdigest(),
+        "traced_with": f"jax {jax.__version__}, flax {flax.__version__}",
+    }
 
 
 def jaxpr_text(jaxpr: Any) -> str:
@@ -88,8 +93,10 @@ def jaxpr_text(jaxpr: Any) -> str:
     lines.append("in " + " ".join(var(v) for v in inner.invars))
     for eqn in inner.eqns:
         params = " ".join(f"{k}={param(eqn.params[k])}" for k in sorted(eqn.params))
-        lines.append(f"{' '.join(var(v) for v in eqn.outvars)} = {eqn.primitive.name}[{params}] "
-                     f"{' '.join(var(v) for v in eqn.invars)}")
+        lines.append(
+            f"{' '.join(var(v) for v in eqn.outvars)} = {eqn.primitive.name}[{params}] "
+            f"{' '.join(var(v) for v in eqn.invars)}"
+        )
     lines.append("out " + " ".join(var(v) for v in inner.outvars))
     return "\n".join(lines)
 
@@ -119,5 +126,9 @@ def check_init_from(cfg: Config, now: dict[str, Any]) -> None:
     params = lambda record: {"model": None, "leaves": [x for x in record["leaves"] if x[0].startswith("params/")]}  # noqa: E731
     differences = model_differences(params(source), params(now), dtypes=False)
     if differences:
-        raise ConfigError("init_from", cfg.init_from, "a run of this model's shapes; these params differ: "
-                          f"{first_differences(differences).replace(' in the run,', ' there,')}")
+        raise ConfigError(
+            "init_from",
+            cfg.init_from,
+            "a run of this model's shapes; these params differ: "
+            f"{first_differences(differences).replace(' in the run,', ' there,')}",
+        )

@@ -45,12 +45,20 @@ class Plateau:
     reductions: int = 0
 
     @classmethod
-    def of(cls, cfg: Config) -> "Plateau":
+    def of(cls, cfg: Config) -> Plateau:
         """The decision of a fresh run: optim.plateau's settings, checkpoint.best_mode, rate = peak_lr."""
         p = cfg.optim.plateau
-        return cls(mode=cfg.checkpoint.best_mode, factor=p.factor, patience=p.patience, threshold=p.threshold,
-                   threshold_mode=p.threshold_mode, cooldown=p.cooldown, min_lr=p.min_lr, eps=p.eps,
-                   rate=float(cfg.optim.peak_lr))
+        return cls(
+            mode=cfg.checkpoint.best_mode,
+            factor=p.factor,
+            patience=p.patience,
+            threshold=p.threshold,
+            threshold_mode=p.threshold_mode,
+            cooldown=p.cooldown,
+            min_lr=p.min_lr,
+            eps=p.eps,
+            rate=float(cfg.optim.peak_lr),
+        )
 
     def _is_better(self, a: float) -> bool:
         best = self.best if self.best is not None else (math.inf if self.mode == "min" else -math.inf)

@@ -21,39 +21,56 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxloop.loop import actions as act
+from jaxloop.checkpoint.init_from import initial_params, shaped_by_init_from
 from jaxloop.checkpoint.manager import Checkpointer, read_state
 from jaxloop.checkpoint.write_errors import disk_full_line
-from jaxloop.data.pipeline import DevicePrefetcher, run_val_batches, train_loader
-from jaxloop.loop.dispatch import CallEvents, CallPlan, Dispatcher
-from jaxloop.update.distributed import (abstract_sharded, barrier, check_divisible, create_sharded, is_primary, make_mesh,
-                                        shard_batch, to_host)
-from jaxloop.loop.evaluate import Evaluator
-from jaxloop.loop.model_check import check_init_from, check_same_model, this_model
-from jaxloop.model.flops import gpt_facts, mfu_inputs
-from jaxloop.checkpoint.init_from import initial_params, shaped_by_init_from
-from jaxloop.observe.logger import RunLogger
-from jaxloop.loop.host_loop import train, updates_per_call
-from jaxloop.update.memory_plan import Fit, candidates, check_plan, describe_plan, is_out_of_memory, plan_dict, supports_blocks
-from jaxloop.update.optimizer import optimizer_metrics
-from jaxloop.model.precision import resolve_precision
-from jaxloop.observe.runinfo import Profiler, Timings, run_metadata
-from jaxloop.update.schedules import steps_change_line
-from jaxloop.loop.process import process_settings
-from jaxloop.update.state import TrainState, state_digest
-from jaxloop.update.step import make_train_step, scan_steps
-from jaxloop.loop.task import Task, builtin_task, check_builtin_fields, check_own_optimizer, run_state
 from jaxloop.core.cadence import MAX_UPDATES_PER_CALL, Cadence
-from jaxloop.core.errors import CheckpointWriteError, Interrupted, NonFiniteError, OutOfMemoryError
 from jaxloop.core.config import Config, MemoryConfig, to_dict, validate
 from jaxloop.core.data_identity import check_same_data, data_lines
+from jaxloop.core.errors import CheckpointWriteError, Interrupted, NonFiniteError, OutOfMemoryError
 from jaxloop.core.identity import read_model_record, write_model_record
 from jaxloop.core.interrupt import on_abrupt_exit
 from jaxloop.core.lock import RunDirInUse, RunLock
-from jaxloop.core.outcome import final_evaluation_due, summary as run_summary
+from jaxloop.core.outcome import final_evaluation_due
+from jaxloop.core.outcome import summary as run_summary
 from jaxloop.core.records import BestTracker
 from jaxloop.core.run_dir import RunDir, resume_by_name
 from jaxloop.core.sources import Splits, write_vocab
+from jaxloop.data.pipeline import DevicePrefetcher, run_val_batches, train_loader
+from jaxloop.loop import actions as act
+from jaxloop.loop.dispatch import CallEvents, CallPlan, Dispatcher
+from jaxloop.loop.evaluate import Evaluator
+from jaxloop.loop.host_loop import train, updates_per_call
+from jaxloop.loop.model_check import check_init_from, check_same_model, this_model
+from jaxloop.loop.process import process_settings
+from jaxloop.loop.task import Task, builtin_task, check_builtin_fields, check_own_optimizer, run_state
+from jaxloop.model.flops import gpt_facts, mfu_inputs
+from jaxloop.model.precision import resolve_precision
+from jaxloop.observe.logger import RunLogger
+from jaxloop.observe.runinfo import Profiler, Timings, run_metadata
+from jaxloop.update.distributed import (
+    abstract_sharded,
+    barrier,
+    check_divisible,
+    create_sharded,
+    is_primary,
+    make_mesh,
+    shard_batch,
+    to_host,
+)
+from jaxloop.update.memory_plan import (
+    Fit,
+    candidates,
+    check_plan,
+    describe_plan,
+    is_out_of_memory,
+    plan_dict,
+    supports_blocks,
+)
+from jaxloop.update.optimizer import optimizer_metrics
+from jaxloop.update.schedules import steps_change_line
+from jaxloop.update.state import TrainState, state_digest
+from jaxloop.update.step import make_train_step, scan_steps
 
 
 @dataclass(frozen=True)
@@ -108,8 +125,9 @@ def _run_configured(cfg: Config, task: Task | None, hooks: Sequence[act.Action],
     if ended is not None:  # a finished run started again: nothing to do, nothing written (not even the lock)
         return already_complete(cfg, task, splits, rd, ended)
     if getattr(splits, "record", None) is not None:  # other data (jaxloop.core.data_identity): refused, nothing written
-        splits = replace(splits, record=check_same_data(rd.layout, splits.record, rd.saved is not None,
-                                                        cfg.data.allow_changed))
+        splits = replace(
+            splits, record=check_same_data(rd.layout, splits.record, rd.saved is not None, cfg.data.allow_changed)
+        )
     lock = None
     try:
         lock = hold_run_dir(cfg)  # one run per run_dir; released at any exit (the kernel's flock, and here)
@@ -165,8 +183,16 @@ class Replan(Exception):
         super().__init__(describe_plan(memory))
 
 
-def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool, hooks: Sequence[act.Action],
-              t_start: float, model: dict[str, Any]) -> RunResult:
+def _run_held(
+    cfg: Config,
+    task: Task,
+    splits: Splits,
+    rd: RunDir,
+    builtin: bool,
+    hooks: Sequence[act.Action],
+    t_start: float,
+    model: dict[str, Any],
+) -> RunResult:
     """run() once run_dir is held: write it, restore or build the state, train; after an out-of-memory error
     at run time (Replan), reload the last checkpoint and train on under the smaller plan. `model`: the
     model record of the state trained (jaxloop.core.identity), written to run_dir/model.json."""
@@ -190,7 +216,9 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
     try:
         while True:
             # a resume reads every shard straight into place: no fresh state is built only to be replaced
-            resume = cfg.resume != "never" or bool(replans) or fell_back  # after a re-plan: this run's own last checkpoint
+            resume = (
+                cfg.resume != "never" or bool(replans) or fell_back
+            )  # after a re-plan: this run's own last checkpoint
             began = time.perf_counter()
             restoring = resume and Checkpointer.has_checkpoint(rd.checkpoints)
             say(rd, "restoring the state from the last checkpoint..." if restoring else "creating the state...")
@@ -210,8 +238,19 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
                 if not fell_back:
                     timings.add("setup", time.perf_counter() - t_start)
             try:
-                summary, state, signum = _train(replace(cfg, memory=memory), task, splits, state, restored, ckpt,
-                                                timings, mesh, list(hooks), rd, replans)
+                summary, state, signum = _train(
+                    replace(cfg, memory=memory),
+                    task,
+                    splits,
+                    state,
+                    restored,
+                    ckpt,
+                    timings,
+                    mesh,
+                    list(hooks),
+                    rd,
+                    replans,
+                )
                 break
             except Replan as e:
                 memory, replans = e.memory, e.replans
@@ -221,8 +260,11 @@ def _run_held(cfg: Config, task: Task, splits: Splits, rd: RunDir, builtin: bool
                 ckpt.wait()
                 if not unverified_and_bad(restored, ckpt.all_steps()):
                     raise
-                ckpt.set_aside(restored.step, "restored without a digest to check its bytes, and the updates from it "
-                                              f"went non-finite before the next save: {e}")
+                ckpt.set_aside(
+                    restored.step,
+                    "restored without a digest to check its bytes, and the updates from it "
+                    f"went non-finite before the next save: {e}",
+                )
                 fell_back = True
     finally:
         with timings("checkpoint"):
@@ -298,42 +340,77 @@ def keep_timing_of_updates(summary: dict[str, Any], previous: Any) -> dict[str, 
     return {**summary, **kept}
 
 
-def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, ckpt: Checkpointer, timings: Timings,
-           mesh: Any, hooks: list[act.Action], rd: RunDir,
-           replans: list[dict[str, Any]]) -> tuple[dict[str, Any], Any, int | None]:
+def _train(
+    cfg: Config,
+    task: Task,
+    splits: Splits,
+    state: Any,
+    restored: Any,
+    ckpt: Checkpointer,
+    timings: Timings,
+    mesh: Any,
+    hooks: list[act.Action],
+    rd: RunDir,
+    replans: list[dict[str, Any]],
+) -> tuple[dict[str, Any], Any, int | None]:
     """The host loop over this run's dispatcher and actions, from `state` (restored or fresh) to the end, under
     the memory plan cfg.memory (and those the dispatcher re-plans to); Replan on an out-of-memory error.
     Returns the summary, the trained state and the signal that stopped the run (None: not stopped by one)."""
     run_dir = rd.path
     step = restored.step if restored is not None else 0
     cadence = Cadence.of(cfg)
-    logger = RunLogger(run_dir, cfg.log, start_step=step, total_steps=cfg.steps, log_every=cfg.log_every,
-                       config=to_dict(cfg), writes=is_primary())
+    logger = RunLogger(
+        run_dir,
+        cfg.log,
+        start_step=step,
+        total_steps=cfg.steps,
+        log_every=cfg.log_every,
+        config=to_dict(cfg),
+        writes=is_primary(),
+    )
     for line in data_lines(getattr(splits, "record", None)) if not replans else ():  # each split's files
         logger.message(line)
-    run = act.RunContext(cfg.steps, cfg.optim.accum_steps, logger, timings, act.Throughput(step, time.perf_counter()),
-                         str(run_dir))
+    run = act.RunContext(
+        cfg.steps, cfg.optim.accum_steps, logger, timings, act.Throughput(step, time.perf_counter()), str(run_dir)
+    )
     tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
-    evaluator = FirstCallAnnounced(Evaluator(task.eval_loss(), lambda: run_val_batches(cfg, splits), mesh), logger,
-                                   "the evaluation")
+    evaluator = FirstCallAnnounced(
+        Evaluator(task.eval_loss(), lambda: run_val_batches(cfg, splits), mesh), logger, "the evaluation"
+    )
     evaluate = act.Evaluate(cadence, evaluator, tracker, cfg.checkpoint.best_metric)
     actions = run_actions(cfg, splits, ckpt, run, evaluate, hooks, restored.data if restored is not None else None)
     signals = next(a for a in actions if isinstance(a, act.SignalStop))
     per_call = updates_per_call(cfg.steps, [evaluate, *actions], cfg.updates_per_call or MAX_UPDATES_PER_CALL)
     loader = train_loader(cfg, splits, restored.data["loader"] if restored is not None else None)
     K = cfg.optim.accum_steps
-    batches = DevicePrefetcher(loader, size=cfg.data.prefetch, put=lambda b: shard_batch(b, mesh, stacked=True),
-                               chunk=K * per_call, first_chunk=K * (-step % per_call))
+    batches = DevicePrefetcher(
+        loader,
+        size=cfg.data.prefetch,
+        put=lambda b: shard_batch(b, mesh, stacked=True),
+        chunk=K * per_call,
+        first_chunk=K * (-step % per_call),
+    )
     memory = Memory(cfg.memory, replans, logger, ckpt, rd)
-    plan = CallPlan(lambda planned: scan_steps(make_train_step(task.loss, planned)), K, cfg.memory, cfg.batch_size,
-                    supports_blocks(state.model))
-    dispatcher = Dispatcher(plan, batches, timings,
-                            CallEvents(compile=CompileLines(logger, cfg), compiled=run.clock.restart,
-                                       fitted=memory.fitted))
+    plan = CallPlan(
+        lambda planned: scan_steps(make_train_step(task.loss, planned)),
+        K,
+        cfg.memory,
+        cfg.batch_size,
+        supports_blocks(state.model),
+    )
+    dispatcher = Dispatcher(
+        plan,
+        batches,
+        timings,
+        CallEvents(compile=CompileLines(logger, cfg), compiled=run.clock.restart, fitted=memory.fitted),
+    )
     if restored is not None:
         logger.message(resume_line(restored))
-        moved = steps_change_line(cfg.optim, int(rd.saved.get("steps", cfg.steps)), cfg.steps, step) \
-            if rd.saved is not None else None
+        moved = (
+            steps_change_line(cfg.optim, int(rd.saved.get("steps", cfg.steps)), cfg.steps, step)
+            if rd.saved is not None
+            else None
+        )
         if moved:
             logger.message(moved)
     try:
@@ -346,12 +423,18 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
         if final_evaluation_due(final, stop_reason):  # e.g. a run resumed at its end
             final = evaluator(state)
         summary = run_summary(
-            final_step=int(state.step), updates_this_run=int(state.step) - step, stop_reason=stop_reason,
-            final=final, tracker=tracker, metric=cfg.checkpoint.best_metric, checkpoint_step=ckpt.best_step(),
+            final_step=int(state.step),
+            updates_this_run=int(state.step) - step,
+            stop_reason=stop_reason,
+            final=final,
+            tracker=tracker,
+            metric=cfg.checkpoint.best_metric,
+            checkpoint_step=ckpt.best_step(),
             updates_per_s=run.clock.updates_per_s,
             skipped=int(optimizer_metrics(state.opt_state)["skipped"]),
             digest=state_digest(to_host(state)),  # shards held by other processes too
-            peak_mem_bytes=logger.peak_mem_bytes)
+            peak_mem_bytes=logger.peak_mem_bytes,
+        )
         summary["memory"] = memory.record(dispatcher.memory)
         timings.add("data_wait", batches.total_wait_s)
     finally:
@@ -361,17 +444,30 @@ def _train(cfg: Config, task: Task, splits: Splits, state: Any, restored: Any, c
     return summary, state, signals.signal
 
 
-def run_actions(cfg: Config, splits: Splits, ckpt: Checkpointer, run: act.RunContext, evaluate: act.Evaluate,
-                hooks: list[act.Action], restored: dict[str, Any] | None) -> list[act.Action]:
+def run_actions(
+    cfg: Config,
+    splits: Splits,
+    ckpt: Checkpointer,
+    run: act.RunContext,
+    evaluate: act.Evaluate,
+    hooks: list[act.Action],
+    restored: dict[str, Any] | None,
+) -> list[act.Action]:
     """The run's periodic actions in order: the signal stop (first), the non-finite streak, logs, the profiler,
     the plateau's rate, the research code's hooks, and the save last (it saves the state those before it
     hand on, with every keyed part's state, restored here from a resumed checkpoint's data item)."""
     cadence = Cadence.of(cfg)
     actions: list[act.Action] = [
-        act.SignalStop(), act.NonFiniteStreak(cfg.max_bad_steps),
-        act.LogTrain(cadence, cfg.batch_size, cfg.model.context if splits.source in ("text", "tokens") else 0,
-                     **mfu_inputs(ckpt.metadata.get("language_model"))),
-        act.Profile(Profiler(cfg.log.profile_start, cfg.log.profile_steps, run.logger.layout.profile, run.timings))]
+        act.SignalStop(),
+        act.NonFiniteStreak(cfg.max_bad_steps),
+        act.LogTrain(
+            cadence,
+            cfg.batch_size,
+            cfg.model.context if splits.source in ("text", "tokens") else 0,
+            **mfu_inputs(ckpt.metadata.get("language_model")),
+        ),
+        act.Profile(Profiler(cfg.log.profile_start, cfg.log.profile_steps, run.logger.layout.profile, run.timings)),
+    ]
     if cfg.optim.schedule == "plateau":  # decides the rate of the next updates from each evaluation
         from jaxloop.loop.plateau import Plateau
 
@@ -384,10 +480,18 @@ def run_actions(cfg: Config, splits: Splits, ckpt: Checkpointer, run: act.RunCon
     return [*actions, act.Save(cadence, ckpt, keyed)]
 
 
-COMPILE_LINE_STARTS = ("compiling the training call", "compiled in ", "loaded the compiled training call",
-                       "creating the state...", "restoring the state from", "the state is ready (",
-                       "compiling the evaluation...", "compiled and ran the evaluation (", "writing the report...",
-                       "wrote the report (")
+COMPILE_LINE_STARTS = (
+    "compiling the training call",
+    "compiled in ",
+    "loaded the compiled training call",
+    "creating the state...",
+    "restoring the state from",
+    "the state is ready (",
+    "compiling the evaluation...",
+    "compiled and ran the evaluation (",
+    "writing the report...",
+    "wrote the report (",
+)
 
 
 def is_compile_line(line: str) -> bool:
@@ -406,10 +510,15 @@ class CompileLines:
 
     def __call__(self, n: int, loaded: bool | None, seconds: float) -> None:
         if loaded is None:
-            cache = (f"the next run of this config loads it from the cache ({self.cfg.compile_cache})"
-                     if self.cfg.compile_cache else "compile_cache is off: every run compiles it")
-            self.logger.message(f"compiling the training call ({n} update(s) of batch {self.cfg.batch_size} per "
-                                f"device call); {cache}...")
+            cache = (
+                f"the next run of this config loads it from the cache ({self.cfg.compile_cache})"
+                if self.cfg.compile_cache
+                else "compile_cache is off: every run compiles it"
+            )
+            self.logger.message(
+                f"compiling the training call ({n} update(s) of batch {self.cfg.batch_size} per "
+                f"device call); {cache}..."
+            )
         elif loaded:
             self.logger.message(f"loaded the compiled training call from the cache in {seconds:.1f}s")
         else:
@@ -420,8 +529,10 @@ def resume_line(restored: Any) -> str:
     """The line a resumed run prints first: the update, its checkpoint and the data position it holds."""
     saved = restored.data["loader"]
     position, per_epoch = int(saved["position"]), max(int(saved["num_train"]) // int(saved["batch_size"]), 1)
-    return (f"resuming from update {restored.step} (checkpoint {restored.path}), data position {position} "
-            f"(epoch {position // per_epoch}, micro-batch {position % per_epoch} of {per_epoch})")
+    return (
+        f"resuming from update {restored.step} (checkpoint {restored.path}), data position {position} "
+        f"(epoch {position // per_epoch}, micro-batch {position % per_epoch} of {per_epoch})"
+    )
 
 
 class Memory:
@@ -429,8 +540,9 @@ class Memory:
     recorded, with every re-plan, in metadata.json and every later checkpoint's metadata; after an
     out-of-memory error at run time, the next smaller plan (Replan) or OutOfMemoryError."""
 
-    def __init__(self, memory: MemoryConfig, replans: list[dict[str, Any]], logger: RunLogger, ckpt: Checkpointer,
-                 rd: RunDir):
+    def __init__(
+        self, memory: MemoryConfig, replans: list[dict[str, Any]], logger: RunLogger, ckpt: Checkpointer, rd: RunDir
+    ):
         self.replans, self.logger, self.ckpt, self.rd = list(replans), logger, ckpt, rd
         self.last: Fit | None = None
         self.plan = memory
@@ -449,9 +561,12 @@ class Memory:
     def record(self, memory: MemoryConfig) -> dict[str, Any]:
         """The plan, the footprint of its last call fitted and the limit, and the re-plans so far."""
         last = self.last
-        return {"plan": plan_dict(memory), "footprint": last.footprint.as_dict() if last is not None else None,
-                "limit": {"bytes": last.limit.bytes, "source": last.limit.source} if last is not None else None,
-                "replans": self.replans}
+        return {
+            "plan": plan_dict(memory),
+            "footprint": last.footprint.as_dict() if last is not None else None,
+            "limit": {"bytes": last.limit.bytes, "source": last.limit.source} if last is not None else None,
+            "replans": self.replans,
+        }
 
     def replan_after(self, error: Exception, memory: MemoryConfig, batch_size: int, blocks: bool) -> Exception:
         """Replan with the next smaller plan than `memory` (the run reloads its last checkpoint), or
@@ -461,12 +576,32 @@ class Memory:
         where = f"update {saved[-1]}" if saved else "the initial state"
         smaller = candidates(memory, batch_size, blocks)
         if not memory.auto_fit or jax.process_count() > 1 or not smaller:
-            why = ("memory.auto_fit is off" if not memory.auto_fit else "several processes cannot re-plan alone"
-                   if jax.process_count() > 1 else f"no smaller plan than {describe_plan(memory)}")
-            return OutOfMemoryError(f"out of device memory at run time ({first}); {why}; the last checkpoint is "
-                                    f"{where}: lower batch_size or the model's size")
+            why = (
+                "memory.auto_fit is off"
+                if not memory.auto_fit
+                else "several processes cannot re-plan alone"
+                if jax.process_count() > 1
+                else f"no smaller plan than {describe_plan(memory)}"
+            )
+            return OutOfMemoryError(
+                f"out of device memory at run time ({first}); {why}; the last checkpoint is "
+                f"{where}: lower batch_size or the model's size"
+            )
         plan = smaller[0]
-        self.logger.message(f"out of device memory at run time ({first}): reloading {where} and re-planning "
-                            f"{describe_plan(memory)} -> {describe_plan(plan)}")
-        return Replan(plan, [*self.replans, {"at_update": saved[-1] if saved else 0, "reason": "out of memory at run "
-                                             "time", "from": plan_dict(memory), "to": plan_dict(plan), "error": first}])
+        self.logger.message(
+            f"out of device memory at run time ({first}): reloading {where} and re-planning "
+            f"{describe_plan(memory)} -> {describe_plan(plan)}"
+        )
+        return Replan(
+            plan,
+            [
+                *self.replans,
+                {
+                    "at_update": saved[-1] if saved else 0,
+                    "reason": "out of memory at run time",
+                    "from": plan_dict(memory),
+                    "to": plan_dict(plan),
+                    "error": first,
+                },
+            ],
+        )

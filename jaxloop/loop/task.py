@@ -27,16 +27,16 @@ from typing import Any
 import numpy as np
 import optax
 
-from jaxloop.model.builtin import make_model
-from jaxloop.model.interface import LossFn
-from jaxloop.update.optimizer import make_optimizer
-from jaxloop.model.precision import get_policy
-from jaxloop.update.state import TrainState, init_state
-from jaxloop.update.step import cross_entropy_loss
 from jaxloop.core.config import Config, ConfigError, builtin_task_fields, flat_keys, flat_view, preset, preset_baseline
 from jaxloop.core.optimizers_config import OPTIMIZERS
 from jaxloop.core.schedules_config import SCHEDULES, WARMUP_FIELDS
 from jaxloop.core.sources import RecordError, SequenceRecords, Splits, as_records, load_splits
+from jaxloop.model.builtin import make_model
+from jaxloop.model.interface import LossFn
+from jaxloop.model.precision import get_policy
+from jaxloop.update.optimizer import make_optimizer
+from jaxloop.update.state import TrainState, init_state
+from jaxloop.update.step import cross_entropy_loss
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,10 +62,15 @@ class Task:
             return self.train
         train, val = as_records(self.train, "train"), as_records(self.val, "val")  # RecordError: split, index, key
         example = train.get(np.zeros(1, np.int64))
-        if isinstance(train, SequenceRecords) and isinstance(val, SequenceRecords) and (
-                [k for k, _, _ in train.spec] != [k for k, _, _ in val.spec]):
-            raise RecordError(f"record 0 of the val split has keys {[k for k, _, _ in val.spec]}, expected "
-                              f"{[k for k, _, _ in train.spec]} (as the train split's records have)")
+        if (
+            isinstance(train, SequenceRecords)
+            and isinstance(val, SequenceRecords)
+            and ([k for k, _, _ in train.spec] != [k for k, _, _ in val.spec])
+        ):
+            raise RecordError(
+                f"record 0 of the val split has keys {[k for k, _, _ in val.spec]}, expected "
+                f"{[k for k, _, _ in train.spec]} (as the train split's records have)"
+            )
         return Splits(source="task", train=train, val=val, num_classes=0, example_x=example.get("x"), vocab=self.vocab)
 
     def eval_loss(self) -> LossFn:
@@ -83,7 +88,12 @@ class Task:
 def builtin_task(cfg: Config, splits: Splits | None = None) -> Task:
     """The task of a preset / CLI run: the config's model (MLP or GPT) and source, cross-entropy."""
     splits = splits if splits is not None else load_splits(cfg)
-    return Task(model=make_model(cfg.model, splits.num_classes, cfg.precision), loss=cross_entropy_loss, train=splits, val=splits)
+    return Task(
+        model=make_model(cfg.model, splits.num_classes, cfg.precision),
+        loss=cross_entropy_loss,
+        train=splits,
+        val=splits,
+    )
 
 
 def check_builtin_fields(cfg: Config) -> None:
@@ -94,9 +104,13 @@ def check_builtin_fields(cfg: Config) -> None:
     for name in builtin_task_fields():
         value, default = _dotted(cfg, name), _dotted(base, name)
         if value != default:
-            raise ConfigError(name, value, f"the {cfg.preset} preset's {default!r}: only the built-in tasks read it, "
-                              f"and this run trains a Task of its own (its model and records); leave "
-                              f"Config.{name.split('.')[0]}'s {name.split('.')[1]} out")
+            raise ConfigError(
+                name,
+                value,
+                f"the {cfg.preset} preset's {default!r}: only the built-in tasks read it, "
+                f"and this run trains a Task of its own (its model and records); leave "
+                f"Config.{name.split('.')[0]}'s {name.split('.')[1]} out",
+            )
 
 
 def _dotted(cfg: Any, name: str) -> Any:
@@ -111,9 +125,15 @@ def run_state(cfg: Config, task: Task, splits: Splits | None = None) -> TrainSta
     the task's first training record."""
     splits = splits if splits is not None else task.splits()
     policy = get_policy(cfg.precision)
-    return init_state(task.model, task.loss, splits.train.get(np.zeros(1, np.int64)),
-                      make_optimizer(cfg.optim, cfg.steps, policy, task.optimizer), seed=cfg.seed, precision=policy,
-                      ema_decay=cfg.optim.ema_decay)
+    return init_state(
+        task.model,
+        task.loss,
+        splits.train.get(np.zeros(1, np.int64)),
+        make_optimizer(cfg.optim, cfg.steps, policy, task.optimizer),
+        seed=cfg.seed,
+        precision=policy,
+        ema_decay=cfg.optim.ema_decay,
+    )
 
 
 def check_own_optimizer(cfg: Config, task: Task) -> None:
@@ -126,8 +146,12 @@ def check_own_optimizer(cfg: Config, task: Task) -> None:
     o, base = cfg.optim, preset_baseline(cfg.preset)
     factory = not isinstance(task.optimizer, optax.GradientTransformation)
     if o.schedule == "plateau":
-        raise ConfigError("optim.schedule", o.schedule, "a per-update schedule when the Task brings its own optimizer "
-                          "(plateau sets the rate of jaxloop's own optimizers only)")
+        raise ConfigError(
+            "optim.schedule",
+            o.schedule,
+            "a per-update schedule when the Task brings its own optimizer "
+            "(plateau sets the rate of jaxloop's own optimizers only)",
+        )
     # the optimizer's fields, from every optimizer class; for a GradientTransformation also the schedule's
     # (but the warmup's and end_lr, which validate() checks against steps for any run)
     unread = {"name", *flat_keys(OPTIMIZERS.values())}
@@ -137,14 +161,25 @@ def check_own_optimizer(cfg: Config, task: Task) -> None:
     for name in sorted(unread):
         if view[name] != base[name]:
             kind = "factory (it reads only the schedule)" if factory else "GradientTransformation (it has its own rate)"
-            raise ConfigError(f"optim.{name}", view[name], f"its default {base[name]!r}: the Task "
-                              f"brings its own optimizer, a {kind}")
+            raise ConfigError(
+                f"optim.{name}", view[name], f"its default {base[name]!r}: the Task brings its own optimizer, a {kind}"
+            )
 
 
 def create_train_state(cfg: Config, model: Any, example_x: Any) -> TrainState:
     """run_state for a built-in model (cross-entropy over {x, y}) without its records: for inputs shaped
     like example_x (labels of zeros make up the rest of the one example record the init reads)."""
-    example = {"x": np.asarray(example_x), "y": np.zeros(np.shape(example_x)[:1] + ((np.shape(example_x)[1],)
-               if np.ndim(example_x) == 2 and np.issubdtype(np.asarray(example_x).dtype, np.integer) else ()), np.int32)}
+    example = {
+        "x": np.asarray(example_x),
+        "y": np.zeros(
+            np.shape(example_x)[:1]
+            + (
+                (np.shape(example_x)[1],)
+                if np.ndim(example_x) == 2 and np.issubdtype(np.asarray(example_x).dtype, np.integer)
+                else ()
+            ),
+            np.int32,
+        ),
+    }
     records = [{k: v[0] for k, v in example.items()}]
     return run_state(cfg, Task(model=model, loss=cross_entropy_loss, train=records, val=records))

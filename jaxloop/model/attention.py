@@ -35,13 +35,17 @@ class Choice(NamedTuple):
     reason: str
 
 
-def cudnn_unsupported(dtype: Any, head_dim: int, dropout: float, platform: str, compute_capability: str | None) -> str | None:
+def cudnn_unsupported(
+    dtype: Any, head_dim: int, dropout: float, platform: str, compute_capability: str | None
+) -> str | None:
     """Why cuDNN's fused attention cannot run this case, or None when it can (the rules in the module doc)."""
     if platform not in ("gpu", "cuda"):
         return f"the device is {platform}, not an NVIDIA GPU"
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-        return (f"its operands would be {jnp.dtype(dtype).name} (cuDNN needs bfloat16 or float16: precision bf16, "
-                "bf16_full or fp16)")
+        return (
+            f"its operands would be {jnp.dtype(dtype).name} (cuDNN needs bfloat16 or float16: precision bf16, "
+            "bf16_full or fp16)"
+        )
     hopper = (compute_capability or "").split(".")[0] == "9"
     limit = 256 if hopper else 128
     if head_dim % 8 or head_dim > limit:
@@ -80,17 +84,24 @@ def mask(t: int, s: int, kv_lengths: jax.Array | None = None, q_offset: jax.Arra
     return keep
 
 
-def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, implementation: str = "xla",
-                          mm_dtype: Any = None, kv_lengths: jax.Array | None = None,
-                          dropout: Callable[[jax.Array], jax.Array] | None = None,
-                          q_offset: jax.Array | None = None) -> jax.Array:
+def dot_product_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    implementation: str = "xla",
+    mm_dtype: Any = None,
+    kv_lengths: jax.Array | None = None,
+    dropout: Callable[[jax.Array], jax.Array] | None = None,
+    q_offset: jax.Array | None = None,
+) -> jax.Array:
     """Causal attention of q, k, v [B, T, H, D] -> [B, T, H, D] by `implementation` (xla or cudnn; see the
     module doc). mm_dtype: the autocast-like matmul dtype (jaxloop.model.builtin); kv_lengths: int32 [B], keys from
     kv_lengths[b] on are padding; dropout: applied to the attention weights (xla only); q_offset: the key position
     of the first query (q [B, t] against a KV cache k, v [B, S]; xla only)."""
     if implementation == "cudnn" and q_offset is None:
-        return jax.nn.dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=kv_lengths,
-                                            implementation="cudnn")
+        return jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, key_value_seq_lengths=kv_lengths, implementation="cudnn"
+        )
     if implementation not in ("xla", "cudnn"):
         raise ValueError(f"implementation={implementation!r} is not allowed: xla or cudnn (resolve auto with choose())")
     d = q.shape[-1]
@@ -100,8 +111,11 @@ def dot_product_attention(q: jax.Array, k: jax.Array, v: jax.Array, implementati
     else:  # torch divides a bf16 tensor by a Python float in float32 and rounds once
         scores = (scores.astype(jnp.float32) / math.sqrt(d)).astype(scores.dtype)
     # softmax in at least float32 (bf16/fp16 compute), float64 under fp64
-    scores = jnp.where(mask(q.shape[1], k.shape[1], kv_lengths, q_offset),
-                       scores.astype(jnp.promote_types(scores.dtype, jnp.float32)), -jnp.inf)
+    scores = jnp.where(
+        mask(q.shape[1], k.shape[1], kv_lengths, q_offset),
+        scores.astype(jnp.promote_types(scores.dtype, jnp.float32)),
+        -jnp.inf,
+    )
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     if dropout is not None:
         weights = dropout(weights)
@@ -113,5 +127,6 @@ def _einsum(spec: str, a: jax.Array, b: jax.Array, mm_dtype: Any) -> jax.Array:
     one rounding to mm_dtype)."""
     if mm_dtype is None:
         return jnp.einsum(spec, a, b, precision=HIGHEST)
-    return jnp.einsum(spec, a.astype(mm_dtype), b.astype(mm_dtype), precision=HIGHEST,
-                      preferred_element_type=jnp.float32).astype(mm_dtype)
+    return jnp.einsum(
+        spec, a.astype(mm_dtype), b.astype(mm_dtype), precision=HIGHEST, preferred_element_type=jnp.float32
+    ).astype(mm_dtype)

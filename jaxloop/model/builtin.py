@@ -25,8 +25,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxloop.model.attention import Choice, choose, dot_product_attention
 from jaxloop.core.config import ModelConfig, padded_vocab
+from jaxloop.model.attention import Choice, choose, dot_product_attention
 
 ACTIVATIONS = {
     "gelu": lambda x: nn.gelu(x, approximate=True),
@@ -51,8 +51,9 @@ def _matmul(x: jax.Array, w: jax.Array, dims: Any, mm_dtype: Any, bias: jax.Arra
         if bias is not None:
             y += jnp.reshape(bias.astype(dtype), (1,) * (y.ndim - 1) + (-1,))
         return y
-    y = jax.lax.dot_general(x.astype(mm_dtype), w.astype(mm_dtype), dims, precision=HIGHEST,
-                            preferred_element_type=jnp.float32)
+    y = jax.lax.dot_general(
+        x.astype(mm_dtype), w.astype(mm_dtype), dims, precision=HIGHEST, preferred_element_type=jnp.float32
+    )
     if bias is not None:
         y += jnp.reshape(bias.astype(mm_dtype).astype(jnp.float32), (1,) * (y.ndim - 1) + (-1,))
     return y.astype(mm_dtype)
@@ -125,8 +126,9 @@ class CausalSelfAttention(nn.Module):
         drop = nn.Dropout(self.dropout, deterministic=not train)
         if cache_index is not None:
             k, v = self._cached(k, v, cache_index)
-        y = dot_product_attention(q, k, v, self.attention, self.mm_dtype, dropout=drop,
-                                  q_offset=cache_index).reshape(b, t, c)
+        y = dot_product_attention(q, k, v, self.attention, self.mm_dtype, dropout=drop, q_offset=cache_index).reshape(
+            b, t, c
+        )
         return dense(c, "proj", std=self.proj_std)(y)
 
     def _cached(self, k: jax.Array, v: jax.Array, index: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -158,9 +160,11 @@ class Block(nn.Module):
         drop = nn.Dropout(self.dropout, deterministic=not train)
         dense = partial(_gpt_dense, mm_dtype=self.mm_dtype)
         # the residual stream keeps x's dtype (float32 under mm_dtype: a bf16 branch is promoted by the add)
-        x = x + drop(CausalSelfAttention(self.n_heads, self.dropout, self.mm_dtype, self.attention, self.proj_std,
-                                         name="attn")(nn.LayerNorm(epsilon=self.ln_eps, name="ln1")(x), train,
-                                                      cache_index))
+        x = x + drop(
+            CausalSelfAttention(self.n_heads, self.dropout, self.mm_dtype, self.attention, self.proj_std, name="attn")(
+                nn.LayerNorm(epsilon=self.ln_eps, name="ln1")(x), train, cache_index
+            )
+        )
         y = nn.LayerNorm(epsilon=self.ln_eps, name="ln2")(x)
         act = "gelu" if self.gelu == "tanh" else "gelu_exact"
         y = dense(c, "mlp_proj", std=self.proj_std)(_act(act, dense(self.mlp_ratio * c, "mlp_fc")(y)))
@@ -202,9 +206,17 @@ class GPT(nn.Module):
         x = nn.Dropout(self.dropout, deterministic=not train)(x)
         block = nn.remat(Block, static_argnums=(2,)) if self.remat else Block
         for i in range(self.n_layers):
-            x = block(self.n_heads, self.mlp_ratio, self.dropout, self.mm_dtype, self.attention,
-                      residual_std(self.init_scheme, self.n_layers), self.gelu, self.ln_eps,
-                      name=f"block_{i}")(x, train, cache_index)
+            x = block(
+                self.n_heads,
+                self.mlp_ratio,
+                self.dropout,
+                self.mm_dtype,
+                self.attention,
+                residual_std(self.init_scheme, self.n_layers),
+                self.gelu,
+                self.ln_eps,
+                name=f"block_{i}",
+            )(x, train, cache_index)
         x = nn.LayerNorm(epsilon=self.ln_eps, name="ln_f")(x)
         if self.tie_embeddings:  # x @ E^T (flax's Embed.attend), a matmul
             return _matmul(x, tok.embedding, (((x.ndim - 1,), (1,)), ((), ())), self.mm_dtype)
@@ -218,14 +230,24 @@ def make_model(m: ModelConfig, num_classes: int, precision: str = "fp32") -> nn.
 
     mm_dtype = get_policy(precision).matmul_dtype
     if m.kind == "mlp":
-        return MLP(hidden=tuple(m.hidden), classes=m.vocab_size or num_classes, activation=m.activation,
-                   mm_dtype=mm_dtype)
+        return MLP(
+            hidden=tuple(m.hidden), classes=m.vocab_size or num_classes, activation=m.activation, mm_dtype=mm_dtype
+        )
     attention = attention_choice(m, precision)
     return GPT(
-        vocab_size=padded_vocab(m, num_classes), context=m.context, d_model=m.d_model, n_layers=m.n_layers,
-        n_heads=m.n_heads, mlp_ratio=m.mlp_ratio, dropout=m.dropout,
-        tie_embeddings=m.tie_embeddings, mm_dtype=mm_dtype,
-        attention=attention.implementation, init_scheme=m.init, gelu=m.gelu, ln_eps=m.ln_eps,
+        vocab_size=padded_vocab(m, num_classes),
+        context=m.context,
+        d_model=m.d_model,
+        n_layers=m.n_layers,
+        n_heads=m.n_heads,
+        mlp_ratio=m.mlp_ratio,
+        dropout=m.dropout,
+        tie_embeddings=m.tie_embeddings,
+        mm_dtype=mm_dtype,
+        attention=attention.implementation,
+        init_scheme=m.init,
+        gelu=m.gelu,
+        ln_eps=m.ln_eps,
     )
 
 

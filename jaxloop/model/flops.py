@@ -57,8 +57,12 @@ def gpt_params(m: ModelConfig, vocab: int) -> dict[str, int]:
     tok, pos = v * d, m.context * d
     head = 0 if m.tie_embeddings else d * v
     total = tok + pos + L * block + 2 * d + head
-    return {"total": total, "tok_embed": tok, "pos_embed": pos,
-            "matmul": total - pos - (0 if m.tie_embeddings else tok)}
+    return {
+        "total": total,
+        "tok_embed": tok,
+        "pos_embed": pos,
+        "matmul": total - pos - (0 if m.tie_embeddings else tok),
+    }
 
 
 def flops_per_token(m: ModelConfig, vocab: int) -> float:
@@ -117,13 +121,21 @@ def device_peak(precision: str, devices: Any = None) -> Peak | None:
     if first.platform == "cpu":
         rate = measured_peak(precision)
         dtype = "float64" if precision == "fp64" else "float32"
-        return Peak(rate, 1, f"measured: a jitted 1024^3 {dtype} matmul on this CPU at run start "
-                             f"({rate / 1e9:.1f} GFLOP/s; all cores, one jax device)")
+        return Peak(
+            rate,
+            1,
+            f"measured: a jitted 1024^3 {dtype} matmul on this CPU at run start "
+            f"({rate / 1e9:.1f} GFLOP/s; all cores, one jax device)",
+        )
     rate = table_peak(first.device_kind, precision)
     if rate is None:
         return None
-    return Peak(rate, len(devices), f"table: {first.device_kind}, {MATMUL_DTYPE[precision]} dense "
-                                    f"{rate / 1e12:g} TFLOP/s per device (jaxloop.model.flops.PEAKS)")
+    return Peak(
+        rate,
+        len(devices),
+        f"table: {first.device_kind}, {MATMUL_DTYPE[precision]} dense "
+        f"{rate / 1e12:g} TFLOP/s per device (jaxloop.model.flops.PEAKS)",
+    )
 
 
 def device_memory() -> dict[str, int] | None:
@@ -152,9 +164,11 @@ def gpt_facts(cfg: Any, vocab: int) -> dict[str, Any]:
         "attention": {"requested": m.attention, "used": choice.implementation, "why": choice.reason},
         "vocab": {"data": vocab, "model": padded_vocab(m, vocab)},
         "params": counts,
-        "flops_per_token": flops_per_token(m, vocab), "flops_count": COUNT,
-        "peak": None if peak is None else {"flops_per_s": peak.flops_per_s, "devices": peak.devices,
-                                           "source": peak.source},
+        "flops_per_token": flops_per_token(m, vocab),
+        "flops_count": COUNT,
+        "peak": None
+        if peak is None
+        else {"flops_per_s": peak.flops_per_s, "devices": peak.devices, "source": peak.source},
     }
 
 

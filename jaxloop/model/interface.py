@@ -55,8 +55,9 @@ class LinenModel:
 
             def model(*args: Any, **kwargs: Any) -> Any:
                 if "variables" not in made:  # params drawn from `key` itself, as module.init(key, ...) does
-                    made["variables"] = module.init({"params": key, "dropout": jax.random.fold_in(key, 1)},
-                                                    *args, **kwargs)
+                    made["variables"] = module.init(
+                        {"params": key, "dropout": jax.random.fold_in(key, 1)}, *args, **kwargs
+                    )
                 return module.apply(made["variables"], *args, rngs={"dropout": key}, mutable=False, **kwargs)
 
             loss_fn(model, batch, False)
@@ -65,8 +66,9 @@ class LinenModel:
         variables = dict(jax.jit(variables_of)(rng, batch))
         return variables.pop("params"), variables
 
-    def bind(self, params: Any, model_state: Any, train: bool, rng: jax.Array | None,
-             policy: Policy) -> tuple[Callable[..., Any], Callable[[], Any]]:
+    def bind(
+        self, params: Any, model_state: Any, train: bool, rng: jax.Array | None, policy: Policy
+    ) -> tuple[Callable[..., Any], Callable[[], Any]]:
         apply = self.apply_fn or self.module.apply
         variables = policy.cast_to_compute({"params": params, **model_state})
         mutable = list(model_state) if train and model_state else False
@@ -101,23 +103,30 @@ class NnxModel:
     keys: tuple[tuple[str, str], ...] = ()  # (key path, PRNG implementation name) of each typed key
 
     @classmethod
-    def split(cls, module: Any) -> tuple["NnxModel", Any, Any]:
+    def split(cls, module: Any) -> tuple[NnxModel, Any, Any]:
         from flax import nnx
 
         graphdef, params, rest = nnx.split(module, nnx.Param, ...)
-        keys = tuple((jax.tree_util.keystr(path), str(jax.random.key_impl(leaf)))
-                     for path, leaf in jax.tree_util.tree_flatten_with_path(rest)[0] if _is_key(leaf))
+        keys = tuple(
+            (jax.tree_util.keystr(path), str(jax.random.key_impl(leaf)))
+            for path, leaf in jax.tree_util.tree_flatten_with_path(rest)[0]
+            if _is_key(leaf)
+        )
         # copies: the loop donates the state's buffers, and the module passed in must stay usable
         return cls(graphdef, keys), jax.tree.map(jnp.copy, params), jax.tree.map(jnp.copy, _key_data(rest))
 
     def _typed(self, model_state: Any) -> Any:
         impls = dict(self.keys)
         return jax.tree_util.tree_map_with_path(
-            lambda path, a: jax.random.wrap_key_data(a, impl=impls[k]) if (k := jax.tree_util.keystr(path)) in impls
-            else a, model_state)
+            lambda path, a: (
+                jax.random.wrap_key_data(a, impl=impls[k]) if (k := jax.tree_util.keystr(path)) in impls else a
+            ),
+            model_state,
+        )
 
-    def bind(self, params: Any, model_state: Any, train: bool, rng: jax.Array | None,
-             policy: Policy) -> tuple[Callable[..., Any], Callable[[], Any]]:
+    def bind(
+        self, params: Any, model_state: Any, train: bool, rng: jax.Array | None, policy: Policy
+    ) -> tuple[Callable[..., Any], Callable[[], Any]]:
         from flax import nnx
 
         del rng  # an NNX module draws from its own nnx.Rngs, whose counters are in model_state

@@ -24,10 +24,9 @@ jax's configuration as it was. torch_ref pins torch the same way (no TF32).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
-
-import contextlib
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +61,7 @@ class Policy:
 
     def cast_to_param(self, tree: Any) -> Any:
         return _cast_floating(tree, self.param_dtype)
+
 
 def pinned_matmuls() -> contextlib.AbstractContextManager:
     """A context in which traced matmuls without an explicit precision run at MATMUL_PRECISION; it acts

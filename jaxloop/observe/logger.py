@@ -19,17 +19,18 @@ no progress (messages such as early stopping are still printed).
 from __future__ import annotations
 
 import io
-import math
 import json
+import math
 import sys
 import time
 from pathlib import Path
 from typing import IO, Any
 
-from jaxloop.observe.runinfo import format_bytes, format_duration, memory_bytes
 from jaxloop.core.config import LogConfig
 from jaxloop.core.layout import RunLayout
 from jaxloop.core.records import rewrite_for_resume
+from jaxloop.observe.runinfo import format_bytes, format_duration, memory_bytes
+
 PLAIN_LINES = 50
 """Plain progress prints about this many update lines per run (every log record on short runs)."""
 PLAIN_MAX_GAP_S = 60.0
@@ -37,10 +38,19 @@ PLAIN_MAX_GAP_S = 60.0
 
 # TensorBoard tag group of each record key (other train keys go under train/, eval keys under eval/).
 TAG_GROUPS = {
-    "loss": "train", "lr": "train", "grad_norm": "train", "skipped": "train", "loss_scale": "train",
-    "updates_per_s": "throughput", "samples_per_s": "throughput", "tokens_per_s": "throughput", "mfu": "throughput",
-    "step_ms": "time", "data_wait_ms": "time",
-    "mem_bytes": "memory", "mem_util": "memory",
+    "loss": "train",
+    "lr": "train",
+    "grad_norm": "train",
+    "skipped": "train",
+    "loss_scale": "train",
+    "updates_per_s": "throughput",
+    "samples_per_s": "throughput",
+    "tokens_per_s": "throughput",
+    "mfu": "throughput",
+    "step_ms": "time",
+    "data_wait_ms": "time",
+    "mem_bytes": "memory",
+    "mem_util": "memory",
 }
 
 
@@ -98,10 +108,17 @@ class Progress:
         # (or a forced bar on a non-terminal) gets a fixed 100-column bar instead of nothing
         sized = _sized(self.stream)
         return tqdm(
-            total=self.total, initial=step, file=self.stream, unit=" updates", dynamic_ncols=sized,
-            ncols=None if sized else 100, nrows=None if sized else 40, smoothing=0.1, desc="train",
+            total=self.total,
+            initial=step,
+            file=self.stream,
+            unit=" updates",
+            dynamic_ncols=sized,
+            ncols=None if sized else 100,
+            nrows=None if sized else 40,
+            smoothing=0.1,
+            desc="train",
             bar_format="{desc} {percentage:3.0f}%|{bar}| update {n_fmt}/{total_fmt} "
-                       "[{elapsed}<{remaining}, {rate_noinv_fmt}{postfix}]",
+            "[{elapsed}<{remaining}, {rate_noinv_fmt}{postfix}]",
         )
 
     def eta_s(self, step: int, updates_per_s: float | None) -> float | None:
@@ -160,9 +177,11 @@ class Progress:
         self._last_line_t = time.perf_counter()
         pct = 100.0 * step / self.total if self.total else 100.0
         self._since_line = [0, 0.0]
-        line = (f"update {step}/{self.total} ({pct:.0f}%) loss {record['loss']:.4f} "
-                f"lr {record.get('lr', math.nan):.2e} "
-                f"{rate:.1f} updates/s ETA {format_duration(eta)}")
+        line = (
+            f"update {step}/{self.total} ({pct:.0f}%) loss {record['loss']:.4f} "
+            f"lr {record.get('lr', math.nan):.2e} "
+            f"{rate:.1f} updates/s ETA {format_duration(eta)}"
+        )
         if record.get("mem_bytes") is not None:
             line += f" mem {format_bytes(record['mem_bytes'])}"
         self._print(line)
@@ -203,8 +222,18 @@ class RunLogger:
     loop: once per call), evaluation records and close() flush it.
     """
 
-    def __init__(self, run_dir: str | Path, log: LogConfig, *, start_step: int, total_steps: int, log_every: int = 1,
-                 config: dict[str, Any] | None = None, stream: IO[str] | None = None, writes: bool = True):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        log: LogConfig,
+        *,
+        start_step: int,
+        total_steps: int,
+        log_every: int = 1,
+        config: dict[str, Any] | None = None,
+        stream: IO[str] | None = None,
+        writes: bool = True,
+    ):
         """log: progress mode and TensorBoard; config: shown as TensorBoard text; writes=False (processes
         other than 0 of a multi-process run): no files, no progress."""
         self.total_steps, self.start_step = total_steps, start_step
@@ -224,8 +253,9 @@ class RunLogger:
             # purge_step: TensorBoard hides events of earlier sessions from this update on. The suffix
             # keeps a session that starts within the same second as the previous one from overwriting
             # its file, and sorts the files in session order (TensorBoard reads them in name order).
-            self._tb = SummaryWriter(str(self.layout.tb), purge_step=start_step + 1, flush_secs=10,
-                                     filename_suffix=f".{time.time_ns():020d}")
+            self._tb = SummaryWriter(
+                str(self.layout.tb), purge_step=start_step + 1, flush_secs=10, filename_suffix=f".{time.time_ns():020d}"
+            )
             if config is not None:
                 self._tb.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```", start_step)
         self._progress = Progress(log.progress if writes else "off", total_steps, start_step, stream, log_every)
@@ -291,12 +321,18 @@ class RunLogger:
         path = self.layout.hooks / f"{name}-{int(step)}.png"
         from matplotlib import image as mpimg
 
-        mpimg.imsave(path, array[..., 0] if array.ndim == 3 and array.shape[-1] == 1 else array,
-                                cmap="gray" if array.ndim == 2 else None, vmin=0.0, vmax=1.0)
+        mpimg.imsave(
+            path,
+            array[..., 0] if array.ndim == 3 and array.shape[-1] == 1 else array,
+            cmap="gray" if array.ndim == 2 else None,
+            vmin=0.0,
+            vmax=1.0,
+        )
         self._write({"kind": "hook", "step": int(step), name: str(path.relative_to(self.run_dir))})
         if self._tb is not None:
-            self._tb.add_image(f"hook/{name}", array if array.ndim == 3 else array[..., None], int(step),
-                               dataformats="HWC")
+            self._tb.add_image(
+                f"hook/{name}", array if array.ndim == 3 else array[..., None], int(step), dataformats="HWC"
+            )
         return path
 
     def _scalars(self, kind: str, record: dict[str, Any]) -> None:
@@ -307,9 +343,12 @@ class RunLogger:
         from tensorboardX.proto.summary_pb2 import Summary
         from tensorboardX.summary import scalar
 
-        values = [v for key, value in record.items()
-                  if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)
-                  for v in scalar(tb_tag(kind, key), float(value)).value]
+        values = [
+            v
+            for key, value in record.items()
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)
+            for v in scalar(tb_tag(kind, key), float(value)).value
+        ]
         self._tb._get_file_writer().add_summary(Summary(value=values), int(record["step"]))
 
     def _track(self, kind: str, record: dict[str, Any]) -> None:
@@ -351,5 +390,3 @@ def summary_writer_class() -> type:
         if "torch" in sys.modules and sys.modules["torch"] is None:
             del sys.modules["torch"]
     return SummaryWriter
-
-

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxloop.observe.runinfo import format_bytes, format_duration
 from jaxloop.core.atomic import atomic_write_bytes, atomic_write_text
 from jaxloop.core.layout import CHECKPOINT_DIR, METRICS_FILE, PROFILE_DIR, TB_DIR, RunLayout
 from jaxloop.core.records import read_records
+from jaxloop.observe.runinfo import format_bytes, format_duration
+
 PLOTS = {"loss": "loss.png", "lr": "lr.png", "throughput": "throughput.png"}
 TIMING_ORDER = ("setup", "compile", "data_wait", "eval", "checkpoint", "log", "profile")
 TIMING_NOTES = {
@@ -128,8 +129,14 @@ def best_of(run: Run) -> dict[str, Any]:
     mode = _cfg(run, "checkpoint.best_mode", "min")
     if run.summary and isinstance(run.summary.get("best"), dict) and run.summary["best"].get("value") is not None:
         b = run.summary["best"]
-        return {"metric": b.get("metric", metric), "mode": mode, "value": b["value"], "step": b.get("step"),
-                "checkpoint_step": b.get("checkpoint_step"), "source": "summary.json"}
+        return {
+            "metric": b.get("metric", metric),
+            "mode": mode,
+            "value": b["value"],
+            "step": b.get("step"),
+            "checkpoint_step": b.get("checkpoint_step"),
+            "source": "summary.json",
+        }
     best = None
     for r in run.evals:
         v = r.get(metric)
@@ -137,8 +144,14 @@ def best_of(run: Run) -> dict[str, Any]:
             continue
         if best is None or (v < best[0] if mode == "min" else v > best[0]):
             best = (v, r["step"])
-    return {"metric": metric, "mode": mode, "value": best[0] if best else None,
-            "step": best[1] if best else None, "checkpoint_step": None, "source": "metrics.jsonl"}
+    return {
+        "metric": metric,
+        "mode": mode,
+        "value": best[0] if best else None,
+        "step": best[1] if best else None,
+        "checkpoint_step": None,
+        "source": "metrics.jsonl",
+    }
 
 
 RATE_BASIS = "compiling and evaluation excluded, the time checkpoint saves block the loop included"
@@ -177,8 +190,14 @@ def throughput(run: Run) -> dict[str, float | None]:
     if tokens is not None and lm.get("peak") and lm.get("flops_per_token"):
         p = lm["peak"]
         mfu = tokens * float(lm["flops_per_token"]) / (float(p["flops_per_s"]) * int(p["devices"]))
-    return {"updates_per_s": updates_per_s, "samples_per_s": samples, "tokens_per_s": tokens, "mfu": mfu,
-            "step_ms": median("step_ms"), "data_wait_ms": median("data_wait_ms")}
+    return {
+        "updates_per_s": updates_per_s,
+        "samples_per_s": samples,
+        "tokens_per_s": tokens,
+        "mfu": mfu,
+        "step_ms": median("step_ms"),
+        "data_wait_ms": median("data_wait_ms"),
+    }
 
 
 def mfu_lines(run: Run, tp: dict[str, float | None]) -> list[str]:
@@ -187,8 +206,10 @@ def mfu_lines(run: Run, tp: dict[str, float | None]) -> list[str]:
     if not lm:
         return []
     n = lm.get("params", {})
-    count = (f"{float(lm['flops_per_token']) / 1e6:,.1f} MFLOP/token by {lm.get('flops_count')} "
-             f"(N = {n.get('matmul', 0):,} matmul parameters of {n.get('total', 0):,}; docs/language-models.md)")
+    count = (
+        f"{float(lm['flops_per_token']) / 1e6:,.1f} MFLOP/token by {lm.get('flops_count')} "
+        f"(N = {n.get('matmul', 0):,} matmul parameters of {n.get('total', 0):,}; docs/language-models.md)"
+    )
     p = lm.get("peak")
     if tp.get("mfu") is not None and p:
         out = [f"- MFU: {100 * tp['mfu']:.2f}% ({count}; peak {p['source']}, x {p['devices']} device(s))"]
@@ -217,7 +238,8 @@ def wall_time(run: Run) -> tuple[float | None, str]:
     path = RunLayout(run.run_dir).metrics
     if started is not None and path.exists():
         return max(path.stat().st_mtime - float(started), 0.0), (
-            "estimated: from metadata.json's start to the last write of metrics.jsonl")
+            "estimated: from metadata.json's start to the last write of metrics.jsonl"
+        )
     return None, "unknown (no summary.json and no start time in metadata.json)"
 
 
@@ -231,8 +253,13 @@ def time_breakdown(run: Run) -> list[tuple[str, float, str]] | None:
     timings = {k: float(v) for k, v in run.summary["timings_s"].items()}
     names = [n for n in TIMING_ORDER if n in timings] + sorted(n for n in timings if n not in TIMING_ORDER)
     rows = [(n, timings[n], TIMING_NOTES.get(n, "")) for n in names]
-    rows.append(("compute/other", float(wall) - sum(timings.values()),
-                 "wall time minus the parts above: the updates themselves and untimed host work"))
+    rows.append(
+        (
+            "compute/other",
+            float(wall) - sum(timings.values()),
+            "wall time minus the parts above: the updates themselves and untimed host work",
+        )
+    )
     rows.append(("wall", float(wall), "the whole run() call (this session)"))
     return rows
 
@@ -260,11 +287,15 @@ def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
 
 def _mark_events(ax, run: Run, best: dict[str, Any]) -> None:
     for i, r in enumerate(run.resumes):
-        ax.axvline(r.get("step", 0), color="grey", linestyle=":", linewidth=1,
-                   label="resumed" if i == 0 else None)
+        ax.axvline(r.get("step", 0), color="grey", linestyle=":", linewidth=1, label="resumed" if i == 0 else None)
     if best.get("step") is not None:
-        ax.axvline(best["step"], color="tab:green", linestyle="--", linewidth=1,
-                   label=f"best {best['metric']} (update {best['step']})")
+        ax.axvline(
+            best["step"],
+            color="tab:green",
+            linestyle="--",
+            linewidth=1,
+            label=f"best {best['metric']} (update {best['step']})",
+        )
 
 
 def _marker(x: list[int]) -> str | None:
@@ -280,14 +311,20 @@ def plot_loss(run: Run, path: Path, best: dict[str, Any]) -> Any:
     ax = axes[0]
     x, y = _series(run.train, "loss")
     ax.plot(x, y, color="tab:blue", linewidth=1, marker=_marker(x), label="train loss (of each logged update)")
-    for key, style in (("val_loss", dict(color="tab:orange", marker="o")),
-                       ("ema_val_loss", dict(color="tab:red", marker="s", linestyle="--"))):
+    for key, style in (
+        ("val_loss", dict(color="tab:orange", marker="o")),
+        ("ema_val_loss", dict(color="tab:red", marker="s", linestyle="--")),
+    ):
         x, y = _series(run.evals, key)
         if x:
             ax.plot(x, y, markersize=4, label=key, **style)
     _mark_events(ax, run, best)
-    losses = [r[k] for rs, k in ((run.train, "loss"), (run.evals, "val_loss"), (run.evals, "ema_val_loss"))
-              for r in rs if isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) and r[k] > 0]
+    losses = [
+        r[k]
+        for rs, k in ((run.train, "loss"), (run.evals, "val_loss"), (run.evals, "ema_val_loss"))
+        for r in rs
+        if isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) and r[k] > 0
+    ]
     if losses and max(losses) / min(losses) > 100:
         ax.set_yscale("log", nonpositive="clip")  # losses spanning orders of magnitude
     ax.set_ylabel("loss")
@@ -296,8 +333,10 @@ def plot_loss(run: Run, path: Path, best: dict[str, Any]) -> Any:
     ax.legend(fontsize=8)
     if has_acc:
         ax = axes[1]
-        for key, style in (("val_acc", dict(color="tab:orange", marker="o")),
-                           ("ema_val_acc", dict(color="tab:red", marker="s", linestyle="--"))):
+        for key, style in (
+            ("val_acc", dict(color="tab:orange", marker="o")),
+            ("ema_val_acc", dict(color="tab:red", marker="s", linestyle="--")),
+        ):
             x, y = _series(run.evals, key)
             if x:
                 ax.plot(x, y, markersize=4, label=key, **style)
@@ -337,16 +376,20 @@ def plot_lr(run: Run, path: Path) -> None:
 def plot_throughput(run: Run, path: Path) -> Any:
     """throughput.png: the rate and the step time and data wait of each logged interval; returns the figure."""
     fig, axes = _figure(2)
-    key, label = ("tokens_per_s", "tokens/s") if any("tokens_per_s" in r for r in run.train) else (
-        "samples_per_s", "samples/s")
+    key, label = (
+        ("tokens_per_s", "tokens/s") if any("tokens_per_s" in r for r in run.train) else ("samples_per_s", "samples/s")
+    )
     x, y = _series(run.train, key)
     axes[0].plot(x, y, color="tab:green", linewidth=1, marker=_marker(x))
     axes[0].set_ylabel(label)
-    axes[0].set_title(f"Throughput ({label}, measured per device call: a call's updates share its time)\n"
-                      f"({RATE_BASIS})", fontsize=10)
+    axes[0].set_title(
+        f"Throughput ({label}, measured per device call: a call's updates share its time)\n({RATE_BASIS})", fontsize=10
+    )
     axes[0].grid(alpha=0.3)
-    for k, color, lab in (("step_ms", "tab:blue", "step time (ms/update)"),
-                          ("data_wait_ms", "tab:orange", "data wait (ms/update)")):
+    for k, color, lab in (
+        ("step_ms", "tab:blue", "step time (ms/update)"),
+        ("data_wait_ms", "tab:orange", "data wait (ms/update)"),
+    ):
         x, y = _series(run.train, k)
         if x:
             axes[1].plot(x, y, color=color, linewidth=1, marker=_marker(x), label=lab)
@@ -365,23 +408,29 @@ def plot_throughput(run: Run, path: Path) -> Any:
 def _status(run: Run) -> str:
     steps = _cfg(run, "steps")
     if run.summary is None:
-        return (f"**unfinished**: no summary.json (the run was killed or is still running); the figures below "
-                f"come from metrics.jsonl, whose last record is at update {run.last_step} of {steps}.")
+        return (
+            f"**unfinished**: no summary.json (the run was killed or is still running); the figures below "
+            f"come from metrics.jsonl, whose last record is at update {run.last_step} of {steps}."
+        )
     reason = run.summary.get("stop_reason", "completed")
     final_step = run.summary.get("final_step")
     if reason == "completed":
         return f"**completed**: {final_step} of {steps} updates."
     if reason == "early_stopping":
-        return (f"**stopped early** at update {final_step} of {steps}: no better "
-                f"{_cfg(run, 'checkpoint.best_metric')} in {_cfg(run, 'patience')} evaluations (patience).")
+        return (
+            f"**stopped early** at update {final_step} of {steps}: no better "
+            f"{_cfg(run, 'checkpoint.best_metric')} in {_cfg(run, 'patience')} evaluations (patience)."
+        )
     return f"**stopped** ({reason}) at update {final_step} of {steps}."
 
 
 def _model_line(run: Run) -> str:
     m = run.config.get("model", {}) if isinstance(run.config.get("model"), dict) else {}
     if m.get("kind") == "gpt":
-        return (f"gpt: context {m.get('context')}, d_model {m.get('d_model')}, {m.get('n_layers')} layers, "
-                f"{m.get('n_heads')} heads")
+        return (
+            f"gpt: context {m.get('context')}, d_model {m.get('d_model')}, {m.get('n_layers')} layers, "
+            f"{m.get('n_heads')} heads"
+        )
     if m:
         return f"mlp: hidden {tuple(m.get('hidden', ()))}, {m.get('activation')}"
     return "n/a"
@@ -398,22 +447,30 @@ def render(run: Run, plots: dict[str, str]) -> str:
         f"# Run report: {run.run_dir.name or run.run_dir}",
         "",
         f"Run directory `{run.run_dir}`; written {time.strftime('%Y-%m-%d %H:%M:%S')} by `python -m jaxloop.report` "
-        "from metrics.jsonl, config.json, metadata.json" + (", summary.json" if run.summary else "")
-        + (" and resumes.jsonl" if run.resumes else "") + ".",
+        "from metrics.jsonl, config.json, metadata.json"
+        + (", summary.json" if run.summary else "")
+        + (" and resumes.jsonl" if run.resumes else "")
+        + ".",
         "",
         f"Status: {_status(run)}",
     ]
     if run.resumes:
         at = ", ".join(str(r.get("step")) for r in run.resumes)
-        lines += ["", f"Resumed {len(run.resumes)} time(s), from the checkpoints at update(s) {at}; wall time and "
-                  "the time breakdown cover the last session only."]
+        lines += [
+            "",
+            f"Resumed {len(run.resumes)} time(s), from the checkpoints at update(s) {at}; wall time and "
+            "the time breakdown cover the last session only.",
+        ]
 
     o = run.config.get("optim", {}) if isinstance(run.config.get("optim"), dict) else {}
     d = run.config.get("data", {}) if isinstance(run.config.get("data"), dict) else {}
     commit = md.get("git_commit")
     lines += [
-        "", "## Run", "",
-        "| | |", "|---|---|",
+        "",
+        "## Run",
+        "",
+        "| | |",
+        "|---|---|",
         f"| preset | {_cfg(run, 'preset', 'n/a')} |",
         f"| data | {d.get('source', 'n/a')}{' ' + d['path'] if d.get('path') else ''} |",
         f"| model | {_model_line(run)} |",
@@ -440,8 +497,10 @@ def render(run: Run, plots: dict[str, str]) -> str:
     if run.train:
         last = run.train[-1]
         lows = [r["loss"] for r in run.train if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
-        lines.append(f"Train loss: {_fmt(last.get('loss'))} at update {last['step']} (mean over the last logged "
-                     f"interval); lowest logged {_fmt(min(lows) if lows else None)}.")
+        lines.append(
+            f"Train loss: {_fmt(last.get('loss'))} at update {last['step']} (mean over the last logged "
+            f"interval); lowest logged {_fmt(min(lows) if lows else None)}."
+        )
         lines.append("")
     if final:
         lines += [f"| validation metric | final (update {final_step}) | best (update) |", "|---|---|---|"]
@@ -459,10 +518,15 @@ def render(run: Run, plots: dict[str, str]) -> str:
     else:
         lines += ["No evaluation yet.", ""]
     if best["value"] is not None:
-        ck = "" if best.get("checkpoint_step") is None else (
-            f"; best of the checkpoints kept: update {best['checkpoint_step']}")
-        lines.append(f"Best by checkpoint.best_metric ({best['metric']}, {best['mode']}): **{_fmt(best['value'])}** "
-                     f"at update {best['step']}{ck} (from {best['source']}).")
+        ck = (
+            ""
+            if best.get("checkpoint_step") is None
+            else (f"; best of the checkpoints kept: update {best['checkpoint_step']}")
+        )
+        lines.append(
+            f"Best by checkpoint.best_metric ({best['metric']}, {best['mode']}): **{_fmt(best['value'])}** "
+            f"at update {best['step']}{ck} (from {best['source']})."
+        )
     else:
         lines.append(f"Best by checkpoint.best_metric ({best['metric']}): no evaluation yet.")
     if run.summary and run.summary.get("skipped_updates"):
@@ -476,11 +540,20 @@ def render(run: Run, plots: dict[str, str]) -> str:
     if tp["tokens_per_s"] is not None:
         lines.append(f"- tokens/s: {_rate(tp['tokens_per_s'], 1)}")
     lines += mfu_lines(run, tp)
-    lines.append(f"- median step time: {_fmt(tp['step_ms'], 2)} ms/update; median data wait: "
-                 f"{_fmt(tp['data_wait_ms'], 3)} ms/update")
-    lines.append(f"- peak memory: {format_bytes(peak)}"
-                 + (f" ({peak} bytes; {md['memory_source']})" if peak is not None and md.get("memory_source")
-                    else f" ({peak} bytes)" if peak is not None else ""))
+    lines.append(
+        f"- median step time: {_fmt(tp['step_ms'], 2)} ms/update; median data wait: "
+        f"{_fmt(tp['data_wait_ms'], 3)} ms/update"
+    )
+    lines.append(
+        f"- peak memory: {format_bytes(peak)}"
+        + (
+            f" ({peak} bytes; {md['memory_source']})"
+            if peak is not None and md.get("memory_source")
+            else f" ({peak} bytes)"
+            if peak is not None
+            else ""
+        )
+    )
 
     # time and cost
     lines += ["", "## Where the time went", ""]
@@ -501,8 +574,10 @@ def render(run: Run, plots: dict[str, str]) -> str:
         lines.append("Cost: unknown (no wall time).")
     elif price > 0:
         hours = wall / 3600.0
-        lines.append(f"Cost: ${hours * price:.4f} = {hours:.4f} h x ${price:g}/h (wall hours x log.price_per_hour; "
-                     "machine time only).")
+        lines.append(
+            f"Cost: ${hours * price:.4f} = {hours:.4f} h x ${price:g}/h (wall hours x log.price_per_hour; "
+            "machine time only)."
+        )
     else:
         lines.append("Cost: not computed: log.price_per_hour is 0 (pass --log.price_per_hour to price the machine).")
 
@@ -517,8 +592,10 @@ def render(run: Run, plots: dict[str, str]) -> str:
     if (run.run_dir / TB_DIR).is_dir():
         lines.append(f"- `{TB_DIR}/`: TensorBoard events (`tensorboard --logdir {run.run_dir / TB_DIR}`)")
     if (run.run_dir / PROFILE_DIR).is_dir():
-        lines.append(f"- `{PROFILE_DIR}/`: jax.profiler trace (TensorBoard profile plugin, or the "
-                     "*.trace.json.gz / perfetto_trace.json.gz file at https://ui.perfetto.dev)")
+        lines.append(
+            f"- `{PROFILE_DIR}/`: jax.profiler trace (TensorBoard profile plugin, or the "
+            "*.trace.json.gz / perfetto_trace.json.gz file at https://ui.perfetto.dev)"
+        )
     if (run.run_dir / CHECKPOINT_DIR).is_dir():
         lines.append(f"- `{CHECKPOINT_DIR}/`: Orbax checkpoints")
     lines.append("")

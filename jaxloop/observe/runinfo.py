@@ -8,13 +8,13 @@ import math
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from jaxloop.core.config import Config
 from jaxloop.core.layout import PROFILE_DIR  # noqa: F401  (re-exported: the report names it)
-
 
 # ----------------------------------------------------------------------------- memory
 
@@ -117,8 +117,13 @@ def run_metadata(cfg: Config, data: dict[str, Any] | None = None) -> dict[str, A
 
     def git(*args: str) -> str | None:
         try:
-            out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
-                                 cwd=os.path.dirname(os.path.abspath(__file__)))
+            out = subprocess.run(
+                ["git", *args],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                cwd=os.path.dirname(os.path.abspath(__file__)),
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return out.stdout.strip() if out.returncode == 0 else None
@@ -143,8 +148,21 @@ def run_metadata(cfg: Config, data: dict[str, Any] | None = None) -> dict[str, A
         "git_commit": git("rev-parse", "HEAD"),
         "git_dirty": bool(dirty) if dirty is not None else None,
         "config": to_dict(cfg),
-        "packages": {p: version(p) for p in ("jaxloop", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint",
-                                             "grain", "numpy", "scikit-learn", "torch")},
+        "packages": {
+            p: version(p)
+            for p in (
+                "jaxloop",
+                "jax",
+                "jaxlib",
+                "flax",
+                "optax",
+                "orbax-checkpoint",
+                "grain",
+                "numpy",
+                "scikit-learn",
+                "torch",
+            )
+        },
         "python": platform.python_version(),
         "devices": [str(d) for d in devices],
         "device_kind": devices[0].device_kind if devices else None,

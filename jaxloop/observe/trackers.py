@@ -39,8 +39,11 @@ def numbers(kind: str, record: dict[str, Any]) -> dict[str, float]:
     """{tag: value} of a record's scalars (booleans and text left out), tagged as in TensorBoard."""
     from jaxloop.observe.logger import tb_tag
 
-    return {tb_tag(kind, key): float(value) for key, value in record.items()
-            if key not in ("step", "kind") and isinstance(value, (int, float)) and not isinstance(value, bool)}
+    return {
+        tb_tag(kind, key): float(value)
+        for key, value in record.items()
+        if key not in ("step", "kind") and isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
 
 
 def flat_params(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -100,8 +103,11 @@ class MlflowTracker:
                 # artifacts in run_dir/trackers, unless a server (http, databricks) keeps them where it puts them
                 server = uri.startswith(("http://", "https://", "databricks"))
                 local = None if server else (tracker_dir(run_dir) / "mlflow-artifacts").resolve().as_uri()
-                experiment_id = experiment.experiment_id if experiment is not None else self.client.create_experiment(
-                    project, artifact_location=local)
+                experiment_id = (
+                    experiment.experiment_id
+                    if experiment is not None
+                    else self.client.create_experiment(project, artifact_location=local)
+                )
                 run_id = self.client.create_run(experiment_id, run_name=run_dir.resolve().name).info.run_id
             else:
                 self.client.update_run(run_id, status="RUNNING")
@@ -110,7 +116,7 @@ class MlflowTracker:
                 logged = self.client.get_run(run_id).data.params
                 params = [Param(k, v[:6000]) for k, v in flat_params(config).items() if k not in logged]
                 for i in range(0, len(params), 100):
-                    self.client.log_batch(run_id, params=params[i:i + 100], synchronous=True)
+                    self.client.log_batch(run_id, params=params[i : i + 100], synchronous=True)
         self._metrics: list[Any] = []
 
     def logged_through(self) -> int:
@@ -129,7 +135,7 @@ class MlflowTracker:
         metrics, self._metrics = self._metrics, []
         with quiet_loggers("mlflow", "alembic"):
             for i in range(0, len(metrics), MLFLOW_BATCH):
-                self.client.log_batch(self.run_id, metrics=metrics[i:i + MLFLOW_BATCH], synchronous=True)
+                self.client.log_batch(self.run_id, metrics=metrics[i : i + MLFLOW_BATCH], synchronous=True)
 
     def artifacts(self, files: list[Path], run_dir: Path) -> None:
         with quiet_loggers("mlflow", "alembic"):
@@ -155,19 +161,39 @@ class WandbTracker:
         self.env = self._env(run_dir)
         with scoped_env(self.env):
             self.run = wandb.init(
-                project=project, name=run_dir.resolve().name, id=run_id, resume="allow", mode="offline",
-                dir=str(tracker_dir(run_dir)), config=config, allow_val_change=True, reinit="create_new",
-                settings=wandb.Settings(console="off", quiet=True, silent=True, show_info=False,
-                                        show_warnings=False, x_disable_stats=True, disable_code=True,
-                                        disable_git=True))
+                project=project,
+                name=run_dir.resolve().name,
+                id=run_id,
+                resume="allow",
+                mode="offline",
+                dir=str(tracker_dir(run_dir)),
+                config=config,
+                allow_val_change=True,
+                reinit="create_new",
+                settings=wandb.Settings(
+                    console="off",
+                    quiet=True,
+                    silent=True,
+                    show_info=False,
+                    show_warnings=False,
+                    x_disable_stats=True,
+                    disable_code=True,
+                    disable_git=True,
+                ),
+            )
         self.run_id = self.run.id
 
     @staticmethod
     def _env(run_dir: Path) -> dict[str, str]:
         """W&B's own folders (debug logs, artifact staging, settings) inside run_dir/trackers/wandb."""
         base = (tracker_dir(run_dir) / "wandb").resolve()
-        return {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CACHE_DIR": str(base / "cache"),
-                "WANDB_DATA_DIR": str(base / "data"), "WANDB_CONFIG_DIR": str(base / "config")}
+        return {
+            "WANDB_MODE": "offline",
+            "WANDB_SILENT": "true",
+            "WANDB_CACHE_DIR": str(base / "cache"),
+            "WANDB_DATA_DIR": str(base / "data"),
+            "WANDB_CONFIG_DIR": str(base / "config"),
+        }
 
     def logged_through(self) -> int:
         return -1  # an offline run cannot be asked: state.json's count stands
@@ -197,8 +223,9 @@ class Trackers:
     """The run's trackers (log.trackers): opened with the logger, each continuing its run on resume (state.json);
     `log` skips the records a tracker has already (up to its last logged update)."""
 
-    def __init__(self, run_dir: str | Path, names: tuple[str, ...], project: str, mlflow_uri: str,
-                 config: dict[str, Any] | None):
+    def __init__(
+        self, run_dir: str | Path, names: tuple[str, ...], project: str, mlflow_uri: str, config: dict[str, Any] | None
+    ):
         self.run_dir = Path(run_dir)
         self.path = tracker_dir(run_dir) / "state.json"
         tracker_dir(run_dir).mkdir(parents=True, exist_ok=True)

@@ -15,5 +15,21 @@ from jaxloop.parity.torchside import TorchMissing
 from jaxloop.parity.transfer import flax_leaves, flax_variables, load_into_torch
 from jaxloop.parity.weights import LAYOUTS, Mapping, MappingError
 
-__all__ = ["LAYOUTS", "Mapping", "MappingError", "ModelError", "Port", "Report", "Row", "TorchMissing", "check",
-           "compare", "flax_leaves", "flax_output_loss", "flax_variables", "load_into_torch", "map_weights", "torch_output_loss"]
+__all__ = [
+    "LAYOUTS",
+    "Mapping",
+    "MappingError",
+    "ModelError",
+    "Port",
+    "Report",
+    "Row",
+    "TorchMissing",
+    "check",
+    "compare",
+    "flax_leaves",
+    "flax_output_loss",
+    "flax_variables",
+    "load_into_torch",
+    "map_weights",
+    "torch_output_loss",
+]

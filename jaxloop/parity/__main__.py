@@ -52,13 +52,18 @@ def load_factory(spec: str) -> Any:
     try:
         loader.loader.exec_module(module)
     except SystemExit as e:  # a script's sys.exit at import: not a silent status
-        raise BadInput(f"importing {path} called sys.exit({e.code!r}); a factory file defines FACTORY and exits nowhere") from e
+        raise BadInput(
+            f"importing {path} called sys.exit({e.code!r}); a factory file defines FACTORY and exits nowhere"
+        ) from e
     except Exception as e:  # the user's file failed to import
         raise BadInput(f"importing {path} failed: {type(e).__name__}: {e}") from e
     factory = getattr(module, name, None)
     if not callable(factory):
-        found = sorted(k for k, v in vars(module).items() if inspect.isfunction(v) and not k.startswith("_")
-                       and v.__module__ == module_name)
+        found = sorted(
+            k
+            for k, v in vars(module).items()
+            if inspect.isfunction(v) and not k.startswith("_") and v.__module__ == module_name
+        )
         raise BadInput(f"{path} has no function {name!r}; functions it defines: {found}")
     return factory
 
@@ -80,15 +85,21 @@ def port_of(value: Any, spec: str) -> Any:
         raise BadInput(f"{spec} returned a {type(value).__name__}; expected {EXPECTED}")
     t, f = _framework(value.torch_module), _framework(value.flax_module)
     if (t, f) == ("Flax", "torch"):
-        raise BadInput(f"{spec} returned a Port with torch and Flax swapped (torch_module is a Flax "
-                       f"{type(value.torch_module).__name__}, flax_module a torch {type(value.flax_module).__name__}); "
-                       f"expected {EXPECTED}")
+        raise BadInput(
+            f"{spec} returned a Port with torch and Flax swapped (torch_module is a Flax "
+            f"{type(value.torch_module).__name__}, flax_module a torch {type(value.flax_module).__name__}); "
+            f"expected {EXPECTED}"
+        )
     if t != "torch":
-        raise BadInput(f"{spec} returned a Port whose torch_module is a {type(value.torch_module).__name__}, not a "
-                       f"torch.nn.Module; expected {EXPECTED}")
+        raise BadInput(
+            f"{spec} returned a Port whose torch_module is a {type(value.torch_module).__name__}, not a "
+            f"torch.nn.Module; expected {EXPECTED}"
+        )
     if f != "Flax":
-        raise BadInput(f"{spec} returned a Port whose flax_module is a {type(value.flax_module).__name__}, not a Flax "
-                       f"Linen or NNX module; expected {EXPECTED}")
+        raise BadInput(
+            f"{spec} returned a Port whose flax_module is a {type(value.flax_module).__name__}, not a Flax "
+            f"Linen or NNX module; expected {EXPECTED}"
+        )
     return value
 
 
@@ -108,9 +119,16 @@ def _framework(module: Any) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jaxloop.parity", description=__doc__.split("\n\n")[0])
     parser.add_argument("factory", metavar="PATH.py:FACTORY", help="a function returning a jaxloop.parity.Port")
-    parser.add_argument("--precision", nargs="+", default=["fp64", "fp32"], choices=["fp64", "fp32"],
-                        help="precisions to check in (default: fp64 fp32)")
-    parser.add_argument("--updates", type=int, default=100, help="updates of the trajectory check (0 = none; default 100)")
+    parser.add_argument(
+        "--precision",
+        nargs="+",
+        default=["fp64", "fp32"],
+        choices=["fp64", "fp32"],
+        help="precisions to check in (default: fp64 fp32)",
+    )
+    parser.add_argument(
+        "--updates", type=int, default=100, help="updates of the trajectory check (0 = none; default 100)"
+    )
     parser.add_argument("--no-trajectory", action="store_true", help="skip the trajectory (same as --updates 0)")
     parser.add_argument("--markdown", metavar="FILE", help="also write the report as markdown")
     parser.add_argument("--plots", metavar="DIR", help="also write the layer and trajectory plots (PNG)")
@@ -142,13 +160,15 @@ def main(argv: list[str] | None = None) -> int:
         from jaxloop.parity.weights import MappingError
 
         try:
-            report = check(port, precisions=args.precision, trajectory=0 if args.no_trajectory else args.updates,
-                           progress=progress)
+            report = check(
+                port, precisions=args.precision, trajectory=0 if args.no_trajectory else args.updates, progress=progress
+            )
         except (MappingError, ModelError) as e:
             raise BadInput(str(e)) from e
         except Exception as e:  # noqa: BLE001 - a Port the check cannot run on (no batch, a loss that is a vector)
-            raise BadInput(f"the check could not run on the Port {args.factory} returned: {type(e).__name__}: "
-                           f"{first_line(e)}") from e
+            raise BadInput(
+                f"the check could not run on the Port {args.factory} returned: {type(e).__name__}: {first_line(e)}"
+            ) from e
         progress("checked")
         print(report.text(mapping=not args.no_mapping))
         if args.markdown:
@@ -184,8 +204,10 @@ def check_outputs(updates: int, markdown: str | None) -> None:
     if markdown:
         parent = Path(markdown).expanduser().absolute().parent
         if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            raise BadInput(f"--markdown={markdown!r} is not allowed: a file in an existing, writable directory "
-                           f"({parent} {'is not writable' if parent.is_dir() else 'is not a directory'})")
+            raise BadInput(
+                f"--markdown={markdown!r} is not allowed: a file in an existing, writable directory "
+                f"({parent} {'is not writable' if parent.is_dir() else 'is not a directory'})"
+            )
 
 
 def cli(argv: list[str] | None = None) -> int:
@@ -203,8 +225,9 @@ def cli(argv: list[str] | None = None) -> int:
         return status
     with tempfile.TemporaryDirectory(prefix="jaxloop-parity-") as directory:
         file = Path(directory) / "verdict"
-        child = subprocess.Popen([sys.executable, "-m", "jaxloop.parity", *argv],
-                                 env={**os.environ, VERDICT_FILE: str(file)})
+        child = subprocess.Popen(
+            [sys.executable, "-m", "jaxloop.parity", *argv], env={**os.environ, VERDICT_FILE: str(file)}
+        )
         try:
             code = child.wait()
         except KeyboardInterrupt:  # the child got the Ctrl-C too (one process group): it answers it
@@ -212,8 +235,11 @@ def cli(argv: list[str] | None = None) -> int:
         if file.is_file():
             return int(file.read_text())
     how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-    print(f"error: the check ended without its verdict: its process {how} before main() returned (does the "
-          "factory or a model call os._exit?)", file=sys.stderr)
+    print(
+        f"error: the check ended without its verdict: its process {how} before main() returned (does the "
+        "factory or a model call os._exit?)",
+        file=sys.stderr,
+    )
     return BAD_INPUT
 
 

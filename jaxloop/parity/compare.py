@@ -38,8 +38,8 @@ from jaxloop.parity.measures import (
     worst,
 )
 from jaxloop.parity.port import Batch, Port, flax_output_loss, torch_output_loss
-from jaxloop.parity.precision import check_precisions, pinned, settings
 from jaxloop.parity.port_report import Report, Row
+from jaxloop.parity.precision import check_precisions, pinned, settings
 from jaxloop.parity.tolerances import tolerance
 from jaxloop.parity.torchside import (
     functional_dropout_off,
@@ -49,16 +49,30 @@ from jaxloop.parity.torchside import (
 )
 
 CHECKS = ("forward", "gradients", "update")
-SCALE = ("; each tensor against max(its norm, its share of the whole tree's norm): a tensor whose exact value is "
-         "zero (a key bias's gradient) is measured against the tree's scale, not its own rounding")
+SCALE = (
+    "; each tensor against max(its norm, its share of the whole tree's norm): a tensor whose exact value is "
+    "zero (a key bias's gradient) is measured against the tree's scale, not its own rounding"
+)
 
 
-def compare(torch_module: Any, flax_module: Any, batch: Batch, torch_loss: Callable | None = None,
-            flax_loss: Callable | None = None, *, precisions: Sequence[str] = ("fp64", "fp32"), trajectory: int = 0,
-            batches: Callable[[int], Batch] | Sequence[Batch] | None = None, overrides: dict[str, Any] | None = None,
-            rename: list[tuple[str, str]] | None = None, checks: Sequence[str] = CHECKS, update_steps: int = 3,
-            tolerances: dict[tuple[str, str], float] | None = None, name: str = "",
-            progress: Callable[[str], None] | None = None) -> Report:
+def compare(
+    torch_module: Any,
+    flax_module: Any,
+    batch: Batch,
+    torch_loss: Callable | None = None,
+    flax_loss: Callable | None = None,
+    *,
+    precisions: Sequence[str] = ("fp64", "fp32"),
+    trajectory: int = 0,
+    batches: Callable[[int], Batch] | Sequence[Batch] | None = None,
+    overrides: dict[str, Any] | None = None,
+    rename: list[tuple[str, str]] | None = None,
+    checks: Sequence[str] = CHECKS,
+    update_steps: int = 3,
+    tolerances: dict[tuple[str, str], float] | None = None,
+    name: str = "",
+    progress: Callable[[str], None] | None = None,
+) -> Report:
     """Check a Flax translation (Linen or NNX) of a PyTorch module; returns the Report (report.assert_ok()
     in a test). Losses default to 0.5 mean(model(batch["x"])^2). `checks`: "forward" (with the train-mode
     buffers; always), "gradients", "update". `trajectory`: updates of the optional trajectory check (0 =
@@ -80,15 +94,45 @@ def compare(torch_module: Any, flax_module: Any, batch: Batch, torch_loss: Calla
             module, note = pin_dtype(flax_module, p)
             if note:
                 report.notes.append(f"[{p}] {note}")
-            _one_precision(report, p, torch_module, module, batch, torch_loss, flax_loss, overrides, rename, checks,
-                           update_steps, trajectory, batches, runs, tolerances, tell)
+            _one_precision(
+                report,
+                p,
+                torch_module,
+                module,
+                batch,
+                torch_loss,
+                flax_loss,
+                overrides,
+                rename,
+                checks,
+                update_steps,
+                trajectory,
+                batches,
+                runs,
+                tolerances,
+                tell,
+            )
     return report
 
 
-def _one_precision(report: Report, p: str, torch_module: Any, flax_module: Any, batch: Batch, torch_loss: Callable,
-                   flax_loss: Callable, overrides: dict | None, rename: list | None, checks: Sequence[str],
-                   update_steps: int, trajectory: int, batches: Any, runs: dict[str, training.Trajectory],
-                   tolerances: dict | None, tell: Callable[[str], None]) -> None:
+def _one_precision(
+    report: Report,
+    p: str,
+    torch_module: Any,
+    flax_module: Any,
+    batch: Batch,
+    torch_loss: Callable,
+    flax_loss: Callable,
+    overrides: dict | None,
+    rename: list | None,
+    checks: Sequence[str],
+    update_steps: int,
+    trajectory: int,
+    batches: Any,
+    runs: dict[str, training.Trajectory],
+    tolerances: dict | None,
+    tell: Callable[[str], None],
+) -> None:
     """Every check in precision p (module doc); the mapping is made in the first precision checked."""
     tell(f"[{p}] the forward pass, layer by layer (eval and train mode)...")
     tm = prepared(torch_module, p)
@@ -107,33 +151,71 @@ def _one_precision(report: Report, p: str, torch_module: Any, flax_module: Any, 
     if "gradients" not in checks and "update" not in checks and trajectory == 0:
         return
     tell(f"[{p}] the gradients...")
-    fgrads = _gradients(report, mapping, fm, prepared(torch_module, p), torch_loss, flax_loss, batch, p, tolerances,
-                        row="gradients" in checks)
+    fgrads = _gradients(
+        report,
+        mapping,
+        fm,
+        prepared(torch_module, p),
+        torch_loss,
+        flax_loss,
+        batch,
+        p,
+        tolerances,
+        row="gradients" in checks,
+    )
     grad_norm = float(math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in fgrads.values())))
     if "update" in checks:
         t = tolerance("update", p, tolerances)
         tell(f"[{p}] the optimizers: {len(training.update_configs(grad_norm))} configs x {update_steps} updates...")
         for r in training.updates(tm, fm, mapping, fgrads, p, training.update_configs(grad_norm), update_steps):
             clipping = {"acting": "; clipping acted", "idle": "; note: clipping did not act", "": ""}[r.clipping]
-            report.rows.append(Row(f"update x{update_steps}: {r.label}", p, r.diff, t.value, t.reason + clipping, r.where))
+            report.rows.append(
+                Row(f"update x{update_steps}: {r.label}", p, r.diff, t.value, t.reason + clipping, r.where)
+            )
     if trajectory > 0:
         tell(f"[{p}] the trajectory: {trajectory} updates on each side...")
-        runs[p] = training.trajectory(tm, fm, mapping, torch_loss, flax_loss, batches, batch,
-                                      training.trajectory_config(grad_norm), trajectory, p,
-                                      lambda u: tell(f"[{p}] the trajectory: update {u}/{trajectory}"))
+        runs[p] = training.trajectory(
+            tm,
+            fm,
+            mapping,
+            torch_loss,
+            flax_loss,
+            batches,
+            batch,
+            training.trajectory_config(grad_norm),
+            trajectory,
+            p,
+            lambda u: tell(f"[{p}] the trajectory: update {u}/{trajectory}"),
+        )
         _trajectory(report, runs[p], p, trajectory, runs, tolerances)
 
 
 def check(port: Port, **kwargs: Any) -> Report:
     """compare() of a Port (what a factory for `python -m jaxloop.parity` returns)."""
-    return compare(port.torch_module, port.flax_module, port.batch, port.torch_loss, port.flax_loss,
-                   batches=kwargs.pop("batches", port.batches), overrides=kwargs.pop("overrides", port.overrides),
-                   rename=kwargs.pop("rename", port.rename), name=kwargs.pop("name", port.name), **kwargs)
+    return compare(
+        port.torch_module,
+        port.flax_module,
+        port.batch,
+        port.torch_loss,
+        port.flax_loss,
+        batches=kwargs.pop("batches", port.batches),
+        overrides=kwargs.pop("overrides", port.overrides),
+        rename=kwargs.pop("rename", port.rename),
+        name=kwargs.pop("name", port.name),
+        **kwargs,
+    )
 
 
-def map_weights(torch_module: Any, flax_module: Any, batch: Batch, torch_loss: Callable | None = None,
-                flax_loss: Callable | None = None, *, overrides: dict[str, Any] | None = None,
-                rename: list[tuple[str, str]] | None = None) -> weights.Mapping:
+def map_weights(
+    torch_module: Any,
+    flax_module: Any,
+    batch: Batch,
+    torch_loss: Callable | None = None,
+    flax_loss: Callable | None = None,
+    *,
+    overrides: dict[str, Any] | None = None,
+    rename: list[tuple[str, str]] | None = None,
+) -> weights.Mapping:
     """The weight mapping alone (the example batch gives the execution order); jaxloop.parity.flax_variables
     and load_into_torch move weights with it either way."""
     require_torch()
@@ -145,8 +227,16 @@ def map_weights(torch_module: Any, flax_module: Any, batch: Batch, torch_loss: C
         return _mapping(tm, fm, tcap, flax_loss, batch, "fp32", overrides, rename)
 
 
-def _mapping(tm: Any, fm: FlaxModel, tcap: layers.Capture, flax_loss: Callable, batch: Batch, p: str,
-             overrides: dict | None, rename: list | None) -> weights.Mapping:
+def _mapping(
+    tm: Any,
+    fm: FlaxModel,
+    tcap: layers.Capture,
+    flax_loss: Callable,
+    batch: Batch,
+    p: str,
+    overrides: dict | None,
+    rename: list | None,
+) -> weights.Mapping:
     """The mapping, with execution order from one forward pass of each side (the Flax one only traced)."""
     fcap = layers.capture_flax(fm, flax_loss, batch, False, p, trace_only=True)
     tslots, tied, dropped = weights.torch_slots(tm)
@@ -161,14 +251,22 @@ def _module_leaves(mapping: weights.Mapping, fm: FlaxModel, flax_module: str) ->
     prefix = "params/" if fm.kind == "linen" else ""
     out = {}
     for name in fm.kinds():
-        parts = name[len(prefix):].split("/") if name.startswith(prefix) else name.split("/")[1:]
+        parts = name[len(prefix) :].split("/") if name.startswith(prefix) else name.split("/")[1:]
         if "/".join(parts[:-1]) == flax_module:
             out[parts[-1]] = name
     return out
 
 
-def _forward(report: Report, mode: str, mapping: weights.Mapping, fm: FlaxModel, tcap: layers.Capture,
-             fcap: layers.Capture, p: str, tolerances: dict | None) -> None:
+def _forward(
+    report: Report,
+    mode: str,
+    mapping: weights.Mapping,
+    fm: FlaxModel,
+    tcap: layers.Capture,
+    fcap: layers.Capture,
+    p: str,
+    tolerances: dict | None,
+) -> None:
     t = tolerance("forward", p, tolerances)
     pairs = layers.pair_modules(mapping, tcap, fcap)
     diffs = layers.compare_layers(pairs, tcap, fcap)
@@ -179,21 +277,39 @@ def _forward(report: Report, mode: str, mapping: weights.Mapping, fm: FlaxModel,
         report.rows.append(Row(f"forward ({mode}): model output", p, root.out_diff, t.value, t.reason, root.note))
     report.rows.append(Row(f"forward ({mode}): loss", p, _rel(fcap.loss, tcap.loss), t.value, t.reason))
     if diffs:
-        value, where = max(((d.out_diff, d.torch or "(root)") for d in diffs),
-                           key=lambda x: math.inf if math.isnan(x[0]) else x[0])
-        report.rows.append(Row(f"forward ({mode}): every paired layer ({len(diffs)})", p, value, t.value,
-                               t.reason, where if value > t.value or math.isnan(value) else ""))
+        value, where = max(
+            ((d.out_diff, d.torch or "(root)") for d in diffs), key=lambda x: math.inf if math.isnan(x[0]) else x[0]
+        )
+        report.rows.append(
+            Row(
+                f"forward ({mode}): every paired layer ({len(diffs)})",
+                p,
+                value,
+                t.value,
+                t.reason,
+                where if value > t.value or math.isnan(value) else "",
+            )
+        )
     report.layers[f"{p} {mode}"] = diffs
     div = layers.first_divergence(diffs, t.value)
     if div is not None:
         flax_leaves = fm.leaves()
-        div.diagnoses = diagnose.diagnose(div, tcap, fcap, flax_leaves, _module_leaves(mapping, fm, div.layer.flax), p,
-                                          diffs)
+        div.diagnoses = diagnose.diagnose(
+            div, tcap, fcap, flax_leaves, _module_leaves(mapping, fm, div.layer.flax), p, diffs
+        )
         report.divergences[f"{p} {mode}"] = div
 
 
-def _buffers(report: Report, mapping: weights.Mapping, fm: FlaxModel, tcap_before: layers.Capture,
-             tcap: layers.Capture, fcap: layers.Capture, p: str, tolerances: dict | None) -> None:
+def _buffers(
+    report: Report,
+    mapping: weights.Mapping,
+    fm: FlaxModel,
+    tcap_before: layers.Capture,
+    tcap: layers.Capture,
+    fcap: layers.Capture,
+    p: str,
+    tolerances: dict | None,
+) -> None:
     kinds = fm.kinds()
     buffers = [k for k, v in kinds.items() if v == "buffer"]
     if not buffers:
@@ -203,33 +319,55 @@ def _buffers(report: Report, mapping: weights.Mapping, fm: FlaxModel, tcap_befor
     torch_after = mapping.to_flax(tcap.state)
     diffs = scaled_diffs({k: flax_after[k] for k in buffers}, {k: torch_after[k] for k in buffers})
     value, where = worst(diffs)
-    report.rows.append(Row("buffers after one train-mode step", p, value, t.value, t.reason,
-                           where if not value <= t.value else ""))
+    report.rows.append(
+        Row("buffers after one train-mode step", p, value, t.value, t.reason, where if not value <= t.value else "")
+    )
     if value <= t.value:
         return
     torch_before = mapping.to_flax(tcap_before.state)
     for e in mapping.entries:  # the first BatchNorm whose statistics differ, explained
         if e.flax in diffs and not diffs[e.flax] <= t.value:
-            stats = {leaf.split("/")[-1]: leaf for leaf in buffers if leaf.rsplit("/", 1)[0] == e.flax.rsplit("/", 1)[0]}
+            stats = {
+                leaf.split("/")[-1]: leaf for leaf in buffers if leaf.rsplit("/", 1)[0] == e.flax.rsplit("/", 1)[0]
+            }
             tc = tcap.calls.get(e.torch_module)
             fcall = fcap.calls.get(e.flax_module)
             both = layers.align(tc.input if tc else None, fcall.input if fcall else None)
             if both is not None and not layers.difference(*both) <= t.value:
-                report.notes.append(f"[{p}] buffers of torch {e.torch_module} / Flax {e.flax_module} differ: its "
-                                    f"train-mode input already differs ({layers.difference(*both):.1e}; see the first "
-                                    "divergence)")
+                report.notes.append(
+                    f"[{p}] buffers of torch {e.torch_module} / Flax {e.flax_module} differ: its "
+                    f"train-mode input already differs ({layers.difference(*both):.1e}; see the first "
+                    "divergence)"
+                )
                 return
             found = diagnose.batch_norm_update(
-                tc.module if tc else None, fcall.module if fcall else None, tc.input if tc else None,
-                {k: torch_before[v] for k, v in stats.items()}, {k: torch_after[v] for k, v in stats.items()},
-                {k: flax_after[v] for k, v in stats.items()}, p)
-            report.notes.append(f"[{p}] buffers of torch {e.torch_module} / Flax {e.flax_module} differ"
-                                + ("".join(f"; diagnosis: {d}" for d in found) if found else ""))
+                tc.module if tc else None,
+                fcall.module if fcall else None,
+                tc.input if tc else None,
+                {k: torch_before[v] for k, v in stats.items()},
+                {k: torch_after[v] for k, v in stats.items()},
+                {k: flax_after[v] for k, v in stats.items()},
+                p,
+            )
+            report.notes.append(
+                f"[{p}] buffers of torch {e.torch_module} / Flax {e.flax_module} differ"
+                + ("".join(f"; diagnosis: {d}" for d in found) if found else "")
+            )
             return
 
 
-def _gradients(report: Report, mapping: weights.Mapping, fm: FlaxModel, tm: Any, torch_loss: Callable,
-               flax_loss: Callable, batch: Batch, p: str, tolerances: dict | None, row: bool = True) -> dict[str, np.ndarray]:
+def _gradients(
+    report: Report,
+    mapping: weights.Mapping,
+    fm: FlaxModel,
+    tm: Any,
+    torch_loss: Callable,
+    flax_loss: Callable,
+    batch: Batch,
+    p: str,
+    tolerances: dict | None,
+    row: bool = True,
+) -> dict[str, np.ndarray]:
     """The gradients row; returns the Flax gradients (the updates check applies them)."""
     t = tolerance("gradients", p, tolerances)
     _, tgrads = training.torch_param_grads(tm, torch_loss, batch, p)
@@ -238,41 +376,91 @@ def _gradients(report: Report, mapping: weights.Mapping, fm: FlaxModel, tm: Any,
     value, where = worst(scaled_diffs(fgrads, mapped))
     if row:
         report.rows.append(Row("gradients, every tensor", p, value, t.value, t.reason + SCALE, where))
-        report.rows.append(Row("gradients, whole tree", p, whole_rel_diff(fgrads, mapped), t.value,
-                               t.reason + "; every tensor as one vector"))
+        report.rows.append(
+            Row(
+                "gradients, whole tree",
+                p,
+                whole_rel_diff(fgrads, mapped),
+                t.value,
+                t.reason + "; every tensor as one vector",
+            )
+        )
     return fgrads
 
 
-def _trajectory(report: Report, tr: training.Trajectory, p: str, n: int, runs: dict[str, training.Trajectory],
-                tolerances: dict | None) -> None:
+def _trajectory(
+    report: Report,
+    tr: training.Trajectory,
+    p: str,
+    n: int,
+    runs: dict[str, training.Trajectory],
+    tolerances: dict | None,
+) -> None:
     t = tolerance("trajectory", p, tolerances)
     value, reason = t.value, t.reason
     measured = p == "fp32" and "fp64" in runs and (tolerances is None or ("trajectory", "fp32") not in tolerances)
     if measured:
         # the measured bound: a framework's own float32-to-float64 gap over the same run, times 4
-        own = max(curve_rel_diff(tr.torch_losses, runs["fp64"].torch_losses),
-                  curve_rel_diff(tr.flax_losses, runs["fp64"].flax_losses))
+        own = max(
+            curve_rel_diff(tr.torch_losses, runs["fp64"].torch_losses),
+            curve_rel_diff(tr.flax_losses, runs["fp64"].flax_losses),
+        )
         value = max(4 * own, 1e-6)
-        reason = (f"4 x the larger own float32-vs-float64 gap of the loss curve ({own:.1e}, both frameworks "
-                  "measured in this check): float32 rounding compounds alike in both")
-    report.rows.append(Row(f"trajectory ({n} updates): loss of every update", p, curve_rel_diff(tr.flax_losses, tr.torch_losses),
-                           value, reason))
+        reason = (
+            f"4 x the larger own float32-vs-float64 gap of the loss curve ({own:.1e}, both frameworks "
+            "measured in this check): float32 rounding compounds alike in both"
+        )
+    report.rows.append(
+        Row(
+            f"trajectory ({n} updates): loss of every update",
+            p,
+            curve_rel_diff(tr.flax_losses, tr.torch_losses),
+            value,
+            reason,
+        )
+    )
     pv, pr = t.value, t.reason
     if measured:
         own = max(_own_param_gap(tr, runs["fp64"], "torch"), _own_param_gap(tr, runs["fp64"], "flax"))
         pv = max(4 * own, 1e-6)
         pr = f"4 x the larger own float32-vs-float64 gap of the params ({own:.1e}), as for the loss"
-    report.rows.append(Row(f"trajectory ({n} updates): params after every update", p, float(np.max(tr.param_diffs)),
-                           pv, pr + SCALE, tr.worst_tensor))
-    report.rows.append(Row(f"trajectory ({n} updates): params after every update, whole tree", p,
-                           float(np.max(tr.whole_diffs)), pv, pr + "; every tensor as one vector"))
+    report.rows.append(
+        Row(
+            f"trajectory ({n} updates): params after every update",
+            p,
+            float(np.max(tr.param_diffs)),
+            pv,
+            pr + SCALE,
+            tr.worst_tensor,
+        )
+    )
+    report.rows.append(
+        Row(
+            f"trajectory ({n} updates): params after every update, whole tree",
+            p,
+            float(np.max(tr.whole_diffs)),
+            pv,
+            pr + "; every tensor as one vector",
+        )
+    )
     if measured:  # the measured bound must follow the model's chaos, not a Flax side of its own
-        torch_own, flax_own = (max(curve_rel_diff(getattr(tr, f"{side}_losses"), getattr(runs["fp64"], f"{side}_losses")),
-                                   _own_param_gap(tr, runs["fp64"], side)) for side in ("torch", "flax"))
+        torch_own, flax_own = (
+            max(
+                curve_rel_diff(getattr(tr, f"{side}_losses"), getattr(runs["fp64"], f"{side}_losses")),
+                _own_param_gap(tr, runs["fp64"], side),
+            )
+            for side in ("torch", "flax")
+        )
         floor = tolerance("trajectory", "fp32").value / 4
-        report.rows.append(Row(f"trajectory ({n} updates): Flax's own float32-vs-float64 gap", p, flax_own,
-                               max(floor, OWN_GAP_RATIO * torch_own), OWN_GAP_REASON.format(
-                                   floor=floor, ratio=OWN_GAP_RATIO, torch=torch_own)))
+        report.rows.append(
+            Row(
+                f"trajectory ({n} updates): Flax's own float32-vs-float64 gap",
+                p,
+                flax_own,
+                max(floor, OWN_GAP_RATIO * torch_own),
+                OWN_GAP_REASON.format(floor=floor, ratio=OWN_GAP_RATIO, torch=torch_own),
+            )
+        )
     if tr.buffer_diff is not None:
         report.rows.append(Row(f"trajectory ({n} updates): buffers at the end", p, tr.buffer_diff, pv, pr))
     report.curves[p] = {"torch_losses": tr.torch_losses, "flax_losses": tr.flax_losses, "param_diffs": tr.param_diffs}
@@ -282,10 +470,12 @@ def _trajectory(report: Report, tr: training.Trajectory, p: str, n: int, runs: d
 # rounding compounds alike in both frameworks, so their own gaps are alike in a correct port (docs/porting.md
 # measures them at 30, 100 and 300 updates), however chaotic the model's training is.
 OWN_GAP_RATIO = 4
-OWN_GAP_REASON = ("the bounds above are measured, so the Flax side's own float32-vs-float64 gap must itself be "
-                  "explained: at most {floor:g} or {ratio} x torch's own gap ({torch:.1e}), the model's and optimizer's "
-                  "float32 chaos, alike in both frameworks; a Flax side that departs alone (a layer computing below "
-                  "float32) would widen the bound to pass anything. The float64 trajectory judges the port either way")
+OWN_GAP_REASON = (
+    "the bounds above are measured, so the Flax side's own float32-vs-float64 gap must itself be "
+    "explained: at most {floor:g} or {ratio} x torch's own gap ({torch:.1e}), the model's and optimizer's "
+    "float32 chaos, alike in both frameworks; a Flax side that departs alone (a layer computing below "
+    "float32) would widen the bound to pass anything. The float64 trajectory judges the port either way"
+)
 
 
 def _own_param_gap(a: training.Trajectory, b: training.Trajectory, side: str) -> float:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxloop.parity.layers import ModuleCall, Capture, Divergence, LayerDiff
+from jaxloop.parity.layers import Capture, Divergence, LayerDiff, ModuleCall
 from jaxloop.parity.measures import rel_diff
 
 CLOSE = {"fp64": 1e-9, "fp32": 1e-4}
@@ -55,12 +55,24 @@ def _to_flax_layout(t: np.ndarray, f: np.ndarray) -> np.ndarray | None:
 def at_layer(tc: ModuleCall, fc: ModuleCall, leaves: dict[str, np.ndarray], precision: str) -> list[str]:
     """Diagnoses of a layer whose input agrees and whose output does not; `leaves` are the Flax module's
     own variables by leaf name (kernel, bias, scale...)."""
-    out = [d for d in (norm_eps(tc, fc), batch_norm_statistics(tc, fc, leaves, precision), conv_geometry(tc, fc),
-                       transposed_kernel(tc, fc, leaves, precision), missing_bias(tc, fc, leaves, precision),
-                       compute_dtype(tc, fc, precision), matmul_precision(fc)) if d]
+    out = [
+        d
+        for d in (
+            norm_eps(tc, fc),
+            batch_norm_statistics(tc, fc, leaves, precision),
+            conv_geometry(tc, fc),
+            transposed_kernel(tc, fc, leaves, precision),
+            missing_bias(tc, fc, leaves, precision),
+            compute_dtype(tc, fc, precision),
+            matmul_precision(fc),
+        )
+        if d
+    ]
     if not out:
-        out.append(f"no known convention explains it; compare the two definitions: torch {_describe_torch(tc.module)}, "
-                   f"Flax {_describe_flax(fc.module)}")
+        out.append(
+            f"no known convention explains it; compare the two definitions: torch {_describe_torch(tc.module)}, "
+            f"Flax {_describe_flax(fc.module)}"
+        )
     return out
 
 
@@ -92,15 +104,20 @@ def batch_norm_statistics(tc: ModuleCall, fc: ModuleCall, leaves: dict[str, np.n
     def normalised(mean: np.ndarray, var: np.ndarray) -> np.ndarray:
         return (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps) * scale + bias
 
-    options = {"the batch's statistics (train mode)": normalised(x.mean(axes), x.var(axes)),
-               "its running statistics (eval mode)": normalised(leaves["mean"], leaves["var"])}
+    options = {
+        "the batch's statistics (train mode)": normalised(x.mean(axes), x.var(axes)),
+        "its running statistics (eval mode)": normalised(leaves["mean"], leaves["var"]),
+    }
     f_out = _to_torch_layout_of(fc.output, tc.output)
     t, f = _which_value(options, tc.output, precision), _which_value(options, f_out, precision)
     if t is None or f is None or t == f:
         return None
-    fix = ("the Flax BatchNorm got use_running_average=True while training: a `train`/`deterministic` flag not "
-           "passed down to it (or to the module holding it)" if f.startswith("its running") else
-           "the Flax BatchNorm got use_running_average=False in eval mode: pass use_running_average=not train")
+    fix = (
+        "the Flax BatchNorm got use_running_average=True while training: a `train`/`deterministic` flag not "
+        "passed down to it (or to the module holding it)"
+        if f.startswith("its running")
+        else "the Flax BatchNorm got use_running_average=False in eval mode: pass use_running_average=not train"
+    )
     return f"BatchNorm statistics: torch normalised with {t}, Flax with {f}: {fix}"
 
 
@@ -122,8 +139,13 @@ def _to_torch_layout_of(f: np.ndarray, t: np.ndarray) -> np.ndarray | None:
     return None
 
 
-def _explicit_pads(padding: Any, in_spatial: tuple[int, ...], kernel: tuple[int, ...], strides: tuple[int, ...],
-                   dilation: tuple[int, ...]) -> list[tuple[int, int]] | None:
+def _explicit_pads(
+    padding: Any,
+    in_spatial: tuple[int, ...],
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    dilation: tuple[int, ...],
+) -> list[tuple[int, int]] | None:
     import jax
 
     n = len(in_spatial)
@@ -156,7 +178,7 @@ def conv_geometry(tc: ModuleCall, fc: ModuleCall) -> str | None:
         return None
     kernel = tuple(tm.kernel_size)
     n = len(kernel)
-    in_spatial = tuple(fc.input.shape[1:1 + n]) if fc.input.ndim == n + 2 else None
+    in_spatial = tuple(fc.input.shape[1 : 1 + n]) if fc.input.ndim == n + 2 else None
     if in_spatial is None or _attr(fm, "padding") is None:
         return None
     issues = []
@@ -176,9 +198,11 @@ def conv_geometry(tc: ModuleCall, fc: ModuleCall) -> str | None:
         t_pads = [(p, p) for p in tm.padding]
     f_pads = _explicit_pads(fm.padding, in_spatial, kernel, f_strides, f_dil)
     if f_pads is not None and [tuple(p) for p in f_pads] != [tuple(p) for p in t_pads]:
-        issues.append(f"padding: torch pads {t_pads} (padding={tm.padding!r}), Flax padding={fm.padding!r} pads "
-                      f"{f_pads} for this {in_spatial} input with strides {f_strides}: pass padding={t_pads} to the "
-                      "Flax conv ('SAME' centres the window differently when the stride does not divide the input)")
+        issues.append(
+            f"padding: torch pads {t_pads} (padding={tm.padding!r}), Flax padding={fm.padding!r} pads "
+            f"{f_pads} for this {in_spatial} input with strides {f_strides}: pass padding={t_pads} to the "
+            "Flax conv ('SAME' centres the window differently when the stride does not divide the input)"
+        )
     if getattr(tm, "padding_mode", "zeros") != "zeros":
         issues.append(f"torch padding_mode={tm.padding_mode!r} (Flax pads with zeros unless padding='CIRCULAR')")
     return ("conv " + "; ".join(issues)) if issues else None
@@ -201,13 +225,17 @@ def transposed_kernel(tc: ModuleCall, fc: ModuleCall, leaves: dict[str, np.ndarr
     straight, crossed = x @ k + b, x @ k.T + b
     t_out = _to_flax_layout(tc.output, fc.output)
     if _close(fc.output, crossed, precision) and _close(t_out, straight, precision):
-        return ("the Flax layer applies its kernel transposed (x @ kernel.T): a Flax kernel is (in, out), a torch "
-                "Linear weight (out, in) and transformers' Conv1D (in, out); the mapping already moved the weight "
-                "into Flax's layout, so the layer must use it as x @ kernel")
+        return (
+            "the Flax layer applies its kernel transposed (x @ kernel.T): a Flax kernel is (in, out), a torch "
+            "Linear weight (out, in) and transformers' Conv1D (in, out); the mapping already moved the weight "
+            "into Flax's layout, so the layer must use it as x @ kernel"
+        )
     if _close(fc.output, straight, precision) and _close(t_out, crossed, precision):
-        return ("torch applies this weight transposed relative to the mapped kernel: a transpose is missing in the "
-                "mapping (an override's layout, or a module the mapper took for another kind): map it with layout "
-                "'transpose'")
+        return (
+            "torch applies this weight transposed relative to the mapped kernel: a transpose is missing in the "
+            "mapping (an override's layout, or a module the mapper took for another kind): map it with layout "
+            "'transpose'"
+        )
     return None
 
 
@@ -233,13 +261,21 @@ def compute_dtype(tc: ModuleCall, fc: ModuleCall, precision: str) -> str | None:
     if fc.output_dtype and fc.output_dtype != want:
         field = _attr(fc.module, "dtype")
         if field is not None and str(np.dtype(field)) == fc.output_dtype:
-            fix = (f"its dtype field is {fc.output_dtype}" + (" (Hugging Face's Flax modules default to jnp.float32 and "
-                   "pass their dtype to every submodule)" if fc.output_dtype == "float32" else "")
-                   + f": build it with dtype=jnp.{want} for the check (the check pins the top module's dtype "
-                   "field itself; this layer has its own)")
+            fix = (
+                f"its dtype field is {fc.output_dtype}"
+                + (
+                    " (Hugging Face's Flax modules default to jnp.float32 and pass their dtype to every submodule)"
+                    if fc.output_dtype == "float32"
+                    else ""
+                )
+                + f": build it with dtype=jnp.{want} for the check (the check pins the top module's dtype "
+                "field itself; this layer has its own)"
+            )
         else:
-            fix = ("its dtype or param_dtype is set (bf16/fp16 matmuls are a mixed-precision choice, not a port): "
-                   "leave them None for the check")
+            fix = (
+                "its dtype or param_dtype is set (bf16/fp16 matmuls are a mixed-precision choice, not a port): "
+                "leave them None for the check"
+            )
         return f"the Flax layer computes in {fc.output_dtype} (torch in {tc.output_dtype or want}): {fix}"
     return None
 
@@ -251,8 +287,10 @@ def matmul_precision(fc: ModuleCall) -> str | None:
     name = str(p).lower()
     if "highest" in name or name.endswith(".float32") or "hifi" in name:
         return None
-    return (f"the Flax layer sets precision={p} (on GPUs and TPUs a float32 matmul then runs in TF32 or bf16 passes; "
-            "torch's default on GPUs allows TF32 too): the check pins both to 'highest'")
+    return (
+        f"the Flax layer sets precision={p} (on GPUs and TPUs a float32 matmul then runs in TF32 or bf16 passes; "
+        "torch's default on GPUs allows TF32 too): the check pins both to 'highest'"
+    )
 
 
 def _describe_torch(m: Any) -> str:
@@ -267,7 +305,9 @@ def _describe_flax(m: Any) -> str:
     if dataclasses.is_dataclass(m):
         fields = {f.name: getattr(m, f.name) for f in dataclasses.fields(m) if f.name not in ("parent", "name")}
         return f"{type(m).__name__}({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
-    attrs = {k: v for k, v in vars(m).items() if isinstance(v, (int, float, str, bool, tuple)) and not k.startswith("_")}
+    attrs = {
+        k: v for k, v in vars(m).items() if isinstance(v, (int, float, str, bool, tuple)) and not k.startswith("_")
+    }
     return f"{type(m).__name__}({', '.join(f'{k}={v!r}' for k, v in attrs.items())})"
 
 
@@ -289,7 +329,9 @@ ACTIVATIONS: dict[str, Any] = {
     "GELU, exact (erf)": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
     "GELU, tanh approximation": lambda x: 0.5 * x * (1.0 + np.tanh(_SQRT_2_PI * (x + 0.044715 * x**3))),
     "SiLU": lambda x: x / (1.0 + np.exp(-x)),
-    "GELU, tanh with 1.702 (gelu_fast)": lambda x: 0.5 * x * (1.0 + np.tanh(0.7978845608 * x * (1.0 + 0.044715 * x * x))),
+    "GELU, tanh with 1.702 (gelu_fast)": lambda x: (
+        0.5 * x * (1.0 + np.tanh(0.7978845608 * x * (1.0 + 0.044715 * x * x)))
+    ),
     "quick GELU (x sigmoid(1.702 x))": lambda x: x / (1.0 + np.exp(-1.702 * x)),
     "tanh": np.tanh,
     "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
@@ -300,7 +342,9 @@ def _which(fns: dict[str, Any], x: np.ndarray, y: np.ndarray, precision: str) ->
     """The candidate closest to y (relative difference within CLOSE), or None: the closest, not the first
     within reach (in float32, GELU's erf and tanh forms can both come within CLOSE of one side)."""
     with np.errstate(over="ignore", invalid="ignore"):
-        diffs = {name: rel_diff(fn(np.asarray(x, np.float64)), y) for name, fn in fns.items() if np.shape(x) == np.shape(y)}
+        diffs = {
+            name: rel_diff(fn(np.asarray(x, np.float64)), y) for name, fn in fns.items() if np.shape(x) == np.shape(y)
+        }
     diffs = {k: v for k, v in diffs.items() if not math.isnan(v)}
     if not diffs:
         return None
@@ -308,24 +352,37 @@ def _which(fns: dict[str, Any], x: np.ndarray, y: np.ndarray, precision: str) ->
     return name if diffs[name] <= CLOSE[precision] else None
 
 
-def activation_between(prev_t: np.ndarray | None, prev_f: np.ndarray | None, next_t: np.ndarray | None,
-                       next_f: np.ndarray | None, precision: str) -> str | None:
+def activation_between(
+    prev_t: np.ndarray | None,
+    prev_f: np.ndarray | None,
+    next_t: np.ndarray | None,
+    next_f: np.ndarray | None,
+    precision: str,
+) -> str | None:
     """Which elementwise activation takes each side from the previous layer's output to the next layer's
     input; a diagnosis when they differ."""
-    if any(a is None for a in (prev_t, prev_f, next_t, next_f)) or prev_t.shape != next_t.shape or prev_f.shape != next_f.shape:
+    if (
+        any(a is None for a in (prev_t, prev_f, next_t, next_f))
+        or prev_t.shape != next_t.shape
+        or prev_f.shape != next_f.shape
+    ):
         return None
     t, f = _which(ACTIVATIONS, prev_t, next_t, precision), _which(ACTIVATIONS, prev_f, next_f, precision)
     if t is None or f is None or t == f:
         return None
     hint = ""
     if {t, f} == {"GELU, exact (erf)", "GELU, tanh approximation"}:
-        hint = (": torch's F.gelu and nn.GELU() are exact (erf) unless approximate='tanh' (transformers' "
-                "'gelu_new' and Flax's 'gelu_new' are tanh, its 'gelu' erf); Flax's nn.gelu defaults to "
-                f"approximate=True (tanh): pass approximate={t != 'GELU, exact (erf)'}")
+        hint = (
+            ": torch's F.gelu and nn.GELU() are exact (erf) unless approximate='tanh' (transformers' "
+            "'gelu_new' and Flax's 'gelu_new' are tanh, its 'gelu' erf); Flax's nn.gelu defaults to "
+            f"approximate=True (tanh): pass approximate={t != 'GELU, exact (erf)'}"
+        )
     return f"activation: torch applies {t}, Flax {f}{hint}"
 
 
-def attention_scale_and_mask(qkv: np.ndarray, core: np.ndarray, heads: int, precision: str) -> tuple[str, float, bool] | None:
+def attention_scale_and_mask(
+    qkv: np.ndarray, core: np.ndarray, heads: int, precision: str
+) -> tuple[str, float, bool] | None:
     """(label, scale, causal) of the scaled dot-product attention taking a fused [q | k | v] (batch, time,
     3 width) to `core` (batch, time, width), tried over the usual scales and with or without a causal mask."""
     if qkv.ndim != 3 or core.ndim != 3 or qkv.shape[-1] != 3 * core.shape[-1] or core.shape[-1] % heads:
@@ -335,8 +392,13 @@ def attention_scale_and_mask(qkv: np.ndarray, core: np.ndarray, heads: int, prec
     d = e // heads
     q, k, v = (a.reshape(b, t, heads, d).astype(np.float64) for a in np.split(qkv, 3, axis=-1))
     scores = np.einsum("bqhd,bkhd->bhqk", q, k)
-    candidates = {f"1/sqrt(head_dim={d})": d**-0.5, f"1/head_dim={d}": 1.0 / d, "1 (unscaled)": 1.0,
-                  f"1/sqrt(width={e})": e**-0.5, f"sqrt(head_dim={d})": d**0.5}
+    candidates = {
+        f"1/sqrt(head_dim={d})": d**-0.5,
+        f"1/head_dim={d}": 1.0 / d,
+        "1 (unscaled)": 1.0,
+        f"1/sqrt(width={e})": e**-0.5,
+        f"sqrt(head_dim={d})": d**0.5,
+    }
     for causal in (True, False):
         mask = np.tril(np.ones((t, t), bool)) if causal else np.ones((t, t), bool)
         for label, s in candidates.items():
@@ -349,8 +411,14 @@ def attention_scale_and_mask(qkv: np.ndarray, core: np.ndarray, heads: int, prec
     return None
 
 
-def attention_between(prev_t: np.ndarray | None, prev_f: np.ndarray | None, next_t: np.ndarray | None,
-                      next_f: np.ndarray | None, heads: int | None, precision: str) -> str | None:
+def attention_between(
+    prev_t: np.ndarray | None,
+    prev_f: np.ndarray | None,
+    next_t: np.ndarray | None,
+    next_f: np.ndarray | None,
+    heads: int | None,
+    precision: str,
+) -> str | None:
     """The attention scale and mask each side applied between the fused projection and the output one."""
     if heads is None or any(a is None for a in (prev_t, prev_f, next_t, next_f)):
         return None
@@ -385,7 +453,9 @@ def mha_container(tc: ModuleCall, fcap: Capture, fname: str, precision: str) -> 
     projection's input."""
     if tc.type != "MultiheadAttention":
         return None
-    inside = sorted((c for n, c in fcap.calls.items() if n.startswith(fname + "/") and ":" not in n), key=lambda c: c.start)
+    inside = sorted(
+        (c for n, c in fcap.calls.items() if n.startswith(fname + "/") and ":" not in n), key=lambda c: c.start
+    )
     e = tc.module.embed_dim
     qkv = next((c.output for c in inside if c.output is not None and c.output.shape[-1] == 3 * e), None)
     core = inside[-1].input if inside else None
@@ -407,20 +477,34 @@ def between(div: Divergence, tcap: Capture, fcap: Capture, precision: str) -> li
         nt, nf = tcap.calls[d.torch].input, fcap.calls[d.flax].input
         pf_t = _to_torch_layout(pf, pt)
         nf_t = _to_torch_layout(nf, nt)
-        region = [c.module for n, c in sorted(tcap.calls.items(), key=lambda kv: -len(kv[0]))
-                  if (div.region == "" or n == div.region or n.startswith(div.region + "."))]
+        region = [
+            c.module
+            for n, c in sorted(tcap.calls.items(), key=lambda kv: -len(kv[0]))
+            if (div.region == "" or n == div.region or n.startswith(div.region + "."))
+        ]
         heads = heads_of(region + [c.module for c in tcap.calls.values()])
-        out += [x for x in (activation_between(pt, pf_t, nt, nf_t, precision),
-                            attention_between(pt, pf_t, nt, nf_t, heads, precision)) if x]
+        out += [
+            x
+            for x in (
+                activation_between(pt, pf_t, nt, nf_t, precision),
+                attention_between(pt, pf_t, nt, nf_t, heads, precision),
+            )
+            if x
+        ]
     for name, c in fcap.calls.items():
-        if ((div.layer.flax == "" or name.startswith(div.layer.flax)) and c.output_dtype
-                and c.output_dtype not in ("float64", "float32")):
+        if (
+            (div.layer.flax == "" or name.startswith(div.layer.flax))
+            and c.output_dtype
+            and c.output_dtype not in ("float64", "float32")
+        ):
             out.append(f"the Flax module {name} computes in {c.output_dtype}")
             break
     if not out:
-        out.append(f"no known convention explains it: compare the code of {div.region or 'the model'} between "
-                   f"{prev.torch if prev else 'its input'} and {d.torch} (activations, residual additions, "
-                   "reshapes and transposes, pooling, masking) line by line")
+        out.append(
+            f"no known convention explains it: compare the code of {div.region or 'the model'} between "
+            f"{prev.torch if prev else 'its input'} and {d.torch} (activations, residual additions, "
+            "reshapes and transposes, pooling, masking) line by line"
+        )
     return out
 
 
@@ -434,7 +518,9 @@ def _to_torch_layout(f: np.ndarray | None, t: np.ndarray | None) -> np.ndarray |
     return None
 
 
-def inside_container(div: Divergence, diffs: list[LayerDiff], tcap: Capture, fcap: Capture, precision: str) -> list[str]:
+def inside_container(
+    div: Divergence, diffs: list[LayerDiff], tcap: Capture, fcap: Capture, precision: str
+) -> list[str]:
     """A container (a module holding a layer and more code) whose input agrees and whose output does not,
     while the last paired module inside it agrees: what its own code does after that module (an
     activation such as Hugging Face's `intermediate`: dense, then the activation)."""
@@ -450,8 +536,15 @@ def inside_container(div: Divergence, diffs: list[LayerDiff], tcap: Capture, fca
     return [f"{found} (inside {name or 'the model'}, after {last.torch})"] if found else []
 
 
-def diagnose(div: Divergence, tcap: Capture, fcap: Capture, flax_leaves: dict[str, np.ndarray],
-             module_leaves: dict[str, str], precision: str, diffs: list[LayerDiff] | None = None) -> list[str]:
+def diagnose(
+    div: Divergence,
+    tcap: Capture,
+    fcap: Capture,
+    flax_leaves: dict[str, np.ndarray],
+    module_leaves: dict[str, str],
+    precision: str,
+    diffs: list[LayerDiff] | None = None,
+) -> list[str]:
     """The diagnoses of a divergence; `module_leaves` maps each leaf name of the diverging Flax module
     (kernel, bias...) to its full Flax name; `diffs` (every paired module) lets a container's own code be
     diagnosed after the last module inside it that agrees."""
@@ -467,8 +560,15 @@ def diagnose(div: Divergence, tcap: Capture, fcap: Capture, flax_leaves: dict[st
 # ----------------------------------------------------------------------------- buffers
 
 
-def batch_norm_update(tm: Any, fmod: Any, x: np.ndarray | None, old: dict[str, np.ndarray],
-                      new_t: dict[str, np.ndarray], new_f: dict[str, np.ndarray], precision: str) -> list[str]:
+def batch_norm_update(
+    tm: Any,
+    fmod: Any,
+    x: np.ndarray | None,
+    old: dict[str, np.ndarray],
+    new_t: dict[str, np.ndarray],
+    new_f: dict[str, np.ndarray],
+    precision: str,
+) -> list[str]:
     """Why a BatchNorm's running statistics differ after a train-mode step: the momentum convention
     (attributes, and the fraction each side moved) and the running variance's unbiased or biased batch
     variance (recomputed from the layer's train-mode input `x`, torch layout)."""
@@ -477,11 +577,15 @@ def batch_norm_update(tm: Any, fmod: Any, x: np.ndarray | None, old: dict[str, n
     fmom = _attr(fmod, "momentum")
     if isinstance(tmom, float) and isinstance(fmom, (int, float)) and abs(float(fmom) - (1 - tmom)) > 1e-12:
         if abs(float(fmom) - tmom) <= 1e-12:
-            out.append(f"BatchNorm momentum: torch's momentum={tmom:g} weights the batch (new = {1 - tmom:g} old + "
-                       f"{tmom:g} batch), Flax's weights the old value (new = momentum old + (1 - momentum) batch): "
-                       f"pass momentum={1 - tmom:g} to the Flax BatchNorm")
+            out.append(
+                f"BatchNorm momentum: torch's momentum={tmom:g} weights the batch (new = {1 - tmom:g} old + "
+                f"{tmom:g} batch), Flax's weights the old value (new = momentum old + (1 - momentum) batch): "
+                f"pass momentum={1 - tmom:g} to the Flax BatchNorm"
+            )
         else:
-            out.append(f"BatchNorm momentum: torch's {tmom:g} is Flax's momentum={1 - tmom:g}; the Flax module has {fmom:g}")
+            out.append(
+                f"BatchNorm momentum: torch's {tmom:g} is Flax's momentum={1 - tmom:g}; the Flax module has {fmom:g}"
+            )
     if x is None or x.ndim < 2 or not {"mean", "var"} <= old.keys():
         return out
     axes = tuple(i for i in range(x.ndim) if i != 1)
@@ -496,18 +600,24 @@ def batch_norm_update(tm: Any, fmod: Any, x: np.ndarray | None, old: dict[str, n
     def variance_kind(new_var: np.ndarray, a: float) -> str | None:
         # the closer of the two (they differ by a n/(n-1) - a, within float32's CLOSE for large n): in
         # every precision, when the closer one is within CLOSE and the other at least 3 times as far
-        d = {label: rel_diff(new_var, (1 - a) * old["var"] + a * v)
-             for label, v in (("unbiased", var_b * n / (n - 1)), ("biased", var_b))}
+        d = {
+            label: rel_diff(new_var, (1 - a) * old["var"] + a * v)
+            for label, v in (("unbiased", var_b * n / (n - 1)), ("biased", var_b))
+        }
         best, other = sorted(d, key=d.get)
         return best if d[best] <= CLOSE[precision] and d[other] >= 3 * d[best] else None
 
     at, af = fraction(new_t["mean"]), fraction(new_f["mean"])
     if not out and not math.isnan(at) and not math.isnan(af) and abs(at - af) > 1e-6:
-        out.append(f"BatchNorm running statistics move by {at:.3g} of the batch's in torch, {af:.3g} in Flax "
-                   f"(a momentum of {1 - at:.3g} in Flax's convention)")
+        out.append(
+            f"BatchNorm running statistics move by {at:.3g} of the batch's in torch, {af:.3g} in Flax "
+            f"(a momentum of {1 - at:.3g} in Flax's convention)"
+        )
     vt, vf = variance_kind(new_t["var"], at), variance_kind(new_f["var"], af)
     if vt and vf and vt != vf:
-        out.append(f"BatchNorm running variance: torch updates it with the {vt} batch variance, Flax with the {vf} "
-                   f"one (x n/(n-1), n = {n} values per channel here; flax's linen.BatchNorm and nnx.BatchNorm use the "
-                   "biased one): a BatchNorm that uses n/(n-1) for its running variance matches torch")
+        out.append(
+            f"BatchNorm running variance: torch updates it with the {vt} batch variance, Flax with the {vf} "
+            f"one (x n/(n-1), n = {n} values per channel here; flax's linen.BatchNorm and nnx.BatchNorm use the "
+            "biased one): a BatchNorm that uses n/(n-1) for its running variance matches torch"
+        )
     return out

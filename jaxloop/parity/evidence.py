@@ -28,7 +28,10 @@ def layout_by_output(tcap: Capture, state_dict: dict[str, np.ndarray], kind: str
             return f"the Flax module {f.module} was not called on the example batch, so its output cannot decide"
         diffs = []
         for candidate in candidates:
-            values = {name: np.asarray(LAYOUTS[layout][0](state_dict[key]), dtype) for name, (key, layout) in candidate.items()}
+            values = {
+                name: np.asarray(LAYOUTS[layout][0](state_dict[key]), dtype)
+                for name, (key, layout) in candidate.items()
+            }
             try:
                 out = _apply_alone(f.obj, values, np.asarray(call.input, dtype), kind)
             except Exception as e:  # the module needs more than its input: no evidence
@@ -39,8 +42,10 @@ def layout_by_output(tcap: Capture, state_dict: dict[str, np.ndarray], kind: str
         if len(close) == 1:
             return close[0]
         tried = ", ".join(f"{'/'.join(lay for _, lay in c.values())}: {d:.1e}" for c, d in zip(candidates, diffs))
-        return (f"applied alone to torch {t.module}'s captured input, the Flax module {f.module} reproduces its output "
-                f"under {'every' if close else 'no'} layout (relative differences {tried})")
+        return (
+            f"applied alone to torch {t.module}'s captured input, the Flax module {f.module} reproduces its output "
+            f"under {'every' if close else 'no'} layout (relative differences {tried})"
+        )
 
     return decide
 

@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloop.model.interface import LinenModel, LossFn, NnxModel, is_nnx
+from jaxloop.model.precision import Policy, get_policy
 from jaxloop.parity.errors import ModelError
 from jaxloop.parity.precision import np_dtype
-from jaxloop.model.precision import Policy, get_policy
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class FlaxModel:
         """{leaf name: "param" | "buffer"}."""
         return {name: kind for name, (_, kind) in _named(self).items()}
 
-    def with_leaves(self, values: dict[str, Any], precision: str) -> "FlaxModel":
+    def with_leaves(self, values: dict[str, Any], precision: str) -> FlaxModel:
         """These variables with the named leaves replaced; every floating leaf in the precision's dtype."""
         dtype = np_dtype(precision)
 
@@ -54,6 +54,7 @@ class FlaxModel:
                 if np.issubdtype(np.asarray(x).dtype, np.floating):
                     return jnp.asarray(np.asarray(x, dtype))
                 return x
+
             return jax.tree_util.tree_map_with_path(leaf, tree)
 
         params_prefix = "params" if self.kind == "linen" else ""
@@ -86,8 +87,10 @@ def pin_dtype(module: Any, precision: str) -> tuple[Any, str | None]:
     if have is None or not np.issubdtype(have, np.floating) or have.itemsize >= want.itemsize:
         return module, None
     hf_default = " (Hugging Face default)" if have == np.float32 else ""
-    note = (f"{type(module).__name__} computes in {have} (its dtype field{hf_default}); "
-            f"pinned to dtype={want} for the {precision} check: the check compares the port, not a precision choice")
+    note = (
+        f"{type(module).__name__} computes in {have} (its dtype field{hf_default}); "
+        f"pinned to dtype={want} for the {precision} check: the check compares the port, not a precision choice"
+    )
     if is_nnx(module):
         from flax import nnx
 
@@ -126,8 +129,12 @@ def flax_model(module: Any, loss: LossFn, batch: dict[str, Any]) -> FlaxModel:
             shapes = jax.eval_shape(lambda key: adapter.init(key, no_dropout(loss), batch), jax.random.PRNGKey(0))
     except Exception as e:
         top = stack[-1] if stack else None
-        raise ModelError("Flax", "/".join(map(str, top.path)) if top is not None and top.scope else "",
-                         type(top).__name__ if top is not None else "", e) from e
+        raise ModelError(
+            "Flax",
+            "/".join(map(str, top.path)) if top is not None and top.scope else "",
+            type(top).__name__ if top is not None else "",
+            e,
+        ) from e
     params, model_state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     return FlaxModel("linen", adapter, params, model_state)
 
@@ -135,8 +142,10 @@ def flax_model(module: Any, loss: LossFn, batch: dict[str, Any]) -> FlaxModel:
 def batch_to_jax(batch: dict[str, Any], precision: str) -> dict[str, jax.Array]:
     """numpy batch -> jax arrays; floating arrays in the precision's dtype, others as jax makes them."""
     dtype = np_dtype(precision)
-    return {k: jnp.asarray(np.asarray(v, dtype) if np.issubdtype(np.asarray(v).dtype, np.floating) else np.asarray(v))
-            for k, v in batch.items()}
+    return {
+        k: jnp.asarray(np.asarray(v, dtype) if np.issubdtype(np.asarray(v).dtype, np.floating) else np.asarray(v))
+        for k, v in batch.items()
+    }
 
 
 def is_dropout(module: Any) -> bool:
@@ -191,6 +200,7 @@ def attention_dropout_off() -> Iterator[None]:
             bound.arguments["dropout_rate"] = 0.0
             bound.arguments["deterministic"] = True
             return original(*bound.args, **bound.kwargs)
+
         return weights
 
     replacement = {id(f): without_dropout(f) for f in originals}

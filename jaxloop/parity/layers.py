@@ -65,8 +65,9 @@ def _first_float(tensors: list[Any]) -> Any:
 # ----------------------------------------------------------------------------- torch
 
 
-def capture_torch(module: Any, loss: Callable[[Any, dict], Any], batch: dict[str, Any], train: bool,
-                  precision: str) -> Capture:
+def capture_torch(
+    module: Any, loss: Callable[[Any, dict], Any], batch: dict[str, Any], train: bool, precision: str
+) -> Capture:
     """Run the torch loss once (no gradients), recording every module's first call."""
     torch = require_torch()
     names = {id(m): n for n, m in module.named_modules()}
@@ -83,8 +84,9 @@ def capture_torch(module: Any, loss: Callable[[Any, dict], Any], batch: dict[str
             calls[name].calls += 1
             return
         first = tensors_in((args, kwargs))
-        calls[name] = ModuleCall(name, type(mod).__name__, counter["start"],
-                                 input=to_numpy(first[0]) if first else None, module=mod)
+        calls[name] = ModuleCall(
+            name, type(mod).__name__, counter["start"], input=to_numpy(first[0]) if first else None, module=mod
+        )
         counter["start"] += 1
 
     def post(mod: Any, args: tuple, kwargs: dict, out: Any) -> None:
@@ -119,8 +121,14 @@ def capture_torch(module: Any, loss: Callable[[Any, dict], Any], batch: dict[str
 # ----------------------------------------------------------------------------- flax
 
 
-def capture_flax(fm: FlaxModel, loss: Callable[..., Any], batch: dict[str, Any], train: bool, precision: str,
-                 trace_only: bool = False) -> Capture:
+def capture_flax(
+    fm: FlaxModel,
+    loss: Callable[..., Any],
+    batch: dict[str, Any],
+    train: bool,
+    precision: str,
+    trace_only: bool = False,
+) -> Capture:
     """Run the Flax loss once (one jit-compiled call), recording every module's first call; dropout is an
     identity. The records are taken while tracing and the tensors come back as the call's outputs.
     trace_only: only trace (jax.eval_shape: nothing compiled or run): the calls, their order and
@@ -174,8 +182,17 @@ def capture_flax(fm: FlaxModel, loss: Callable[..., Any], batch: dict[str, Any],
     return Capture("flax", calls, float(value), state)
 
 
-def _run_linen(fm: FlaxModel, params: Any, model_state: Any, loss: Callable, batch: dict, train: bool, precision: str,
-               enter: Callable, leave: Callable) -> tuple[Any, Any]:
+def _run_linen(
+    fm: FlaxModel,
+    params: Any,
+    model_state: Any,
+    loss: Callable,
+    batch: dict,
+    train: bool,
+    precision: str,
+    enter: Callable,
+    leave: Callable,
+) -> tuple[Any, Any]:
     from flax import linen as nn
 
     from jaxloop.parity.flaxside import is_dropout, policy
@@ -201,8 +218,16 @@ def _run_linen(fm: FlaxModel, params: Any, model_state: Any, loss: Callable, bat
     return value, new_state()
 
 
-def _run_nnx(fm: FlaxModel, params: Any, model_state: Any, loss: Callable, batch: dict, train: bool, enter: Callable,
-             leave: Callable) -> tuple[Any, Any]:
+def _run_nnx(
+    fm: FlaxModel,
+    params: Any,
+    model_state: Any,
+    loss: Callable,
+    batch: dict,
+    train: bool,
+    enter: Callable,
+    leave: Callable,
+) -> tuple[Any, Any]:
     from flax import nnx
 
     from jaxloop.model.interface import NnxModel
@@ -230,12 +255,13 @@ def _run_nnx(fm: FlaxModel, params: Any, model_state: Any, loss: Callable, batch
                 active.pop()
             leave(names[ident], out)
             return out
+
         return __call__
 
     for cls in classes:
         if any("__call__" in k.__dict__ for k in cls.__mro__[:-1]):
             patched.append((cls, cls.__dict__.get("__call__")))
-            setattr(cls, "__call__", wrap(cls.__call__))
+            cls.__call__ = wrap(cls.__call__)
     try:
         value, _ = loss(module, batch, train)
     finally:
@@ -243,7 +269,7 @@ def _run_nnx(fm: FlaxModel, params: Any, model_state: Any, loss: Callable, batch
             if original is None:
                 delattr(cls, "__call__")
             else:
-                setattr(cls, "__call__", original)
+                cls.__call__ = original
     return value, NnxModel.split(module)[2]
 
 
@@ -273,6 +299,7 @@ def align(t: np.ndarray | None, f: np.ndarray | None) -> tuple[np.ndarray, np.nd
 def difference(a: np.ndarray, b: np.ndarray) -> float:
     """How far the Flax value b is from the torch value a: rel_diff(b, a) (inf for NaN; exact equality for
     integer tensors)."""
+
     def numeric(x: np.ndarray) -> bool:
         return np.issubdtype(x.dtype, np.number) or jnp.issubdtype(x.dtype, jnp.floating)  # bfloat16 too
 
@@ -321,8 +348,10 @@ def pair_modules(mapping: Mapping, tcap: Capture, fcap: Capture) -> list[tuple[s
     pairs = []
     for tnames, fnames in groups.values():
         # nested modules holding the same weights: those whose names agree pair; then a last one on each side
-        fits = lambda t, f: (align(tcap.calls[t].output, fcap.calls[f].output) is not None  # noqa: E731
-                             or tcap.calls[t].output is None)
+        fits = lambda t, f: (
+            align(tcap.calls[t].output, fcap.calls[f].output) is not None  # noqa: E731
+            or tcap.calls[t].output is None
+        )
         tleft, fleft = list(tnames), list(fnames)
         if len(tleft) > 1 or len(fleft) > 1:
             for t in list(tleft):
@@ -351,8 +380,10 @@ def compare_layers(pairs: list[tuple[str, str]], tcap: Capture, fcap: Capture) -
         both = align(tc.output, fc.output)
         if both is None:
             out_diff = math.inf
-            note = (f"output shapes differ: torch {None if tc.output is None else tc.output.shape}, "
-                    f"Flax {None if fc.output is None else fc.output.shape}")
+            note = (
+                f"output shapes differ: torch {None if tc.output is None else tc.output.shape}, "
+                f"Flax {None if fc.output is None else fc.output.shape}"
+            )
         else:
             out_diff = difference(*both)
         ins = align(tc.input, fc.input)
@@ -374,23 +405,34 @@ class Divergence:
 
     def describe(self) -> str:
         L = self.layer
-        head = (f"first divergence: torch {L.torch or '(root)'} ({L.torch_type}) / Flax {L.flax or '(root)'} "
-                f"({L.flax_type}): output differs by {L.out_diff:.2e} (tolerance {self.tolerance:.0e})")
+        head = (
+            f"first divergence: torch {L.torch or '(root)'} ({L.torch_type}) / Flax {L.flax or '(root)'} "
+            f"({L.flax_type}): output differs by {L.out_diff:.2e} (tolerance {self.tolerance:.0e})"
+        )
         if L.note:
             head += f"; {L.note}"
         if self.clean_input:
-            where = ("its input agrees" + (f" ({L.in_diff:.1e})" if L.in_diff is not None else "")
-                     + ": this layer computes differently")
+            where = (
+                "its input agrees"
+                + (f" ({L.in_diff:.1e})" if L.in_diff is not None else "")
+                + ": this layer computes differently"
+            )
         else:
-            prev = (f"the output of {self.previous.torch} / {self.previous.flax} agrees ({self.previous.out_diff:.1e})"
-                    if self.previous else "the model's input agrees")
-            where = (f"its input already differs ({L.in_diff:.1e}) while {prev}: the difference arises in the "
-                     f"code between them, inside {self.region or '(root)'} (not a module of its own)")
+            prev = (
+                f"the output of {self.previous.torch} / {self.previous.flax} agrees ({self.previous.out_diff:.1e})"
+                if self.previous
+                else "the model's input agrees"
+            )
+            where = (
+                f"its input already differs ({L.in_diff:.1e}) while {prev}: the difference arises in the "
+                f"code between them, inside {self.region or '(root)'} (not a module of its own)"
+            )
         return "\n".join([head, "  " + where] + [f"  diagnosis: {d}" for d in self.diagnoses])
 
 
 def first_divergence(diffs: list[LayerDiff], tolerance: float) -> Divergence | None:
     """The first pair (in completion order) whose output differs beyond tolerance (NaN counts), or None."""
+
     def bad(x: float | None) -> bool:
         return x is not None and not (x <= tolerance)
 

@@ -144,8 +144,9 @@ def worst(diffs: dict[str, float]) -> tuple[float, str]:
     return diffs[name], name
 
 
-def tree_rel_diff(a: Any, b: Any, prepare: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
-                  ) -> tuple[float, str]:
+def tree_rel_diff(
+    a: Any, b: Any, prepare: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
+) -> tuple[float, str]:
     """(max over tensors of ||a - b||_2 / ||b||_2, the tensor attaining it; '' when all are equal).
 
     `prepare` maps each flattened tree before the comparison (parity_tests leaves attention key biases out).

@@ -51,8 +51,10 @@ class Report:
 
     def table(self) -> str:
         head = ("check", "prec", "measured", "tolerance", "ok", "worst at", "why this tolerance")
-        rows = [head] + [(r.check, r.precision, _num(r.measured), _num(r.tolerance), "yes" if r.passed else "NO",
-                          r.where, r.reason) for r in self.rows]
+        rows = [head] + [
+            (r.check, r.precision, _num(r.measured), _num(r.tolerance), "yes" if r.passed else "NO", r.where, r.reason)
+            for r in self.rows
+        ]
         widths = [max(len(str(r[i])) for r in rows) for i in range(len(head) - 1)]
         lines = []
         for i, r in enumerate(rows):
@@ -63,8 +65,9 @@ class Report:
 
     def summary(self) -> str:
         n, bad = len(self.rows), len(self.failures())
-        return (f"{self.name + ': ' if self.name else ''}{n - bad} of {n} checks within tolerance"
-                + ("" if bad == 0 else f"; {bad} failed"))
+        return f"{self.name + ': ' if self.name else ''}{n - bad} of {n} checks within tolerance" + (
+            "" if bad == 0 else f"; {bad} failed"
+        )
 
     def text(self, mapping: bool = True) -> str:
         parts = []
@@ -84,8 +87,11 @@ class Report:
         """Raise AssertionError naming every failed check and the first diverging layer (for a test)."""
         if self.ok:
             return
-        lines = [f"{r.check} ({r.precision}): {_num(r.measured)} > {_num(r.tolerance)}"
-                 + (f" at {r.where}" if r.where else "") for r in self.failures()] or ["no checks ran"]
+        lines = [
+            f"{r.check} ({r.precision}): {_num(r.measured)} > {_num(r.tolerance)}"
+            + (f" at {r.where}" if r.where else "")
+            for r in self.failures()
+        ] or ["no checks ran"]
         lines += [f"[{k}] {d.describe()}" for k, d in self.divergences.items()]
         raise AssertionError("the port differs:\n" + "\n".join(lines))
 
@@ -93,11 +99,15 @@ class Report:
         out = [f"# Port check{': ' + self.name if self.name else ''}", "", self.summary() + ".", ""]
         if self.settings:
             out += ["Settings while checking: " + "; ".join(f"{k}: {v}" for k, v in self.settings.items()) + ".", ""]
-        out += ["| check | precision | measured | tolerance | ok | worst at | why this tolerance |",
-                "|---|---|---|---|---|---|---|"]
+        out += [
+            "| check | precision | measured | tolerance | ok | worst at | why this tolerance |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in self.rows:
-            out.append(f"| {r.check} | {r.precision} | {_num(r.measured)} | {_num(r.tolerance)} | "
-                       f"{'yes' if r.passed else '**NO**'} | {r.where} | {r.reason} |")
+            out.append(
+                f"| {r.check} | {r.precision} | {_num(r.measured)} | {_num(r.tolerance)} | "
+                f"{'yes' if r.passed else '**NO**'} | {r.where} | {r.reason} |"
+            )
         for key, div in self.divergences.items():
             out += ["", f"## First divergence ({key})", "", "```", div.describe(), "```"]
         if self.notes:
@@ -129,8 +139,14 @@ class Report:
                 ys = [max(d.out_diff, 1e-18) if not math.isnan(d.out_diff) else 1e3 for d in diffs]
                 ax.semilogy(range(len(ys)), ys, marker="o", ms=3, label=key)
                 precision, mode = key.split()
-                tol = next((r.tolerance for r in self.rows if r.check.startswith(f"forward ({mode}): every paired layer")
-                            and r.precision == precision), None)
+                tol = next(
+                    (
+                        r.tolerance
+                        for r in self.rows
+                        if r.check.startswith(f"forward ({mode}): every paired layer") and r.precision == precision
+                    ),
+                    None,
+                )
                 if tol is not None and mode == "eval":
                     ax.axhline(tol, ls="--", lw=0.8, color=ax.lines[-1].get_color(), label=f"tolerance {precision}")
             ax.set_xlabel("paired module, in torch's completion order")

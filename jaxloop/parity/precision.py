@@ -36,8 +36,12 @@ def np_dtype(precision: str) -> type:
 def pinned(precision: str) -> Iterator[None]:
     """jax x64 on for fp64 and off otherwise; full-precision float32 matmuls in both frameworks."""
     torch = require_torch()
-    saved = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
-             torch.backends.cudnn.allow_tf32, torch.backends.mha.get_fastpath_enabled())
+    saved = (
+        torch.get_float32_matmul_precision(),
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.mha.get_fastpath_enabled(),
+    )
     torch.set_float32_matmul_precision("highest")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -55,6 +59,8 @@ def pinned(precision: str) -> Iterator[None]:
 def settings() -> dict[str, str]:
     """The matmul settings in force (for the report's header and the TF32/bf16 diagnosis)."""
     torch = require_torch()
-    return {"torch float32 matmul precision": torch.get_float32_matmul_precision(),
-            "torch TF32 (cuda matmul, cudnn)": f"{torch.backends.cuda.matmul.allow_tf32}, {torch.backends.cudnn.allow_tf32}",
-            "jax default matmul precision": str(jax.config.jax_default_matmul_precision)}
+    return {
+        "torch float32 matmul precision": torch.get_float32_matmul_precision(),
+        "torch TF32 (cuda matmul, cudnn)": f"{torch.backends.cuda.matmul.allow_tf32}, {torch.backends.cudnn.allow_tf32}",
+        "jax default matmul precision": str(jax.config.jax_default_matmul_precision),
+    }

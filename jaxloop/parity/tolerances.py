@@ -23,19 +23,26 @@ F64_ROUNDING = "float64 rounding (~1e-16 per operation) in another operation ord
 TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("forward", "fp64"): Tolerance(1e-10, F64_ROUNDING + ", through every layer"),
     ("forward", "fp32"): Tolerance(1e-5, "float32 rounding (6e-8 per operation) through every layer"),
-    ("gradients", "fp64"): Tolerance(1e-9, F64_ROUNDING + ", through the backward pass (a tensor whose "
-                                     "gradient nearly cancels loses digits)"),
-    ("gradients", "fp32"): Tolerance(1e-4, "float32 rounding through the forward and backward pass; nearly "
-                                     "cancelling gradients lose digits"),
+    ("gradients", "fp64"): Tolerance(
+        1e-9, F64_ROUNDING + ", through the backward pass (a tensor whose gradient nearly cancels loses digits)"
+    ),
+    ("gradients", "fp32"): Tolerance(
+        1e-4, "float32 rounding through the forward and backward pass; nearly cancelling gradients lose digits"
+    ),
     ("buffers", "fp64"): Tolerance(1e-10, F64_ROUNDING + " (batch statistics of one train-mode pass)"),
     ("buffers", "fp32"): Tolerance(1e-5, "float32 rounding of the batch statistics"),
     ("update", "fp64"): Tolerance(1e-10, F64_ROUNDING + " (the same clip and optimizer algebra)"),
-    ("update", "fp32"): Tolerance(1e-5, "float32 rounding of clip, optimizer and schedule, about ten roundings per element"),
+    ("update", "fp32"): Tolerance(
+        1e-5, "float32 rounding of clip, optimizer and schedule, about ten roundings per element"
+    ),
     ("trajectory", "fp64"): Tolerance(1e-8, F64_ROUNDING + ", compounded over the updates"),
-    ("trajectory", "fp32"): Tolerance(1e-2, "no float64 run in this check to measure the bound against (with one, "
-                                      "the bound is 4 x each framework's own float32-vs-float64 gap): float32 rounding "
-                                      "compounded over the updates, which Adam amplifies in directions the loss barely "
-                                      "sees (the examples at 100 updates: up to 6.0e-3, docs/porting.md)"),
+    ("trajectory", "fp32"): Tolerance(
+        1e-2,
+        "no float64 run in this check to measure the bound against (with one, "
+        "the bound is 4 x each framework's own float32-vs-float64 gap): float32 rounding "
+        "compounded over the updates, which Adam amplifies in directions the loss barely "
+        "sees (the examples at 100 updates: up to 6.0e-3, docs/porting.md)",
+    ),
 }
 
 

@@ -11,8 +11,10 @@ from typing import Any
 
 import numpy as np
 
-INSTALL = ("the port check needs PyTorch, which jaxloop itself never imports: pip install torch "
-           "(or the project's test extra: pip install -e '.[test]')")
+INSTALL = (
+    "the port check needs PyTorch, which jaxloop itself never imports: pip install torch "
+    "(or the project's test extra: pip install -e '.[test]')"
+)
 
 
 class TorchMissing(ImportError):

@@ -25,11 +25,11 @@ import jax
 import numpy as np
 import optax
 
+from jaxloop.core.config import Config, OptimConfig
 from jaxloop.parity.flaxside import FlaxModel, batch_to_jax, no_dropout, policy
 from jaxloop.parity.measures import scaled_diffs, whole_rel_diff, worst
 from jaxloop.parity.torchside import batch_to_torch, require_torch, to_numpy
 from jaxloop.parity.weights import LAYOUTS, Mapping
-from jaxloop.core.config import Config, OptimConfig
 
 # ----------------------------------------------------------------------------- optimizers, one function per side
 
@@ -48,7 +48,11 @@ def torch_optimizer(o: OptimConfig, steps: int, module: Any) -> tuple[Any, Any, 
 
     cfg = Config(optim=o, steps=steps)
     optimizer = make_optimizer(cfg, module)
-    return optimizer, make_scheduler(cfg, optimizer), lambda: clip_gradients(module.parameters(), o.clip_norm, mode="optax")
+    return (
+        optimizer,
+        make_scheduler(cfg, optimizer),
+        lambda: clip_gradients(module.parameters(), o.clip_norm, mode="optax"),
+    )
 
 
 def update_configs(grad_norm: float) -> list[tuple[str, OptimConfig, int]]:
@@ -61,10 +65,16 @@ def update_configs(grad_norm: float) -> list[tuple[str, OptimConfig, int]]:
     base = OptimConfig(peak_lr=3e-3, init_lr=1e-3, end_lr=3e-5, warmup_steps=2, weight_decay=1e-4, clip_norm=clip)
     return [
         (f"adamw, warmup-cosine, clip {clip:g}", base, 10),
-        ("adamw, no clip, weight decay 0.1, b2 0.95, eps 1e-6", replace(base, clip_norm=0.0, weight_decay=0.1, b2=0.95,
-                                                                       eps=1e-6), 10),
-        ("adamw, constant rate 1e-2, b1 0.5", replace(base, init_lr=1e-2, peak_lr=1e-2, end_lr=1e-2, warmup_steps=0,
-                                                      b1=0.5), 10),
+        (
+            "adamw, no clip, weight decay 0.1, b2 0.95, eps 1e-6",
+            replace(base, clip_norm=0.0, weight_decay=0.1, b2=0.95, eps=1e-6),
+            10,
+        ),
+        (
+            "adamw, constant rate 1e-2, b1 0.5",
+            replace(base, init_lr=1e-2, peak_lr=1e-2, end_lr=1e-2, warmup_steps=0, b1=0.5),
+            10,
+        ),
         *((label, OptimConfig(clip_norm=clip, **changes), 10) for label, changes in MENU),
     ]
 
@@ -75,22 +85,49 @@ def update_configs(grad_norm: float) -> list[tuple[str, OptimConfig, int]]:
 # every field the entry does not name at its default (a field its optimizer or schedule does not read
 # must be: jaxloop.core.config.validate).
 MENU: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("adam, step (step_size 1, gamma 0.5)",
-     dict(name="adam", warmup_steps=0, schedule="step", step_size=1, gamma=0.5)),
-    ("sgd, nesterov momentum 0.9, multistep (1, 2)",
-     dict(name="sgd", warmup_steps=0, peak_lr=1e-2, momentum=0.9, nesterov=True, schedule="multistep",
-          milestones=(1, 2), gamma=0.5)),
-    ("sgd, momentum 0.9 dampening 0.1, exponential 0.8",
-     dict(name="sgd", warmup_steps=0, peak_lr=1e-2, momentum=0.9, dampening=0.1, schedule="exponential", gamma=0.8)),
+    ("adam, step (step_size 1, gamma 0.5)", dict(name="adam", warmup_steps=0, schedule="step", step_size=1, gamma=0.5)),
+    (
+        "sgd, nesterov momentum 0.9, multistep (1, 2)",
+        dict(
+            name="sgd",
+            warmup_steps=0,
+            peak_lr=1e-2,
+            momentum=0.9,
+            nesterov=True,
+            schedule="multistep",
+            milestones=(1, 2),
+            gamma=0.5,
+        ),
+    ),
+    (
+        "sgd, momentum 0.9 dampening 0.1, exponential 0.8",
+        dict(name="sgd", warmup_steps=0, peak_lr=1e-2, momentum=0.9, dampening=0.1, schedule="exponential", gamma=0.8),
+    ),
     ("sgd, constant", dict(name="sgd", warmup_steps=0, peak_lr=1e-2, schedule="constant")),
-    ("rmsprop, centered momentum 0.9, cosine restarts (t_0 2)",
-     dict(name="rmsprop", warmup_steps=0, centered=True, momentum=0.9, schedule="cosine_restarts", t_0=2)),
+    (
+        "rmsprop, centered momentum 0.9, cosine restarts (t_0 2)",
+        dict(name="rmsprop", warmup_steps=0, centered=True, momentum=0.9, schedule="cosine_restarts", t_0=2),
+    ),
     ("rmsprop, linear", dict(name="rmsprop", warmup_steps=0, schedule="linear", end_lr=1e-4)),
-    ("adagrad, lr_decay 0.01, accumulator 0.1, one-cycle",
-     dict(name="adagrad", peak_lr=1e-2, lr_decay=0.01, initial_accumulator_value=0.1, eps=1e-10, schedule="one_cycle")),
-    ("lion, wsd (decay 8, 1-sqrt)",
-     dict(name="lion", warmup_steps=0, peak_lr=1e-4, end_lr=1e-5, b2=0.99, schedule="wsd", decay_steps=8,
-          decay_type="1-sqrt")),
+    (
+        "adagrad, lr_decay 0.01, accumulator 0.1, one-cycle",
+        dict(
+            name="adagrad", peak_lr=1e-2, lr_decay=0.01, initial_accumulator_value=0.1, eps=1e-10, schedule="one_cycle"
+        ),
+    ),
+    (
+        "lion, wsd (decay 8, 1-sqrt)",
+        dict(
+            name="lion",
+            warmup_steps=0,
+            peak_lr=1e-4,
+            end_lr=1e-5,
+            b2=0.99,
+            schedule="wsd",
+            decay_steps=8,
+            decay_type="1-sqrt",
+        ),
+    ),
     ("adam, polynomial (power 2)", dict(name="adam", warmup_steps=0, schedule="polynomial", power=2.0)),
     ("adamw, inverse sqrt (timescale 1)", dict(warmup_steps=0, schedule="inverse_sqrt", timescale=1)),
 )
@@ -104,13 +141,17 @@ def trajectory_config(grad_norm: float) -> OptimConfig:
 # ----------------------------------------------------------------------------- gradients
 
 
-def torch_param_grads(module: Any, loss: Callable, batch: dict[str, Any], precision: str) -> tuple[float, dict[str, np.ndarray]]:
+def torch_param_grads(
+    module: Any, loss: Callable, batch: dict[str, Any], precision: str
+) -> tuple[float, dict[str, np.ndarray]]:
     """(loss, {state_dict key: gradient}) of one train-mode backward pass."""
     module.train()
     module.zero_grad(set_to_none=True)
     value = loss(module, batch_to_torch(batch, precision))
     value.backward()
-    grads = {k: (to_numpy(p.grad) if p.grad is not None else np.zeros(tuple(p.shape))) for k, p in module.named_parameters()}
+    grads = {
+        k: (to_numpy(p.grad) if p.grad is not None else np.zeros(tuple(p.shape))) for k, p in module.named_parameters()
+    }
     module.zero_grad(set_to_none=True)
     return float(value.detach()), grads
 
@@ -125,7 +166,9 @@ def to_flax_params(mapping: Mapping, torch_values: dict[str, np.ndarray]) -> dic
     return out
 
 
-def flax_param_grads(fm: FlaxModel, loss: Callable, batch: dict[str, Any], precision: str) -> tuple[float, dict[str, np.ndarray]]:
+def flax_param_grads(
+    fm: FlaxModel, loss: Callable, batch: dict[str, Any], precision: str
+) -> tuple[float, dict[str, np.ndarray]]:
     """(loss, {flax param leaf: gradient}) of one train-mode backward pass (jaxloop.model.interface's bind, dropout off)."""
     jbatch = batch_to_jax(batch, precision)
     fn = no_dropout(loss)
@@ -160,8 +203,15 @@ class UpdateResult:
     clipping: str  # "acting" (torch's pre-clip norm reached clip_norm at some update), "idle", "" (no clipping)
 
 
-def updates(torch_module: Any, fm: FlaxModel, mapping: Mapping, grads: dict[str, np.ndarray], precision: str,
-            configs: list[tuple[str, OptimConfig, int]], n: int = 3) -> list[UpdateResult]:
+def updates(
+    torch_module: Any,
+    fm: FlaxModel,
+    mapping: Mapping,
+    grads: dict[str, np.ndarray],
+    precision: str,
+    configs: list[tuple[str, OptimConfig, int]],
+    n: int = 3,
+) -> list[UpdateResult]:
     """`n` updates of each config's optimizer on both sides, from the same params with the same gradients
     (`varied` from update to update). jaxloop's side: one jitted update per config."""
     torch = require_torch()
@@ -244,16 +294,32 @@ def batch_at(batches: Callable[[int], dict] | Sequence[dict] | None, example: di
     return batches[u % len(batches)]
 
 
-def trajectory(torch_module: Any, fm: FlaxModel, mapping: Mapping, torch_loss: Callable, flax_loss: Callable,
-               batches: Any, example: dict, o: OptimConfig, n: int, precision: str,
-               done: Callable[[int], None] = lambda u: None) -> Trajectory:
+def trajectory(
+    torch_module: Any,
+    fm: FlaxModel,
+    mapping: Mapping,
+    torch_loss: Callable,
+    flax_loss: Callable,
+    batches: Any,
+    example: dict,
+    o: OptimConfig,
+    n: int,
+    precision: str,
+    done: Callable[[int], None] = lambda u: None,
+) -> Trajectory:
     """`n` updates through jaxloop.make_train_step and through a plain torch loop, from the same weights;
     `done(u)` after every tenth of them (the command's progress)."""
     from jaxloop.update.state import TrainState
     from jaxloop.update.step import make_train_step
 
-    state = TrainState.create(params=fm.params, tx=jax_optimizer(o, n, precision), rng=jax.random.PRNGKey(0),
-                              model=fm.adapter, model_state=fm.model_state, policy=policy(precision))
+    state = TrainState.create(
+        params=fm.params,
+        tx=jax_optimizer(o, n, precision),
+        rng=jax.random.PRNGKey(0),
+        model=fm.adapter,
+        model_state=fm.model_state,
+        policy=policy(precision),
+    )
     step = jax.jit(make_train_step(no_dropout(flax_loss)))
     module = _copy(torch_module)
     optimizer, scheduler, clip = torch_optimizer(o, n, module)
@@ -287,5 +353,13 @@ def trajectory(torch_module: Any, fm: FlaxModel, mapping: Mapping, torch_loss: C
     if buffers:
         tb = mapping.to_flax({k: to_numpy(v) for k, v in module.state_dict().items()})
         buffer_diff = worst(scaled_diffs(buffers, {k: tb[k] for k in buffers}))[0]
-    return Trajectory(np.asarray(t_losses), np.asarray(f_losses), np.asarray(diffs), np.asarray(whole), worst_tensor,
-                      buffer_diff, tp, jp)
+    return Trajectory(
+        np.asarray(t_losses),
+        np.asarray(f_losses),
+        np.asarray(diffs),
+        np.asarray(whole),
+        worst_tensor,
+        buffer_diff,
+        tp,
+        jp,
+    )

@@ -36,7 +36,8 @@ def flax_variables(mapping: Mapping, torch_module: Any, nnx_module: Any = None) 
 
         adapter, params, model_state = NnxModel.split(nnx_module)
         filled = FlaxModel("nnx", adapter, params, model_state).with_leaves(
-            leaves, "fp64" if any(np.asarray(v).dtype == np.float64 for v in leaves.values()) else "fp32")
+            leaves, "fp64" if any(np.asarray(v).dtype == np.float64 for v in leaves.values()) else "fp32"
+        )
         nnx.update(nnx_module, filled.params, adapter._typed(filled.model_state))  # noqa: SLF001 (jaxloop's own helper)
         return nnx_module
     out: dict[str, Any] = {}

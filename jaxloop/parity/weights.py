@@ -142,8 +142,19 @@ class MappingError(ValueError):
     """A torch tensor or Flax leaf that does not map (or maps more than one way): names it and the candidates."""
 
 
-_NORMS = ("LayerNorm", "GroupNorm", "RMSNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm",
-          "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LocalResponseNorm")
+_NORMS = (
+    "LayerNorm",
+    "GroupNorm",
+    "RMSNorm",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "BatchNorm3d",
+    "SyncBatchNorm",
+    "InstanceNorm1d",
+    "InstanceNorm2d",
+    "InstanceNorm3d",
+    "LocalResponseNorm",
+)
 
 
 def _is(module: Any, *names: str) -> bool:
@@ -169,8 +180,11 @@ def torch_slots(module: Any) -> tuple[list[TorchSlot], dict[str, str], list[str]
     slots: list[TorchSlot] = []
     for d, (name, mod) in enumerate(module.named_modules(remove_duplicate=False)):
         prefix = name + "." if name else ""
-        own = [(n, t) for n, t in list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False))
-               if prefix + n in torch_sd]
+        own = [
+            (n, t)
+            for n, t in list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False))
+            if prefix + n in torch_sd
+        ]
         by_module: dict[str, list[TorchTensor]] = {}
         for n, t in own:
             key, shape = prefix + n, tuple(t.shape)
@@ -182,8 +196,15 @@ def torch_slots(module: Any) -> tuple[list[TorchSlot], dict[str, str], list[str]
             by_module.setdefault(sub, []).append(TorchTensor(key, shape, leaves, layouts, kind))
         for sub, tensors in by_module.items():
             mname = f"{name}.{sub}" if sub and name else (sub or name)
-            slots.append(TorchSlot(mname, type(mod).__name__ + (f".{sub}" if sub else ""), tensors, (0, d),
-                                   alias=all(t.key in tied for t in tensors)))
+            slots.append(
+                TorchSlot(
+                    mname,
+                    type(mod).__name__ + (f".{sub}" if sub else ""),
+                    tensors,
+                    (0, d),
+                    alias=all(t.key in tied for t in tensors),
+                )
+            )
     return slots, tied, dropped
 
 
@@ -243,8 +264,9 @@ candidate under which the Flax module reproduces the torch module's captured out
 chosen."""
 
 
-def _assign(t: TorchSlot, f: FlaxSlot, partial: bool = False, decide: Decide | None = None
-            ) -> list[tuple[TorchTensor, str, str]] | None | str:
+def _assign(
+    t: TorchSlot, f: FlaxSlot, partial: bool = False, decide: Decide | None = None
+) -> list[tuple[TorchTensor, str, str]] | None | str:
     """[(tensor, leaf, layout)] when every tensor of t becomes exactly the leaves of f; None when they do
     not fit; a message when they fit more than one way and `decide` cannot choose by evidence. `partial`:
     every leaf of f taken by some tensor of t, tensors of t left over allowed (a module that lost its
@@ -290,9 +312,11 @@ def _assign(t: TorchSlot, f: FlaxSlot, partial: bool = False, decide: Decide | N
             return [(tt, leaf, lay) for (tt, leaf, _), lay in zip(out, combos[got])]
         why = got
     tt, leaf, fits = ambiguous[0]
-    return (f"torch {tt.key} {tt.shape} ({t.type}) fits Flax {f.leaves[leaf][0]} {f.leaves[leaf][1]} in more than one "
-            f"layout {fits} and the mapper will not guess: {why}; give the layout in overrides, e.g. "
-            f"{{'{f.leaves[leaf][0]}': ('{tt.key}', '{fits[1]}')}}")
+    return (
+        f"torch {tt.key} {tt.shape} ({t.type}) fits Flax {f.leaves[leaf][0]} {f.leaves[leaf][1]} in more than one "
+        f"layout {fits} and the mapper will not guess: {why}; give the layout in overrides, e.g. "
+        f"{{'{f.leaves[leaf][0]}': ('{tt.key}', '{fits[1]}')}}"
+    )
 
 
 def _flax_dense(obj: Any) -> bool:
@@ -374,9 +398,15 @@ Override = str | tuple[str, str] | Callable[[dict[str, np.ndarray]], np.ndarray]
 function of the state_dict (numpy arrays) with the torch keys it consumes: (fn, key or [keys])."""
 
 
-def map_slots(tslots: list[TorchSlot], fslots: list[FlaxSlot], tied: dict[str, str], dropped: list[str],
-              overrides: dict[str, Override] | None = None, rename: list[tuple[str, str]] | None = None,
-              decide: Decide | None = None) -> Mapping:
+def map_slots(
+    tslots: list[TorchSlot],
+    fslots: list[FlaxSlot],
+    tied: dict[str, str],
+    dropped: list[str],
+    overrides: dict[str, Override] | None = None,
+    rename: list[tuple[str, str]] | None = None,
+    decide: Decide | None = None,
+) -> Mapping:
     """The Mapping of torch slots onto Flax slots (module doc); MappingError when incomplete or ambiguous."""
     flax_by_name = {name: (slot, leaf) for slot in fslots for leaf, (name, _, _) in slot.leaves.items()}
     tensor_by_key = {tt.key: (slot, tt) for slot in tslots for tt in slot.tensors}
@@ -389,7 +419,9 @@ def map_slots(tslots: list[TorchSlot], fslots: list[FlaxSlot], tied: dict[str, s
         return tied.get(key, key)
 
     def add(slot: TorchSlot, tt: TorchTensor, fname: str, layout: str, how: str) -> None:
-        entries[fname] = Entry(fname, tt.key, layout, tt.kind, how, slot.module, slot.type, flax_by_name[fname][0].module)
+        entries[fname] = Entry(
+            fname, tt.key, layout, tt.kind, how, slot.module, slot.type, flax_by_name[fname][0].module
+        )
         done.add(group(tt.key))
         done_keys.add(tt.key)
 
@@ -397,26 +429,33 @@ def map_slots(tslots: list[TorchSlot], fslots: list[FlaxSlot], tied: dict[str, s
     for fname, spec in (overrides or {}).items():
         fname = _flax_name(fname, flax_by_name)
         if callable(spec) or (isinstance(spec, tuple) and callable(spec[0])):
-            fn, sources = (spec, []) if callable(spec) else (spec[0], [spec[1]] if isinstance(spec[1], str) else list(spec[1]))
+            fn, sources = (
+                (spec, []) if callable(spec) else (spec[0], [spec[1]] if isinstance(spec[1], str) else list(spec[1]))
+            )
             for key in sources:
                 if key not in tensor_by_key:
-                    raise MappingError(f"override {fname!r}: torch has no tensor {key!r}; candidates: "
-                                       f"{_near(key, list(tensor_by_key))}")
+                    raise MappingError(
+                        f"override {fname!r}: torch has no tensor {key!r}; candidates: "
+                        f"{_near(key, list(tensor_by_key))}"
+                    )
                 done.add(group(key))
                 done_keys.add(key)
             custom[fname] = fn
             continue
         key, layout = (spec, None) if isinstance(spec, str) else spec
         if key not in tensor_by_key:
-            raise MappingError(f"override {fname!r}: torch has no tensor {key!r}; candidates: {_near(key, list(tensor_by_key))}")
+            raise MappingError(
+                f"override {fname!r}: torch has no tensor {key!r}; candidates: {_near(key, list(tensor_by_key))}"
+            )
         slot, tt = tensor_by_key[key]
         shape = _flax_shape(fname, flax_by_name)
         layout = layout or _fitting_layout(tt, shape, fname)
         if layout not in LAYOUTS:
             raise MappingError(f"override {fname!r}: layout {layout!r} is not one of {list(LAYOUTS)}")
         if _shape_after(layout, tt.shape) != shape:
-            raise MappingError(f"override {fname!r} {shape}: {key} {tt.shape} in layout {layout!r} is "
-                               f"{_shape_after(layout, tt.shape)}")
+            raise MappingError(
+                f"override {fname!r} {shape}: {key} {tt.shape} in layout {layout!r} is {_shape_after(layout, tt.shape)}"
+            )
         add(slot, tt, fname, layout, "override")
     for pattern, repl in rename or []:
         for key, (slot, tt) in tensor_by_key.items():
@@ -433,8 +472,10 @@ def map_slots(tslots: list[TorchSlot], fslots: list[FlaxSlot], tied: dict[str, s
     order = {f.module: f.order for f in fslots}
     tslots = [dataclasses.replace(s, tensors=[tt for tt in s.tensors if tt.key not in done_keys]) for s in tslots]
     tslots = [s for s in tslots if s.tensors and (s.alias or not all(group(tt.key) in done for tt in s.tensors))]
-    fslots = [dataclasses.replace(f, leaves={k: v for k, v in f.leaves.items() if v[0] not in entries and v[0] not in custom})
-              for f in fslots]
+    fslots = [
+        dataclasses.replace(f, leaves={k: v for k, v in f.leaves.items() if v[0] not in entries and v[0] not in custom})
+        for f in fslots
+    ]
     fslots = [f for f in fslots if f.leaves]
 
     def open_t(s: TorchSlot) -> bool:
@@ -458,7 +499,9 @@ def map_slots(tslots: list[TorchSlot], fslots: list[FlaxSlot], tied: dict[str, s
         named = [f for f in named if _tokens(f.module) == _tokens(t.module)] or named
         fits = [(f, a) for f in named if (a := _assign(t, f, decide=decide)) is not None]
         if not fits and len(named) == 1 and isinstance(a := _assign(t, named[0], partial=True, decide=decide), list):
-            fits = [(named[0], a)]  # a port that dropped a tensor (e.g. the bias): the rest maps, the loss is named below
+            fits = [
+                (named[0], a)
+            ]  # a port that dropped a tensor (e.g. the bias): the rest maps, the loss is named below
         if len(fits) == 1:
             f, a = fits[0]
             if isinstance(a, str):
@@ -469,17 +512,22 @@ def map_slots(tslots: list[TorchSlot], fslots: list[FlaxSlot], tied: dict[str, s
     for t in sorted(tslots, key=lambda s: (s.alias, s.order)):
         if not open_t(t):
             continue
-        fits = [(f, a) for f in sorted(fslots, key=lambda s: s.order)
-                if open_f(f) and (a := _assign(t, f, decide=decide)) is not None]
+        fits = [
+            (f, a)
+            for f in sorted(fslots, key=lambda s: s.order)
+            if open_f(f) and (a := _assign(t, f, decide=decide)) is not None
+        ]
         if not fits:
             continue
         f, a = fits[0]
         if isinstance(a, str):
             ambiguous.append(a)
         elif len(fits) > 1 and not t.alias and not (t.called and f.obj is not None):
-            ambiguous.append(f"torch {t.module} ({t.type}) fits {len(fits)} Flax modules {[g.module for g, _ in fits]} "
-                             "and the example batch did not run it, so the execution order cannot choose: map it "
-                             "in overrides")
+            ambiguous.append(
+                f"torch {t.module} ({t.type}) fits {len(fits)} Flax modules {[g.module for g, _ in fits]} "
+                "and the example batch did not run it, so the execution order cannot choose: map it "
+                "in overrides"
+            )
         else:
             take(t, f, a, "order")
 
@@ -488,25 +536,34 @@ def map_slots(tslots: list[TorchSlot], fslots: list[FlaxSlot], tied: dict[str, s
     left_t = [tt for s in tslots for tt in s.tensors if group(tt.key) not in done and tt.key not in tied]
     for tt in left_t:
         slot = full_t.get(tensor_by_key[tt.key][0].module, tensor_by_key[tt.key][0])
-        problems.append(f"torch {tt.key} {tt.shape} ({slot.type}) has no Flax counterpart"
-                        + _explain(slot, tt, fslots, entries))
+        problems.append(
+            f"torch {tt.key} {tt.shape} ({slot.type}) has no Flax counterpart" + _explain(slot, tt, fslots, entries)
+        )
     for f in fslots:
         for name, shape, _ in f.leaves.values():
             if name not in entries and name not in custom:
-                problems.append(f"Flax {name} {shape} has no torch counterpart" + _explain_flax(f, name, shape, entries, left_t))
+                problems.append(
+                    f"Flax {name} {shape} has no torch counterpart" + _explain_flax(f, name, shape, entries, left_t)
+                )
     if problems:
-        raise MappingError("the weights do not map:\n  " + "\n  ".join(problems)
-                           + "\n(map them in overrides={flax leaf: torch key} or rename=[(regex on torch keys, flax leaf)])")
-    mapping = Mapping(sorted(entries.values(), key=lambda e: (order.get(e.flax_module, (0, 0)), e.flax)), tied, dropped,
-                      custom=custom)
+        raise MappingError(
+            "the weights do not map:\n  "
+            + "\n  ".join(problems)
+            + "\n(map them in overrides={flax leaf: torch key} or rename=[(regex on torch keys, flax leaf)])"
+        )
+    mapping = Mapping(
+        sorted(entries.values(), key=lambda e: (order.get(e.flax_module, (0, 0)), e.flax)), tied, dropped, custom=custom
+    )
     groups: dict[str, list[str]] = {}
     for e in entries.values():
         groups.setdefault(group(e.torch), []).append(e.flax)
     for canonical, leaves in groups.items():
         if len(leaves) > 1:
-            mapping.notes.append(f"note: torch ties {sorted(k for k, c in tied.items() if c == canonical)} to {canonical}; "
-                                 f"the Flax model keeps separate leaves {leaves}: their gradients and training differ "
-                                 "from torch's unless the port ties them")
+            mapping.notes.append(
+                f"note: torch ties {sorted(k for k, c in tied.items() if c == canonical)} to {canonical}; "
+                f"the Flax model keeps separate leaves {leaves}: their gradients and training differ "
+                "from torch's unless the port ties them"
+            )
     return mapping
 
 
@@ -551,8 +608,9 @@ def _explain(slot: TorchSlot, tt: TorchTensor, fslots: list[FlaxSlot], entries: 
     """Why a torch tensor found no Flax leaf: what the Flax module mapped to (or named like) its module
     lacks (e.g. a dropped bias: use_bias=False), or the unmapped Flax leaves of a fitting shape."""
     mapped = {e.flax_module for e in entries.values() if e.torch_module == slot.module}
-    same = ([f for f in fslots if f.module in mapped]
-            or [f for f in fslots if _name_match(_tokens(slot.module), _tokens(f.module))])
+    same = [f for f in fslots if f.module in mapped] or [
+        f for f in fslots if _name_match(_tokens(slot.module), _tokens(f.module))
+    ]
     if len(same) == 1:
         f = same[0]
         leaves = {leaf: shape for leaf, (_, shape, _) in f.leaves.items()}
@@ -567,15 +625,27 @@ def _explain(slot: TorchSlot, tt: TorchTensor, fslots: list[FlaxSlot], entries: 
             return f"{where} holds {wanted} {shape}, already mapped from torch {taken[0]}"
         given = {lay: _shape_after(lay, tt.shape) for lay in tt.layouts}
         if shape in given.values():
-            return (f"{where} holds {wanted} {shape}, which it fits, but the module's other tensors do not map "
-                    "(see the lines above for them)")
+            return (
+                f"{where} holds {wanted} {shape}, which it fits, but the module's other tensors do not map "
+                "(see the lines above for them)"
+            )
         other = [lay for lay in LAYOUTS if _shape_after(lay, tt.shape) == shape]
-        fix = (f"it becomes {shape} in layout {other[0]!r}: map it with overrides={{'{full}': ('{tt.key}', '{other[0]}')}}"
-               if other else "no layout gives that shape: the port's module has other sizes")
-        return (f"{where} holds {wanted} {shape}, which {tt.key} {tt.shape} does not become in the layouts a "
-                f"{slot.type} takes ({', '.join(f'{k}: {v}' for k, v in given.items())}); {fix}")
+        fix = (
+            f"it becomes {shape} in layout {other[0]!r}: map it with overrides={{'{full}': ('{tt.key}', '{other[0]}')}}"
+            if other
+            else "no layout gives that shape: the port's module has other sizes"
+        )
+        return (
+            f"{where} holds {wanted} {shape}, which {tt.key} {tt.shape} does not become in the layouts a "
+            f"{slot.type} takes ({', '.join(f'{k}: {v}' for k, v in given.items())}); {fix}"
+        )
     shapes = {_shape_after(lay, tt.shape) for lay in LAYOUTS} - {None}
-    left = [(name, shape) for f in fslots for name, shape, kind in f.leaves.values() if name not in entries and kind == tt.kind]
+    left = [
+        (name, shape)
+        for f in fslots
+        for name, shape, kind in f.leaves.values()
+        if name not in entries and kind == tt.kind
+    ]
     cands = [name for name, shape in left if shape in shapes]
     if cands:
         return f"; candidates (unmapped Flax leaves of this shape in some layout): {cands[:8]}"
@@ -583,8 +653,9 @@ def _explain(slot: TorchSlot, tt: TorchTensor, fslots: list[FlaxSlot], entries: 
     return f"; no unmapped Flax leaf has its shape in any layout; unmapped Flax leaves: {unmapped}"
 
 
-def _explain_flax(f: FlaxSlot, name: str, shape: tuple[int, ...], entries: dict[str, Entry],
-                  left_t: list[TorchTensor]) -> str:
+def _explain_flax(
+    f: FlaxSlot, name: str, shape: tuple[int, ...], entries: dict[str, Entry], left_t: list[TorchTensor]
+) -> str:
     mapped = {e.torch_module for e in entries.values() if e.flax_module == f.module}
     if len(mapped) == 1:
         hint = " (built with bias=False? set use_bias=False in the port)" if name.endswith("bias") else ""
@@ -592,8 +663,10 @@ def _explain_flax(f: FlaxSlot, name: str, shape: tuple[int, ...], entries: dict[
     cands = [f"{tt.key} {tt.shape}" for tt in left_t if shape in {_shape_after(lay, tt.shape) for lay in LAYOUTS}]
     if cands:
         return f"; candidates (unmapped torch tensors of this shape in some layout): {cands[:8]}"
-    return (f"; no unmapped torch tensor has its shape in any layout; unmapped torch tensors: "
-            f"{[f'{tt.key} {tt.shape}' for tt in left_t][:8] or 'none'}")
+    return (
+        f"; no unmapped torch tensor has its shape in any layout; unmapped torch tensors: "
+        f"{[f'{tt.key} {tt.shape}' for tt in left_t][:8] or 'none'}"
+    )
 
 
 # ----------------------------------------------------------------------------- execution order
@@ -609,8 +682,12 @@ def _nearest(name: str, seen: dict[str, Any], sep: str) -> str | None:
     return None
 
 
-def set_orders(tslots: list[TorchSlot], fslots: list[FlaxSlot], torch_starts: dict[str, int],
-               flax_calls: dict[str, tuple[int, str, Any]]) -> None:
+def set_orders(
+    tslots: list[TorchSlot],
+    fslots: list[FlaxSlot],
+    torch_starts: dict[str, int],
+    flax_calls: dict[str, tuple[int, str, Any]],
+) -> None:
     """Each slot's place in execution order: its module's first call, or (never called itself) its nearest
     called ancestor's, then definition order. A slot counts as run when it or a non-root ancestor ran.
     flax_calls: module path (or "path:method") -> (start, type name, module object)."""
@@ -619,7 +696,7 @@ def set_orders(tslots: list[TorchSlot], fslots: list[FlaxSlot], torch_starts: di
         s.order = ((torch_starts[anc] if anc is not None else 1 << 30), s.order[1])
         s.called = anc is not None and (anc == s.module or anc != "")
     starts: dict[str, int] = {}
-    for key, (start, type_name, obj) in flax_calls.items():
+    for key, (start, _type_name, _obj) in flax_calls.items():
         name = key.split(":")[0]
         starts[name] = min(start, starts.get(name, start))
     for i, f in enumerate(sorted(fslots, key=lambda s: s.module)):

@@ -48,17 +48,29 @@ def initialize(cfg: Config) -> None:
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU all-reduce across processes
     # at once, before the wait: a missing peer would otherwise be minutes of silence
-    print(f"distributed: process {d.process_id} waiting for all {d.num_processes} processes at the coordinator "
-          f"{d.coordinator} (up to {PEER_TIMEOUT_S} s)", file=sys.stderr, flush=True)
+    print(
+        f"distributed: process {d.process_id} waiting for all {d.num_processes} processes at the coordinator "
+        f"{d.coordinator} (up to {PEER_TIMEOUT_S} s)",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
-        jax.distributed.initialize(coordinator_address=d.coordinator, num_processes=d.num_processes,
-                                   process_id=d.process_id, initialization_timeout=PEER_TIMEOUT_S)
+        jax.distributed.initialize(
+            coordinator_address=d.coordinator,
+            num_processes=d.num_processes,
+            process_id=d.process_id,
+            initialization_timeout=PEER_TIMEOUT_S,
+        )
     except Exception as e:  # noqa: BLE001 - jax's error for a peer that never came (its text varies by version)
         why = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise ConfigError("distributed.coordinator", d.coordinator, f"a coordinator that all "
-                          f"{d.num_processes} processes reach within {PEER_TIMEOUT_S} s (this is process "
-                          f"{d.process_id}; {type(e).__name__}: {why}): start the others with the same "
-                          "--distributed.* flags and their own --distributed.process_id") from None
+        raise ConfigError(
+            "distributed.coordinator",
+            d.coordinator,
+            f"a coordinator that all "
+            f"{d.num_processes} processes reach within {PEER_TIMEOUT_S} s (this is process "
+            f"{d.process_id}; {type(e).__name__}: {why}): start the others with the same "
+            "--distributed.* flags and their own --distributed.process_id",
+        ) from None
 
 
 def is_primary() -> bool:
@@ -83,8 +95,10 @@ def cpu_devices_hint(wanted: int) -> str:
     device count, set before jax starts); empty elsewhere (the user has set it, or has accelerators)."""
     if jax.default_backend() != "cpu" or jax.device_count() != 1:
         return ""
-    return (f" (on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count={wanted} before the command gives "
-            f"{wanted} CPU devices)")
+    return (
+        f" (on a CPU, XLA_FLAGS=--xla_force_host_platform_device_count={wanted} before the command gives "
+        f"{wanted} CPU devices)"
+    )
 
 
 def check_divisible(cfg: Config) -> None:
@@ -93,8 +107,11 @@ def check_divisible(cfg: Config) -> None:
     n = jax.device_count()
     f = cfg.distributed.fsdp
     if n % f:
-        raise ConfigError("distributed.fsdp", f, f"a divisor of the device count ({n}): one of "
-                          f"{', '.join(map(str, _divisors(n)))}{cpu_devices_hint(f)}")
+        raise ConfigError(
+            "distributed.fsdp",
+            f,
+            f"a divisor of the device count ({n}): one of {', '.join(map(str, _divisors(n)))}{cpu_devices_hint(f)}",
+        )
     for field, size in (("batch_size", cfg.batch_size), ("data.eval_batch_size", cfg.data.eval_batch_size)):
         if size % n:
             raise ConfigError(field, size, f"a multiple of the device count ({n})")
@@ -111,8 +128,11 @@ def make_mesh(dist: DistributedConfig | None = None, devices: Any = None) -> Mes
     devices = np.asarray(jax.devices() if devices is None else devices).ravel()
     f = 1 if dist is None else dist.fsdp
     if f < 1 or devices.size % f:
-        raise ConfigError("distributed.fsdp", f, f"a divisor of the device count ({devices.size}): one of "
-                          f"{', '.join(map(str, _divisors(devices.size)))}")
+        raise ConfigError(
+            "distributed.fsdp",
+            f,
+            f"a divisor of the device count ({devices.size}): one of {', '.join(map(str, _divisors(devices.size)))}",
+        )
     return Mesh(devices.reshape(devices.size // f, f), BATCH_AXES)
 
 
@@ -144,8 +164,11 @@ def abstract_sharded(init: Callable[[], Any], mesh: Mesh, min_size: int = MIN_SH
     """init()'s tree as jax.ShapeDtypeStructs carrying the rule's shardings, computing nothing: a restore
     target (Orbax reads each shard straight into place, and no fresh state is built only to be replaced)."""
     abstract = jax.eval_shape(init)
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract,
-                        state_shardings(abstract, mesh, min_size))
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        abstract,
+        state_shardings(abstract, mesh, min_size),
+    )
 
 
 def create_sharded(init: Callable[[], Any], mesh: Mesh, min_size: int = MIN_SHARD_SIZE) -> Any:
@@ -168,8 +191,9 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
     return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
 
 
-def pin_shardings(step: Callable[..., Any], state: Any, donate: bool = True, gather_params: bool = True
-                  ) -> Callable[..., Any]:
+def pin_shardings(
+    step: Callable[..., Any], state: Any, donate: bool = True, gather_params: bool = True
+) -> Callable[..., Any]:
     """step(state, *args) -> (state, rest...), jitted to return the state in the shardings it has now
     (and everything else replicated), with the state donated.
 
@@ -204,7 +228,9 @@ def whole_params(state: Any, mesh: Mesh) -> Any:
     the batch come out the same for every layout). Any other pytree is returned as it is.
     """
     if hasattr(state, "params") and hasattr(state, "replace"):
-        return state.replace(params=jax.lax.with_sharding_constraint(state.params, NamedSharding(mesh, PartitionSpec())))
+        return state.replace(
+            params=jax.lax.with_sharding_constraint(state.params, NamedSharding(mesh, PartitionSpec()))
+        )
     return state
 
 

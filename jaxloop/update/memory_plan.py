@@ -40,18 +40,24 @@ class Footprint:
     aliased: int  # outputs written into donated arguments: counted once
 
     @classmethod
-    def of(cls, compiled: Any) -> "Footprint":
+    def of(cls, compiled: Any) -> Footprint:
         m = compiled.memory_analysis()
-        return cls(int(m.argument_size_in_bytes), int(m.output_size_in_bytes), int(m.temp_size_in_bytes),
-                   int(m.alias_size_in_bytes))
+        return cls(
+            int(m.argument_size_in_bytes),
+            int(m.output_size_in_bytes),
+            int(m.temp_size_in_bytes),
+            int(m.alias_size_in_bytes),
+        )
 
     @property
     def total(self) -> int:
         return self.arguments + self.outputs + self.temporaries - self.aliased
 
     def describe(self) -> str:
-        return (f"{size(self.total)} ({size(self.arguments)} arguments, {size(self.outputs - self.aliased)} new "
-                f"outputs, {size(self.temporaries)} temporaries)")
+        return (
+            f"{size(self.total)} ({size(self.arguments)} arguments, {size(self.outputs - self.aliased)} new "
+            f"outputs, {size(self.temporaries)} temporaries)"
+        )
 
     def as_dict(self) -> dict[str, int]:
         return {**dataclasses.asdict(self), "total": self.total}
@@ -112,7 +118,7 @@ def candidates(memory: MemoryConfig, batch_size: int, blocks: bool) -> list[Memo
         return out
 
     plans = [dataclasses.replace(memory, split=s) for s in splits(memory.split)[1:]]
-    later = REMAT_ORDER[REMAT_ORDER.index(memory.remat) + 1:]
+    later = REMAT_ORDER[REMAT_ORDER.index(memory.remat) + 1 :]
     for remat in later:
         if remat == "blocks" and not blocks:
             continue
@@ -125,8 +131,12 @@ def check_plan(memory: MemoryConfig, batch_size: int, model: Any) -> None:
     each device's rows, or remat=blocks for a model that cannot rematerialise its blocks."""
     rows = rows_per_device(batch_size)
     if rows % memory.split:
-        raise ConfigError("memory.split", memory.split, f"a divisor of the {rows} rows of a micro-batch on each of "
-                          f"the {jax.device_count()} device(s) (batch_size {batch_size})")
+        raise ConfigError(
+            "memory.split",
+            memory.split,
+            f"a divisor of the {rows} rows of a micro-batch on each of "
+            f"the {jax.device_count()} device(s) (batch_size {batch_size})",
+        )
     if memory.remat == "blocks" and not supports_blocks(model):
         remat_blocks(model)  # raises the ConfigError that says what blocks needs
 
@@ -158,20 +168,27 @@ class Fit:
         """The line to log (None when the plan asked for fits)."""
         if self.limit.fits(self.asked_footprint):
             return None
-        said = (f"memory: {what} needs {self.asked_footprint.describe()}, more than the {size(self.limit.bytes)} of "
-                f"{self.limit.source} (plan: {describe_plan(self.asked)})")
+        said = (
+            f"memory: {what} needs {self.asked_footprint.describe()}, more than the {size(self.limit.bytes)} of "
+            f"{self.limit.source} (plan: {describe_plan(self.asked)})"
+        )
         if not self.replanned:
             return f"{said}; memory.auto_fit is off: going on with this plan"
         return f"{said}; re-planned to {describe_plan(self.memory)}: {self.footprint.describe()}"
 
     def record(self, at_update: int) -> dict[str, Any]:
         """The re-plan, for metadata.json and the summary."""
-        return {"at_update": at_update, "reason": "fit", "from": plan_dict(self.asked), "to": plan_dict(self.memory),
-                "bytes_before": self.asked_footprint.total, "bytes_after": self.footprint.total}
+        return {
+            "at_update": at_update,
+            "reason": "fit",
+            "from": plan_dict(self.asked),
+            "to": plan_dict(self.memory),
+            "bytes_before": self.asked_footprint.total,
+            "bytes_after": self.footprint.total,
+        }
 
 
-def fit(compile: Callable[[MemoryConfig], Any], memory: MemoryConfig, batch_size: int, blocks: bool,
-        what: str) -> Fit:
+def fit(compile: Callable[[MemoryConfig], Any], memory: MemoryConfig, batch_size: int, blocks: bool, what: str) -> Fit:
     """compile(memory)'s call if its footprint fits the limit (device_limit); else, with memory.auto_fit, the
     first of `candidates` whose call fits. A policy that saves under 2% against the same split without it
     (XLA:CPU's remat, say) is not tried at larger splits. OutOfMemoryError with the numbers when none fits."""
@@ -197,7 +214,8 @@ def fit(compile: Callable[[MemoryConfig], Any], memory: MemoryConfig, batch_size
         f"memory: {what} needs {footprint.describe()}, more than the {size(limit.bytes)} of {limit.source} (plan: "
         f"{describe_plan(memory)}); no plan fits: the smallest of the {len(totals)} tried needs {size(least)} "
         f"(split {split}, remat {remat}): lower batch_size or the model's size"
-        + (", or raise memory.budget" if memory.budget else ""))
+        + (", or raise memory.budget" if memory.budget else "")
+    )
 
 
 # ----------------------------------------------------------------------------- rematerialisation
@@ -219,16 +237,23 @@ def supports_blocks(model: Any) -> bool:
     import flax.linen as nn
 
     module = getattr(model, "module", model)
-    return isinstance(module, nn.Module) and any(f.name == "remat" for f in dataclasses.fields(module)) and isinstance(
-        getattr(module, "remat", None), bool)
+    return (
+        isinstance(module, nn.Module)
+        and any(f.name == "remat" for f in dataclasses.fields(module))
+        and isinstance(getattr(module, "remat", None), bool)
+    )
 
 
 def remat_blocks(model: Any) -> Any:
     """The state's model with its blocks rematerialised (the same parameters: nn.remat keeps the names)."""
     if not supports_blocks(model):  # ConfigError: the field, the value, what is allowed
-        raise ConfigError("memory.remat", "blocks", "none, dots_saveable or full for this model: blocks needs a "
-                          "Linen module with a `remat: bool` field that wraps its blocks in nn.remat (as "
-                          "jaxloop.model.builtin.GPT does)")
+        raise ConfigError(
+            "memory.remat",
+            "blocks",
+            "none, dots_saveable or full for this model: blocks needs a "
+            "Linen module with a `remat: bool` field that wraps its blocks in nn.remat (as "
+            "jaxloop.model.builtin.GPT does)",
+        )
     return dataclasses.replace(model, module=model.module.clone(remat=True))
 
 

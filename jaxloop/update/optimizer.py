@@ -22,11 +22,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxloop.core.config import OptimConfig
 from jaxloop.model import precision
-from jaxloop.update.torch_optimizers import adamw, decay_mask, scale_by_adam  # noqa: F401  (jaxloop.update.optimizer's names before the menu)
 from jaxloop.model.precision import BACKOFF_FACTOR, GROWTH_FACTOR, GROWTH_INTERVAL, Policy
 from jaxloop.update.schedules import make_schedule
-from jaxloop.core.config import OptimConfig
+from jaxloop.update.torch_optimizers import adamw, decay_mask, scale_by_adam  # noqa: F401  (jaxloop.update.optimizer's names before the menu)
 
 OwnOptimizer = Any
 """A Task's own optimizer: an optax.GradientTransformation, or a factory schedule -> GradientTransformation
@@ -46,8 +46,10 @@ def same_types(a: Any, b: Any) -> bool:
     must agree on; weak types aside)."""
     if jax.tree.structure(a) != jax.tree.structure(b):
         return False
-    return all(jnp.shape(x) == jnp.shape(y) and jnp.result_type(x) == jnp.result_type(y)
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return all(
+        jnp.shape(x) == jnp.shape(y) and jnp.result_type(x) == jnp.result_type(y)
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
 
 
 def _where(cond: jax.Array, a: Any, b: Any) -> Any:
@@ -90,8 +92,9 @@ def sum_of_squares_finite(tree: Any) -> jax.Array:
     return jnp.isfinite(optax.tree.norm(tree, squared=True))
 
 
-def skip_nonfinite_windows(inner: optax.GradientTransformation, every_k: int = 1, *,
-                           accumulator_dtype: Any = None, check_result: bool = True) -> optax.GradientTransformation:
+def skip_nonfinite_windows(
+    inner: optax.GradientTransformation, every_k: int = 1, *, accumulator_dtype: Any = None, check_result: bool = True
+) -> optax.GradientTransformation:
     """Average `every_k` micro-batch gradients and apply `inner` to their mean once per window, as
     optax.MultiSteps does and with its state (optax.MultiStepsState, built by MultiSteps' public init),
     skipping every window that saw a non-finite gradient or whose result is not finite. An optax.MultiSteps
@@ -115,8 +118,10 @@ def skip_nonfinite_windows(inner: optax.GradientTransformation, every_k: int = 1
     closing; none at K = 1): K = 4 runs Adam a quarter as often, and XLA:CPU compiles the step faster.
     """
     if isinstance(inner, optax.MultiSteps):
-        raise TypeError("skip_nonfinite_windows: an optax.MultiSteps is not accepted (its K and accumulator are "
-                        "private); pass its inner transformation and every_k instead (in a run: optim.accum_steps)")
+        raise TypeError(
+            "skip_nonfinite_windows: an optax.MultiSteps is not accepted (its K and accumulator are "
+            "private); pass its inner transformation and every_k instead (in a run: optim.accum_steps)"
+        )
     if not isinstance(every_k, int) or every_k < 1:
         raise ValueError(f"skip_nonfinite_windows: every_k={every_k!r}; allowed: an int >= 1")
     k = every_k
@@ -124,7 +129,9 @@ def skip_nonfinite_windows(inner: optax.GradientTransformation, every_k: int = 1
     window = optax.MultiSteps(inner, every_k_schedule=k, accumulator_dtype=acc_dtype)  # its public init only
 
     def init_fn(params: Any) -> SkipWindowsState:
-        return SkipWindowsState(window.init(params), jnp.zeros([], bool), jnp.zeros([], jnp.int32), jnp.zeros([], jnp.int32))
+        return SkipWindowsState(
+            window.init(params), jnp.zeros([], bool), jnp.zeros([], jnp.int32), jnp.zeros([], jnp.int32)
+        )
 
     def update_fn(updates: Any, state: SkipWindowsState, params: Any = None) -> tuple[Any, SkipWindowsState]:
         # The zero updates of a skipped or accumulating micro-batch take the inner transformation's output
@@ -173,10 +180,12 @@ def skip_nonfinite_windows(inner: optax.GradientTransformation, every_k: int = 1
             else:
                 skip = poisoned | ~sum_of_squares_finite(g)
                 new_updates, new_inner = jax.lax.cond(skip, keep, run, None)
-            closed = ms._replace(mini_step=jnp.zeros_like(ms.mini_step),
-                                 acc_grads=ms.acc_grads if k == 1 else zeros(ms.acc_grads),
-                                 gradient_step=ms.gradient_step + (~skip).astype(ms.gradient_step.dtype),
-                                 inner_opt_state=new_inner)
+            closed = ms._replace(
+                mini_step=jnp.zeros_like(ms.mini_step),
+                acc_grads=ms.acc_grads if k == 1 else zeros(ms.acc_grads),
+                gradient_step=ms.gradient_step + (~skip).astype(ms.gradient_step.dtype),
+                inner_opt_state=new_inner,
+            )
             return new_updates, closed, skip
 
         if k == 1:
@@ -206,8 +215,12 @@ class LossScaleState(NamedTuple):
     inner_state: Any
 
 
-def dynamic_loss_scale(inner: optax.GradientTransformation, init_scale: float = 2.0**16,
-                       growth_interval: int = GROWTH_INTERVAL, accum_steps: int = 1) -> optax.GradientTransformation:
+def dynamic_loss_scale(
+    inner: optax.GradientTransformation,
+    init_scale: float = 2.0**16,
+    growth_interval: int = GROWTH_INTERVAL,
+    accum_steps: int = 1,
+) -> optax.GradientTransformation:
     """Unscale gradients of a loss multiplied by `factor` = scale / accum_steps; halve the scale on a
     skipped update and double it after `growth_interval` applied ones (torch.amp.GradScaler's rule and
     defaults). The factor divides by K as torch's `scaler.scale(loss / K).backward()` does, so each
@@ -224,11 +237,15 @@ def dynamic_loss_scale(inner: optax.GradientTransformation, init_scale: float = 
     def update_fn(updates: Any, state: LossScaleState, params: Any = None) -> tuple[Any, LossScaleState]:
         updates = jax.tree.map(lambda g: (g / state.factor.astype(g.dtype)).astype(g.dtype), updates)
         new_updates, new_inner = inner.update(updates, state.inner_state, params)
-        skipped = find_state(new_inner, SkipWindowsState).skipped > find_state(state.inner_state, SkipWindowsState).skipped
+        skipped = (
+            find_state(new_inner, SkipWindowsState).skipped > find_state(state.inner_state, SkipWindowsState).skipped
+        )
         applied = updates_applied(new_inner) > updates_applied(state.inner_state)
         good = state.good_steps + applied.astype(jnp.int32)
         grow = good >= growth_interval
-        scale = jnp.where(skipped, state.scale * BACKOFF_FACTOR, jnp.where(grow, state.scale * GROWTH_FACTOR, state.scale))
+        scale = jnp.where(
+            skipped, state.scale * BACKOFF_FACTOR, jnp.where(grow, state.scale * GROWTH_FACTOR, state.scale)
+        )
         good = jnp.where(skipped | grow, 0, good)
         return new_updates, LossScaleState(scale, scale / accum_steps, good, new_inner)
 
@@ -238,8 +255,9 @@ def dynamic_loss_scale(inner: optax.GradientTransformation, init_scale: float = 
 # ----------------------------------------------------------------------------- the whole optimizer
 
 
-def make_optimizer(optim: OptimConfig, steps: int, policy: Policy,
-                   optimizer: OwnOptimizer = None) -> optax.GradientTransformation:
+def make_optimizer(
+    optim: OptimConfig, steps: int, policy: Policy, optimizer: OwnOptimizer = None
+) -> optax.GradientTransformation:
     """The run's optimizer (module doc) from its sub-config, the update count and the precision policy;
     `optimizer`: a Task's own (a GradientTransformation, or a factory given the schedule), in place of
     optim.name's.
@@ -263,8 +281,9 @@ def make_optimizer(optim: OptimConfig, steps: int, policy: Policy,
         parts.append(optimizer if isinstance(optimizer, optax.GradientTransformation) else optimizer(rate))
         check_result = True
     # The accumulator holds gradients in the params' dtype (MultiSteps' default is float32)
-    tx = skip_nonfinite_windows(optax.chain(*parts), o.accum_steps, accumulator_dtype=policy.param_dtype,
-                                check_result=check_result)
+    tx = skip_nonfinite_windows(
+        optax.chain(*parts), o.accum_steps, accumulator_dtype=policy.param_dtype, check_result=check_result
+    )
     if not policy.dynamic_scale:
         return tx
     return dynamic_loss_scale(tx, init_scale=precision.INIT_SCALE, accum_steps=o.accum_steps)
@@ -274,10 +293,15 @@ def set_learning_rate(opt_state: Any, rate: float) -> Any:
     """opt_state with the rate of the next updates replaced: the optimizer's one injected numeric
     `learning_rate` (plateau's; a scheduled one is recomputed from its count, so it cannot be set). The new
     value keeps the old one's dtype and placement."""
-    injected = [s for s in _of_type(opt_state, INJECTED)
-                if "learning_rate" in s.hyperparams and "learning_rate" not in s.hyperparams_states]
+    injected = [
+        s
+        for s in _of_type(opt_state, INJECTED)
+        if "learning_rate" in s.hyperparams and "learning_rate" not in s.hyperparams_states
+    ]
     if len(injected) != 1:
-        raise LookupError(f"expected exactly one injected numeric learning_rate in the optimizer state, found {len(injected)}")
+        raise LookupError(
+            f"expected exactly one injected numeric learning_rate in the optimizer state, found {len(injected)}"
+        )
     old = injected[0].hyperparams["learning_rate"]
     new = jnp.asarray(rate, old.dtype)
     new = jax.device_put(new, old.sharding) if isinstance(old, jax.Array) and hasattr(old, "sharding") else new
@@ -297,8 +321,9 @@ def find_state(opt_state: Any, cls: type | tuple[type, ...], *, required: bool =
     found = _of_type(opt_state, cls)
     name = cls.__name__ if isinstance(cls, type) else " or ".join(c.__name__ for c in cls)
     if len(found) > 1 or (required and not found):
-        raise LookupError(f"expected {'exactly' if required else 'at most'} one {name} in the optimizer state, "
-                          f"found {len(found)}")
+        raise LookupError(
+            f"expected {'exactly' if required else 'at most'} one {name} in the optimizer state, found {len(found)}"
+        )
     return found[0] if found else None
 
 
@@ -329,11 +354,13 @@ def optimizer_metrics(opt_state: Any) -> dict[str, jax.Array]:
     norm = find_state(opt_state, GradNormState, required=False)
     skips = find_state(opt_state, SkipWindowsState, required=False)
     scaling = find_state(opt_state, LossScaleState, required=False)
-    metrics = {"lr": rates[0] if len(rates) == 1 else None,  # several injected rates: none is "the" rate
-               "grad_norm": None if norm is None else norm.grad_norm,
-               "skipped": None if skips is None else skips.skipped,
-               "bad_streak": None if skips is None else skips.bad_streak,
-               "loss_scale": jnp.ones([], jnp.float32) if scaling is None else scaling.scale}
+    metrics = {
+        "lr": rates[0] if len(rates) == 1 else None,  # several injected rates: none is "the" rate
+        "grad_norm": None if norm is None else norm.grad_norm,
+        "skipped": None if skips is None else skips.skipped,
+        "bad_streak": None if skips is None else skips.bad_streak,
+        "loss_scale": jnp.ones([], jnp.float32) if scaling is None else scaling.scale,
+    }
     return {k: v for k, v in metrics.items() if v is not None}
 
 

@@ -122,8 +122,10 @@ def steps_change_line(optim: OptimConfig, old_steps: int, new_steps: int, step: 
     before, after = rates(optim, old_steps)[min(step, old_steps)], rates(optim, new_steps)[min(step, new_steps)]
     if before == after:
         return None
-    return (f"warning: steps {old_steps} -> {new_steps} moves the learning rate at update {step}: "
-            f"{before:.3g} -> {after:.3g} (the schedule is that of {new_steps} steps from here on)")
+    return (
+        f"warning: steps {old_steps} -> {new_steps} moves the learning rate at update {step}: "
+        f"{before:.3g} -> {after:.3g} (the schedule is that of {new_steps} steps from here on)"
+    )
 
 
 def plot_schedule(optim: OptimConfig, steps: int, path: str) -> Any:

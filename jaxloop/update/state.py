@@ -21,9 +21,8 @@ import optax
 from flax import struct
 
 from jaxloop.model.interface import LinenModel, LossFn, NnxModel, is_nnx
-from jaxloop.update.optimizer import SkipWindowsState, find_state, for_the_loop, updates_applied
 from jaxloop.model.precision import Policy, get_policy
-
+from jaxloop.update.optimizer import SkipWindowsState, find_state, for_the_loop, updates_applied
 
 HASH_THREADS = 8
 """At most this many threads hash a checkpoint's leaves (leaf_digests)."""
@@ -60,7 +59,7 @@ class TrainState(struct.PyTreeNode):
         policy: Policy | None = None,
         ema_decay: float = 0.0,
         loss: LossFn | None = None,
-    ) -> "TrainState":
+    ) -> TrainState:
         """The state assembled from parts already made: params drawn (or transferred) elsewhere, a model
         wrapper (or a Linen-style apply_fn) and a tx that already counts and skips updates (make_optimizer's,
         or one inside jaxloop.update.optimizer.skip_nonfinite_windows). To build a state from a model, use init_state."""
@@ -69,9 +68,11 @@ class TrainState(struct.PyTreeNode):
         policy = policy or get_policy("fp32")
         params = policy.cast_to_param(params)
         if find_state(jax.eval_shape(tx.init, params), SkipWindowsState, required=False) is None:
-            raise TypeError("TrainState.create: tx must be jaxloop.make_optimizer's or inside "
-                            "jaxloop.update.optimizer.skip_nonfinite_windows (the step reads its update count); "
-                            "jaxloop.init_state(model, loss, example_batch, tx) takes any optax transformation")
+            raise TypeError(
+                "TrainState.create: tx must be jaxloop.make_optimizer's or inside "
+                "jaxloop.update.optimizer.skip_nonfinite_windows (the step reads its update count); "
+                "jaxloop.init_state(model, loss, example_batch, tx) takes any optax transformation"
+            )
         return cls(
             params=params,
             model_state=model_state if model_state is not None else {},
@@ -86,7 +87,7 @@ class TrainState(struct.PyTreeNode):
             loss=loss,
         )
 
-    def apply_gradients(self, grads: Any, model_state: Any) -> "TrainState":
+    def apply_gradients(self, grads: Any, model_state: Any) -> TrainState:
         """One optimizer transformation of one micro-batch's gradients; the EMA follows applied updates."""
         updates, opt_state = self.tx.update(grads, self.opt_state, self.params)
         params = optax.apply_updates(self.params, updates)
@@ -94,16 +95,29 @@ class TrainState(struct.PyTreeNode):
         if ema is not None:
             applied, d = updates_applied(opt_state) > self.step, self.ema_decay
             ema = jax.tree.map(lambda e, p: jnp.where(applied, d * e + (1 - d) * p, e), ema, params)
-        return self.replace(params=params, model_state=model_state, opt_state=opt_state, ema_params=ema,
-                            micro_steps=self.micro_steps + 1)
+        return self.replace(
+            params=params,
+            model_state=model_state,
+            opt_state=opt_state,
+            ema_params=ema,
+            micro_steps=self.micro_steps + 1,
+        )
 
     def user_model(self, params: Any = None) -> Any:
         """The trained model as its user wrote it: an NNX module, or Linen variables {"params": ...}."""
         return self.model.merge(self.params if params is None else params, self.model_state)
 
 
-def init_state(model: Any, loss: LossFn, example_batch: dict[str, Any], tx: optax.GradientTransformation, *,
-               seed: int = 0, precision: str | Policy = "fp32", ema_decay: float = 0.0) -> TrainState:
+def init_state(
+    model: Any,
+    loss: LossFn,
+    example_batch: dict[str, Any],
+    tx: optax.GradientTransformation,
+    *,
+    seed: int = 0,
+    precision: str | Policy = "fp32",
+    ema_decay: float = 0.0,
+) -> TrainState:
     """The fresh state of `model` (a flax.linen or flax.nnx Module) trained on `loss` by `tx`: what
     jaxloop.train_step(state, batch) steps, and what jaxloop.run builds for a Task.
 
@@ -123,8 +137,16 @@ def init_state(model: Any, loss: LossFn, example_batch: dict[str, Any], tx: opta
         wrapper = LinenModel(module=model)
         params, model_state = wrapper.init(init_rng, loss, example_batch)
     params = policy.cast_to_param(params)
-    return TrainState.create(model=wrapper, params=params, model_state=policy.cast_to_param(model_state), rng=step_rng,
-                             policy=policy, tx=for_the_loop(tx, params), ema_decay=ema_decay, loss=loss)
+    return TrainState.create(
+        model=wrapper,
+        params=params,
+        model_state=policy.cast_to_param(model_state),
+        rng=step_rng,
+        policy=policy,
+        tx=for_the_loop(tx, params),
+        ema_decay=ema_decay,
+        loss=loss,
+    )
 
 
 def state_digest(state: TrainState) -> str:
@@ -179,6 +201,8 @@ def model_record(state: Any, model: Any = None) -> dict[str, Any]:
     """The structure of a TrainState (or its jax.eval_shape): every leaf's path, shape and dtype, in the
     state's order, and the class name of `model` (the user's module): the model half of a run's identity,
     kept in run_dir/model.json (jaxloop.core.identity)."""
-    leaves = [[leaf_path(path), list(leaf.shape), str(leaf.dtype)]
-              for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]]
+    leaves = [
+        [leaf_path(path), list(leaf.shape), str(leaf.dtype)]
+        for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]
+    ]
     return {"model": None if model is None else type(model).__name__, "leaves": leaves}

@@ -17,12 +17,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxloop.update.memory_plan import checkpoint_policy, remat_blocks
-from jaxloop.model.interface import LossFn
-from jaxloop.update.optimizer import loss_scale, optimizer_metrics
-from jaxloop.model.precision import pinned_matmuls
-from jaxloop.update.state import TrainState
 from jaxloop.core.config import MemoryConfig
+from jaxloop.model.interface import LossFn
+from jaxloop.model.precision import pinned_matmuls
+from jaxloop.update.memory_plan import checkpoint_policy, remat_blocks
+from jaxloop.update.optimizer import loss_scale, optimizer_metrics
+from jaxloop.update.state import TrainState
 
 Batch = dict[str, jax.Array]
 StepFn = Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]
@@ -58,8 +58,10 @@ def _loss_of(state: TrainState, loss_fn: LossFn | None) -> LossFn:
     if loss_fn is not None:
         return loss_fn
     if state.loss is None:
-        raise TypeError("this TrainState carries no loss: build it with jaxloop.init_state(model, loss, example_batch, "
-                        "tx), or pass TrainState.create(loss=...)")
+        raise TypeError(
+            "this TrainState carries no loss: build it with jaxloop.init_state(model, loss, example_batch, "
+            "tx), or pass TrainState.create(loss=...)"
+        )
     return state.loss
 
 
@@ -107,15 +109,20 @@ def make_train_step(loss_fn: LossFn | None = None, memory: MemoryConfig | None =
         # A non-finite loss marks its window as a non-finite gradient would (the optimizer skips it).
         grads = jax.tree.map(lambda g: jnp.where(jnp.isfinite(loss), g, jnp.nan), grads)
         new_state = state.apply_gradients(grads, model_state)
-        metrics = {"loss": loss, "updated": new_state.step > state.step, **optimizer_metrics(new_state.opt_state),
-                   "loss_scale": optimizer_metrics(state.opt_state)["loss_scale"]}  # the scale this loss used
+        metrics = {
+            "loss": loss,
+            "updated": new_state.step > state.step,
+            **optimizer_metrics(new_state.opt_state),
+            "loss_scale": optimizer_metrics(state.opt_state)["loss_scale"],
+        }  # the scale this loss used
         return new_state, {**metrics, **{k: v for k, v in aux.items() if k != "weight"}}
 
     return train_step
 
 
-def _split_grads(grad_fn: Callable[..., Any], state: TrainState, batch: Batch, rng: jax.Array,
-                 split: int) -> tuple[Any, tuple]:
+def _split_grads(
+    grad_fn: Callable[..., Any], state: TrainState, batch: Batch, rng: jax.Array, split: int
+) -> tuple[Any, tuple]:
     """The mean gradient of `split` sub-batches of `batch` (one at a time, lax.scan), the mean loss and aux,
     and the model state threaded through them. Sub-batch j holds rows j, j + split, ...: a device's block
     of rows [d * n, (d + 1) * n) reshapes in place, so each sub-batch stays spread over every device."""

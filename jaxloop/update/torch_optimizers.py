@@ -50,7 +50,6 @@ import jax.numpy as jnp
 import optax
 
 
-
 def decay_mask(params: Any) -> Any:
     """True for leaves that get weight decay: matrices and embeddings (ndim >= 2), not biases or scales.
 
@@ -105,8 +104,9 @@ def adamw(learning_rate: Any, b1: float, b2: float, eps: float, weight_decay: fl
 
 def adam(learning_rate: Any, b1: float, b2: float, eps: float, weight_decay: float) -> optax.GradientTransformation:
     """torch.optim.Adam: weight decay as L2 in the gradient, before the moments; exact bias corrections."""
-    return optax.chain(*_l2(weight_decay), scale_by_adam(b1=b1, b2=b2, eps=eps),
-                       optax.scale_by_learning_rate(learning_rate))
+    return optax.chain(
+        *_l2(weight_decay), scale_by_adam(b1=b1, b2=b2, eps=eps), optax.scale_by_learning_rate(learning_rate)
+    )
 
 
 # ----------------------------------------------------------------------------- SGD
@@ -133,25 +133,29 @@ def dampened_trace(momentum: float, dampening: float) -> optax.GradientTransform
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def sgd(learning_rate: Any, momentum: float, dampening: float, nesterov: bool,
-        weight_decay: float) -> optax.GradientTransformation:
+def sgd(
+    learning_rate: Any, momentum: float, dampening: float, nesterov: bool, weight_decay: float
+) -> optax.GradientTransformation:
     """torch.optim.SGD: L2 decay, then the momentum buffer (module doc), then the rate."""
     parts = _l2(weight_decay)
     if momentum:
-        parts.append(optax.trace(decay=momentum, nesterov=nesterov) if dampening == 0
-                     else dampened_trace(momentum, dampening))
+        parts.append(
+            optax.trace(decay=momentum, nesterov=nesterov) if dampening == 0 else dampened_trace(momentum, dampening)
+        )
     return optax.chain(*parts, optax.scale_by_learning_rate(learning_rate))
 
 
 # ----------------------------------------------------------------------------- RMSprop
 
 
-def rmsprop(learning_rate: Any, alpha: float, eps: float, momentum: float, centered: bool,
-            weight_decay: float) -> optax.GradientTransformation:
+def rmsprop(
+    learning_rate: Any, alpha: float, eps: float, momentum: float, centered: bool, weight_decay: float
+) -> optax.GradientTransformation:
     """torch.optim.RMSprop: L2 decay; g / (sqrt(avg) + eps) with eps outside the root (centered: the root
     of avg - mean^2); a momentum buffer of those before the rate."""
     scale = (optax.scale_by_stddev if centered else optax.scale_by_rms)(
-        decay=alpha, eps=eps, initial_scale=0.0, eps_in_sqrt=False, bias_correction=False)
+        decay=alpha, eps=eps, initial_scale=0.0, eps_in_sqrt=False, bias_correction=False
+    )
     parts = [*_l2(weight_decay), scale]
     if momentum:
         parts.append(optax.trace(decay=momentum))
@@ -166,7 +170,9 @@ class TorchAdagradState(NamedTuple):
     sum_of_squares: Any  # torch's state_sum
 
 
-def scale_by_torch_adagrad(lr_decay: float, initial_accumulator_value: float, eps: float) -> optax.GradientTransformation:
+def scale_by_torch_adagrad(
+    lr_decay: float, initial_accumulator_value: float, eps: float
+) -> optax.GradientTransformation:
     """torch.optim.Adagrad's direction (optax.scale_by_rss puts eps inside the root and starts the sum at
     0.1): s_t = s_{t-1} + g^2 from s_0 = initial_accumulator_value; g / (sqrt(s_t) + eps), divided by
     1 + (t - 1) * lr_decay (torch's clr = lr / (1 + (t - 1) lr_decay))."""
@@ -187,11 +193,15 @@ def scale_by_torch_adagrad(lr_decay: float, initial_accumulator_value: float, ep
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def adagrad(learning_rate: Any, lr_decay: float, initial_accumulator_value: float, eps: float,
-            weight_decay: float) -> optax.GradientTransformation:
+def adagrad(
+    learning_rate: Any, lr_decay: float, initial_accumulator_value: float, eps: float, weight_decay: float
+) -> optax.GradientTransformation:
     """torch.optim.Adagrad: L2 decay, scale_by_torch_adagrad, the rate."""
-    return optax.chain(*_l2(weight_decay), scale_by_torch_adagrad(lr_decay, initial_accumulator_value, eps),
-                       optax.scale_by_learning_rate(learning_rate))
+    return optax.chain(
+        *_l2(weight_decay),
+        scale_by_torch_adagrad(lr_decay, initial_accumulator_value, eps),
+        optax.scale_by_learning_rate(learning_rate),
+    )
 
 
 # ----------------------------------------------------------------------------- Lion
