@@ -451,6 +451,7 @@ def _prepare_into(
     if (
         args.tokenizer
         and os.path.isfile(args.tokenizer)
+        and tokenizer is not None  # always, with --tokenizer
         and tokenizer.get_vocab_size() == vocab
         and (not eot_needed or read_tokenizer(args.tokenizer).token_to_id(EOT) is not None)
     ):
@@ -477,7 +478,7 @@ def _prepare_into(
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="jaxloop.prepare", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="jaxloop.prepare", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("inputs", nargs="+", help="text files or globs, read in the order given")
     p.add_argument("--out", required=True, help="directory for the shards and meta.json (new or empty)")
     how = p.add_mutually_exclusive_group()

@@ -17,9 +17,10 @@ from jaxloop.update.memory_plan import size
 def _chain(error: BaseException) -> list[BaseException]:
     """The error and its causes and contexts, outermost first (each once)."""
     out: list[BaseException] = []
-    while error is not None and error not in out:
-        out.append(error)
-        error = error.__cause__ or error.__context__
+    link: BaseException | None = error
+    while link is not None and link not in out:
+        out.append(link)
+        link = link.__cause__ or link.__context__
     return out
 
 

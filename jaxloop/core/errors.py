@@ -12,7 +12,7 @@ EXIT_BAD_INPUT = 2
 EXIT_NONFINITE = 1
 EXIT_CHECKPOINT_WRITE = 3
 EXIT_OUT_OF_MEMORY = 4
-EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_SIGNAL: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 VALUE_SHOWN = 300
 """An error message shows at most about this many characters of a value (short_repr)."""

@@ -322,7 +322,8 @@ class Splits:
     """The training and validation records of a run's source.
 
     num_classes: label count (digits, npz: max label + 1) or vocabulary size (text).
-    example_x: one input, shape [1, ...], with the dtype fed to the model (for initialisation).
+    example_x: one input, shape [1, ...], with the dtype fed to the model (for initialisation); None for a
+    Task's records with no "x" (a Task's state is initialised from a whole record).
     vocab: the text vocabulary (id -> character, "<unk>" possibly last), None for other sources.
     record: the files read, their splits and fingerprints (jaxloop.core.data_identity; metadata.json's "data"),
     None for the bundled digits and records of one's own.
@@ -332,7 +333,7 @@ class Splits:
     train: Records
     val: Records
     num_classes: int
-    example_x: np.ndarray
+    example_x: np.ndarray | None
     vocab: tuple[str, ...] | None = None
     record: dict[str, Any] | None = None
 

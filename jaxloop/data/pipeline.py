@@ -354,13 +354,12 @@ class DevicePrefetcher(Iterator[Any]):
         self.chunk, self._first_chunk = int(chunk), int(first_chunk)
         self._source = iterator
         if chunk:  # a fresh TrainLoader gathers whole chunks itself; any other source is stacked here
-            fresh = isinstance(iterator, TrainLoader) and not iterator.started
             self._source = (
                 iterator.chunks(self.chunk, self._first_chunk)
-                if fresh
+                if isinstance(iterator, TrainLoader) and not iterator.started
                 else _stacked(iterator, self.chunk, self._first_chunk)
             )
-        self._position_source = iterator
+        self._position_source: Any = iterator  # state() needs one with state(position), e.g. a TrainLoader
         self._head: Any = None  # what is left of the chunk take() last cut
         self._put = put if put is not None else jax.device_put
         self.size = int(size)

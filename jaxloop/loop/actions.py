@@ -242,21 +242,23 @@ class SignalStop(Action):
         """On the watcher thread, the moment a signal arrives: say what happens next (or end at once)."""
         self.received += 1
         self.signal = self.signal or signum
-        name, cli = signal.Signals(signum).name, self.session is not None
-        resume = f"resume with: python -m jaxloop.train --run_dir {shlex.quote(self._run.run_dir)}"
-        if cli and not self.trained:
-            self.session.exit(
+        run, session = self._run, self.session
+        assert run is not None, "the watcher that calls this is started by start(), after _run is set"
+        name, cli = signal.Signals(signum).name, session is not None
+        resume = f"resume with: python -m jaxloop.train --run_dir {shlex.quote(run.run_dir)}"
+        if session is not None and not self.trained:
+            session.exit(
                 EXIT_SIGNAL[signum],
                 f"{name} received while compiling (nothing trained in this run yet): stopped at once; {resume}",
             )
-        if cli and self.received > 1 and signum == signal.SIGINT:
-            self.session.exit(
+        if session is not None and self.received > 1 and signum == signal.SIGINT:
+            session.exit(
                 EXIT_SIGNAL[signum],
                 f"second {name}: stopped at once without saving (the run resumes from its last checkpoint); {resume}",
             )
         if self.received == 1:
             again = "; Ctrl-C again to stop at once without saving" if cli and signum == signal.SIGINT else ""
-            self._run.logger.message(f"{name} received: stopping after update {self.stops_after}: saving...{again}")
+            run.logger.message(f"{name} received: stopping after update {self.stops_after}: saving...{again}")
 
     def before_dispatch(self, run: RunContext, step: int, n: int) -> None:
         self.stops_after = step + n
@@ -319,12 +321,12 @@ class LogTrain(Action):
     def after_call(self, run: RunContext, done: Finished) -> None:
         m = done.metrics
         applied = done.applied()
-        logged = [i for i in np.flatnonzero(m["updated"]) if self.cadence.logs(int(applied[i]))]
+        logged = [int(i) for i in np.flatnonzero(m["updated"]) if self.cadence.logs(int(applied[i]))]
         if not logged:
             return
         with run.timings("log"):
             mem, device = memory_bytes(), device_memory()
-            extra = {"mem_bytes": mem} if mem is not None else {}
+            extra: dict[str, float] = {"mem_bytes": mem} if mem is not None else {}
             if device and device["bytes_limit"] and "peak_bytes_in_use" in device:
                 extra["mem_util"] = device["peak_bytes_in_use"] / device["bytes_limit"]
             for i in logged:
@@ -432,6 +434,7 @@ class PlateauRate(Action):
         return b.evaluation is not None
 
     def at_boundary(self, run: RunContext, b: Boundary) -> Boundary | None:
+        assert b.evaluation is not None, "called only where due(), at an evaluation"
         if not self.plateau.step(b.evaluation[self.metric]):
             return None
         run.logger.message(f"plateau at update {b.step}: learning rate reduced to {self.plateau.rate:.6g}")
@@ -505,7 +508,8 @@ class StepInfo:
         """The module being trained: a Linen module (apply it to info.state.params), or the NNX module."""
         if self.state is None:
             raise ValueError("this hook does not read the state (needs_state=False): no module")
-        return self.state.model.module if getattr(self.state.model, "module", None) is not None else self.model
+        module = getattr(self.state.model, "module", None)
+        return module if module is not None else self.model
 
     @property
     def run_dir(self) -> str:

@@ -33,7 +33,7 @@ def process_settings(cfg: Config) -> Iterator[None]:
     from jaxloop.loop.host_memory import retain_freed_memory
     from jaxloop.update.distributed import initialize
 
-    x64 = jax.config.jax_enable_x64
+    x64 = jax.config.jax_enable_x64  # pyright: ignore[reportAttributeAccessIssue]  # jax adds config options at run time
     with ExitStack() as scope:
         if cfg.deterministic:
             request_deterministic_ops()  # before jax starts a backend: XLA reads XLA_FLAGS once

@@ -75,12 +75,13 @@ class Task:
 
     def eval_loss(self) -> LossFn:
         """The loss evaluation runs: the task's loss with eval_metrics' values added to its aux."""
-        if self.eval_metrics is None:
+        metrics = self.eval_metrics
+        if metrics is None:
             return self.loss
 
         def loss(model: Callable[..., Any], batch: dict[str, Any], train: bool) -> tuple[Any, dict]:
             value, aux = self.loss(model, batch, train)
-            return value, {**aux, **self.eval_metrics(model, batch)}
+            return value, {**aux, **metrics(model, batch)}
 
         return loss
 

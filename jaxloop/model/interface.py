@@ -151,7 +151,7 @@ class NnxModel:
 
 
 def _is_key(leaf: Any) -> bool:
-    return hasattr(leaf, "dtype") and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    return hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
 
 
 def _key_data(tree: Any) -> Any:

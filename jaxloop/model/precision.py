@@ -93,7 +93,7 @@ def get_policy(name: str) -> Policy:
     if name == "fp16":
         return Policy("fp16", f32, f32, f32, dynamic_scale=True, matmul_dtype=jnp.float16)
     if name == "fp64":
-        if not jax.config.jax_enable_x64:
+        if not jax.config.jax_enable_x64:  # pyright: ignore[reportAttributeAccessIssue]  # jax adds config options at run time
             raise ValueError("precision=fp64 needs 64-bit JAX: set JAX_ENABLE_X64=1")
         return Policy("fp64", jnp.float64, jnp.float64, jnp.float64)
     raise ValueError(f"precision={name!r} is not allowed: one of fp32, bf16, bf16_full, fp16, fp64, auto")

@@ -211,8 +211,9 @@ def mfu_lines(run: Run, tp: dict[str, float | None]) -> list[str]:
         f"(N = {n.get('matmul', 0):,} matmul parameters of {n.get('total', 0):,}; docs/language-models.md)"
     )
     p = lm.get("peak")
-    if tp.get("mfu") is not None and p:
-        out = [f"- MFU: {100 * tp['mfu']:.2f}% ({count}; peak {p['source']}, x {p['devices']} device(s))"]
+    mfu = tp.get("mfu")
+    if mfu is not None and p:
+        out = [f"- MFU: {100 * mfu:.2f}% ({count}; peak {p['source']}, x {p['devices']} device(s))"]
     else:
         out = [f"- MFU: n/a (no peak FLOP/s known for this device; {count})"]
     a = lm.get("attention") or {}

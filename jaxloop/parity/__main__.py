@@ -117,7 +117,7 @@ def _framework(module: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxloop.parity", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m jaxloop.parity", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("factory", metavar="PATH.py:FACTORY", help="a function returning a jaxloop.parity.Port")
     parser.add_argument(
         "--precision",

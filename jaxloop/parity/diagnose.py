@@ -127,7 +127,7 @@ def _which_value(options: dict[str, np.ndarray], y: np.ndarray | None, precision
     diffs = {k: rel_diff(v, y) for k, v in options.items() if np.shape(v) == np.shape(y)}
     if not diffs:
         return None
-    best = min(diffs, key=diffs.get)
+    best = min(diffs, key=lambda k: diffs[k])
     return best if diffs[best] <= CLOSE[precision] else None
 
 
@@ -152,7 +152,7 @@ def _explicit_pads(
     if isinstance(padding, str):
         if padding.upper() in ("SAME", "VALID", "SAME_LOWER"):
             dilated = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilation))
-            return [tuple(p) for p in jax.lax.padtype_to_pads(in_spatial, dilated, strides, padding.upper())]
+            return [(lo, hi) for lo, hi in jax.lax.padtype_to_pads(in_spatial, dilated, strides, padding.upper())]
         return None
     if isinstance(padding, int):
         return [(padding, padding)] * n
@@ -192,6 +192,7 @@ def conv_geometry(tc: ModuleCall, fc: ModuleCall) -> str | None:
         return "; ".join(issues) or None
     if isinstance(tm.padding, str):
         t_pads = _explicit_pads("SAME" if tm.padding == "same" else "VALID", in_spatial, kernel, t_strides, t_dil)
+        assert t_pads is not None, "SAME and VALID always have explicit pads"
         if tm.padding == "same":  # torch puts the odd extra pad on the right too, but splits total // 2 left
             t_pads = [((k - 1) * d // 2, (k - 1) * d - (k - 1) * d // 2) for k, d in zip(kernel, t_dil)]
     else:
@@ -348,7 +349,7 @@ def _which(fns: dict[str, Any], x: np.ndarray, y: np.ndarray, precision: str) ->
     diffs = {k: v for k, v in diffs.items() if not math.isnan(v)}
     if not diffs:
         return None
-    name = min(diffs, key=diffs.get)
+    name = min(diffs, key=lambda k: diffs[k])
     return name if diffs[name] <= CLOSE[precision] else None
 
 
@@ -362,7 +363,10 @@ def activation_between(
     """Which elementwise activation takes each side from the previous layer's output to the next layer's
     input; a diagnosis when they differ."""
     if (
-        any(a is None for a in (prev_t, prev_f, next_t, next_f))
+        prev_t is None
+        or prev_f is None
+        or next_t is None
+        or next_f is None
         or prev_t.shape != next_t.shape
         or prev_f.shape != next_f.shape
     ):
@@ -420,7 +424,7 @@ def attention_between(
     precision: str,
 ) -> str | None:
     """The attention scale and mask each side applied between the fused projection and the output one."""
-    if heads is None or any(a is None for a in (prev_t, prev_f, next_t, next_f)):
+    if heads is None or prev_t is None or prev_f is None or next_t is None or next_f is None:
         return None
     t = attention_scale_and_mask(prev_t, next_t, heads, precision)
     f = attention_scale_and_mask(prev_f, next_f, heads, precision)
@@ -604,7 +608,7 @@ def batch_norm_update(
             label: rel_diff(new_var, (1 - a) * old["var"] + a * v)
             for label, v in (("unbiased", var_b * n / (n - 1)), ("biased", var_b))
         }
-        best, other = sorted(d, key=d.get)
+        best, other = sorted(d, key=lambda k: d[k])
         return best if d[best] <= CLOSE[precision] and d[other] >= 3 * d[best] else None
 
     at, af = fraction(new_t["mean"]), fraction(new_f["mean"])

@@ -183,7 +183,7 @@ def attention_dropout_off() -> Iterator[None]:
     module is replaced by one that forces dropout_rate=0 and deterministic=True. Restored on exit."""
     import flax.linen.attention as linen_attention
 
-    originals = [linen_attention.dot_product_attention_weights]
+    originals: list[Callable[..., Any]] = [linen_attention.dot_product_attention_weights]
     try:
         import flax.nnx.nn.attention as nnx_attention
 

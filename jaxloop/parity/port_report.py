@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -129,6 +129,7 @@ class Report:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -150,7 +151,8 @@ class Report:
                 if tol is not None and mode == "eval":
                     ax.axhline(tol, ls="--", lw=0.8, color=ax.lines[-1].get_color(), label=f"tolerance {precision}")
             ax.set_xlabel("paired module, in torch's completion order")
-            ax.xaxis.get_major_locator().set_params(integer=True)
+            # the default locator (an AutoLocator) is a MaxNLocator; matplotlib's stub types it as a plain Locator
+            cast(MaxNLocator, ax.xaxis.get_major_locator()).set_params(integer=True)
             ax.set_ylabel("relative difference of the output")
             ax.set_title("Flax port against torch, layer by layer")
             ax.legend()

@@ -59,8 +59,10 @@ def pinned(precision: str) -> Iterator[None]:
 def settings() -> dict[str, str]:
     """The matmul settings in force (for the report's header and the TF32/bf16 diagnosis)."""
     torch = require_torch()
+    # jax adds its config options as attributes at run time: its stubs do not declare them
+    jax_matmul = jax.config.jax_default_matmul_precision  # pyright: ignore[reportAttributeAccessIssue]
     return {
         "torch float32 matmul precision": torch.get_float32_matmul_precision(),
         "torch TF32 (cuda matmul, cudnn)": f"{torch.backends.cuda.matmul.allow_tf32}, {torch.backends.cudnn.allow_tf32}",
-        "jax default matmul precision": str(jax.config.jax_default_matmul_precision),
+        "jax default matmul precision": str(jax_matmul),
     }

@@ -312,6 +312,9 @@ def trajectory(
     from jaxloop.update.state import TrainState
     from jaxloop.update.step import make_train_step
 
+    if n < 1:
+        raise ValueError(f"trajectory needs n >= 1 updates (it reports the params after the last), got {n}")
+
     state = TrainState.create(
         params=fm.params,
         tx=jax_optimizer(o, n, precision),
@@ -326,6 +329,9 @@ def trajectory(
     kinds = fm.kinds()
     t_losses, f_losses, diffs, whole = [], [], [], []
     worst_tensor, worst_value = "", -1.0
+    leaves: dict[str, np.ndarray] = {}  # the last update's leaves and params, set by the loop (n >= 1)
+    jp: dict[str, np.ndarray] = {}
+    tp: dict[str, np.ndarray] = {}
     for u in range(n):
         b = batch_at(batches, example, u)
         state, metrics = step(state, batch_to_jax(b, precision))

@@ -10,7 +10,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloop.model.interface import NnxModel, is_nnx
+from jaxloop.model.interface import LinenModel, NnxModel, is_nnx
 from jaxloop.parity.flaxside import FlaxModel
 from jaxloop.parity.torchside import load_state_dict, state_dict
 from jaxloop.parity.weights import Mapping
@@ -24,7 +24,7 @@ def flax_leaves(flax_variables: Any) -> dict[str, np.ndarray]:
         return FlaxModel("nnx", adapter, params, model_state).leaves()
     variables = dict(flax_variables)
     params = variables.pop("params")
-    return FlaxModel("linen", None, params, variables).leaves()
+    return FlaxModel("linen", LinenModel(), params, variables).leaves()  # leaves() reads no module
 
 
 def flax_variables(mapping: Mapping, torch_module: Any, nnx_module: Any = None) -> Any:

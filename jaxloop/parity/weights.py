@@ -432,6 +432,7 @@ def map_slots(
             fn, sources = (
                 (spec, []) if callable(spec) else (spec[0], [spec[1]] if isinstance(spec[1], str) else list(spec[1]))
             )
+            assert callable(fn), "the branch's condition: spec or spec[0] is callable"
             for key in sources:
                 if key not in tensor_by_key:
                     raise MappingError(
@@ -443,6 +444,8 @@ def map_slots(
             custom[fname] = fn
             continue
         key, layout = (spec, None) if isinstance(spec, str) else spec
+        if not isinstance(key, str):
+            raise MappingError(f"override {fname!r}: {spec!r} is none of a torch key, (key, layout), (function, keys)")
         if key not in tensor_by_key:
             raise MappingError(
                 f"override {fname!r}: torch has no tensor {key!r}; candidates: {_near(key, list(tensor_by_key))}"

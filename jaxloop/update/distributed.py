@@ -26,7 +26,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from jaxloop.core.config import Config, ConfigError, DistributedConfig
 
@@ -193,7 +193,7 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
 
 def pin_shardings(
     step: Callable[..., Any], state: Any, donate: bool = True, gather_params: bool = True
-) -> Callable[..., Any]:
+) -> jax.stages.Wrapped:
     """step(state, *args) -> (state, rest...), jitted to return the state in the shardings it has now
     (and everything else replicated), with the state donated.
 
@@ -220,7 +220,7 @@ def pin_shardings(
     return jax.jit(pinned, donate_argnums=0 if donate else (), out_shardings=(shardings, replicated))
 
 
-def whole_params(state: Any, mesh: Mesh) -> Any:
+def whole_params(state: Any, mesh: Mesh | AbstractMesh) -> Any:
     """Inside a jitted step: a state with `.params` (a flax struct) gets them whole on every device.
 
     FSDP's schedule: XLA all-gathers each sharded weight where the model uses it (once per call) and

@@ -164,7 +164,7 @@ def state_digest(state: TrainState) -> str:
 def hash_array(h: Any, leaf: Any) -> None:
     """Feed one array's dtype, shape and bytes to the hash `h` (the one encoding of every jaxloop digest).
     A jax.Array is read to the host (a whole-array copy when it is sharded or on an accelerator)."""
-    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended):
+    if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.extended):
         leaf = jax.random.key_data(leaf)  # typed PRNG keys: their raw key bits
     a = np.asarray(jax.device_get(leaf))
     h.update(f"{a.dtype.str}{a.shape}".encode())
