@@ -84,7 +84,7 @@ class JaxUpdate:
         model = make_model(cfg.model, splits.num_classes, cfg.precision)
         self.state = create_train_state(cfg, model, splits.example_x)
         self.init_params = jax.device_get(self.state.params)
-        step = train_step
+        step = jax.jit(train_step, donate_argnums=0)  # as the loop builds it
         if per_call > 1:
             n = self.K * per_call
             batches = [

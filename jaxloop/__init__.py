@@ -44,8 +44,7 @@ if TYPE_CHECKING:  # the public names, for editors and type checkers; at run tim
     )
     from jaxloop.core.errors import ConfigError
 
-    # records, token shards, the run_dir's lock: jax-free
-    from jaxloop.core.lock import RunLock
+    # records and token shards: jax-free
     from jaxloop.core.optimizers_config import (
         AdagradConfig,
         AdamConfig,
@@ -68,28 +67,21 @@ if TYPE_CHECKING:  # the public names, for editors and type checkers; at run tim
         WarmupCosineConfig,
         WSDConfig,
     )
-    from jaxloop.core.shards import read_shard, write_shard
+    from jaxloop.core.shards import write_shard
     from jaxloop.core.sources import SequenceRecords, load_splits, read_vocab
     from jaxloop.loop.actions import Action, Boundary, Hook, RunContext, StepInfo, every
-    from jaxloop.loop.runner import RunResult, run
-    from jaxloop.loop.task import Task, builtin_task
 
-    # a loop of one's own: the state, the step, the optimizer, the schedule, precision
+    # a loop of one's own: the state, the step, the optimizer, the schedule, precision, host memory on a CPU
+    from jaxloop.loop.host_memory import retain_freed_memory, run_cpu_calls_inline
+    from jaxloop.loop.runner import RunResult, run
+    from jaxloop.loop.task import Task
     from jaxloop.model.flops import flops_per_token, gpt_params
     from jaxloop.model.precision import get_policy
     from jaxloop.sample import generate
     from jaxloop.update.optimizer import make_optimizer
-    from jaxloop.update.schedules import make_schedule, rates
+    from jaxloop.update.schedules import rates
     from jaxloop.update.state import TrainState, init_state, state_digest
-    from jaxloop.update.step import (
-        cross_entropy_loss,
-        eval_step,
-        make_eval_step,
-        make_train_step,
-        scan_steps,
-        train_step,
-        weighted_mean,
-    )
+    from jaxloop.update.step import cross_entropy_loss, eval_step, make_train_step, train_step, weighted_mean
 
 
 def _lazy_exports() -> dict[str, str]:

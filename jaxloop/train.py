@@ -10,6 +10,7 @@ call was finished and saved. docs/faults.md lists every fault.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from jaxloop.core.cli import EXIT_SIGNAL, finish, parse_or_exit
 from jaxloop.core.interrupt import cli_session
 
-__all__ = ["main", "run"]  # noqa: F822  (run: the module's __getattr__, imported on first use)
+__all__ = ["end_process", "main", "run"]  # noqa: F822  (run: the module's __getattr__, imported on first use)
 
 PROG = "jaxloop.train"
 
@@ -25,9 +26,7 @@ PROG = "jaxloop.train"
 def main(argv: list[str] | None = None) -> int:
     """Parse, build, run; returns the exit status. Ctrl-C is answered from the first line (jaxloop.core.interrupt):
     jax is imported inside the session, so that even an interrupted import ends in one line."""
-    from jaxloop.checkpoint.orbax_quiet import abandoned_orbax_tasks_quiet
-
-    with cli_session(PROG), abandoned_orbax_tasks_quiet():
+    with cli_session(PROG):
         try:
             cfg = parse_or_exit(sys.argv[1:] if argv is None else argv, PROG)
             from jaxloop.loop.runner import run
@@ -53,5 +52,16 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def end_process(status: int) -> None:
+    """The command's last act: its one line is out; a fault ends the process here, flushed, without waiting
+    for threads a failure left behind (Orbax's commit threads of a failed save wait for its step directory up
+    to Orbax's 300 s timeout) or finalizing what they abandoned; a finished run exits as usual."""
+    if status:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    end_process(main())

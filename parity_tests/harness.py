@@ -297,8 +297,10 @@ def jax_run(
     """
     from jaxloop.data.pipeline import TrainLoader
     from jaxloop.loop.plateau import Plateau
+    from jaxloop.update import step as update_step
     from jaxloop.update.optimizer import set_learning_rate
-    from jaxloop.update.step import train_step
+
+    train_step = jax.jit(update_step.train_step, donate_argnums=0)  # as the loop builds it
 
     K = cfg.optim.accum_steps
     rows: list[tuple] = []

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import jax
 import numpy as np
 import pytest
 import torch
 
 from jaxloop.core.sources import load_splits, record_order
+from jaxloop.update import step as update_step
 from jaxloop.update.schedules import make_schedule
-from jaxloop.update.step import train_step
 from parity_tests.harness import (
     curve_rel_diff,
     flat_params,
@@ -29,6 +30,8 @@ from parity_tests.harness import (
     torch_run,
     tree_rel_diff,
 )
+
+train_step = jax.jit(update_step.train_step, donate_argnums=0)  # as the loop builds it
 
 K, B, UPDATES = 4, 8, 6
 

@@ -246,7 +246,9 @@ def test_gpt_conversion_round_trip_and_fp32_resume(shakespeare_slice, parity):
     import jax
     import jax.numpy as jnp
 
-    from jaxloop.update.step import train_step
+    from jaxloop.update import step as update_step
+
+    train_step = jax.jit(update_step.train_step, donate_argnums=0)  # as the loop builds it
     from parity_tests.harness import gpt_cfg, jax_state
 
     cfg = gpt_cfg(shakespeare_slice, steps=40, precision="fp32")

@@ -19,8 +19,9 @@ import torch
 from jaxloop.core.config import preset
 from jaxloop.core.sources import MicroBatchGather, load_splits
 from jaxloop.model.builtin import make_model
+from jaxloop.update import step as update_step
 from jaxloop.update.optimizer import skip_nonfinite_windows
-from jaxloop.update.step import cross_entropy_loss, train_step
+from jaxloop.update.step import cross_entropy_loss
 from parity_tests.harness import (
     QUIET,
     curve_rel_diff,
@@ -40,6 +41,8 @@ from torch_ref.models import export_jax_params
 from torch_ref.state import create_train_state as torch_state
 from torch_ref.step import cross_entropy_loss as torch_loss
 from torch_ref.step import forward, train_update
+
+train_step = jax.jit(update_step.train_step, donate_argnums=0)  # as the loop builds it
 
 UPDATES = 300
 SNAP = 25

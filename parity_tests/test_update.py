@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from jaxloop.core.sources import MicroBatchGather, load_splits
-from jaxloop.update.step import cross_entropy_loss, train_step
+from jaxloop.update import step as update_step
+from jaxloop.update.step import cross_entropy_loss
 from parity_tests.convert import torch_state_from_jax
 from parity_tests.harness import (
     F32_EPS,
@@ -32,6 +33,8 @@ from torch_ref.models import export_jax_params, param_map
 from torch_ref.optim import clip_gradients, global_norm
 from torch_ref.step import cross_entropy_loss as torch_loss
 from torch_ref.step import forward, train_update
+
+train_step = jax.jit(update_step.train_step, donate_argnums=0)  # as the loop builds it
 
 WARM = 5
 """Updates jaxloop runs before the compared update (the update compared is the 6th: t = 6)."""

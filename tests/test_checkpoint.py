@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import gc
 import json
-import logging
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -275,13 +274,13 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(uninterrupted,
                 victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
         settled = []
         monkeypatch.setattr(
-            checkpoint, "settle_abandoned_tasks", lambda settled=settled, damage=damage: settled.append(damage)
+            checkpoint, "close_abandoned_reads", lambda settled=settled, damage=damage: settled.append(damage)
         )
         with pytest.warns(UserWarning, match=r"checkpoint at update 24 is damaged") as caught:
             summary = run(cfg)
         monkeypatch.undo()
-        # mutant seen failing: settle_abandoned_tasks() removed from checkpoint.restore()
-        assert settled == [damage], "the fallback finalizes the reads the failed restore abandoned"
+        # mutant seen failing: close_abandoned_reads() removed from checkpoint.restore()
+        assert settled == [damage], "the fallback closes the reads the failed restore abandoned"
         # The cause is tensorstore's own error (the array it failed to read), not orbax's wrapper.
         message = next(str(w.message) for w in caught if "is damaged" in str(w.message))
         assert re.search(r'\(ValueError: [A-Z_]+: .*Error reading "[^"]+"', message), message
@@ -290,42 +289,58 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(uninterrupted,
         assert (run_dir / "checkpoints_damaged").is_dir()
 
 
-def test_a_failed_read_is_settled_at_once_and_quietly(caplog):
-    """Reads abandoned by a failed Orbax restore (tasks that finished with errors nobody retrieved, in
-    reference cycles) are finalized by settle_abandoned_tasks, not by a later arbitrary collection: CPython
-    3.11.7 raises SystemError when asyncio's report of them is logged inside ast.parse (it crashed CI
-    under tyro). Mutants seen failing: no gc.collect() (the tasks stay alive); no log filter (reported)."""
-    import asyncio
-    import weakref
+READ_AND_COLLECT = """
+import gc, sys, warnings
+from jaxloop.checkpoint.manager import read_checkpoint
+warnings.simplefilter("ignore")  # the damaged step's warning; this test reads stderr for reports of another kind
+for _ in range(5):  # each read of the damaged step abandons what its gather had in flight, or not: timing
+    print("read", read_checkpoint(sys.argv[1], "latest")[0])
+gc.collect()  # what any later allocation may do: Python closes the unfinished coroutines it collects
+"""
 
-    from jaxloop.checkpoint.manager import settle_abandoned_tasks
 
-    async def read(i, tasks):  # `tasks` in the failing frame closes the cycle task -> error -> frame
-        raise ValueError(f"array {i} truncated")
+def test_a_fallback_from_a_damaged_checkpoint_leaves_no_read_to_report_at_exit(tmp_path):
+    # Orbax's restore closes its event loop at the first failed read; the other reads stay suspended and,
+    # once collected, each printed "Exception ignored in: <coroutine object _read_array_index_and_device_put>"
+    # and 60 lines of traceback (after a run that ended with exit 0; pytest took them for a warning). Real
+    # processes. The read: the newest checkpoint keeps only its largest array file, so that its reads are in
+    # flight when the others fail (it also leaves tensorstore's "Event loop is closed" callbacks, outside
+    # this test). The run: its largest array file missing, as a user meets it. Mutant seen failing:
+    # close_abandoned_reads() removed from checkpoint.restore() (the read: dozens of "Exception ignored").
+    reference = tmp_path / "reference"
+    flags = ["--preset", "debug", "--log.progress", "off", "--log.no-tensorboard", "--steps", "20"]
+    flags += ["--checkpoint.every", "10", "--model.hidden", "1024", "1024", "1024"]
+    first = subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", "--run_dir", str(reference), *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert first.returncode == 0, first.stderr
+    (reference / "summary.json").unlink()  # as if killed after its last save
+    damaged = tmp_path / "damaged"
+    shutil.copytree(reference, damaged)
+    for run_dir, keep in ((reference, slice(None, -1)), (damaged, slice(-1, None))):
+        arrays = run_dir / "checkpoints" / "20" / "state" / "ocdbt.process_0" / "d"  # the array data
+        data = sorted(arrays.iterdir(), key=lambda p: p.stat().st_size)
+        for victim in set(data) - set(data[keep]):
+            victim.unlink()  # the reference: the largest array file missing; the copy read: all but the largest
 
-    abandoned = []
+    read = subprocess.run(
+        [sys.executable, "-c", READ_AND_COLLECT, str(damaged)], capture_output=True, text=True, timeout=300
+    )
+    assert read.returncode == 0 and "read 10" in read.stdout, read.stderr
+    assert "Exception ignored" not in read.stderr and "coroutine" not in read.stderr, read.stderr[:3000]
 
-    async def restore():
-        tasks = []
-        tasks.extend(asyncio.ensure_future(read(i, tasks)) for i in range(3))
-        abandoned.extend(weakref.ref(t) for t in tasks[1:])
-        await asyncio.sleep(0)  # all three fail; only the first is awaited, as a gather stopping early
-        await tasks[0]
-
-    loop = asyncio.new_event_loop()
-    gc.disable()  # only settle_abandoned_tasks may collect
-    try:
-        with pytest.raises(ValueError, match="array 0"):
-            loop.run_until_complete(restore())
-        loop.close()
-        assert all(r() is not None and r()._log_traceback for r in abandoned), "alive, errors unretrieved"
-        caplog.clear()
-        with caplog.at_level(logging.ERROR, logger="asyncio"):
-            settle_abandoned_tasks()
-        assert [r() for r in abandoned if r() is not None] == [], "finalized now"
-    finally:
-        gc.enable()
-    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+    rerun = subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", "--run_dir", str(reference), *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert rerun.returncode == 0, rerun.stderr
+    assert "checkpoint at update 20 is damaged" in rerun.stderr, rerun.stderr
+    assert "Exception ignored" not in rerun.stderr and "Traceback" not in rerun.stderr, rerun.stderr[:3000]
 
 
 def test_resume_with_incompatible_config_is_refused_listing_fields(uninterrupted, tmp_path, capsys):

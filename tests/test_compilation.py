@@ -62,7 +62,7 @@ def test_the_cache_keeps_xla_s_autotuning_results_but_not_its_gpu_kernel_cache(t
     # "all" adds XLA's GPU kernel cache: with it, on an H100 (jax 0.11.2), the fp32 eval step compiled
     # after the train step in one process died with CUDA_ERROR_ILLEGAL_INSTRUCTION. CPU runs never show
     # it, so the setting itself is what this checks.
-    from jax._src.compilation_cache import reset_cache
+    from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
     before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_enable_xla_caches)
     try:

@@ -28,6 +28,20 @@ def test_before_jax_starts_the_flag_is_added_and_the_cpu_backend_accepts_it():
     assert out.stdout.split() == ["True", other, "--xla_gpu_deterministic_ops=true", "2.0"]
 
 
+def test_asking_whether_jax_started_a_backend_starts_none_and_changes_no_setting():
+    # a fresh process: False before jax's first use (and the probed setting as it was), True after; jax's
+    # own rule answers (jax_num_cpu_devices may change only before a backend starts). Mutant seen failing:
+    # the probe's put-back removed (jax_num_cpu_devices left at 1)
+    code = (
+        "import jax; from jaxloop.loop.determinism import backend_started as b; "
+        "before = jax.config.jax_num_cpu_devices; first = b(); "
+        "print(first, b(), jax.config.jax_num_cpu_devices == before); jax.devices(); print(b())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False", "True", "True"]
+
+
 @pytest.mark.parametrize(
     "flags, named",
     [
@@ -46,7 +60,7 @@ def test_the_flag_is_recognised_by_its_whole_name(flags: str, named: bool):
 )
 def test_a_users_own_setting_stands(monkeypatch: pytest.MonkeyPatch, flags: str):
     # as if jax had not started: only the user's own flag can then stop the request
-    monkeypatch.setattr("jax._src.xla_bridge.backends_are_initialized", lambda: False)
+    monkeypatch.setattr("jaxloop.loop.determinism.backend_started", lambda: False)
     monkeypatch.setenv("XLA_FLAGS", flags)
     assert request_deterministic_ops() is False
     assert os.environ["XLA_FLAGS"] == flags

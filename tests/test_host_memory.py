@@ -136,7 +136,7 @@ def test_inline_is_not_claimed_after_jax_started_or_where_the_environment_chose(
 
     jax.devices()  # this process's backend is started
     assert run_cpu_calls_inline() is False
-    monkeypatch.setattr("jax._src.xla_bridge.backends_are_initialized", lambda: False)  # as if not started
+    monkeypatch.setattr("jaxloop.loop.host_memory.backend_started", lambda: False)  # as if not started
     monkeypatch.setenv("JAX_CPU_ENABLE_ASYNC_DISPATCH", "1")
     assert run_cpu_calls_inline() is False
     assert jax.config.read(ASYNC_DISPATCH) is True

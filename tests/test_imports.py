@@ -108,7 +108,7 @@ def test_jaxloops_step_pins_float32_matmuls_to_highest_and_the_users_own_code_ke
     state = jaxloop.init_state(
         Proj(), _loss, batch, jaxloop.make_optimizer(jaxloop.Config().optim, 2, jaxloop.get_policy("fp32"))
     )
-    hlo = jaxloop.train_step.lower(state, batch).as_text()
+    hlo = jax.jit(jaxloop.train_step).lower(state, batch).as_text()
     dots = [line for line in hlo.splitlines() if "dot_general" in line]
     assert dots and all("precision = [HIGHEST, HIGHEST]" in line for line in dots), dots
     own = jax.jit(lambda a, b: a @ b).lower(jnp.ones((4, 5)), jnp.ones((5, 3))).as_text()

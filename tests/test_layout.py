@@ -109,3 +109,23 @@ def test_the_top_level_holds_only_the_namespace_the_commands_and_the_layers():
             *LAYERS,
         ]
     ), top
+
+
+def _private_imports() -> list[str]:
+    """`module -> import` for each import of a dependency's private module (`_src`, or any part of the dotted
+    name with a leading underscore) by a jaxloop or torch_ref module."""
+    found = []
+    for package in ("jaxloop", "torch_ref"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for name in _imports(path):
+                if name.split(".")[0] in ("jaxloop", "torch_ref", "__future__"):
+                    continue
+                if any(part.startswith("_") for part in name.split(".")):
+                    found.append(f"{_module_name(path)} -> {name}")
+    return sorted(set(found))
+
+
+def test_no_module_imports_a_private_module_of_a_dependency():
+    # mutants seen failing: orbax.checkpoint._src.futures imported back into jaxloop.checkpoint.manager;
+    # jax._src.xla_bridge back in jaxloop.loop.determinism
+    assert _private_imports() == []

@@ -49,6 +49,20 @@ def test_linen_params_are_modules_init_from_the_seed():
     assert int(state.step) == 0 and state.loss is mse
 
 
+def test_train_step_is_a_plain_function_that_leaves_its_state_valid():
+    """jaxloop.train_step is pure and not jitted (as the Flax examples' train_step): called twice on the same
+    state it gives the same new state and metrics, bit for bit, and the state passed in is still readable
+    (jit and donation are the caller's: the loop builds them, docs/your-model.md shows how). Mutant seen
+    failing: train_step = jax.jit(make_train_step(), donate_argnums=0) (the second call: deleted buffers)."""
+    state = jaxloop.init_state(Lin(), mse, batch(0), optax.adamw(1e-2), seed=0)
+    first, m1 = jaxloop.train_step(state, batch(1))
+    second, m2 = jaxloop.train_step(state, batch(1))
+    assert not hasattr(jaxloop.train_step, "lower"), "not a jitted function"
+    same = jax.tree.map(lambda a, b: bool((np.asarray(a) == np.asarray(b)).all()), (first, m1), (second, m2))
+    assert jax.tree.all(same)
+    assert int(state.step) == 0 and int(first.step) == 1
+
+
 def test_train_step_on_an_own_state_is_the_textbook_sgd_update():
     """Three updates of jaxloop.train_step with optax.sgd equal jax.grad + optax.apply_updates on the same
     batches (float32; 1e-6 relative: the same arithmetic, the matmuls pinned to full precision in both)."""
@@ -102,7 +116,7 @@ def test_train_step_on_a_builtin_state_is_the_cross_entropy_step():
         return create_train_state(cfg, make_model(cfg.model, 3, cfg.precision), np.zeros((1, 64), np.float32))
 
     b = {"x": np.random.default_rng(0).normal(size=(8, 64)).astype(np.float32), "y": np.arange(8, dtype=np.int32) % 3}
-    ours, m1 = jaxloop.train_step(fresh(), b)
+    ours, m1 = jax.jit(jaxloop.train_step)(fresh(), b)  # both compiled: eager ops may round otherwise
     explicit, m2 = jax.jit(make_train_step(cross_entropy_loss))(fresh(), b)
     assert fresh().loss is cross_entropy_loss
     assert jaxloop.state_digest(ours) == jaxloop.state_digest(explicit) and float(m1["loss"]) == float(m2["loss"])

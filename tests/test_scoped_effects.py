@@ -129,20 +129,3 @@ def test_load_model_of_an_fp64_run_gives_float64_weights_and_leaves_x64_and_absl
     variables = jaxloop.load_model(run_dir, Net(), which="latest")
     assert _process_wide() == before
     assert {leaf.dtype for leaf in jax.tree.leaves(variables["params"])} == {np.dtype("float64")}
-
-
-def test_the_commands_scope_drops_only_asyncios_reports_of_abandoned_orbax_tasks_and_only_inside(caplog):
-    # python -m jaxloop.train's one-line promise after a failed save (tests/test_disk_full.py): asyncio reports
-    # the save's abandoned tasks whenever the collector finalizes them, possibly after the Checkpointer closed.
-    # Mutant seen failing: the filter dropping every "never retrieved" report (the orbax check removed)
-    from jaxloop.checkpoint.orbax_quiet import abandoned_orbax_tasks_quiet
-
-    log = logging.getLogger("asyncio")
-    orbax = "Task exception was never retrieved\nfuture: <Task coro=<NumpyHandler._open_and_write() at .../orbax/...>>"
-    other = "Task exception was never retrieved\nfuture: <Task coro=<my_own_coroutine()>>"
-    with caplog.at_level(logging.ERROR, logger="asyncio"):
-        with abandoned_orbax_tasks_quiet():
-            log.error(orbax)
-            log.error(other)
-        log.error(orbax)
-    assert [r.getMessage() for r in caplog.records] == [other, orbax]

@@ -14,10 +14,13 @@ from optax.tree_utils import tree_set
 from jaxloop.core.config import Config, DataConfig, ModelConfig, OptimConfig
 from jaxloop.loop.task import create_train_state
 from jaxloop.model.builtin import make_model
+from jaxloop.update import step as update_step
 from jaxloop.update.optimizer import LossScaleState, find_state, loss_scale, replace_state
 from jaxloop.update.schedules import make_schedule
-from jaxloop.update.step import cross_entropy_loss, make_train_step, train_step
+from jaxloop.update.step import cross_entropy_loss, make_train_step
 from parity_tests.oracle import lr_oracle as closed_form
+
+train_step = jax.jit(update_step.train_step, donate_argnums=0)  # as the loop builds it
 
 F32_EPS = 2.0**-23
 FEATURES, CLASSES = 16, 5

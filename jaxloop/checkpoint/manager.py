@@ -61,7 +61,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
 
 from jaxloop.checkpoint.digest import checkpoint_digest, finite, verify
-from jaxloop.checkpoint.orbax_quiet import MessageFilter, quiet_absl, quiet_checkpointing, settle_abandoned_tasks
+from jaxloop.checkpoint.orbax_quiet import MessageFilter, close_abandoned_reads, quiet_absl, quiet_checkpointing
 from jaxloop.checkpoint.write_errors import committed_steps, free_bytes, root_cause, size_text, write_error
 from jaxloop.core.config import CheckpointConfig, Config
 from jaxloop.core.errors import CheckpointWriteError, ConfigError
@@ -377,8 +377,10 @@ class Checkpointer:
 
     def close(self) -> None:
         """Await the last save (its errors surface here), then close the manager and the thread. After a
-        failed save, the saves still in flight are let finish (a commit that can complete does), and the
-        failure is raised again with the last good checkpoint as it is now."""
+        failed save the failure is raised again, with the last good checkpoint as it is now, without
+        waiting for the failed save's writes: Orbax's commit threads may wait for it until Orbax's
+        coordination timeout (300 s), and the process they keep alive is ended by the command line's edge
+        once its one line is out (jaxloop.core.interrupt.end_process)."""
         try:
             self.wait()
         finally:
@@ -386,69 +388,12 @@ class Checkpointer:
                 self._stager.shutdown(wait=True)
             failed = self._failed
             try:
-                if failed is not None:
-                    _release_signal_waiters()
-                    try:
-                        self.manager.wait_until_finished()
-                    except Exception:  # noqa: BLE001 - the failure is reported already
-                        pass
-                self.manager.close()
-            except Exception:
-                if failed is None:  # a failed save was reported already; its leftovers are not news
-                    raise
+                if failed is None:
+                    self.manager.close()
             finally:
-                if failed is not None:
-                    _release_signal_waiters()  # ... and those the failed save's last coroutines started since
-                    # the failed writes' futures, finalized here while Orbax is quieted, not by a later
-                    # collection after close (asyncio would log each as "exception was never retrieved")
-                    settle_abandoned_tasks()
                 self._quiet.close()
             if failed is not None:
                 raise write_error(failed.__cause__ or failed, self.directory, self._handed) from failed.__cause__
-
-
-def _release_signal_waiters(wait_s: float = 10.0) -> None:
-    """End Orbax's commit threads left waiting by a failed save (one line, exit 3, within seconds).
-
-    A save whose step directory cannot be created (a read-only checkpoints/, say) leaves Orbax's commit
-    threads, which are not daemons, waiting for its "directory created" signals until Orbax's coordination
-    timeout (300 s), and the process cannot exit meanwhile. Each thread still waiting for a signal is sent
-    its signals: it wakes, tries its write into the step directory that is not there, fails at once and
-    ends (the Checkpointer keeps Orbax's reports of that off the console; cancelling the threads instead
-    leaves their coroutines never awaited, a warning each at exit). Threads whose signals came (a
-    committing save) are left alone. Orbax's private API, so any failure here is ignored:
-    the threads then time out as before.
-    """
-    try:
-        import threading
-
-        from orbax.checkpoint._src.futures import future, signaling_client
-
-        client = signaling_client.get_signaling_client()
-        key = future.AwaitableSignalsContract.get_unique_awaitable_singal_key
-
-        def waiting() -> list[Any]:
-            return [
-                t
-                for t in threading.enumerate()
-                if isinstance(t, future._SignalingThread)
-                and t.is_alive()
-                and any(client.key_value_try_get(key(signal, t._operation_id)) is None for signal in t._receive_signals)
-            ]
-
-        # the failed save's remaining threads may still be starting (Orbax's own background thread makes
-        # them): released until two looks, 0.1 s apart, find none waiting
-        deadline, quiet = time.monotonic() + wait_s, 0
-        while quiet < 2 and time.monotonic() < deadline:
-            found = waiting()
-            for thread in found:
-                future.set_signals(thread._receive_signals, operation_id=thread._operation_id)
-            for thread in found:
-                thread.join(max(0.0, deadline - time.monotonic()))
-            quiet = 0 if found else quiet + 1
-            time.sleep(0.1)
-    except Exception:  # noqa: BLE001, S110 - best effort, see the docstring
-        pass
 
 
 class DiskSpaceWarning(UserWarning):
@@ -471,7 +416,7 @@ def restore(
     try:
         out = manager.restore(step, args=ocp.args.Composite(**items))
     except Exception:
-        settle_abandoned_tasks()
+        close_abandoned_reads()
         raise
     verified = verify(dict(out), out["digest"] if has_digest else None, directory, cast, step=step)
     return {**dict(out), "verified": verified}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import logging
 import os
 import sys
@@ -104,48 +105,27 @@ class DropAbandonedWrites:
         self.previous(unraisable)
 
 
-def settle_abandoned_tasks() -> None:
-    """Finalize, here and quietly, the asyncio tasks a failed Orbax read or write leaves behind.
+def close_abandoned_reads() -> None:
+    """Close, here, the read coroutines a failed Orbax restore left suspended.
 
-    Orbax reads (and writes) the arrays of a step with asyncio.gather, which stops at the first error; the
-    others stay in reference cycles, finished with errors nobody retrieved or pending on a closed loop.
-    Left to the cyclic collector they are finalized at an arbitrary later allocation, and asyncio
-    logs them there; inside ast.parse (tyro parses docstrings) CPython 3.11.7 then raises SystemError
-    ("AST constructor recursion depth mismatch", cpython#106905). The caller names the cause (restore()
-    re-raises the read's error).
+    Orbax reads the arrays of a step with asyncio.gather on an event loop of its own and closes that loop
+    at the first error, so the other reads stay suspended. Python closes each when it is collected (at
+    any later allocation, or at exit), and Orbax's read turns that GeneratorExit into an Exception, which
+    Python prints as "Exception ignored in: <coroutine object _read_array_index_and_device_put>" with a
+    long traceback, on a run that fell back to the previous checkpoint and ended with exit 0. Closed now,
+    with what they raise dropped, they leave nothing to print. Only suspended coroutines of Orbax's files
+    whose names say they read are touched: a save's writes in flight are not reads.
     """
-    with _asyncio_reports_dropped(_AbandonedTaskReport()):
-        pass
+    marker = f"{os.sep}orbax{os.sep}"
+    for obj in gc.get_objects():
+        if not inspect.iscoroutine(obj) or inspect.getcoroutinestate(obj) != inspect.CORO_SUSPENDED:
+            continue
+        code = obj.cr_code
+        if marker in code.co_filename and any(word in code.co_name for word in READ_WORDS):
+            with contextlib.suppress(BaseException):  # what a read raises on close is the failure restore() reports
+                obj.close()
 
 
-def abandoned_orbax_tasks_quiet() -> contextlib.AbstractContextManager[None]:
-    """For a command's life: asyncio's reports of Orbax tasks a failed save abandoned ("exception was never
-    retrieved", "destroyed but it is pending") dropped wherever the collector finalizes them, and those left
-    finalized quietly at the end (the command has said what failed, in one line); every other report passes."""
-    return _asyncio_reports_dropped(_AbandonedOrbaxTask())
-
-
-@contextlib.contextmanager
-def _asyncio_reports_dropped(report: logging.Filter) -> Iterator[None]:
-    """asyncio's logger filtered by `report` for the scope, which ends with a collection: the abandoned tasks
-    still in reference cycles are finalized while the filter is on, not at some later allocation."""
-    asyncio_log = logging.getLogger("asyncio")
-    asyncio_log.addFilter(report)
-    try:
-        yield
-    finally:
-        try:
-            gc.collect()
-        finally:
-            asyncio_log.removeFilter(report)
-
-
-class _AbandonedTaskReport(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not ("exception was never retrieved" in message or "destroyed but it is pending" in message)
-
-
-class _AbandonedOrbaxTask(_AbandonedTaskReport):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return super().filter(record) or "orbax" not in record.getMessage()
+READ_WORDS = ("read", "deserializ", "restore", "load")
+"""Words in the names of Orbax's read coroutines (serialization's _read_array_index_and_device_put, the
+handlers' deserialize, ...); its writes are named for writing and serializing."""

@@ -80,12 +80,9 @@ def compilation_cache(path: str | os.PathLike[str]) -> Iterator[Path]:
 def _reset_cache() -> None:
     """jax initialises its persistent cache once, at the first compilation after a reset: make the next
     compile read the settings now in force."""
-    try:
-        from jax._src import compilation_cache as _cc
+    from jax.experimental.compilation_cache import compilation_cache as cache
 
-        _cc.reset_cache()
-    except (ImportError, AttributeError):
-        pass
+    cache.reset_cache()
 
 
 @contextmanager

@@ -22,14 +22,26 @@ def names_flag(flags: str, flag: str = FLAG) -> bool:
     return any(token.split("=", 1)[0] == flag for token in flags.split())
 
 
+PROBE = "jax_num_cpu_devices"
+"""A jax setting that may change only before jax starts a backend (jax raises RuntimeError after)."""
+
+
 def backend_started() -> bool | None:
     """Whether jax has started a backend, which is when XLA reads XLA_FLAGS and jax its client settings
-    (None where this jax cannot tell). Asking starts nothing."""
-    try:
-        from jax._src.xla_bridge import backends_are_initialized
-    except ImportError:
+    (None where this jax cannot tell). jax has no public question for it; its own rule answers: PROBE may
+    change only before a backend starts. The probe changes it and puts it back at once: asking starts
+    nothing and leaves the setting as it was."""
+    import jax
+
+    before = getattr(jax.config, PROBE, None)
+    if not isinstance(before, int):
         return None
-    return bool(backends_are_initialized())
+    try:
+        jax.config.update(PROBE, 2 if before == 1 else 1)
+    except RuntimeError:
+        return True
+    jax.config.update(PROBE, before)
+    return False
 
 
 def request_deterministic_ops() -> bool:

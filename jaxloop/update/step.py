@@ -166,10 +166,12 @@ def scan_steps(step: StepFn) -> StepFn:
     return steps
 
 
-train_step = jax.jit(make_train_step(), donate_argnums=0)
+train_step = make_train_step()
 """train_step(state, batch) -> (state, metrics): one micro-batch of the loss the state carries (your own
-model's, from jaxloop.init_state, or a built-in task's cross-entropy), jitted; the state passed in is
-donated. Pure: it also runs inside your own jax.jit, lax.scan or vmap."""
+model's, from jaxloop.init_state, or a built-in task's cross-entropy). A pure function, not jitted (as the
+Flax examples' train_step): the state passed in stays valid. Jit it where you call it, donating the state
+as the loop does: `step = jax.jit(jaxloop.train_step, donate_argnums=0)`; it also runs inside your own
+lax.scan or vmap."""
 eval_step = jax.jit(make_eval_step())
 """eval_step(state, batch) -> {loss, aux...}: the state's loss in eval mode, jitted (aux `weight`, where the loss
 gives it, lets a loop average exactly over batches)."""
