@@ -214,7 +214,7 @@ def test_past_steps_both_hold_end_lr(runs, parity):
             "fp32": _emitted(r["fp32"][0], K)[cfg.steps :],
         }
         moved = max([moved] + [float(np.max(np.abs(v - v[0]))) for v in held.values()])
-        end = cfg.optim.end_lr
+        end = cfg.optim.lr_schedule.end_lr
         torch_off = max(torch_off, float(np.max(np.abs(held["torch"] - end))))
         jax64_off = max(jax64_off, _rel(held["fp64"], np.full_like(held["fp64"], end)))
         jax32_off = max(jax32_off, float(np.max(ulps_of_value(held["fp32"], np.full_like(held["fp32"], end)))))
