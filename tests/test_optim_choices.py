@@ -199,3 +199,14 @@ def test_help_after_optim_name_lists_that_optimizers_fields_with_their_docs():
 def test_a_validated_config_keeps_the_default_runs_optimizer():
     cfg = validate(preset("digits"), check_paths=False)
     assert type(cfg.optim.optimizer).__name__ == "AdamWConfig" and cfg.optim.schedule == "warmup_cosine"
+
+
+def test_the_report_names_the_optimizer_of_a_nested_or_an_older_flat_config():
+    # report.md's optimizer row reads the saved config.json: the nested form, or a flat one of an earlier run
+    # mutant seen failing: the row reading optim.name only (every nested run shown as adamw)
+    from jaxloop.observe.run_report import _chosen
+
+    nested = to_dict(parse_config(["--optim.name", "lion"], check_paths=False))["optim"]
+    flat = json.loads((OLD / "sgd_one_cycle.json").read_text())["optim"]
+    assert [_chosen(o, "optimizer", "name", "adamw") for o in (nested, flat)] == ["lion", "sgd"]
+    assert [_chosen(o, "lr_schedule", "schedule", "") for o in (nested, flat)] == ["warmup_cosine", "one_cycle"]
