@@ -194,7 +194,10 @@ def test_float32_rate_is_within_two_ulps_of_the_rate_itself(runs, parity):
     for r in runs:
         err = ulps_of_value(_emitted(r["fp32"][0], r["cfg"].optim.accum_steps), r["reference"])
         if err.max() > worst:
-            worst, where = float(err.max()), (r["cfg"].steps, r["cfg"].optim.warmup_steps, int(err.argmax()))
+            worst, where = (
+                float(err.max()),
+                (r["cfg"].steps, r["cfg"].optim.lr_schedule.warmup_steps, int(err.argmax())),
+            )
     parity.check(
         "schedule fp32 (60 configs, every update): |jaxloop - oracle| in float32 ulps of the rate itself",
         worst,
