@@ -211,12 +211,10 @@ def rewrite_flat(o: OptimConfig, changes: dict[str, Any], path: str = "optim.", 
         own = {k: new.pop(k) for k in list(new) if not cls.prefix and k in cls.field_names()}
         parts[cls.selector] = replace(part, **own)
     shared = {k: new.pop(k) for k in list(new) if k in get_type_hints(OptimShared)}
-    for key, value in new.items():
+    if new and not stored:  # a key the chosen classes do not read
+        key, value = next(iter(new.items()))
         who = next(f"optim.{c.selector}={c.name}" for c in (opt_cls, sched_cls) if c.selector in readers(key)[0])
-        if not stored:
-            raise ConfigError(
-                f"{path}{key}", value, f"absent ({who} does not read it; read by {', '.join(readers(key))})"
-            )
+        raise ConfigError(f"{path}{key}", value, f"absent ({who} does not read it; read by {', '.join(readers(key))})")
     return replace(o, optimizer=parts["name"], lr_schedule=parts["schedule"], **shared)
 
 
