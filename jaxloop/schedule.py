@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     print(describe(cfg.optim, cfg.steps))
     if cfg.optim.schedule == "plateau":
         print(
-            f"(plateau: peak_lr until an evaluation without improvement for more than {cfg.optim.plateau.patience} "
-            f"evaluations multiplies it by {cfg.optim.plateau.factor}; shown before any reduction)"
+            f"(plateau: peak_lr until an evaluation without improvement for more than {cfg.optim.lr_schedule.patience} "
+            f"evaluations multiplies it by {cfg.optim.lr_schedule.factor}; shown before any reduction)"
         )
     print(f"{'update':>8}  rate")
     for u in updates:

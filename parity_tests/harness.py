@@ -166,11 +166,11 @@ def optax_adamw(cfg: Config) -> Any:
     o = cfg.optim
     adamw = optax.adamw(
         make_schedule(cfg.optim, cfg.steps),
-        b1=o.b1,
-        b2=o.b2,
-        eps=o.eps,
+        b1=o.optimizer.b1,
+        b2=o.optimizer.b2,
+        eps=o.optimizer.eps,
         eps_root=0.0,
-        weight_decay=o.weight_decay,
+        weight_decay=o.optimizer.weight_decay,
         mask=decay_mask,
     )
     return optax.MultiSteps(optax.chain(optax.clip_by_global_norm(o.clip_norm), adamw), every_k_schedule=o.accum_steps)

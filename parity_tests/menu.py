@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from jaxloop.core.config import Config, validate
+from jaxloop.core.schedules_config import PlateauConfig
 from parity_tests.harness import (
     Run,
     curve_rel_diff,
@@ -59,7 +60,7 @@ SCHEDULES: dict[str, dict[str, Any]] = {
     "warmup_cosine": {},
     "constant": dict(schedule="constant", warmup_steps=20, init_lr=3e-4),
     "linear": dict(schedule="linear", end_lr=0.0),
-    "polynomial": dict(schedule="polynomial", power=2.0, end_lr=3e-5),
+    "polynomial": dict(schedule="polynomial", power=2.0),  # to 0: polynomial reads no end_lr
     "step": dict(schedule="step", step_size=60, gamma=0.5),
     "multistep": dict(schedule="multistep", milestones=(60, 150, 200), gamma=0.3),
     "exponential": dict(schedule="exponential", gamma=0.99),
@@ -69,6 +70,12 @@ SCHEDULES: dict[str, dict[str, Any]] = {
     "inverse_sqrt": dict(schedule="inverse_sqrt", warmup_steps=30, init_lr=1e-4),
 }
 """Each schedule under AdamW (init_lr 0: torch_ref's warmup is LambdaLR(u / W); init_lr > 0: LinearLR)."""
+
+PLATEAU: dict[str, Any] = dict(
+    schedule="plateau", plateau=PlateauConfig(factor=0.5, patience=0, threshold=0.05, cooldown=2)
+)
+"""plateau's case (it decides at evaluations: test_schedules.py runs it with an evaluation every PLATEAU_EVERY
+updates)."""
 
 
 def combination_cfg(changes: dict[str, Any], precision: str = "fp64", k: int = 1) -> Config:

@@ -21,8 +21,8 @@ PI = LD("3.141592653589793238462643383279502884")
 
 def lr_oracle(cfg: Config, u: int) -> float:
     """The rate of the 0-based optimizer update u, rounded to float64 from extended precision."""
-    o, steps = cfg.optim, cfg.steps
-    init, peak, end = LD(o.init_lr), LD(o.peak_lr), LD(o.end_lr)
+    o, steps = cfg.optim.lr_schedule, cfg.steps
+    init, peak, end = LD(o.init_lr), LD(cfg.optim.peak_lr), LD(o.end_lr)
     if u < o.warmup_steps:
         return float(init + (peak - init) * LD(u) / LD(o.warmup_steps))
     if u >= steps:  # lr(steps) = end_lr by definition (1 + cos(pi) is a rounding above 0 in long double)
@@ -47,17 +47,17 @@ def _cos_anneal(a: LD, b: LD, t: LD) -> LD:
 def menu_lr_oracle(cfg: Config, u: int) -> float:
     """The rate of update u < steps for any optim.schedule but plateau, from the definitions in the torch and
     Hugging Face documentation (textbook forms, long double), rounded to float64."""
-    o, S = cfg.optim, cfg.steps
+    o, S = cfg.optim.lr_schedule, cfg.steps
     # a schedule's config holds only what it reads (one_cycle no warmup, constant no end_lr): 0 for the rest
     P, I, E, W = (  # noqa: E741 (the formulas' names)
-        LD(o.peak_lr),
+        LD(cfg.optim.peak_lr),
         LD(getattr(o, "init_lr", 0.0)),
         LD(getattr(o, "end_lr", 0.0)),
         getattr(o, "warmup_steps", 0),
     )
-    if o.schedule == "warmup_cosine":
+    if o.name == "warmup_cosine":
         return lr_oracle(cfg, u)
-    if o.schedule == "one_cycle":  # OneCycleLR's documented phases (its float phase ends included)
+    if o.name == "one_cycle":  # OneCycleLR's documented phases (its float phase ends included)
         low0 = P / LD(o.div_factor)
         low1 = low0 / LD(o.final_div_factor)
         up = LD(float(o.pct_start * S)) - 1
@@ -74,7 +74,7 @@ def menu_lr_oracle(cfg: Config, u: int) -> float:
     if u < W:
         return float(I + (P - I) * LD(u) / LD(W))
     v, D = u - W, S - W
-    s = o.schedule
+    s = o.name
     if s == "constant":
         r = P
     elif s == "linear":

@@ -194,7 +194,10 @@ def test_float32_rate_is_within_two_ulps_of_the_rate_itself(runs, parity):
     for r in runs:
         err = ulps_of_value(_emitted(r["fp32"][0], r["cfg"].optim.accum_steps), r["reference"])
         if err.max() > worst:
-            worst, where = float(err.max()), (r["cfg"].steps, r["cfg"].optim.warmup_steps, int(err.argmax()))
+            worst, where = (
+                float(err.max()),
+                (r["cfg"].steps, r["cfg"].optim.lr_schedule.warmup_steps, int(err.argmax())),
+            )
     parity.check(
         "schedule fp32 (60 configs, every update): |jaxloop - oracle| in float32 ulps of the rate itself",
         worst,
@@ -214,7 +217,7 @@ def test_past_steps_both_hold_end_lr(runs, parity):
             "fp32": _emitted(r["fp32"][0], K)[cfg.steps :],
         }
         moved = max([moved] + [float(np.max(np.abs(v - v[0]))) for v in held.values()])
-        end = cfg.optim.end_lr
+        end = cfg.optim.lr_schedule.end_lr
         torch_off = max(torch_off, float(np.max(np.abs(held["torch"] - end))))
         jax64_off = max(jax64_off, _rel(held["fp64"], np.full_like(held["fp64"], end)))
         jax32_off = max(jax32_off, float(np.max(ulps_of_value(held["fp32"], np.full_like(held["fp32"], end)))))

@@ -41,6 +41,7 @@ from parity_tests.harness import (
     ulps_of_value,
 )
 from parity_tests.menu import (  # noqa: F401
+    PLATEAU,
     SCHEDULES,
     UPDATES,
     adamw_warmup_cosine,
@@ -89,7 +90,7 @@ def one_cycle_bound(cfg) -> float:
     """How far torch's OneCycleLR may be from the exact rate: its textbook annealing (cos(pi f) + 1 and
     (b - a) f + a) loses an ulp of the phase's start near a phase's end, where the rate is its end: relative
     error up to a few ulps times start / end, at most div_factor * final_div_factor."""
-    return 4 * F64_EPS * cfg.optim.div_factor * cfg.optim.final_div_factor
+    return 4 * F64_EPS * cfg.optim.lr_schedule.div_factor * cfg.optim.lr_schedule.final_div_factor
 
 
 def _variant_cfg(schedule: str, changes: dict):
@@ -215,7 +216,6 @@ def test_trajectories_rates_and_losses_agree(schedule_runs, parity):
 # ----------------------------------------------------------------------------- plateau
 
 
-PLATEAU = dict(schedule="plateau", plateau=PlateauConfig(factor=0.5, patience=0, threshold=0.05, cooldown=2))
 PLATEAU_EVERY = 10
 """Evaluations (validation loss over the whole split) every 10 updates: 30 decisions in 300 updates."""
 
@@ -223,7 +223,7 @@ PLATEAU_EVERY = 10
 def decision_margin(metrics: list[float], cfg) -> float:
     """The smallest relative distance of a metric from the value that would have changed its decision
     (best * (1 - threshold): ReduceLROnPlateau's rel/min rule), replaying the decisions."""
-    p, best, margin = cfg.optim.plateau, None, np.inf
+    p, best, margin = cfg.optim.lr_schedule, None, np.inf
     for m in metrics:
         if best is not None:
             margin = min(margin, abs(m - best * (1 - p.threshold)) / abs(m))

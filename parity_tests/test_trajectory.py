@@ -174,7 +174,12 @@ def stock_optax_adamw(cfg):
 
     o = cfg.optim
     adamw = optax.adamw(
-        make_schedule(cfg.optim, cfg.steps), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask
+        make_schedule(cfg.optim, cfg.steps),
+        b1=o.optimizer.b1,
+        b2=o.optimizer.b2,
+        eps=o.optimizer.eps,
+        weight_decay=o.optimizer.weight_decay,
+        mask=decay_mask,
     )
     return skip_nonfinite_windows(optax.chain(optax.clip_by_global_norm(o.clip_norm), adamw), o.accum_steps)
 

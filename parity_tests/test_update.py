@@ -280,7 +280,7 @@ def test_float32_adam_step_from_the_same_state_and_gradients_agrees(parity):
             is_leaf=lambda n: isinstance(n, (optax.ScaleByAdamState, optax.ScaleByScheduleState)),
         )
         optax_own = host(stock.update(grads, same, zeros)[0])
-        one_minus_b2 = float(1 - jnp.float32(cfg.optim.b2))
+        one_minus_b2 = float(1 - jnp.float32(cfg.optim.optimizer.b2))
     torch_step = export_jax_params(tstate.model)
     parity.check(
         "one update fp32: Adam step x rate (same state and gradients), relative",
@@ -290,5 +290,8 @@ def test_float32_adam_step_from_the_same_state_and_gradients_agrees(parity):
     )
     before_fix = tree_rel_diff(optax_own, torch_step)[0]
     parity.note("optax float32 Adam step vs torch (jaxloop before the fix)", before_fix)
-    parity.note("optax float32 1 - b2, relative error", abs(one_minus_b2 - (1 - cfg.optim.b2)) / (1 - cfg.optim.b2))
+    parity.note(
+        "optax float32 1 - b2, relative error",
+        abs(one_minus_b2 - (1 - cfg.optim.optimizer.b2)) / (1 - cfg.optim.optimizer.b2),
+    )
     assert before_fix > 16 * F32_EPS / 2, "optax's own float32 bias correction is outside this bound"

@@ -280,7 +280,10 @@ def test_help_lists_every_field_with_its_doc_and_default():
     )
     assert out.returncode == 0
     flat = _flatten(to_dict(Config()))
-    for key in flat:
+    for key in flat:  # config.json's optim.optimizer.b1 is the flag --optim.b1, its .name --optim.name
+        head, _, field = key.rpartition(".")
+        if head in ("optim.optimizer", "optim.lr_schedule"):
+            key = "optim." + ({"optimizer": "name", "lr_schedule": "schedule"}[head[6:]] if field == "name" else field)
         assert f"--{key}" in out.stdout, f"--{key} missing from --help"
     assert "Learning rate at the end of warmup. (default: 0.003)" in out.stdout
 

@@ -172,13 +172,13 @@ def test_the_finetune_preset_is_nanogpts_finetune_shakespeare():
     # nanoGPT's config/finetune_shakespeare.py: 20 iterations of 32 sequences (batch 1 x accumulation 32 there),
     # learning rate 3e-5 not decayed, eval every 5 over 40 batches; its train.py's AdamW betas (0.9, 0.95), decay
     # 0.1, clip 1.0. mutant seen failing: the preset left on warmup-cosine
-    from jaxloop.core.config import flat_view, preset
+    from jaxloop.core.config import preset
 
     cfg = preset("gpt2-finetune")
-    o = flat_view(cfg.optim)
+    o, a = cfg.optim, cfg.optim.optimizer
     assert (cfg.steps, cfg.batch_size * cfg.optim.accum_steps, cfg.eval_every, cfg.eval_batches) == (20, 32, 5, 40)
-    assert (o["name"], o["schedule"], o["peak_lr"], o["warmup_steps"]) == ("adamw", "constant", 3e-5, 0)
-    assert (o["b1"], o["b2"], o["weight_decay"], o["clip_norm"]) == (0.9, 0.95, 0.1, 1.0)
+    assert (o.name, o.schedule, o.peak_lr, o.lr_schedule.warmup_steps) == ("adamw", "constant", 3e-5, 0)
+    assert (a.b1, a.b2, a.weight_decay, o.clip_norm) == (0.9, 0.95, 0.1, 1.0)
     assert cfg.data.source == "tokens" and cfg.model.kind == "gpt" and cfg.model.dropout == 0.0
 
 

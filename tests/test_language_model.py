@@ -40,7 +40,8 @@ def test_gpt2_small_preset_is_gpt2_small_with_nanogpt_optimizer():
     m, o = cfg.model, cfg.optim
     assert (m.n_layers, m.n_heads, m.d_model, m.context) == (12, 12, 768, 1024)
     assert m.tie_embeddings and m.init == "gpt2" and m.attention == "auto" and cfg.precision == "auto"
-    assert (o.name, o.peak_lr, o.b1, o.b2, o.weight_decay, o.clip_norm, o.schedule) == (
+    a = o.optimizer
+    assert (o.name, o.peak_lr, a.b1, a.b2, a.weight_decay, o.clip_norm, o.schedule) == (
         "adamw",
         6e-4,
         0.9,

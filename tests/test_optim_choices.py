@@ -1,6 +1,6 @@
 """The optimizer and schedule config classes (jaxloop.core.optimizers_config, jaxloop.core.schedules_config): each holds
-only the fields its choice reads; the flat form of flags, files and config.json is generated from them; a run
-directory saved before the classes (tests/data/old_config, written by commit 61bf00e) still resumes."""
+only the fields its choice reads, with its own defaults; config.json stores them nested; the flat flags are put
+onto them; a run directory saved in the flat form (tests/data/old_config) still resumes with its stored values."""
 
 from __future__ import annotations
 
@@ -14,26 +14,54 @@ import pytest
 
 from jaxloop import OptimConfig, PlateauConfig, SGDConfig, StepConfig
 from jaxloop.core.cli import parse_config
-from jaxloop.core.config import ConfigError, changed_fields, flat_defaults, preset, resume_conflicts, to_dict, validate
-from jaxloop.core.optimizers_config import OPTIMIZERS, LionConfig
+from jaxloop.core.config import ConfigError, changed_fields, from_dict, preset, resume_conflicts, to_dict, validate
+from jaxloop.core.optimizers_config import OPTIMIZERS, AdagradConfig, AdamWConfig, LionConfig
 from jaxloop.core.schedules_config import SCHEDULES, OneCycleConfig
 
 OLD = Path(__file__).parent / "data" / "old_config"
 
 
-@pytest.mark.parametrize("name", ["sgd_one_cycle.json", "adamw_plateau.json"])
+FLAT = ["sgd_one_cycle.json", "adamw_plateau.json", "default.json", "adagrad.json", "lion_step.json"]
+
+
+@pytest.mark.parametrize("name", FLAT)
 def test_a_run_dir_saved_in_the_old_flat_form_resumes_by_name_without_conflicts(name, tmp_path):
-    # debug preset runs whose unread fields hold the preset's values (warmup_steps 4, end_lr 1e-4), not the
-    # classes' defaults: they are translated against the preset, and written back the same
+    # the flat optim section is read into its choices' classes, each stored value kept (the fields its choices
+    # do not read dropped), and the run goes on with no conflict; what it writes back is the nested form
     saved = json.loads((OLD / name).read_text())
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     shutil.copy(OLD / name, run_dir / "config.json")
     cfg = parse_config(["--run_dir", str(run_dir)], check_paths=False)
     assert resume_conflicts(saved, cfg) == []
-    added = {f"{section}.{k}": [None, v] for section, fields in ADDED_SINCE.items() for k, v in fields.items()}
-    assert changed_fields(saved, cfg) == {"run_dir": [saved["run_dir"], str(run_dir)], **added}  # recorded, no conflict
-    assert to_dict(cfg)["optim"] == saved["optim"]
+    changed = changed_fields(saved, cfg)
+    assert changed.pop("run_dir") == [saved["run_dir"], str(run_dir)]
+    assert all(before is None for before, _ in changed.values()), changed  # only fields added since: recorded
+    optim = to_dict(cfg)["optim"]
+    assert optim["optimizer"]["name"] == saved["optim"]["name"]
+    assert optim["lr_schedule"]["name"] == saved["optim"]["schedule"]
+    stored = (
+        {**saved["optim"], **saved["optim"]["plateau"]} if saved["optim"]["schedule"] == "plateau" else saved["optim"]
+    )
+    for section in ("optimizer", "lr_schedule"):
+        for key, value in optim[section].items():
+            assert key == "name" or value == stored[key], (section, key)
+
+
+def test_a_stored_run_keeps_the_values_it_stored_where_the_classes_defaults_changed():
+    # adagrad's eps was 1e-8 and lion's b2 0.999 when these runs were saved (one default per flat name);
+    # the classes' defaults are torch's now (1e-10; lion's paper 0.99), the stored runs keep theirs
+    # mutant seen failing: the upgrade building the class from its defaults instead of the stored values
+    adagrad = from_dict(json.loads((OLD / "adagrad.json").read_text()))
+    assert adagrad.optim.optimizer == AdagradConfig(eps=1e-8) != AdagradConfig()
+    lion = from_dict(json.loads((OLD / "lion_step.json").read_text()))
+    assert lion.optim.optimizer == LionConfig(b2=0.999) != LionConfig()
+
+
+def test_the_default_runs_old_config_json_reads_as_todays_default_run():
+    # the default run's optimizer (AdamW) and schedule keep every value: its losses stay bit-identical
+    old = from_dict(json.loads((OLD / "default.json").read_text()))
+    assert old.optim == preset("digits").optim and old.optim.optimizer == AdamWConfig()
 
 
 def test_the_old_form_is_read_into_the_classes_of_its_choices():
@@ -42,40 +70,41 @@ def test_the_old_form_is_read_into_the_classes_of_its_choices():
         optimizer=SGDConfig(momentum=0.9), lr_schedule=OneCycleConfig(div_factor=10.0), peak_lr=1e-2
     )
     cfg = parse_config(["--config", str(OLD / "adamw_plateau.json")], check_paths=False)
-    assert cfg.optim.lr_schedule == PlateauConfig(patience=3) and cfg.optim.b2 == 0.99
+    assert cfg.optim.lr_schedule == PlateauConfig(patience=3) and cfg.optim.optimizer.b2 == 0.99
 
 
-def test_every_presets_config_json_keeps_its_form_and_key_order():
-    # config.json and the checkpoints' config item are this dict: the same keys, order and values as before
-    # (a field added since is written too, at its default, and read back from an older file as its default:
-    # the old keys keep their order and values)
+def test_every_presets_old_config_json_reads_as_the_preset():
+    # presets.json holds every preset's config.json in the flat form (61bf00e): each reads as today's preset
     stored = json.loads((OLD / "presets.json").read_text())
-    for name, want in stored.items():
-        # one change on purpose: model.remat is memory.remat=blocks now (tests/test_model_remat.py)
-        want["model"].pop("remat")
-        got = to_dict(preset(name))
-        added = {
-            section: {k: v for k, v in fields.items() if k not in want.get(section, {})}
-            for section, fields in got.items()
-            if isinstance(fields, dict)
-        }
-        assert added == ADDED_SINCE, name
-        old = {
-            k: ({f: v for f, v in fields.items() if f not in added.get(k, {})} if isinstance(fields, dict) else fields)
-            for k, fields in got.items()
-        }
-        assert json.dumps(old) == json.dumps(want), name
+    for name, old in stored.items():
+        assert from_dict(old).optim == preset(name).optim, name
 
 
-ADDED_SINCE = {  # the fields added since presets.json was saved (61bf00e), at their defaults in every preset
-    "model": {"gelu": "tanh", "ln_eps": 1e-5},
-    "data": {"allow_changed": False, "train": "", "val": ""},
-    "log": {"trackers": [], "project": "jaxloop", "mlflow_uri": ""},
-    "checkpoint": {},
-    "distributed": {},
-    "memory": {},
-    "optim": {},
-}
+def test_config_json_stores_the_nested_classes():
+    # config.json and the checkpoints' config item: optim.optimizer and optim.lr_schedule, each its class's name
+    # and fields, beside the shared fields; read back as the same config
+    optim = to_dict(preset("gpt2-finetune"))["optim"]
+    assert optim == {
+        "optimizer": {"name": "adamw", "weight_decay": 0.1, "b1": 0.9, "b2": 0.95, "eps": 1e-8},
+        "lr_schedule": {"name": "constant", "init_lr": 0.0, "warmup_steps": 0},
+        "peak_lr": 3e-5,
+        "clip_norm": 1.0,
+        "accum_steps": 4,
+        "ema_decay": 0.0,
+    }
+    for name in ("digits", "shakespeare", "debug", "gpt2-small", "gpt2-finetune"):
+        assert from_dict(json.loads(json.dumps(to_dict(preset(name))))) == preset(name), name
+
+
+def test_a_nested_section_names_its_class_and_takes_that_class_defaults(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("optim:\n  optimizer:\n    name: adagrad\n    lr_decay: 0.01\n  lr_schedule:\n    name: plateau\n")
+    cfg = parse_config(["--config", str(path)], check_paths=False)
+    assert cfg.optim.optimizer == AdagradConfig(lr_decay=0.01) and cfg.optim.lr_schedule == PlateauConfig()
+    path.write_text("optim:\n  optimizer:\n    name: sgd\n    b1: 0.8\n")
+    with pytest.raises(ConfigError) as e:
+        parse_config(["--config", str(path)], check_paths=False)
+    assert e.value.field_path == "optim.optimizer.b1"
 
 
 def test_a_flag_the_chosen_optimizer_does_not_read_is_refused_naming_its_readers():
@@ -90,14 +119,14 @@ def test_python_refuses_a_field_the_chosen_class_does_not_hold():
         SGDConfig(b1=0.8)  # structurally: the class has no such field
     with pytest.raises(ConfigError, match="read by optim.name=adamw, optim.name=adam, optim.name=lion"):
         OptimConfig(name="sgd", b1=0.8)  # the flat form names who reads it
-    with pytest.raises(AttributeError, match="read by optim.name=sgd, optim.name=rmsprop"):
-        _ = OptimConfig().momentum  # adamw holds no momentum
+    with pytest.raises(AttributeError, match="momentum"):
+        _ = OptimConfig().optimizer.momentum  # adamw holds no momentum
 
 
 def test_the_flat_keywords_and_the_classes_build_the_same_config():
     flat = OptimConfig(name="sgd", momentum=0.9, schedule="step", step_size=100, peak_lr=0.1)
     assert flat == OptimConfig(optimizer=SGDConfig(momentum=0.9), lr_schedule=StepConfig(step_size=100), peak_lr=0.1)
-    assert (flat.name, flat.schedule, flat.momentum, flat.step_size) == ("sgd", "step", 0.9, 100)
+    assert (flat.name, flat.schedule, flat.optimizer.momentum, flat.lr_schedule.step_size) == ("sgd", "step", 0.9, 100)
 
 
 def test_the_classes_errors_name_the_flag_path():
@@ -109,9 +138,44 @@ def test_the_classes_errors_name_the_flag_path():
     assert e.value.field_path == "optim.plateau.patience"
 
 
-def test_a_field_several_classes_hold_has_one_default():
-    # the flat form (one --optim.b2 flag for adamw, adam and lion) needs it; flat_defaults checks it
-    assert flat_defaults()["b2"] == LionConfig().b2 == OPTIMIZERS["adamw"]().b2
+TORCH_NAMES = {"b1": ("betas", 0), "b2": ("betas", 1)}
+"""jaxloop's field -> torch's argument (and index in it), where the names differ."""
+
+
+def test_each_optimizer_class_defaults_to_torchs_defaults():
+    # torch's documented defaults (read from the installed torch's signatures; Lion: torch_ref.lion, the
+    # paper's and lion-pytorch's betas (0.9, 0.99)), but weight_decay: jaxloop's 1e-4 for every class, the
+    # default run's (bit-identical to the recorded reference)
+    # mutant seen failing: AdagradConfig.eps back at 1e-8; LionConfig.b2 back at 0.999
+    import inspect
+
+    import torch
+
+    from torch_ref.lion import Lion
+
+    torch_class = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
+    torch_class |= {"rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad, "lion": Lion}
+    assert set(torch_class) == set(OPTIMIZERS)
+    for name, cls in OPTIMIZERS.items():
+        params = inspect.signature(torch_class[name]).parameters
+        for field in cls.field_names():
+            if field == "weight_decay":
+                continue
+            arg, index = TORCH_NAMES.get(field, (field, None))
+            want = params[arg].default if index is None else params[arg].default[index]
+            assert getattr(cls(), field) == want, (name, field)
+    assert AdagradConfig().eps == 1e-10 and LionConfig().b2 == 0.99
+    assert {cls().weight_decay for cls in OPTIMIZERS.values()} == {1e-4}
+
+
+def test_a_flag_that_switches_the_class_gives_that_class_its_own_defaults():
+    # --optim.name adagrad: torch's Adagrad eps (1e-10), not AdamW's 1e-8; a flag given with it still applies
+    cfg = parse_config(["--optim.name", "adagrad"], check_paths=False)
+    assert cfg.optim.optimizer == AdagradConfig()
+    cfg = parse_config(["--optim.name", "lion", "--optim.b1", "0.95"], check_paths=False)
+    assert cfg.optim.optimizer == LionConfig(b1=0.95)
+    cfg = parse_config(["--optim.eps", "1e-8", "--optim.name", "adagrad"], check_paths=False)
+    assert cfg.optim.optimizer == AdagradConfig(eps=1e-8)  # the flag, though it equals adamw's default
     assert set(OPTIMIZERS) == {"adamw", "adam", "sgd", "rmsprop", "adagrad", "lion"} and len(SCHEDULES) == 12
 
 
@@ -135,3 +199,14 @@ def test_help_after_optim_name_lists_that_optimizers_fields_with_their_docs():
 def test_a_validated_config_keeps_the_default_runs_optimizer():
     cfg = validate(preset("digits"), check_paths=False)
     assert type(cfg.optim.optimizer).__name__ == "AdamWConfig" and cfg.optim.schedule == "warmup_cosine"
+
+
+def test_the_report_names_the_optimizer_of_a_nested_or_an_older_flat_config():
+    # report.md's optimizer row reads the saved config.json: the nested form, or a flat one of an earlier run
+    # mutant seen failing: the row reading optim.name only (every nested run shown as adamw)
+    from jaxloop.observe.run_report import _chosen
+
+    nested = to_dict(parse_config(["--optim.name", "lion"], check_paths=False))["optim"]
+    flat = json.loads((OLD / "sgd_one_cycle.json").read_text())["optim"]
+    assert [_chosen(o, "optimizer", "name", "adamw") for o in (nested, flat)] == ["lion", "sgd"]
+    assert [_chosen(o, "lr_schedule", "schedule", "") for o in (nested, flat)] == ["warmup_cosine", "one_cycle"]

@@ -127,17 +127,21 @@ def test_flags_read_naturally_and_yaml_nests_plateau(tmp_path):
         ],
         check_paths=False,
     )
-    assert (cfg.optim.schedule, cfg.optim.div_factor, cfg.optim.three_phase) == ("one_cycle", 10.0, True)
+    assert (cfg.optim.schedule, cfg.optim.lr_schedule.div_factor, cfg.optim.lr_schedule.three_phase) == (
+        "one_cycle",
+        10.0,
+        True,
+    )
     cfg = parse_config(
         ["--optim.schedule", "multistep", "--optim.milestones", "100", "200", "--optim.gamma", "0.5"], check_paths=False
     )
-    assert cfg.optim.milestones == (100, 200)
+    assert cfg.optim.lr_schedule.milestones == (100, 200)
     cfg = parse_config(["--optim.name", "sgd", "--optim.momentum", "0.9", "--optim.nesterov"], check_paths=False)
-    assert cfg.optim.nesterov
+    assert cfg.optim.optimizer.nesterov
     path = tmp_path / "run.yaml"
     path.write_text("optim:\n  schedule: plateau\n  plateau:\n    patience: 3\n    factor: 0.5\n")
     cfg = parse_config(["--config", str(path), "--optim.plateau.cooldown", "2"], check_paths=False)
-    assert cfg.optim.plateau == PlateauConfig(patience=3, factor=0.5, cooldown=2)
+    assert cfg.optim.lr_schedule == PlateauConfig(patience=3, factor=0.5, cooldown=2)
 
 
 def test_help_documents_every_optimizer_and_schedule_field():
@@ -162,21 +166,21 @@ def test_help_documents_every_optimizer_and_schedule_field():
     ],
 )
 def test_resuming_with_another_optimizer_or_schedule_is_refused_naming_the_fields(changes):
+    # another class is one conflict, its stored name; the same class with another field names that field
     saved = to_dict(Config())
     conflicts = resume_conflicts(saved, _check(**changes))
     named = {c.split(":")[0] for c in conflicts}
-    want = {f"optim.{k}" for k in changes if k != "plateau"} | (
-        {f"optim.plateau.{k}" for k in ("patience",)} if "plateau" in changes else set()
-    )
+    want = {f"optim.{'optimizer' if k == 'name' else 'lr_schedule'}.name" for k in changes if k in ("name", "schedule")}
     assert named == want
 
 
 def test_a_config_saved_before_the_menu_resumes_with_the_defaults():
     saved = to_dict(Config())
-    for key in ("name", "schedule", "momentum", "milestones", "plateau"):
-        del saved["optim"][key]
+    optimizer, schedule = saved["optim"].pop("optimizer"), saved["optim"].pop("lr_schedule")
+    # the optim section as jaxloop wrote it before the menu: flat, adamw's and warmup_cosine's fields only
+    saved["optim"].update({k: v for k, v in {**optimizer, **schedule}.items() if k != "name"})
     assert resume_conflicts(saved, Config()) == []
-    assert resume_conflicts(saved, _check(name="adam")) == ["optim.name: 'adamw' -> 'adam'"]
+    assert resume_conflicts(saved, _check(name="adam")) == ["optim.optimizer.name: 'adamw' -> 'adam'"]
 
 
 # ----------------------------------------------------------------------------- plateau's decision

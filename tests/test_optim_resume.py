@@ -85,7 +85,11 @@ def test_a_resumed_run_is_bit_identical_to_the_uninterrupted_one(schedule, optim
 
 @pytest.mark.parametrize(
     "changes,named",
-    [(dict(name="sgd"), "optim.name"), (dict(schedule="exponential"), "optim.schedule"), (dict(b1=0.8), "optim.b1")],
+    [  # named by their config.json paths
+        (dict(name="sgd"), "optim.optimizer.name"),
+        (dict(schedule="exponential"), "optim.lr_schedule.name"),
+        (dict(b1=0.8), "optim.optimizer.b1"),
+    ],
 )
 def test_resuming_with_a_changed_optimizer_or_schedule_is_refused(changes, named, tmp_path):
     cfg = replace(_cfg(tmp_path, dict(schedule="warmup_cosine"), dict(name="adamw")), steps=4)

@@ -118,4 +118,4 @@ def test_a_factory_reads_the_schedule_fields(tmp_path):
     jaxloop.run(cfg, _task(_factory))
     lrs = [r["lr"] for r in read_records(cfg.run_dir) if r["kind"] == "train"]
     assert lrs == [float(np.float32(3e-3 * 0.5**i)) for i in range(4)]
-    assert json.loads((tmp_path / "run" / "config.json").read_text())["optim"]["schedule"] == "step"
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["optim"]["lr_schedule"]["name"] == "step"

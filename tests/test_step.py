@@ -76,10 +76,10 @@ def test_schedule_holds_end_lr_past_steps_and_hits_its_anchors():
     # float32: optax's warmup computes (init - peak) * frac + peak, so errors are ulps of peak_lr.
     cfg = _cfg(warmup_steps=4)
     s, tol = make_schedule(cfg.optim, cfg.steps), 8 * F32_EPS * cfg.optim.peak_lr
-    assert abs(float(s(0)) - cfg.optim.init_lr) <= tol
+    assert abs(float(s(0)) - cfg.optim.lr_schedule.init_lr) <= tol
     assert abs(float(s(4)) - cfg.optim.peak_lr) <= tol
     for u in (cfg.steps, cfg.steps + 1, 10 * cfg.steps):
-        assert abs(float(s(u)) - cfg.optim.end_lr) <= tol
+        assert abs(float(s(u)) - cfg.optim.lr_schedule.end_lr) <= tol
 
 
 def test_schedule_with_warmup_equal_to_steps_is_all_warmup():
@@ -127,7 +127,7 @@ def test_clip_factor_is_max_norm_over_norm_when_norm_exceeds_it():
     mu = _host(_inner_adam(state.opt_state).mu)
     factor = cfg.optim.clip_norm / norm
     for g, m1 in zip(jax.tree.leaves(grads), jax.tree.leaves(mu)):
-        want = (1 - cfg.optim.b1) * g * factor
+        want = (1 - cfg.optim.optimizer.b1) * g * factor
         np.testing.assert_allclose(m1, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
@@ -141,7 +141,7 @@ def test_no_clipping_below_max_norm():
     grads = _host(jax.grad(loss)(state.params))
     state, _ = train_step(state, batch)
     for g, m1 in zip(jax.tree.leaves(grads), jax.tree.leaves(_host(_inner_adam(state.opt_state).mu))):
-        want = (1 - cfg.optim.b1) * g
+        want = (1 - cfg.optim.optimizer.b1) * g
         np.testing.assert_allclose(m1, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 

@@ -123,9 +123,9 @@ def test_lambda_lr_rate_of_every_update_equals_the_float64_closed_form(changes):
     rates = lr_table(cfg, cfg.steps + 20)
     expected = [_closed_form(cfg, u) for u in range(cfg.steps + 20)]
     assert rates == expected
-    assert rates[cfg.steps :] == [cfg.optim.end_lr] * 20
-    if cfg.optim.warmup_steps < cfg.steps:
-        assert rates[cfg.optim.warmup_steps] == cfg.optim.peak_lr
+    assert rates[cfg.steps :] == [cfg.optim.lr_schedule.end_lr] * 20
+    if cfg.optim.lr_schedule.warmup_steps < cfg.steps:
+        assert rates[cfg.optim.lr_schedule.warmup_steps] == cfg.optim.peak_lr
 
 
 # ----------------------------------------------------------------------------- checkpoint rotation

@@ -73,14 +73,14 @@ def base_lr(cfg: Config) -> float:
 
 def lr_at(cfg: Config, u: int) -> float:
     """The learning rate of the 0-based optimizer update u, in float64."""
-    o = cfg.optim
+    o, peak_lr = cfg.optim.lr_schedule, cfg.optim.peak_lr
     if u < o.warmup_steps:
-        return o.init_lr + (o.peak_lr - o.init_lr) * u / o.warmup_steps
+        return o.init_lr + (peak_lr - o.init_lr) * u / o.warmup_steps
     if o.warmup_steps == cfg.steps:
         return o.end_lr
     decay_steps = cfg.steps - o.warmup_steps
     t = min(u - o.warmup_steps, decay_steps) / decay_steps
-    return o.end_lr + (o.peak_lr - o.end_lr) * 0.5 * (1.0 + math.cos(math.pi * t))
+    return o.end_lr + (peak_lr - o.end_lr) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
 def _warmup_cosine(cfg: Config, optimizer: torch.optim.Optimizer) -> sched.LambdaLR:
@@ -156,11 +156,13 @@ make_scheduler) -> torch's scheduler of the updates after it: (config, optimizer
 
 def _with_warmup(cfg: Config, optimizer: torch.optim.Optimizer, main: Any) -> sched.LRScheduler:
     """SequentialLR([warmup, main], [warmup_steps]) (module doc); `main` builds the main scheduler."""
-    o = cfg.optim
+    o = cfg.optim.lr_schedule
     if o.warmup_steps == 0:
         return main(cfg, optimizer)
     if o.init_lr > 0:
-        warm = sched.LinearLR(optimizer, start_factor=o.init_lr / o.peak_lr, end_factor=1.0, total_iters=o.warmup_steps)
+        warm = sched.LinearLR(
+            optimizer, start_factor=o.init_lr / cfg.optim.peak_lr, end_factor=1.0, total_iters=o.warmup_steps
+        )
     else:  # LinearLR's start_factor must be > 0: Hugging Face's warmup from 0
         warm = sched.LambdaLR(optimizer, lambda u: u / o.warmup_steps)
     return sched.SequentialLR(optimizer, [warm, main(cfg, optimizer)], milestones=[o.warmup_steps])
@@ -173,13 +175,13 @@ def make_scheduler(cfg: Config, optimizer: torch.optim.Optimizer) -> Any:
     a skipped update), and `after_evaluation(scheduler, metric)` after each evaluation: the rate of update
     u is then optimizer.param_groups[i]["lr"] while update u is applied.
     """
-    o = cfg.optim
-    if o.schedule == "warmup_cosine":
+    o = cfg.optim.lr_schedule
+    if o.name == "warmup_cosine":
         return _warmup_cosine(cfg, optimizer)
-    if o.schedule == "one_cycle":
+    if o.name == "one_cycle":
         return sched.OneCycleLR(
             optimizer,
-            max_lr=o.peak_lr,
+            max_lr=cfg.optim.peak_lr,
             total_steps=cfg.steps,
             pct_start=float(o.pct_start),
             anneal_strategy=o.anneal_strategy,
@@ -188,8 +190,8 @@ def make_scheduler(cfg: Config, optimizer: torch.optim.Optimizer) -> Any:
             final_div_factor=o.final_div_factor,
             three_phase=o.three_phase,
         )
-    if o.schedule == "plateau":
-        p = o.plateau
+    if o.name == "plateau":
+        p = o
         return sched.ReduceLROnPlateau(
             optimizer,
             mode=cfg.checkpoint.best_mode,
@@ -208,9 +210,11 @@ def warmup_cosine_classes(cfg: Config, optimizer: torch.optim.Optimizer) -> sche
     """warmup_cosine as torch's own classes: SequentialLR(LinearLR warmup, CosineAnnealingLR(steps - warmup,
     eta_min=end_lr)) over an optimizer with base lr peak_lr (a measurement of the chained form: the runs use
     make_scheduler's exact LambdaLR)."""
-    decay_span = cfg.steps - cfg.optim.warmup_steps
+    decay_span = cfg.steps - cfg.optim.lr_schedule.warmup_steps
     return _with_warmup(
-        cfg, optimizer, lambda c, opt: sched.CosineAnnealingLR(opt, T_max=decay_span, eta_min=c.optim.end_lr)
+        cfg,
+        optimizer,
+        lambda c, opt: sched.CosineAnnealingLR(opt, T_max=decay_span, eta_min=c.optim.lr_schedule.end_lr),
     )
 
 

@@ -25,18 +25,7 @@ from typing import Any
 import tyro
 
 from jaxloop.core.argv import foreign_flag, take_flag, take_option
-from jaxloop.core.config import (
-    Config,
-    ConfigError,
-    OptimShared,
-    flat_hints,
-    flat_view,
-    from_dict,
-    preset,
-    preset_baseline,
-    validate,
-    with_flat,
-)
+from jaxloop.core.config import Config, ConfigError, OptimShared, flat_hints, from_dict, preset, rewrite_flat, validate
 from jaxloop.core.config_file import read_config_file
 from jaxloop.core.errors import (  # noqa: F401  (the exceptions' home is jaxloop.core.errors, free of tyro; kept importable here)
     EXIT_BAD_INPUT,
@@ -254,17 +243,20 @@ def _first_section(boxed: str) -> str:
 
 
 def _tyro_parse(argv: list[str], base: Config, prog: str, description: str = "") -> Config:
-    """tyro.cli over the flat form of the config (`_cli_class`), translated back (jaxloop.core.config.with_flat),
-    with tyro's boxed multi-line errors reduced to their first line. `--help` after --optim.name X or
-    --optim.schedule Y lists only X's and Y's fields."""
+    """tyro.cli over the config with its optim section in the flags' flat form (`_cli_class`), the optim flags
+    given then put onto the chosen classes (jaxloop.core.config.rewrite_flat), with tyro's boxed multi-line
+    errors reduced to their first line. `--help` after --optim.name X or --optim.schedule Y lists only X's and
+    Y's fields."""
     err = io.StringIO()
-    baseline = preset_baseline(base.preset)
     cls = _cli_class(*_help_choices(argv)) if "--help" in argv or "-h" in argv else _cli_class()
     optim_cls = typing.get_type_hints(cls)["optim"]
-    view = flat_view(base.optim, baseline)
+    o, names = base.optim, {f.name for f in dataclasses.fields(optim_cls)}
+    current = {"name": o.name, "schedule": o.schedule, **{k: getattr(o, k) for k in _shared()}}
+    for part in (o.optimizer, o.lr_schedule):
+        current.update({part.prefix.rstrip("."): part} if part.prefix else dataclasses.asdict(part))
     default = cls(
         **{f.name: getattr(base, f.name) for f in dataclasses.fields(Config) if f.name != "optim"},
-        optim=optim_cls(**{f.name: view[f.name] for f in dataclasses.fields(optim_cls)}),
+        optim=optim_cls(**{k: v for k, v in current.items() if k in names}),
     )
     try:
         with contextlib.redirect_stderr(err):
@@ -282,12 +274,26 @@ def _tyro_parse(argv: list[str], base: Config, prog: str, description: str = "")
             message,
         )
         raise UsageError(f"{message} (see --help)") from None
-    optim = with_flat(
-        base.optim, {f.name: getattr(parsed.optim, f.name) for f in dataclasses.fields(optim_cls)}, baseline
-    )
+    given = {k: getattr(parsed.optim, k) for k in _optim_flags_given(argv)}
     return Config(
-        **{f.name: getattr(parsed, f.name) for f in dataclasses.fields(Config) if f.name != "optim"}, optim=optim
+        **{f.name: getattr(parsed, f.name) for f in dataclasses.fields(Config) if f.name != "optim"},
+        optim=rewrite_flat(o, given),
     )
+
+
+def _shared() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(OptimShared))
+
+
+def _optim_flags_given(argv: list[str]) -> list[str]:
+    """The flat optim keys argv's flags name (--optim.no-nesterov: nesterov; --optim.plateau.patience: plateau):
+    only these are put onto the classes, so that a class chosen by --optim.name keeps its own defaults."""
+    keys = []
+    for arg in argv:
+        if arg.startswith("--optim."):
+            key = arg.split("=", 1)[0][len("--optim.") :].replace("-", "_").split(".")[0]
+            keys.append(key[3:] if key.startswith("no_") and key[3:] in flat_hints() else key)
+    return list(dict.fromkeys(keys))
 
 
 def _help_choices(argv: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:

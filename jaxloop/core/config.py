@@ -33,11 +33,16 @@ from jaxloop.core.checks import (
     readable_file,
     writable_dir,
 )
-from jaxloop.core.choice import Choice
 from jaxloop.core.errors import ConfigError, short_repr  # its home is jaxloop.core.errors; still importable from here
 from jaxloop.core.layout import TORCH_CHECKPOINT, RunLayout
 from jaxloop.core.optimizers_config import OPTIMIZERS, AdamWConfig, OptimizerConfig
-from jaxloop.core.schedules_config import SCHEDULES, PlateauConfig, ScheduleConfig, WarmupCosineConfig  # noqa: F401  (PlateauConfig: importable from here, as before)
+from jaxloop.core.schedules_config import (  # noqa: F401  (PlateauConfig: importable from here, as before)
+    SCHEDULES,
+    ConstantConfig,
+    PlateauConfig,
+    ScheduleConfig,
+    WarmupCosineConfig,
+)
 
 PRECISIONS = ("fp32", "bf16", "bf16_full", "fp16", "fp64", "auto")
 REMATS = ("none", "blocks", "dots_saveable", "full")
@@ -95,14 +100,11 @@ class OptimShared:
 @dataclass(frozen=True, init=False)
 class OptimConfig(OptimShared):
     """The optimizer and its learning-rate schedule (torch's semantics and names; docs/optimizers.md),
-    global-norm clipping and gradient accumulation.
+    global-norm clipping and gradient accumulation: `OptimConfig(optimizer=SGDConfig(momentum=0.9),
+    lr_schedule=StepConfig(step_size=100), peak_lr=0.1)`, each class with its own defaults. config.json, the
+    checkpoints' config item and config files hold this nesting (`to_dict`).
 
-    `OptimConfig(optimizer=SGDConfig(momentum=0.9), lr_schedule=StepConfig(step_size=100), peak_lr=0.1)`, or
-    in the flags' flat form `OptimConfig(name="sgd", momentum=0.9, schedule="step", step_size=100, peak_lr=0.1)`
-    (the translation of --optim.* flags and config files: a field the chosen classes do not read is refused
-    unless it keeps its value, naming the choices that read it). Reads are flat too: `optim.name`,
-    `optim.schedule`, and `optim.momentum` for a field of the chosen optimizer or schedule.
-    """
+    The flags' flat keywords are taken too (`OptimConfig(name="sgd", momentum=0.9)`: `rewrite_flat`)."""
 
     optimizer: OptimizerConfig = field(default_factory=AdamWConfig)
     """optim.name's config: AdamWConfig (default), AdamConfig, SGDConfig, RMSpropConfig, AdagradConfig, LionConfig."""
@@ -110,17 +112,21 @@ class OptimConfig(OptimShared):
     """optim.schedule's config: WarmupCosineConfig (default), ConstantConfig, ..., PlateauConfig (SCHEDULES)."""
 
     def __init__(self, **kwargs: Any) -> None:
+        nested = {f.name for f in fields(OptimConfig)}
         for f in fields(OptimConfig):
             value = (
-                kwargs.pop(f.name)
+                kwargs[f.name]
                 if f.name in kwargs
-                else (f.default_factory() if f.default is dataclasses.MISSING else f.default)
+                else f.default_factory()
+                if f.default is dataclasses.MISSING
+                else f.default
             )  # type: ignore[misc]
             object.__setattr__(self, f.name, value)
-        if kwargs:  # the flat form: name="sgd", momentum=0.9, ...
-            flat = with_flat(self, kwargs)
+        flat = {k: v for k, v in kwargs.items() if k not in nested}
+        if flat:
+            done = rewrite_flat(self, flat)
             for f in fields(OptimConfig):
-                object.__setattr__(self, f.name, getattr(flat, f.name))
+                object.__setattr__(self, f.name, getattr(done, f.name))
 
     @property
     def name(self) -> str:
@@ -131,23 +137,6 @@ class OptimConfig(OptimShared):
     def schedule(self) -> str:
         """optim.schedule: the chosen schedule class's name (SCHEDULES)."""
         return self.lr_schedule.name
-
-    def __getattr__(self, key: str) -> Any:
-        """optim.momentum: a field of the chosen optimizer or schedule (optim.plateau: the PlateauConfig);
-        AttributeError naming the choices that read a field these do not."""
-        if key.startswith("__") or key in ("optimizer", "lr_schedule"):
-            raise AttributeError(key)
-        for part in (self.optimizer, self.lr_schedule):
-            if part.prefix and key == part.prefix.rstrip("."):
-                return part
-            if not part.prefix and key in part.field_names():
-                return getattr(part, key)
-        if key in flat_hints():
-            raise AttributeError(
-                f"optim.{key}: not read by optim.name={self.name} nor optim.schedule="
-                f"{self.schedule} (read by {', '.join(readers(key))})"
-            )
-        raise AttributeError(f"'OptimConfig' object has no attribute {key!r}")
 
     def validate(self, steps: int) -> None:
         """ConfigError for the first field that is not allowed (optim.*): the shared fields, then the chosen
@@ -170,149 +159,79 @@ class OptimConfig(OptimShared):
         self.lr_schedule.validate(self.peak_lr, steps)
 
 
-# ----------------------------------------------------------------------------- the flat form (flags, files)
-# The flags (--optim.momentum), config files and config.json name every optimizer's and schedule's field flat
-# under optim. (plateau's under optim.plateau.); the view and its translation are computed from the classes.
+# ----------------------------------------------------------------------------- the flat form (flags, older files)
+# What stays of the flat form, for what users already write: the flags (--optim.b1, --optim.name adagrad,
+# --optim.plateau.patience 3), a --config file's flat optim keys, and the config.json / checkpoint config items
+# jaxloop wrote before the nested form (all 33 fields flat under optim.). `rewrite_flat` puts flat keys onto
+# the chosen classes; from_dict reads an older flat section through it. Nothing jaxloop writes is flat.
 
-_LEADING = ("name", "schedule", "peak_lr", "init_lr", "end_lr", "warmup_steps")
-"""The first keys of the flat form, in the order config.json has always had them (the rest follow the
-classes' order), so that a run's config.json and its checkpoints' config item keep their bytes."""
-
-
-def _choices() -> list[type[Choice]]:
-    return [*OPTIMIZERS.values(), *SCHEDULES.values()]
-
-
-def _key(cls: type[Choice]) -> str:
-    """The flat key of a class whose fields sit under a prefix (PlateauConfig: "plateau")."""
-    return cls.prefix.rstrip(".")
+SECTIONS = ("optimizer", "lr_schedule")
+"""The nested keys of the optim section: the chosen classes, each a mapping with its `name`."""
 
 
 def flat_hints() -> dict[str, Any]:
-    """Every flat field's type, in the flat form's order: name and schedule (the registries' names), the
-    classes' fields (a prefixed class under its key), the shared fields."""
+    """Every flat key's type (the flags' optim.*): name and schedule, every class's fields (plateau's as one
+    key, its class), the shared fields."""
     out: dict[str, Any] = {"name": Literal[tuple(OPTIMIZERS)], "schedule": Literal[tuple(SCHEDULES)]}
-    shared = get_type_hints(OptimShared)
-    for cls in _choices():
-        if cls.prefix:
-            out.setdefault(_key(cls), cls)
-            continue
+    for cls in [*OPTIMIZERS.values(), *SCHEDULES.values()]:
         hints = get_type_hints(cls)
-        for name in cls.field_names():
-            out.setdefault(name, hints[name])
-    lead = [k for k in _LEADING if k in out or k in shared]
-    return {
-        **{k: out.get(k, shared.get(k)) for k in lead},
-        **{k: v for k, v in out.items() if k not in lead},
-        **{k: v for k, v in shared.items() if k not in lead},
-    }
-
-
-def flat_defaults() -> dict[str, Any]:
-    """Every flat field's default (a field several classes hold has one default: AssertionError otherwise)."""
-    out: dict[str, Any] = {"name": next(iter(OPTIMIZERS)), "schedule": next(iter(SCHEDULES))}
-    out.update({f.name: f.default for f in fields(OptimShared)})
-    for cls in _choices():
-        if cls.prefix:
-            out[_key(cls)] = cls()
-            continue
-        for f in fields(cls):
-            if f.name in out and out[f.name] != f.default:
-                raise AssertionError(
-                    f"optim.{f.name}: {cls.__name__}'s default {f.default!r} differs from "
-                    f"another class's {out[f.name]!r} (the flat form needs one)"
-                )
-            out[f.name] = f.default
-    return {k: out[k] for k in flat_hints()}
-
-
-def flat_keys(classes: Any) -> list[str]:
-    """The flat keys of the classes' fields (a prefixed class's key: plateau)."""
-    return list(dict.fromkeys(k for c in classes for k in ([_key(c)] if c.prefix else c.field_names())))
+        out.update({cls.prefix.rstrip("."): cls} if cls.prefix else {k: hints[k] for k in cls.field_names()})
+    return {**out, **get_type_hints(OptimShared)}
 
 
 def readers(key: str) -> list[str]:
-    """The choices that read flat field `key` (optim.name=sgd, optim.schedule=step), from the classes."""
+    """The choices that read flat key `key` (optim.name=sgd, optim.schedule=step), from the classes."""
     return [
         f"optim.{cls.selector}={cls.name}"
-        for cls in _choices()
-        if (cls.prefix and key == _key(cls)) or (not cls.prefix and key in cls.field_names())
+        for cls in [*OPTIMIZERS.values(), *SCHEDULES.values()]
+        if key == cls.prefix.rstrip(".") or (not cls.prefix and key in cls.field_names())
     ]
 
 
-def _read_by(o: OptimConfig) -> dict[str, Any]:
-    """The flat fields o's choices read, with their values."""
-    out: dict[str, Any] = {"name": o.name, "schedule": o.schedule}
-    out.update({f.name: getattr(o, f.name) for f in fields(OptimShared)})
-    for part in (o.optimizer, o.lr_schedule):
-        if part.prefix:
-            out[_key(type(part))] = part
-        else:
-            out.update({k: getattr(part, k) for k in part.field_names()})
-    return out
+def rewrite_flat(o: OptimConfig, changes: dict[str, Any], path: str = "optim.", stored: bool = False) -> OptimConfig:
+    """o with flat keys applied: `name` and `schedule` pick a class (o's own instance if it is that class, else
+    the class with its own defaults: `switched`), every other key sets a field of o or of a chosen class (`plateau`: a
+    mapping of, or a, PlateauConfig). A key the chosen classes do not read: ConfigError naming who reads it;
+    `stored` (an older config.json, which wrote every class's fields flat): dropped."""
+    hints = flat_hints()
+    for key in changes:
+        if key not in hints:
+            raise ConfigError(f"{path}{key}", changes[key], f"a known field{_did_you_mean(key, set(hints), path)}")
+    new = {k: _coerce(f"{path}{k}", v, hints[k]) if not is_dataclass(hints[k]) else v for k, v in changes.items()}
+    opt_cls = _one_of(f"{path}name", new.pop("name", o.name), OPTIMIZERS)
+    sched_cls = _one_of(f"{path}schedule", new.pop("schedule", o.schedule), SCHEDULES)
+    parts = {}
+    for part, cls in ((o.optimizer, opt_cls), (o.lr_schedule, sched_cls)):
+        part = switched(part, cls)
+        key = cls.prefix.rstrip(".")
+        if key in new:
+            value = new.pop(key)
+            value = value if isinstance(value, dict) else dataclasses.asdict(value)
+            part = from_dict(value, part, cls, f"{path}{key}.")
+        own = {k: new.pop(k) for k in list(new) if not cls.prefix and k in cls.field_names()}
+        parts[cls.selector] = replace(part, **own)
+    shared = {k: new.pop(k) for k in list(new) if k in get_type_hints(OptimShared)}
+    if new and not stored:  # a key the chosen classes do not read
+        key, value = next(iter(new.items()))
+        who = next(f"optim.{c.selector}={c.name}" for c in (opt_cls, sched_cls) if c.selector in readers(key)[0])
+        raise ConfigError(f"{path}{key}", value, f"absent ({who} does not read it; read by {', '.join(readers(key))})")
+    return replace(o, optimizer=parts["name"], lr_schedule=parts["schedule"], **shared)
 
 
-def flat_view(o: OptimConfig, baseline: dict[str, Any] | None = None) -> dict[str, Any]:
-    """o in the flat form: every flat field, those o's choices do not read at their `baseline` values (a
-    preset's flat view: preset_baseline; default: the classes' defaults)."""
-    return {**(baseline if baseline is not None else flat_defaults()), **_read_by(o)}
+def switched(part: Any, cls: type) -> Any:
+    """`part` (an optimizer's or a schedule's config) as class `cls`: itself if it is one, else `cls` with its own
+    defaults but for the fields of the nearest class both derive from, which mean the same in both (every
+    optimizer's weight_decay; every warmup schedule's init_lr and warmup_steps; adam's b1, b2, eps from adamw)."""
+    if type(part) is cls:
+        return part
+    common = next(c for c in type(part).__mro__ if issubclass(cls, c))
+    return cls(**{f.name: getattr(part, f.name) for f in fields(common)})
 
 
-def with_flat(o: OptimConfig, changes: dict[str, Any], baseline: dict[str, Any] | None = None) -> OptimConfig:
-    """o with flat `changes` applied (name="sgd", momentum=0.9, plateau=PlateauConfig(...)). A changed name or
-    schedule picks the class, which takes its fields from the flat view (a preset's weight_decay carries over
-    to another optimizer). A field the chosen classes do not read must keep its `baseline` value (default:
-    o's flat view): ConfigError naming the field, its value and the choices that read it."""
-    view = flat_view(o, baseline)
-    unknown = sorted(set(changes) - set(view))
-    if unknown:
-        raise ConfigError(
-            f"optim.{unknown[0]}", changes[unknown[0]], f"a known field{_did_you_mean(unknown[0], set(view), 'optim.')}"
-        )
-    ref = baseline if baseline is not None else view
-    new = {**view, **changes}
-    opt_cls, sched_cls = OPTIMIZERS.get(new["name"]), SCHEDULES.get(new["schedule"])
-    if opt_cls is None:
-        raise ConfigError("optim.name", new["name"], f"one of {', '.join(OPTIMIZERS)}")
-    if sched_cls is None:
-        raise ConfigError("optim.schedule", new["schedule"], f"one of {', '.join(SCHEDULES)}")
-    read = {
-        "name",
-        "schedule",
-        *(f.name for f in fields(OptimShared)),
-        *opt_cls.field_names(),
-        *([_key(sched_cls)] if sched_cls.prefix else sched_cls.field_names()),
-    }
-    for key in sorted(set(new) - read):
-        if new[key] == ref[key]:
-            continue
-        who = (
-            f"optim.name={new['name']}"
-            if any(key in c.field_names() for c in OPTIMIZERS.values())
-            else f"optim.schedule={new['schedule']}"
-        )
-        path, value, default = f"optim.{key}", new[key], ref[key]
-        if is_dataclass(value) and type(value) is type(default):  # plateau: name the nested field that differs
-            sub = next(f.name for f in fields(value) if getattr(value, f.name) != getattr(default, f.name))
-            path, value, default = f"{path}.{sub}", getattr(value, sub), getattr(default, sub)
-        raise ConfigError(
-            path, value, f"its default {default!r} ({who} does not read it; read by {', '.join(readers(key))})"
-        )
-    schedule = new[_key(sched_cls)] if sched_cls.prefix else sched_cls(**{k: new[k] for k in sched_cls.field_names()})
-    return OptimConfig(
-        optimizer=opt_cls(**{k: new[k] for k in opt_cls.field_names()}),
-        lr_schedule=schedule,
-        **{f.name: new[f.name] for f in fields(OptimShared)},
-    )
-
-
-def preset_baseline(name: str) -> dict[str, Any]:
-    """The flat view of preset `name`'s OptimConfig: the values a field its choices do not read keeps (the
-    classes' defaults for a name that is no preset)."""
-    try:
-        return flat_view(preset(name).optim)
-    except ConfigError:
-        return flat_defaults()
+def _one_of(path: str, value: Any, menu: dict[str, Any]) -> Any:
+    if value not in menu:
+        raise ConfigError(path, value, f"one of {', '.join(menu)}")
+    return menu[value]
 
 
 @dataclass(frozen=True)
@@ -678,7 +597,7 @@ def preset(name: str) -> Config:
             batch_size=32,
             eval_every=10,
             log_every=1,
-            optim=OptimConfig(peak_lr=1e-2, warmup_steps=4, end_lr=1e-4),
+            optim=OptimConfig(lr_schedule=WarmupCosineConfig(warmup_steps=4, end_lr=1e-4), peak_lr=1e-2),
             model=ModelConfig(hidden=(32,)),
             checkpoint=CheckpointConfig(every=10),
             log=LogConfig(report=False),
@@ -691,7 +610,11 @@ def preset(name: str) -> Config:
             batch_size=32,
             eval_every=250,
             log_every=25,
-            optim=OptimConfig(peak_lr=1e-3, end_lr=1e-4, warmup_steps=100, weight_decay=0.1, b2=0.99),
+            optim=OptimConfig(
+                optimizer=AdamWConfig(weight_decay=0.1, b2=0.99),
+                lr_schedule=WarmupCosineConfig(warmup_steps=100, end_lr=1e-4),
+                peak_lr=1e-3,
+            ),
             model=ModelConfig(kind="gpt", context=128, d_model=128, n_layers=4, n_heads=4),
             # 32 sequences per validation batch: on a CPU, forward passes of 32 ran at 2.3x the tokens/s
             # of batches of 256 (ctx 128; 1.4x at ctx 64), whose temporaries outgrow the caches
@@ -710,7 +633,10 @@ def preset(name: str) -> Config:
             log_every=10,
             precision="auto",
             optim=OptimConfig(
-                peak_lr=6e-4, end_lr=6e-5, warmup_steps=700, weight_decay=0.1, b1=0.9, b2=0.95, clip_norm=1.0
+                optimizer=AdamWConfig(weight_decay=0.1, b1=0.9, b2=0.95),
+                lr_schedule=WarmupCosineConfig(warmup_steps=700, end_lr=6e-5),
+                peak_lr=6e-4,
+                clip_norm=1.0,
             ),
             model=ModelConfig(
                 kind="gpt",
@@ -742,11 +668,12 @@ def preset(name: str) -> Config:
             eval_every=5,
             log_every=1,
             precision="auto",
-            optim=with_flat(
-                OptimConfig(
-                    peak_lr=3e-5, warmup_steps=0, weight_decay=0.1, b1=0.9, b2=0.95, clip_norm=1.0, accum_steps=4
-                ),
-                {"schedule": "constant"},
+            optim=OptimConfig(
+                optimizer=AdamWConfig(weight_decay=0.1, b1=0.9, b2=0.95),
+                lr_schedule=ConstantConfig(warmup_steps=0),
+                peak_lr=3e-5,
+                clip_norm=1.0,
+                accum_steps=4,
             ),
             model=ModelConfig(
                 kind="gpt",
@@ -780,13 +707,14 @@ def padded_vocab(m: ModelConfig, from_data: int) -> int:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    """A JSON-ready nested dict (tuples become lists); the optim section in the flat form (flat_view: every
-    field flat under optim., those its choices do not read at the preset's values), config.json's form."""
+    """A JSON-ready nested dict (tuples become lists), config.json's form; the optim section nested: its
+    `optimizer` and `lr_schedule` each a mapping of the chosen class's `name` and fields, then the shared fields."""
     if isinstance(cfg, OptimConfig):
-        return _json(flat_view(cfg))
+        shared = {f.name: getattr(cfg, f.name) for f in fields(OptimShared)}
+        return _json({k: {"name": getattr(cfg, k).name, **_json(getattr(cfg, k))} for k in SECTIONS} | shared)
     out = _json(cfg)
     if isinstance(cfg, Config):
-        out["optim"] = _json(flat_view(cfg.optim, preset_baseline(cfg.preset)))
+        out["optim"] = to_dict(cfg.optim)
     return out
 
 
@@ -805,8 +733,8 @@ def from_dict(d: dict[str, Any], base: Config | None = None, _cls: type = Config
     base = base if base is not None else _cls()
     if _cls is Config:
         d = upgrade(d, base.memory.remat)
-    if _cls is OptimConfig:  # an optim section alone (a saved record): the fields its choices do not read ignored
-        return _optim_from_dict(d, base, _path or "optim.", None, record=True)
+    if _cls is OptimConfig:  # an optim section alone (a saved config's, a record's): as it was stored
+        return _optim_from_dict(d, base, _path or "optim.", stored=True)
     hints = get_type_hints(_cls)
     known = {f.name for f in fields(_cls)}
     updates: dict[str, Any] = {}
@@ -819,9 +747,7 @@ def from_dict(d: dict[str, Any], base: Config | None = None, _cls: type = Config
         if isinstance(current, OptimConfig):
             if not isinstance(value, dict):
                 raise ConfigError(path, value, "a mapping of its fields")
-            # a field its choices do not read keeps the preset's value (the one a stored config.json records)
-            wanted = d.get("preset", base.preset if isinstance(base, Config) else "digits")
-            updates[name] = _optim_from_dict(value, current, path + ".", preset_baseline(str(wanted)))
+            updates[name] = _optim_from_dict(value, current, path + ".")
         elif is_dataclass(current):
             if not isinstance(value, dict):
                 raise ConfigError(path, value, "a mapping of its fields")
@@ -835,7 +761,11 @@ def upgrade(d: dict[str, Any], memory_remat: str = "none", stored: bool = False)
     """A config dict (a file, a saved config.json) with the fields of earlier versions in today's form:
     model.remat (gone) true is memory.remat=blocks, false nothing. Beside memory.remat dots_saveable or full
     (`memory_remat`, the value it would apply over, where the dict has none), a ConfigError naming what to
-    write instead; a `stored` run's config keeps that memory.remat (the plans compute the same math)."""
+    write instead; a `stored` run's config keeps that memory.remat (the plans compute the same math), and its
+    optim section is written out nested and whole (the flat form of earlier versions read as it is: every
+    value it stored kept)."""
+    if stored and isinstance(d, dict) and isinstance(d.get("optim"), dict):
+        d = {**d, "optim": to_dict(from_dict(d["optim"], _cls=OptimConfig))}
     model = d.get("model") if isinstance(d, dict) else None
     if not isinstance(model, dict) or "remat" not in model:
         return d
@@ -856,25 +786,25 @@ def upgrade(d: dict[str, Any], memory_remat: str = "none", stored: bool = False)
     return upgraded
 
 
-def _optim_from_dict(
-    d: dict[str, Any], base: OptimConfig, path: str, baseline: dict[str, Any] | None, record: bool = False
-) -> OptimConfig:
-    """The flat optim section of a config file or config.json over `base` (with_flat), each value checked
-    against its flat field's type; plateau's nested mapping over the flat view's PlateauConfig. `record`: the
-    section is read as it is, what its choices do not read ignored (no preset to hold those to)."""
-    hints, view = flat_hints(), flat_view(base, baseline)
+def _optim_from_dict(d: dict[str, Any], base: OptimConfig, path: str, stored: bool = False) -> OptimConfig:
+    """The optim section of a file or a saved config over `base`: `optimizer` and `lr_schedule` mappings (a
+    `name` picks the class: `switched`), the shared fields, and any flat keys of
+    the older form through rewrite_flat. A `stored` section, or a flat one that holds name, schedule and plateau
+    (every config.json before the nested form held all 33 keys), keeps only what its choices read."""
+    d = {k.replace("-", "_"): v for k, v in d.items()}
     changes: dict[str, Any] = {}
-    for key, value in d.items():
-        name = key.replace("-", "_")
-        if name not in hints:
-            raise ConfigError(f"{path}{name}", value, f"a known field{_did_you_mean(name, set(hints), path)}")
-        if is_dataclass(view[name]):
-            if not isinstance(value, dict):
-                raise ConfigError(f"{path}{name}", value, "a mapping of its fields")
-            changes[name] = from_dict(value, view[name], type(view[name]), f"{path}{name}.")
-        else:
-            changes[name] = _coerce(f"{path}{name}", value, hints[name])
-    return with_flat(base, changes, {**flat_view(base, baseline), **changes} if record else baseline)
+    for key in SECTIONS:
+        if key not in d:
+            continue
+        value, menu, selector = d.pop(key), OPTIMIZERS if key == "optimizer" else SCHEDULES, f"{path}{key}.name"
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}{key}", value, "a mapping of the chosen class's name and fields")
+        current = getattr(base, key)
+        cls = _one_of(selector, value.get("name", current.name), menu)
+        part = switched(current, cls)
+        changes[key] = from_dict({k: v for k, v in value.items() if k != "name"}, part, cls, f"{path}{key}.")
+    stored = stored or {"name", "schedule", "plateau"} <= set(d)
+    return rewrite_flat(replace(base, **changes), d, path, stored=stored)
 
 
 def _did_you_mean(name: str, known: set[str], section: str) -> str:
@@ -1093,9 +1023,11 @@ def resume_conflicts(saved: dict[str, Any], cfg: Config) -> list[str]:
     missing from `saved` counts as its default (a config saved before the field existed).
     """
     current, before = _flatten(to_dict(cfg)), _saved_fields(saved)
+    # another optimizer or schedule class is one conflict, its name (not each field the two classes differ in)
+    switched = tuple(f"optim.{k}." for k in SECTIONS if current[f"optim.{k}.name"] != before.get(f"optim.{k}.name"))
     conflicts = []
     for key in sorted(set(current) | set(before)):
-        if is_among(key, RESUME_SAFE):
+        if is_among(key, RESUME_SAFE) or key.startswith(switched) and not key.endswith(".name"):
             continue
         if key == "steps" and cfg.allow_steps_change:
             continue
@@ -1117,7 +1049,10 @@ def changed_fields(saved: dict[str, Any], cfg: Config) -> dict[str, list[Any]]:
 
 def _saved_fields(saved: dict[str, Any]) -> dict[str, Any]:
     """A saved config's dotted fields; a field it lacks (saved before the field existed) had its default's effect."""
-    return {**_flatten(to_dict(Config())), **_flatten(upgrade(saved, stored=True))}
+    before = _flatten(upgrade(saved, stored=True))
+    chosen = tuple(f"optim.{k}." for k in SECTIONS) if any(k.startswith("optim.") for k in before) else ()
+    defaults = {k: v for k, v in _flatten(to_dict(Config())).items() if not k.startswith(chosen)}
+    return {**defaults, **before}
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,14 +1,15 @@
 """The optimizers' configs (optim.name): one frozen dataclass per optimizer, holding only the fields it reads,
-their checks and its `build` (the optax transformation, jaxloop.update.torch_optimizers' torch-semantics version).
+with its own defaults (torch's; Lion's paper's) and its checks.
 
-Jax-free: `build` imports optax and jaxloop.update.torch_optimizers when it is called. torch_ref maps each class to
-torch's optimizer class (torch_ref.optim). A new optimizer is a class here (added to OPTIMIZERS), its
-transformation in jaxloop.update.torch_optimizers, its torch class in torch_ref.optim and a row in docs/optimizers.md.
+Jax-free and torch-free: each framework builds from its own table (jaxloop.update.torch_optimizers.BUILDERS,
+torch_ref.optim.TORCH_OPTIMIZERS), so this layer imports nothing above it. A new optimizer is a class here (added
+to OPTIMIZERS), its transformation in BUILDERS, its torch class in TORCH_OPTIMIZERS, a case in
+parity_tests/menu.py and a row in docs/optimizers.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from jaxloop.core.checks import FLOAT32_TINY, at_least, positive, within
@@ -34,22 +35,6 @@ class OptimizerConfig(Choice):
         self.check_types()
         at_least(self.flag("weight_decay"), self.weight_decay, 0)
 
-    def hyperparameters(self) -> dict[str, Any]:
-        """The factory's keyword arguments: every field, in the class's order."""
-        return asdict(self)
-
-    def build(self, learning_rate: Any) -> Any:
-        """The optax transformation under optax.inject_hyperparams: `learning_rate` a schedule (count -> rate)
-        or a number (which the host may replace in the state's hyperparams: plateau); the fields static Python
-        numbers (the bias corrections need them in float64)."""
-        import optax
-
-        from jaxloop.update import torch_optimizers as optimizers
-
-        hyper = self.hyperparameters()
-        factory = getattr(optimizers, self.name)
-        return optax.inject_hyperparams(factory, static_args=tuple(hyper))(learning_rate=learning_rate, **hyper)
-
 
 def _check_eps(cls: type[Choice], eps: float) -> None:
     positive(cls.flag("eps"), eps)
@@ -69,12 +54,11 @@ class AdamWConfig(OptimizerConfig):
     name: ClassVar[str] = "adamw"
     bounded: ClassVar[bool] = True
     b1: float = 0.9
-    """First-moment decay (adamw, adam; lion's interpolation beta1)."""
+    """First-moment decay."""
     b2: float = 0.999
-    """Second-moment decay (adamw, adam; lion's momentum beta2, 0.99 in its paper)."""
+    """Second-moment decay."""
     eps: float = 1e-8
-    """Epsilon added to the root of the second moment, outside the square root (adamw, adam, rmsprop,
-    adagrad; torch's Adagrad defaults to 1e-10)."""
+    """Epsilon added to the root of the second moment, outside the square root."""
 
     def validate(self) -> None:
         super().validate()
@@ -123,8 +107,7 @@ class RMSpropConfig(OptimizerConfig):
     alpha: float = 0.99
     """rmsprop: decay of the squared-gradient average."""
     eps: float = 1e-8
-    """Epsilon added to the root of the second moment, outside the square root (adamw, adam, rmsprop,
-    adagrad; torch's Adagrad defaults to 1e-10)."""
+    """Epsilon added to the root of the squared-gradient average, outside the square root."""
     momentum: float = 0.0
     """Momentum (sgd, rmsprop), as torch's: sgd's buffer starts as the first gradient."""
     centered: bool = False
@@ -146,9 +129,8 @@ class AdagradConfig(OptimizerConfig):
     """adagrad: the rate of update t (1-based) is divided by 1 + (t - 1) * lr_decay."""
     initial_accumulator_value: float = 0.0
     """adagrad: starting value of the sum of squared gradients."""
-    eps: float = 1e-8
-    """Epsilon added to the root of the second moment, outside the square root (adamw, adam, rmsprop,
-    adagrad; torch's Adagrad defaults to 1e-10)."""
+    eps: float = 1e-10
+    """Epsilon added to the root of the sum, outside the square root (torch's Adagrad default)."""
 
     def validate(self) -> None:
         super().validate()
@@ -164,9 +146,9 @@ class LionConfig(OptimizerConfig):
     name: ClassVar[str] = "lion"
     bounded: ClassVar[bool] = True
     b1: float = 0.9
-    """First-moment decay (adamw, adam; lion's interpolation beta1)."""
-    b2: float = 0.999
-    """Second-moment decay (adamw, adam; lion's momentum beta2, 0.99 in its paper)."""
+    """The interpolation between the momentum and the gradient whose sign is the update (the paper's beta1)."""
+    b2: float = 0.99
+    """The momentum's decay (the paper's and lion-pytorch's beta2)."""
 
     def validate(self) -> None:
         super().validate()

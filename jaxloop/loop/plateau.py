@@ -47,7 +47,7 @@ class Plateau:
     @classmethod
     def of(cls, cfg: Config) -> Plateau:
         """The decision of a fresh run: optim.plateau's settings, checkpoint.best_mode, rate = peak_lr."""
-        p = cfg.optim.plateau
+        p = cfg.optim.lr_schedule
         return cls(
             mode=cfg.checkpoint.best_mode,
             factor=p.factor,

@@ -27,9 +27,8 @@ from typing import Any
 import numpy as np
 import optax
 
-from jaxloop.core.config import Config, ConfigError, builtin_task_fields, flat_keys, flat_view, preset, preset_baseline
-from jaxloop.core.optimizers_config import OPTIMIZERS
-from jaxloop.core.schedules_config import SCHEDULES, WARMUP_FIELDS
+from jaxloop.core.config import Config, ConfigError, builtin_task_fields, preset
+from jaxloop.core.schedules_config import WARMUP_FIELDS
 from jaxloop.core.sources import RecordError, SequenceRecords, Splits, as_records, load_splits
 from jaxloop.model.builtin import make_model
 from jaxloop.model.interface import LossFn
@@ -144,7 +143,7 @@ def check_own_optimizer(cfg: Config, task: Task) -> None:
     loop can set only jaxloop's own optimizers' rate): a ConfigError names the field otherwise."""
     if task.optimizer is None:
         return
-    o, base = cfg.optim, preset_baseline(cfg.preset)
+    o, base = cfg.optim, preset(cfg.preset).optim
     factory = not isinstance(task.optimizer, optax.GradientTransformation)
     if o.schedule == "plateau":
         raise ConfigError(
@@ -153,18 +152,23 @@ def check_own_optimizer(cfg: Config, task: Task) -> None:
             "a per-update schedule when the Task brings its own optimizer "
             "(plateau sets the rate of jaxloop's own optimizers only)",
         )
-    # the optimizer's fields, from every optimizer class; for a GradientTransformation also the schedule's
-    # (but the warmup's and end_lr, which validate() checks against steps for any run)
-    unread = {"name", *flat_keys(OPTIMIZERS.values())}
+    # the optimizer's fields; for a GradientTransformation also the schedule's and peak_lr (but the warmup's
+    # and end_lr, which validate() checks against steps for any run)
+    kind = "factory (it reads only the schedule)" if factory else "GradientTransformation (it has its own rate)"
+    held = [("optim.name", o.name, base.name), *_fields(o.optimizer, base.optimizer)]
     if not factory:
-        unread |= {"schedule", "peak_lr", *flat_keys(SCHEDULES.values())} - set(WARMUP_FIELDS) - {"end_lr"}
-    view = flat_view(o, base)
-    for name in sorted(unread):
-        if view[name] != base[name]:
-            kind = "factory (it reads only the schedule)" if factory else "GradientTransformation (it has its own rate)"
-            raise ConfigError(
-                f"optim.{name}", view[name], f"its default {base[name]!r}: the Task brings its own optimizer, a {kind}"
-            )
+        held += [("optim.schedule", o.schedule, base.schedule), ("optim.peak_lr", o.peak_lr, base.peak_lr)]
+        held += [h for h in _fields(o.lr_schedule, base.lr_schedule) if h[0].split(".")[-1] not in WARMUP_FIELDS]
+    for path, value, default in held:
+        if value != default:
+            raise ConfigError(path, value, f"its default {default!r}: the Task brings its own optimizer, a {kind}")
+
+
+def _fields(mine: Any, preset_part: Any) -> list[tuple[str, Any, Any]]:
+    """(flag, value, the preset's value) of each field of a chosen class (none when the preset chose another)."""
+    if type(mine) is not type(preset_part):
+        return []
+    return [(mine.flag(k), getattr(mine, k), getattr(preset_part, k)) for k in mine.field_names() if k != "end_lr"]
 
 
 def create_train_state(cfg: Config, model: Any, example_x: Any) -> TrainState:

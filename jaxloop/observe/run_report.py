@@ -359,7 +359,13 @@ def _schedule_line(optim: dict[str, Any], steps: Any) -> str:
 
         return describe(from_dict(optim, _cls=OptimConfig), int(steps))
     except (ValueError, TypeError, KeyError):  # a config written by another version: its own words
-        return f"{optim.get('schedule', 'warmup_cosine')} (peak_lr {optim.get('peak_lr')})"
+        return f"{_chosen(optim, 'lr_schedule', 'schedule', 'warmup_cosine')} (peak_lr {optim.get('peak_lr')})"
+
+
+def _chosen(optim: dict[str, Any], section: str, flat_key: str, default: str) -> str:
+    """The chosen class's name in a saved optim section: nested (optim.optimizer.name) or an older flat one."""
+    nested = optim.get(section)
+    return str(nested.get("name", default) if isinstance(nested, dict) else optim.get(flat_key, default))
 
 
 def plot_lr(run: Run, path: Path) -> None:
@@ -478,7 +484,7 @@ def render(run: Run, plots: dict[str, str]) -> str:
         f"| updates | {_cfg(run, 'steps', 'n/a')} (batch {_cfg(run, 'batch_size', 'n/a')} x accumulation "
         f"{o.get('accum_steps', 1)}) |",
         f"| precision | {_cfg(run, 'precision', 'n/a')} |",
-        f"| optimizer | {o.get('name', 'adamw')} |",
+        f"| optimizer | {_chosen(o, 'optimizer', 'name', 'adamw')} |",
         f"| schedule | {_schedule_line(o, _cfg(run, 'steps', 0))} |",
         f"| EMA | {o.get('ema_decay') if o.get('ema_decay') else 'off'} |",
         f"| git | {(commit[:12] + (' (uncommitted changes)' if md.get('git_dirty') else '')) if commit else 'n/a'} |",

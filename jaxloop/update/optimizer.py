@@ -25,6 +25,7 @@ import optax
 from jaxloop.core.config import OptimConfig
 from jaxloop.model import precision
 from jaxloop.model.precision import BACKOFF_FACTOR, GROWTH_FACTOR, GROWTH_INTERVAL, Policy
+from jaxloop.update import torch_optimizers
 from jaxloop.update.schedules import make_schedule
 from jaxloop.update.torch_optimizers import adamw, decay_mask, scale_by_adam  # noqa: F401  (jaxloop.update.optimizer's names before the menu)
 
@@ -273,7 +274,7 @@ def make_optimizer(
     schedule = make_schedule(o, steps)
     rate = lambda count: schedule(count).astype(policy.param_dtype)  # noqa: E731  (kept in the params' dtype)
     if optimizer is None:
-        parts.append(o.optimizer.build(float(o.peak_lr) if o.schedule == "plateau" else rate))
+        parts.append(torch_optimizers.build(o.optimizer, float(o.peak_lr) if o.schedule == "plateau" else rate))
         # For the optimizers whose state stays finite with a finite gradient the window is judged from the
         # mean gradient before running them; others are checked after (OptimizerConfig.bounded)
         check_result = not o.optimizer.bounded

@@ -1,6 +1,6 @@
 """The optimizers PyTorch users run, each an optax transformation with torch.optim's semantics.
 
-Each config class of jaxloop.core.optimizers_config builds the factory of its name here (`SGDConfig().build(rate)`
+Each config class of jaxloop.core.optimizers_config is built by its factory here (BUILDERS: `build(SGDConfig(), rate)`
 is `sgd(rate, **its fields)`), under optax.inject_hyperparams so that the rate it applies is kept in its state
 (the loop logs it; plateau replaces it). Each is optax's own
 transformation where optax computes what torch computes, and a small one here where it does not:
@@ -42,12 +42,23 @@ scales, for every optimizer (torch_ref: two param groups, p.dim() >= 2).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+
+from jaxloop.core.optimizers_config import (
+    AdagradConfig,
+    AdamConfig,
+    AdamWConfig,
+    LionConfig,
+    OptimizerConfig,
+    RMSpropConfig,
+    SGDConfig,
+)
 
 
 def decay_mask(params: Any) -> Any:
@@ -210,3 +221,25 @@ def adagrad(
 def lion(learning_rate: Any, b1: float, b2: float, weight_decay: float) -> optax.GradientTransformation:
     """optax.lion (the paper's Lion, decoupled decay scaled by the rate) with decay_mask."""
     return optax.lion(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask)
+
+
+BUILDERS: dict[type[OptimizerConfig], Any] = {
+    AdamWConfig: adamw,
+    AdamConfig: adam,
+    SGDConfig: sgd,
+    RMSpropConfig: rmsprop,
+    AdagradConfig: adagrad,
+    LionConfig: lion,
+}
+"""Each optimizer config class -> its factory here (torch_ref.optim.TORCH_OPTIMIZERS is torch's table)."""
+
+
+def build(config: OptimizerConfig, learning_rate: Any) -> optax.GradientTransformation:
+    """The config's optimizer under optax.inject_hyperparams: `learning_rate` a schedule (count -> rate) or a
+    number (which the host may replace in the state's hyperparams: plateau); the fields static Python numbers
+    (the bias corrections need them in float64)."""
+    factory = BUILDERS.get(type(config))
+    if factory is None:
+        raise ValueError(f"optim.name={config.name!r}: no optax transformation for {type(config).__name__}")
+    hyper = dataclasses.asdict(config)
+    return optax.inject_hyperparams(factory, static_args=tuple(hyper))(learning_rate=learning_rate, **hyper)
