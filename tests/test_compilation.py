@@ -78,3 +78,11 @@ def test_the_cache_keeps_xla_s_autotuning_results_but_not_its_gpu_kernel_cache(t
         jax.config.update("jax_compilation_cache_dir", before[0])
         jax.config.update("jax_persistent_cache_enable_xla_caches", before[1])
         reset_cache()
+
+
+def test_the_cache_is_bounded_so_that_processes_sharing_it_lock_each_entry(tmp_path: Path) -> None:
+    # jax locks an entry's read and write only when the cache has a bound (jax_compilation_cache_max_size):
+    # without it, two processes on one host (a run's processes, the suite's workers) can read a half-written
+    # entry. The lock's file in the directory is the sign that the writes went through the lock.
+    one_run(tmp_path / "cache")
+    assert (tmp_path / "cache" / ".lockfile").exists()

@@ -11,6 +11,11 @@ seconds on a CPU, below JAX's default threshold of one second per executable for
 init and eval steps), and a cache hit costs a file read. The key covers the HLO, the jax/jaxlib
 versions, the backend and the compile options, so a changed model, shape, precision or version
 simply misses and compiles again.
+
+The cache is bounded (MAX_BYTES, least recently used entries evicted), and the bound is also what makes it
+safe to share: jax takes a file lock around each read and write only when a bound is set, so several
+jaxloop processes on one host (a run's processes, two runs, the test suite's workers) never read an entry
+another is still writing.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ XLA_CACHES = "xla_gpu_per_fusion_autotune_cache_dir"
 """The XLA caches JAX's cache directory holds (jax_persistent_cache_enable_xla_caches) where the setting
 asked for XLA's GPU kernel cache; JAX's own default, and any other choice a user made, stand."""
 KERNEL_CACHE = "xla_gpu_kernel_cache_file"
+MAX_BYTES = 4 * 2**30
+"""The cache directory's bound (jax_compilation_cache_max_size): a few hundred GPT-2-sized executables."""
 REQUEST, HIT = "/jax/compilation_cache/compile_requests_use_cache", "/jax/compilation_cache/cache_hits"
 """jax.monitoring's events of a compile that asked the persistent cache, and of one it answered."""
 
@@ -41,6 +48,8 @@ def enable_compilation_cache(path: str | os.PathLike[str]) -> Path:
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)  # 0: cache every entry (-1 would disable)
+    # a bound turns on jax's file lock around each entry's read and write (module docstring)
+    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
     try:
         # GPU only. Never XLA's GPU kernel cache ("all" includes it): with it, an fp32 eval step compiled
         # after the train step in one process died with CUDA_ERROR_ILLEGAL_INSTRUCTION on an H100.
@@ -59,6 +68,7 @@ SETTINGS = (
     "jax_compilation_cache_dir",
     "jax_persistent_cache_min_compile_time_secs",
     "jax_persistent_cache_min_entry_size_bytes",
+    "jax_compilation_cache_max_size",
     "jax_persistent_cache_enable_xla_caches",
 )
 """The jax settings enable_compilation_cache changes (the last only where jax has it)."""
