@@ -5,12 +5,15 @@ the default's state bit for bit after one update, and is timed in interleaved ro
     python benchmarks/xla_options.py --shape gpt128 --rounds 3 --calls 2
 
 Prints each round, then one JSON line: per option set [median, min, max] of its ms per update / the default's in
-the same round, and whether its update matched the default's bit for bit ("identical") or by how much it moved.
+the same round, and whether its update matched the default's bit for bit ("identical") or by how much it moved, and
+a hash of its optimized HLO (the same hash: the option changed nothing XLA compiled for this program);
+`control` (an option that changes nothing) shows the harness's own bias between two compiles of the same program.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -22,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 CANDIDATES: dict[str, dict[str, object]] = {
     "default": {},
+    # a control: an option that changes nothing (the same HLO), compiled apart: its ratio is the harness's own bias
+    "control": {"xla_embed_ir_in_executable": False},
     "thunk_runtime_off": {"xla_cpu_use_thunk_runtime": False},
     "xnnpack": {"xla_cpu_use_xnnpack": True},
     "onednn": {"xla_cpu_use_onednn": True},
@@ -36,6 +41,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--calls", type=int, default=2)
     p.add_argument("--only", nargs="*", default=list(CANDIDATES), help="option sets (default: all)")
+    p.add_argument("--order", choices=("alternate", "rotate"), default="rotate", help="each round's order")
     a = p.parse_args(argv)
 
     import jax
@@ -58,12 +64,13 @@ def main(argv: list[str] | None = None) -> dict:
     def fresh():
         return jax.tree.map(lambda x: jax.device_put(np.asarray(x)) if hasattr(x, "shape") else x, host_init)
 
-    compiled, failed, moved = {}, {}, {}
+    compiled, failed, moved, hlo = {}, {}, {}, {}
     for name in ["default", *[n for n in a.only if n != "default"]]:
         try:
             t0 = time.perf_counter()
             compiled[name] = step.lower(fresh(), batch).compile(compiler_options=CANDIDATES[name] or None)
             print(f"{name}: compiled in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+            hlo[name] = hashlib.sha256(compiled[name].as_text().encode()).hexdigest()[:12]
         except Exception as e:  # noqa: BLE001 - an option this jaxlib does not know
             failed[name] = " ".join(str(e).split())[:200]
     reference = jax.device_get(compiled["default"](fresh(), batch)[0].params)
@@ -86,10 +93,22 @@ def main(argv: list[str] | None = None) -> dict:
         timed(name)  # warm-up
     per_round: list[dict[str, float]] = []
     for r in range(a.rounds):
-        order = list(compiled) if r % 2 == 0 else list(reversed(compiled))
+        names = list(compiled)
+        order = (
+            names[r % len(names) :] + names[: r % len(names)]
+            if a.order == "rotate"
+            else (names if r % 2 == 0 else names[::-1])
+        )
         per_round.append({name: timed(name) for name in order})
         print(r, {k: round(v * 1e3, 1) for k, v in per_round[-1].items()}, file=sys.stderr)
-    out: dict = {"shape": a.shape, "rounds": a.rounds, "calls": a.calls, "failed": failed, "result": moved}
+    out: dict = {
+        "shape": a.shape,
+        "rounds": a.rounds,
+        "calls": a.calls,
+        "failed": failed,
+        "result": moved,
+        "optimized_hlo": hlo,
+    }
     for name in compiled:
         ratios = [d[name] / d["default"] for d in per_round]
         ms = [d[name] * 1e3 for d in per_round]
