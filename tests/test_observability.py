@@ -693,6 +693,13 @@ def test_the_report_prints_rates_in_fixed_point_however_large(text_run):
     assert "- updates/s: 200000.00 " in md and "- samples/s: 3200000.0" in md and "- tokens/s: 51200000.0" in md
 
 
+def test_a_run_without_log_breakdown_spends_nothing_on_it(text_run):
+    run_dir, summary, _ = text_run
+    # the variants are compiled only with --log.breakdown: a default run's time is the loop's alone
+    assert "update_breakdown" not in summary and "breakdown" not in summary["timings_s"]
+    assert "Not measured: pass --log.breakdown" in (run_dir / "report.md").read_text()
+
+
 def test_text_run_report_shows_tokens_per_s(text_run):
     run_dir, summary, _ = text_run
     md = (run_dir / "report.md").read_text()  # the shakespeare preset writes the report at the end
