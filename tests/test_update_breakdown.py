@@ -82,6 +82,18 @@ def test_the_parts_sum_to_the_loops_median_update(breakdown_run):
     assert sum(rows[p] for p in PARTS) == pytest.approx(rows["update"], abs=6 * 0.0005 + 1e-9)
 
 
+def test_the_per_call_column_is_the_updates_of_one_device_call(breakdown_run):
+    run_dir, summary = breakdown_run
+    # 12 updates, no evaluation, no save before the end: one device call runs all 12 (host_loop.updates_per_call;
+    # the logged records come from the call's stacked metrics)
+    assert summary["update_breakdown"]["updates_per_call"] == 12
+    section = (run_dir / "report.md").read_text().split("## Where an update's time goes", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| \w+ \| ([0-9.]+) \| ([0-9.]+) \|", section, re.M)
+    assert len(rows) == len(PARTS) + 1
+    for per_update, per_call in rows:  # both printed to 0.001 ms: 12 x 0.0005 ms off at most, and 0.0005 more
+        assert float(per_call) == pytest.approx(12 * float(per_update), abs=13 * 0.0005 + 1e-9)
+
+
 def test_the_variants_and_their_cost_are_in_the_summary(breakdown_run):
     _, summary = breakdown_run
     measured = summary["update_breakdown"]

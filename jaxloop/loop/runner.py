@@ -439,7 +439,7 @@ def _train(
         summary["memory"] = memory.record(dispatcher.memory)
         if cfg.log.breakdown:  # where an update's time goes, for the report (docs/observing.md)
             with timings("breakdown"):
-                summary["update_breakdown"] = measure_run(cfg, task.loss, state, splits, mesh)
+                summary["update_breakdown"] = measure_run(cfg, task.loss, state, splits, mesh, per_call)
         timings.add("data_wait", batches.total_wait_s)
     finally:
         batches.close()

@@ -589,21 +589,23 @@ def render(run: Run, plots: dict[str, str]) -> str:
         lines.append("Not measured: pass --log.breakdown to time the update's compiled variants at the end of the run.")
     else:
         measured = run.summary["update_breakdown"]
-        v = measured["variants_s"]
+        v, calls = measured["variants_s"], int(measured.get("updates_per_call", 1))
         lines += [
-            f"The loop's median update split by part (ms; updates of {measured['accum_steps']} micro-batch(es)); "
+            f"The loop's median update split by part (updates of {measured['accum_steps']} micro-batch(es); each "
+            f"device call of the loop runs {calls} update(s): ms/call = {calls} x ms/update); "
             f"forward, backward and optimizer from its compiled variants timed apart after the run, "
             f"{measured['calls']} calls each (forward {v['forward'] * 1e3:.3f}, forward + backward "
             f"{v['fwd_bwd'] * 1e3:.3f}, update {v['update'] * 1e3:.3f} ms); measuring took "
             f"{measured['cost_s']:.2f} s ({measured['compile_s']:.2f} s of it compiling). Parts timed slower alone "
             "than the loop's update are scaled down to fit it.",
             "",
-            "| part | ms/update | % | what |",
-            "|---|---:|---:|---|",
+            "| part | ms/update | ms/call | % | what |",
+            "|---|---:|---:|---:|---|",
         ]
         whole = parts[-1][1]
         for name, ms, note in parts:
-            lines.append(f"| {name} | {ms:.3f} | {100.0 * ms / whole if whole else 0.0:.1f}% | {note} |")
+            pct = 100.0 * ms / whole if whole else 0.0
+            lines.append(f"| {name} | {ms:.3f} | {ms * calls:.3f} | {pct:.1f}% | {note} |")
     lines += ["", "## Cost", ""]
     price = float(_cfg(run, "log.price_per_hour", 0.0) or 0.0)
     lines.append(f"Wall time: {format_duration(wall)} ({_fmt(wall, 2) if wall is not None else 'n/a'} s; {wall_src}).")

@@ -106,11 +106,13 @@ CALLS = 10
 """Timed calls of each variant for --log.breakdown (after one warm-up call each)."""
 
 
-def measure_run(cfg: Any, loss_fn: Callable[..., Any], state: Any, splits: Any, mesh: Any) -> dict[str, Any]:
+def measure_run(
+    cfg: Any, loss_fn: Callable[..., Any], state: Any, splits: Any, mesh: Any, updates_per_call: int = 1
+) -> dict[str, Any]:
     """--log.breakdown at the end of a run: the variants' seconds per update on the run's first micro-batches (a
-    loader of its own, no workers), the updates' accumulation, and what measuring cost (`cost_s`: the three
-    compiles and 3 x (CALLS + 1) calls), for summary.json's `update_breakdown`; the report splits the run's
-    median step time with them (split_update)."""
+    loader of its own, no workers), the updates' accumulation, the updates each of the loop's device calls runs,
+    and what measuring cost (`cost_s`: the three compiles and 3 x (CALLS + 1) calls), for summary.json's
+    `update_breakdown`; the report splits the run's median step time with them (split_update)."""
     from jaxloop.data.pipeline import TrainLoader
     from jaxloop.update.distributed import shard_batch
 
@@ -126,6 +128,7 @@ def measure_run(cfg: Any, loss_fn: Callable[..., Any], state: Any, splits: Any, 
     return {
         "variants_s": {k: times[k] for k in ("forward", "fwd_bwd", "update")},
         "accum_steps": K,
+        "updates_per_call": updates_per_call,
         "calls": CALLS,
         "compile_s": times["compile_s"],
         "cost_s": time.perf_counter() - t0,
