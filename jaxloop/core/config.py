@@ -428,6 +428,8 @@ class LogConfig:
     """First update of a jax.profiler trace (with profile_steps > 0)."""
     profile_steps: int = 0
     """Updates captured by the profiler trace into run_dir/profile (0 = off)."""
+    breakdown: bool = False
+    """At the end, time compiled forward / forward+backward / update variants: the report splits an update's time."""
     price_per_hour: float = 0.0
     """Machine price in $/hour, for the cost line of the report."""
     report: bool = True

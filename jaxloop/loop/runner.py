@@ -47,7 +47,8 @@ from jaxloop.loop.task import Task, builtin_task, check_builtin_fields, check_ow
 from jaxloop.model.flops import gpt_facts, mfu_inputs
 from jaxloop.model.precision import resolve_precision
 from jaxloop.observe.logger import RunLogger
-from jaxloop.observe.runinfo import Profiler, Timings, run_metadata
+from jaxloop.observe.runinfo import Profiler, Timings, memory_bytes, run_metadata
+from jaxloop.observe.update_breakdown import measure_run
 from jaxloop.update.distributed import (
     abstract_sharded,
     barrier,
@@ -433,9 +434,12 @@ def _train(
             updates_per_s=run.clock.updates_per_s,
             skipped=int(optimizer_metrics(state.opt_state)["skipped"]),
             digest=state_digest(to_host(state)),  # shards held by other processes too
-            peak_mem_bytes=logger.peak_mem_bytes,
+            peak_mem_bytes=max((m for m in (logger.peak_mem_bytes, memory_bytes()) if m is not None), default=None),
         )
         summary["memory"] = memory.record(dispatcher.memory)
+        if cfg.log.breakdown:  # where an update's time goes, for the report (docs/observing.md)
+            with timings("breakdown"):
+                summary["update_breakdown"] = measure_run(cfg, task.loss, state, splits, mesh, per_call)
         timings.add("data_wait", batches.total_wait_s)
     finally:
         batches.close()

@@ -25,9 +25,10 @@ from jaxloop.core.atomic import atomic_write_bytes, atomic_write_text
 from jaxloop.core.layout import CHECKPOINT_DIR, METRICS_FILE, PROFILE_DIR, TB_DIR, RunLayout
 from jaxloop.core.records import read_records
 from jaxloop.observe.runinfo import format_bytes, format_duration
+from jaxloop.observe.update_breakdown import PART_NOTES, rounded, split_update
 
 PLOTS = {"loss": "loss.png", "lr": "lr.png", "throughput": "throughput.png"}
-TIMING_ORDER = ("setup", "compile", "data_wait", "eval", "checkpoint", "log", "profile")
+TIMING_ORDER = ("setup", "compile", "data_wait", "eval", "checkpoint", "log", "profile", "breakdown")
 TIMING_NOTES = {
     "setup": "loading data, metadata, initialising and restoring the state: before the loop",
     "compile": "tracing and compiling the train step",
@@ -36,6 +37,7 @@ TIMING_NOTES = {
     "checkpoint": "blocking part of the saves, and awaiting the last one",
     "log": "fetching metrics, writing records and progress",
     "profile": "starting and writing the jax.profiler trace",
+    "breakdown": "--log.breakdown: compiling and timing the update's variants, after the last update",
 }
 
 
@@ -262,6 +264,21 @@ def time_breakdown(run: Run) -> list[tuple[str, float, str]] | None:
         )
     )
     rows.append(("wall", float(wall), "the whole run() call (this session)"))
+    return rows
+
+
+def update_breakdown(run: Run, tp: dict[str, Any]) -> list[tuple[str, float, str]] | None:
+    """(part, ms per update, note) rows of --log.breakdown (jaxloop.observe.update_breakdown.PARTS) ending with
+    the loop's median step time they sum to; None without the measurement or a logged step time."""
+    measured = (run.summary or {}).get("update_breakdown")
+    if not isinstance(measured, dict) or tp.get("step_ms") is None:
+        return None
+    v = measured["variants_s"]
+    parts = split_update(
+        tp["step_ms"] / 1e3, (tp.get("data_wait_ms") or 0.0) / 1e3, v["forward"], v["fwd_bwd"], v["update"]
+    )
+    rows = [(name, ms, PART_NOTES[name]) for name, ms in rounded(parts).items()]
+    rows.append(("update", round(tp["step_ms"], 3), "the loop's median time per update (metrics.jsonl's step_ms)"))
     return rows
 
 
@@ -573,6 +590,29 @@ def render(run: Run, plots: dict[str, str]) -> str:
         for name, secs, note in rows:
             pct = 100.0 * secs / total if total else 0.0
             lines.append(f"| {name} | {secs:.3f} | {pct:.1f}% | {note} |")
+    lines += ["", "## Where an update's time goes", ""]
+    parts = update_breakdown(run, tp)
+    if parts is None:
+        lines.append("Not measured: pass --log.breakdown to time the update's compiled variants at the end of the run.")
+    else:
+        measured = run.summary["update_breakdown"]
+        v, calls = measured["variants_s"], int(measured.get("updates_per_call", 1))
+        lines += [
+            f"The loop's median update split by part (updates of {measured['accum_steps']} micro-batch(es); each "
+            f"device call of the loop runs {calls} update(s): ms/call = {calls} x ms/update); "
+            f"forward, backward and optimizer from its compiled variants timed apart after the run, "
+            f"{measured['calls']} calls each (forward {v['forward'] * 1e3:.3f}, forward + backward "
+            f"{v['fwd_bwd'] * 1e3:.3f}, update {v['update'] * 1e3:.3f} ms); measuring took "
+            f"{measured['cost_s']:.2f} s ({measured['compile_s']:.2f} s of it compiling). Parts timed slower alone "
+            "than the loop's update are scaled down to fit it.",
+            "",
+            "| part | ms/update | ms/call | % | what |",
+            "|---|---:|---:|---:|---|",
+        ]
+        whole = parts[-1][1]
+        for name, ms, note in parts:
+            pct = 100.0 * ms / whole if whole else 0.0
+            lines.append(f"| {name} | {ms:.3f} | {ms * calls:.3f} | {pct:.1f}% | {note} |")
     lines += ["", "## Cost", ""]
     price = float(_cfg(run, "log.price_per_hour", 0.0) or 0.0)
     lines.append(f"Wall time: {format_duration(wall)} ({_fmt(wall, 2) if wall is not None else 'n/a'} s; {wall_src}).")

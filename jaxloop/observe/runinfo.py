@@ -3,7 +3,6 @@ and the profiler."""
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 import time
@@ -34,27 +33,51 @@ def memory_source() -> str:
     if stats and ("peak_bytes_in_use" in stats or "bytes_in_use" in stats):
         key = "peak_bytes_in_use" if "peak_bytes_in_use" in stats else "bytes_in_use"
         return f"accelerator {key} (jax memory_stats of the first local device)"
-    return "process resident set size (psutil RSS; the CPU backend reports no device statistics)"
+    return (
+        "process resident set size, its peak so far (VmHWM of /proc/self/status, plus each live worker process's; "
+        "the CPU backend reports no device statistics)"
+    )
 
 
 def memory_bytes() -> int | None:
-    """Accelerator: the first local device's peak bytes in use; CPU: this process's resident set (RSS)."""
+    """Accelerator: the first local device's peak bytes in use; CPU: this process's peak resident set so far, with
+    its live children's peaks (peak_rss_bytes)."""
     stats = _device_memory_stats()
     if stats:
         for key in ("peak_bytes_in_use", "bytes_in_use"):
             if key in stats:
                 return int(stats[key])
+    return peak_rss_bytes()
+
+
+def peak_rss_bytes() -> int | None:
+    """The high-water mark of this process's resident set (Linux VmHWM: the true peak between samples, where the
+    current RSS misses what a compile or an evaluation took and gave back), plus each live multiprocessing child's
+    (grain's data workers, spawned: their own peaks). Off Linux: getrusage's ru_maxrss, without children."""
+    import multiprocessing
+
+    own = _vm_hwm("self")
+    if own is None:
+        try:
+            import resource
+
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB elsewhere
+        except (ImportError, OSError):
+            return None
+    return own + sum(_vm_hwm(str(p.pid)) or 0 for p in multiprocessing.active_children())
+
+
+def _vm_hwm(pid: str) -> int | None:
+    """VmHWM of /proc/<pid>/status in bytes; None where unreadable (not Linux, or the process ended)."""
     try:
-        return int(_process().memory_info().rss)
-    except Exception:  # noqa: BLE001 - no psutil or no /proc: no memory figure
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
         return None
-
-
-@functools.lru_cache(maxsize=1)
-def _process() -> Any:
-    import psutil
-
-    return psutil.Process()
+    return None
 
 
 def format_bytes(n: float | None) -> str:
