@@ -16,12 +16,13 @@ back to a fresh start must not pass quietly.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jax
 import pytest
 
-from parity_tests.harness import SHAKESPEARE, TABLE, write_results
+from parity_tests.harness import SHAKESPEARE, TABLE, Check, write_results
 
 _NOT_RUN: list[str] = []
 
@@ -48,11 +49,25 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: its table goes to the controller
+        session.config.workeroutput["parity"] = json.dumps(TABLE.as_dict())
+        return
     out = session.config.getoption("--parity-out", default=None)  # None when this conftest loaded late
     if out:
         write_results(out)
     if _NOT_RUN and session.exitstatus == 0:
         session.exitstatus = 1
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist's controller: a worker's table, merged into this process's (which reports and writes it)."""
+    table = json.loads(getattr(node, "workeroutput", {}).get("parity", "null") or "null")
+    if table:
+        # in one order whichever worker ends first: by test (a test's checks stay in the order it made them)
+        TABLE.checks = sorted([*TABLE.checks, *(Check(**c) for c in table["checks"])], key=lambda c: c.test)
+        TABLE.series = dict(sorted({**TABLE.series, **table["series"]}.items()))
+        TABLE.notes = dict(sorted({**TABLE.notes, **table["notes"]}.items()))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
