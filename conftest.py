@@ -13,6 +13,7 @@ bits of a run that loaded every call).
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,3 +64,19 @@ class Units(LoadScopeScheduling):
 def pytest_xdist_make_scheduler(config: pytest.Config, log) -> LoadScopeScheduling | None:
     """`--dist loadscope` (pyproject.toml's addopts) schedules the units above."""
     return Units(config, log) if config.getvalue("dist") == "loadscope" else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A warning names the units that build a shared fixture again (a module missing from JOINED above): the
+    package's resume_runs outside one unit, a docs page's run read outside the page's unit."""
+    resume_units = {unit(item.nodeid) for item in items if "resume_runs" in item.fixturenames}
+    apart = [f"resume_runs in {sorted(resume_units)}"] if len(resume_units) > 1 else []
+    for item in items:
+        page = getattr(item, "callspec", None) and item.callspec.params.get("page")
+        page = page or getattr(getattr(item, "module", None), "DOC", None)
+        if "doc_run" in item.fixturenames and page:
+            page = str(Path(page).relative_to(config.rootpath))
+            if unit(item.nodeid) != page:
+                apart.append(f"{item.nodeid} reads {page}'s run")
+    if apart:
+        warnings.warn(f"conftest.py's JOINED misses these (each builds its fixture again): {apart}", stacklevel=1)
