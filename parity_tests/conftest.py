@@ -25,6 +25,8 @@ import pytest
 from parity_tests.harness import SHAKESPEARE, TABLE, Check, write_results
 
 _NOT_RUN: list[str] = []
+_ORDER: dict[str, int] = {}
+"""Each test's place in the collection: a table merged from pytest-xdist's workers is put in this order."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -33,6 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).resolve().parent
+    _ORDER.update((item.nodeid, i) for i, item in enumerate(items))
     for item in items:
         if here in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.torch)  # every parity test runs torch_ref beside jaxloop
@@ -50,7 +53,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: its table goes to the controller
-        session.config.workeroutput["parity"] = json.dumps(TABLE.as_dict())
+        session.config.workeroutput["parity"] = json.dumps({**TABLE.as_dict(), "order": _ORDER})
         return
     out = session.config.getoption("--parity-out", default=None)  # None when this conftest loaded late
     if out:
@@ -64,8 +67,11 @@ def pytest_testnodedown(node, error) -> None:
     """pytest-xdist's controller: a worker's table, merged into this process's (which reports and writes it)."""
     table = json.loads(getattr(node, "workeroutput", {}).get("parity", "null") or "null")
     if table:
-        # in one order whichever worker ends first: by test (a test's checks stay in the order it made them)
-        TABLE.checks = sorted([*TABLE.checks, *(Check(**c) for c in table["checks"])], key=lambda c: c.test)
+        # in the order one process makes them, whichever worker ends first: by the tests' order of collection
+        # (the same in every worker), a test's checks in the order it made them
+        _ORDER.update(table["order"])
+        merged = [*TABLE.checks, *(Check(**c) for c in table["checks"])]
+        TABLE.checks = sorted(merged, key=lambda c: _ORDER.get(c.test, -1))
         TABLE.series = dict(sorted({**TABLE.series, **table["series"]}.items()))
         TABLE.notes = dict(sorted({**TABLE.notes, **table["notes"]}.items()))
 
