@@ -16,14 +16,17 @@ back to a fresh start must not pass quietly.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jax
 import pytest
 
-from parity_tests.harness import SHAKESPEARE, TABLE, write_results
+from parity_tests.harness import SHAKESPEARE, TABLE, Check, write_results
 
 _NOT_RUN: list[str] = []
+_ORDER: dict[str, int] = {}
+"""Each test's place in the collection: a table merged from pytest-xdist's workers is put in this order."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,6 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).resolve().parent
+    _ORDER.update((item.nodeid, i) for i, item in enumerate(items))
     for item in items:
         if here in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.torch)  # every parity test runs torch_ref beside jaxloop
@@ -48,11 +52,28 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: its table goes to the controller
+        session.config.workeroutput["parity"] = json.dumps({**TABLE.as_dict(), "order": _ORDER})
+        return
     out = session.config.getoption("--parity-out", default=None)  # None when this conftest loaded late
     if out:
         write_results(out)
     if _NOT_RUN and session.exitstatus == 0:
         session.exitstatus = 1
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist's controller: a worker's table, merged into this process's (which reports and writes it)."""
+    table = json.loads(getattr(node, "workeroutput", {}).get("parity", "null") or "null")
+    if table:
+        # in the order one process makes them, whichever worker ends first: by the tests' order of collection
+        # (the same in every worker), a test's checks in the order it made them
+        _ORDER.update(table["order"])
+        merged = [*TABLE.checks, *(Check(**c) for c in table["checks"])]
+        TABLE.checks = sorted(merged, key=lambda c: _ORDER.get(c.test, -1))
+        TABLE.series = dict(sorted({**TABLE.series, **table["series"]}.items()))
+        TABLE.notes = dict(sorted({**TABLE.notes, **table["notes"]}.items()))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
