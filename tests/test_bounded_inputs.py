@@ -134,6 +134,35 @@ def test_data_workers_beyond_what_the_machine_runs_are_refused_naming_the_range(
     )
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_a_process_whose_peer_never_comes_ends_in_one_line_naming_it(tmp_path):
+    # after distributed.peer_timeout_s, one line naming the missing process_id and what to do, exit 2, nothing
+    # in run_dir. Mutant seen failing: the timer removed (jax's own timeout: a C++ abort, exit 134, 14 lines)
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    run_dir = tmp_path / "r"
+    argv = ["--preset", "debug", "--run_dir", str(run_dir), "--distributed.num_processes", "2"]
+    argv += ["--distributed.coordinator", f"localhost:{port}", "--distributed.peer_timeout_s", "3"]
+    out = subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", *argv], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [
+        f"distributed: process 0 waiting for all 2 processes at the coordinator localhost:{port} (up to 3 s)",
+        f"jaxloop.train: error: distributed: process 0 waited 3 s at the coordinator localhost:{port} for all 2 "
+        "processes; missing among process_id 1: start each with the same --distributed.* flags and its own "
+        "--distributed.process_id (or raise --distributed.peer_timeout_s)",
+    ]
+    assert not run_dir.exists() or not any(run_dir.iterdir())
+
+
 def test_a_process_waiting_for_its_peers_says_so_at_once(tmp_path):
     # the first line on stderr names the wait, before it (mutant seen failing: no line; the first one came from
     # jax's error after its timeout). The process is stopped once the line is read: no clock is asserted on.

@@ -551,10 +551,13 @@ class DistributedConfig:
     fsdp: int = 1
     """Devices over which the state (params, optimizer state, EMA) is sharded; must divide the device
     count, the other factor is the data-parallel axis (1 = state replicated on every device)."""
+    peer_timeout_s: int = 300
+    """Seconds a process waits for all num_processes to reach the coordinator before it ends with one line."""
 
     def validate(self) -> None:
         """ConfigError for the first field that is not allowed (distributed.*)."""
         positive_int("distributed.num_processes", self.num_processes)
+        positive_int("distributed.peer_timeout_s", self.peer_timeout_s)
         positive_int("distributed.fsdp", self.fsdp)  # divides the device count: checked when jax starts
         if not is_int(self.process_id) or not 0 <= self.process_id < self.num_processes:
             raise ConfigError(
