@@ -202,11 +202,17 @@ def _run_held(
     metadata = run_metadata(cfg, data=getattr(splits, "record", None))
     if builtin and cfg.model.kind == "gpt":  # attention chosen, FLOPs per token, peak (jaxloop.model.flops)
         metadata["language_model"] = gpt_facts(cfg, splits.num_classes)
-    rd.start(metadata)
-    if rd.writes:
-        write_vocab(str(rd.path), splits)
-        if read_model_record(rd.layout) != model:  # a new run's, or a run from before model.json
-            write_model_record(rd.layout, model)
+
+    def start() -> None:  # a resume's files are written once its checkpoint restored: a refusal writes nothing
+        rd.start(metadata)
+        if rd.writes:
+            write_vocab(str(rd.path), splits)
+            if read_model_record(rd.layout) != model:  # a new run's, or a run from before model.json
+                write_model_record(rd.layout, model)
+
+    started = not (cfg.resume != "never" and Checkpointer.has_checkpoint(rd.checkpoints))
+    if started:
+        start()
 
     timings = Timings()
     mesh = make_mesh(cfg.distributed)  # (data, fsdp): the state is sharded over fsdp, the batch over both
@@ -225,6 +231,9 @@ def _run_held(
             restored = ckpt.restore_latest(abstract_sharded(init, mesh)) if resume else None
             if not replans and not fell_back:
                 rd.must_have_resumed(restored)
+            if not started:
+                start()
+                started = True
             state = restored.state if restored is not None else create_sharded(init, mesh)
             say(rd, f"the state is ready ({time.perf_counter() - began:.1f}s)")
             if restored is None and cfg.init_from:  # a fresh run from another run's (or a GPT-2's) params
