@@ -113,13 +113,14 @@ def _run_configured(cfg: Config, task: Task | None, hooks: Sequence[act.Action],
     """run() once its config is valid and the process is set up for it."""
     cfg = resolve_precision(cfg)  # precision=auto: bf16 on an accelerator, fp32 on a CPU, recorded as chosen
     builtin = task is None
+    rd = RunDir(cfg, writes=is_primary())
+    # a refusal here writes nothing, and comes before the data is read (seconds for a large source)
+    rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))
     task = builtin_task(cfg) if builtin else task  # bad data is a ConfigError before anything is written
     check_own_optimizer(cfg, task)
     splits = task.splits()  # bad or empty records too (jaxloop.core.sources)
     check_divisible(cfg)
     check_plan(cfg.memory, cfg.batch_size, task.model)
-    rd = RunDir(cfg, writes=is_primary())
-    rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # a refusal here writes nothing
     model = check_model_identity(cfg, task, splits, rd, builtin)  # another model: refused, nothing written
     ended = rd.finished()
     if ended is not None:  # a finished run started again: nothing to do, nothing written (not even the lock)
