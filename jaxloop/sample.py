@@ -24,7 +24,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -315,11 +315,13 @@ def generate(
     top_k: int | None = None,
     kv_cache: bool = True,
     timing: dict[str, float] | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> str:
     """`length` tokens that the GPT `model` (a jaxloop.model.builtin.GPT; its context is model.context) with `params`
     generates after `prompt`, decoded by `vocab` (a text run's vocab.json characters, or a Codec: run_codec):
     what `sample` runs for a checkpoint, and what a hook runs for the state being trained. `timing`, when given,
-    receives compile_s and generate_s (the compiled call alone, to the last token)."""
+    receives compile_s and generate_s (the compiled call alone, to the last token); `announce`, when given, receives
+    a line before the compile and one with its time after (the CLI's stderr: a compile is seconds of silence)."""
     import jax
     import jax.numpy as jnp
 
@@ -336,9 +338,13 @@ def generate(
         jnp.asarray(temperature, jnp.float32),
     )
     fn = make_generate(model, context, length, min(codec.size, model.vocab_size), kv_cache, top_k)
+    if announce is not None:
+        announce(f"compiling the sampling call ({length} tokens, {'KV cache' if kv_cache else 'no KV cache'})...")
     t0 = time.perf_counter()
     compiled = fn.lower(*args).compile()
     t1 = time.perf_counter()
+    if announce is not None:
+        announce(f"compiled in {t1 - t0:.1f}s")
     out = np.asarray(compiled(*args))
     if timing is not None:
         timing.update(compile_s=t1 - t0, generate_s=time.perf_counter() - t1)
@@ -406,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                 top_k=args.top_k,
                 kv_cache=not args.no_kv_cache,
                 timing=timing,
+                announce=lambda line: print(line, file=sys.stderr, flush=True),
             )
     except SampleError as e:
         print(f"jaxloop.sample: error: {e}", file=sys.stderr)

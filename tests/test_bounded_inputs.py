@@ -134,6 +134,35 @@ def test_data_workers_beyond_what_the_machine_runs_are_refused_naming_the_range(
     )
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_a_process_whose_peer_never_comes_ends_in_one_line_naming_it(tmp_path):
+    # after distributed.peer_timeout_s, one line naming the missing process_id and what to do, exit 2, nothing
+    # in run_dir. Mutant seen failing: the timer removed (jax's own timeout: a C++ abort, exit 134, 14 lines)
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    run_dir = tmp_path / "r"
+    argv = ["--preset", "debug", "--run_dir", str(run_dir), "--distributed.num_processes", "2"]
+    argv += ["--distributed.coordinator", f"localhost:{port}", "--distributed.peer_timeout_s", "3"]
+    out = subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", *argv], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [
+        f"distributed: process 0 waiting for all 2 processes at the coordinator localhost:{port} (up to 3 s)",
+        f"jaxloop.train: error: distributed: process 0 waited 3 s at the coordinator localhost:{port} for all 2 "
+        "processes; missing among process_id 1: start each with the same --distributed.* flags and its own "
+        "--distributed.process_id (or raise --distributed.peer_timeout_s)",
+    ]
+    assert not run_dir.exists() or not any(run_dir.iterdir())
+
+
 def test_a_process_waiting_for_its_peers_says_so_at_once(tmp_path):
     # the first line on stderr names the wait, before it (mutant seen failing: no line; the first one came from
     # jax's error after its timeout). The process is stopped once the line is read: no clock is asserted on.
@@ -182,3 +211,67 @@ def test_a_long_value_in_a_flag_tyro_refuses_is_shown_cut(tmp_path):
     message = str(refused.value)
     assert f"... (cut at {VALUE_SHOWN} characters)' for argument '--precision'. Expected one of" in message
     assert len(message) < VALUE_SHOWN + 250
+
+
+def _peak_rss_until_first_update(argv: list[str], cap: int) -> tuple[int, int, list[str]]:
+    """Run jaxloop.train with `argv` until its first progress line, then SIGTERM it; the process's RSS is polled
+    on the way and the run killed once it passes `cap`. Returns (peak bytes, exit status, output lines)."""
+    import signal
+    import threading
+
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxloop.train", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    lines: list[str] = []
+    updated = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("update "):
+                updated.set()
+        updated.set()  # the stream ended: nothing more to wait for
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    peak = 0
+    watched = psutil.Process(proc.pid)
+    try:
+        while not updated.wait(0.2):
+            try:
+                peak = max(peak, watched.memory_info().rss)
+            except psutil.NoSuchProcess:
+                break
+            if peak > cap:
+                proc.kill()
+                break
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        status = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=60)
+    return peak, status, lines
+
+
+def test_a_run_of_the_most_steps_allowed_reaches_its_first_update_in_bounded_memory(tmp_path):
+    # config.MAX_STEPS's doc: the schedule's table costs about 60 MiB per million updates (measured 981 MiB at the
+    # bound for the debug preset, 370 MiB for 100 steps). The cap, 1.5 GiB, is that plus half a GiB of margin; the
+    # run is stopped by SIGTERM at its first update (no clock asserted on). Mutant seen failing: MAX_STEPS back at
+    # 100,000,000 (issue 43: 8.1 GB before the first update; killed here past the cap)
+    from jaxloop.core.config import MAX_STEPS
+
+    argv = ["--preset", "debug", "--run_dir", str(tmp_path / "r"), "--steps", str(MAX_STEPS), "--log.progress", "plain"]
+    peak, status, lines = _peak_rss_until_first_update(argv, cap=3 << 29)
+    assert peak <= 3 << 29, f"{peak >> 20} MiB before the first update"
+    assert any(line.startswith(f"update 1/{MAX_STEPS} ") for line in lines), lines[-5:]
+    assert status == 143, lines[-5:]

@@ -298,3 +298,33 @@ def test_a_checkpoint_without_a_digest_whose_updates_go_non_finite_before_the_ne
     assert len(list((run_dir / "checkpoints_damaged").iterdir())) == 1, "moved aside, not deleted"
     assert _digest(run_dir) == _digest(reference), "20 restores its saved bytes: the uninterrupted run's end"
     assert _losses(run_dir) == _losses(reference)
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_damaged_newest_checkpoint_over_one_of_another_model_is_refused_with_nothing_written(reference, tmp_path):
+    # checkpoint 20 damaged, checkpoint 10 another model's (hidden 64): the refusal names the other model and the
+    # run folder is byte-identical after it, checkpoint 20 included. Mutants seen failing: restore_latest moving a
+    # damaged step aside at once (20 in checkpoints_damaged/ before the refusal), and run_dir's files written
+    # before the restore (metadata.json rewritten)
+    run_dir = _killed_after(reference, tmp_path, 20)
+    other = tmp_path / "other"
+    assert _train(other, "--steps", "10", "--model.hidden", "64").returncode == 0
+    shutil.rmtree(run_dir / "checkpoints" / "10")
+    shutil.copytree(other / "checkpoints" / "10", run_dir / "checkpoints" / "10")
+    _flip(_array_data(run_dir, 20), 0.5)
+    before = _files(run_dir)
+
+    rerun = _train(run_dir)
+    assert rerun.returncode == 2, rerun.stderr
+    assert (
+        rerun.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"jaxloop.train: error: run_dir='{run_dir}' is not allowed: checkpoints of the model trained now; the "
+            "checkpoint of update 10 holds another: params/hidden_0/bias: (64,) in the run, (32,) now"
+        )
+    ), rerun.stderr
+    assert _files(run_dir) == before, "every file byte-identical, the damaged checkpoint 20 still in place"

@@ -156,6 +156,18 @@ def test_cli_prints_the_prompt_and_text_decoded_by_the_prepared_bpe(bpe_run):
     assert "30 tokens from the latest checkpoint (update 60)" in proc.stderr and "tokens/s (KV cache" in proc.stderr
 
 
+def test_cli_announces_the_sampling_compile_and_its_time_before_the_text(bpe_run):
+    # issue 45.4, no silence: the compile (seconds; minutes for a large model) is said before it starts and timed
+    # after, as the training call's is. Mutant seen failing: generate called without announce (the first line on
+    # stderr was the final summary)
+    proc = _cli(str(bpe_run[0]), "--prompt", "ROMEO:", "--length", "12", "--checkpoint", "latest")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == "compiling the sampling call (12 tokens, KV cache)...", lines
+    assert lines[1].startswith("compiled in ") and lines[1].endswith("s"), lines
+    assert lines[2].startswith("jaxloop.sample: 12 tokens from the latest checkpoint (update 60)"), lines
+
+
 def test_a_token_run_without_a_recorded_tokenizer_takes_tokenizer_flag(bpe_run, tmp_path):
     # the shards moved away from their meta.json: the run names no tokenizer; --tokenizer gives it (a file or the
     # directory holding it)

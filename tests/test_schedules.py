@@ -176,7 +176,7 @@ def test_the_explorer_help_names_its_own_flags_and_the_train_flags(capsys):
 
 
 def test_the_rate_table_costs_8_bytes_per_update_on_the_host():
-    # config.MAX_STEPS's doc: a float64 rate per update (762 MiB at the bound). tracemalloc counts numpy's buffer;
+    # config.MAX_STEPS's doc: a float64 rate per update (76 MiB at the bound). tracemalloc counts numpy's buffer;
     # the margin (1 MiB) is the iteration's own. Mutant seen failing: the table built from a list first (a Python
     # float and its pointer per update: 32 bytes, 6.4 MB here), as before issue 43.
     import tracemalloc

@@ -532,3 +532,43 @@ def test_a_shard_truncated_during_a_run_is_one_line_and_exit_2_not_sigbus(tmp_pa
     assert lines[-1].startswith(
         f"jaxloop.train: error: token shard {shard} shrank during the run: it holds 1024 bytes now"
     ), lines[-1]
+
+
+_TRUNCATED_DURING_A_READ = """
+import os, sys, time
+import numpy as np
+from jaxloop.core.shards import ShardShrank, read_shard
+from jaxloop.core.sources import TokenWindows
+
+shard = read_shard(sys.argv[1])
+windows = TokenWindows([shard], context=512, stride=1, vocab_size=97, split="train")
+windows.get(np.arange(1))  # opened, as a worker's first batch opens it
+every = np.linspace(0, len(windows) - 1, 40_000).astype(np.int64)  # a read of 40 MB spread over the file
+if os.fork() == 0:  # the truncation lands during the read: 10 ms into it
+    time.sleep(0.01)
+    os.truncate(sys.argv[1], 1024)
+    os._exit(0)
+try:
+    windows.get(every)
+except ShardShrank as e:
+    print(e.allowed, file=sys.stderr)
+    sys.exit(2)
+os.wait()
+"""
+
+
+def test_a_shard_truncated_during_a_read_is_shard_shrank_not_sigbus(tmp_path):
+    # a worker's read racing the truncation: a size check before it cannot cover the read itself (mutant seen
+    # failing: TokenWindows reading its memory map after check_size, as before: SIGBUS, exit -7, no line). The
+    # windows are read with pread: a short read is ShardShrank wherever the truncation falls.
+    shard = tmp_path / "x_train_000000.bin"
+    write_shard(str(shard), (np.arange(8_000_000) * 7919 % 97).astype(np.uint16))
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRUNCATED_DURING_A_READ, str(shard)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.startswith(f"token shard {shard} shrank during the run: it holds 1024 bytes now"), proc.stderr

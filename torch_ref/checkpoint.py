@@ -38,9 +38,9 @@ import torch
 
 from jaxloop.core.atomic import fsync_dir
 from jaxloop.core.config import Config
-from jaxloop.core.layout import CHECKPOINT_DIR, DAMAGED_DIR, TORCH_CHECKPOINT
+from jaxloop.core.layout import CHECKPOINT_DIR, DAMAGED_DIR, TORCH_CHECKPOINT, TORCH_CHECKPOINT_FORMAT
 
-FORMAT = "torch_ref-checkpoint-1"
+FORMAT = TORCH_CHECKPOINT_FORMAT
 _NAME = TORCH_CHECKPOINT
 
 Metrics = Mapping[str, float] | float | None

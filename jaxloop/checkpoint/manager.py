@@ -319,12 +319,16 @@ class Checkpointer:
 
     def restore_latest(self, target: TrainState) -> Restored | None:
         """The newest checkpoint that restores; damaged newer ones are warned about and moved aside. A step of
-        another structure than `target` is not damaged: CheckpointMismatch, nothing moved."""
+        another structure than `target` is not damaged: CheckpointMismatch, nothing moved (nor the damaged
+        newer steps: they are moved once a step restores, or none does)."""
         expected = model_record(target)
+        damaged: list[tuple[int, str]] = []
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 check_structure(self.directory, step, expected)
                 out = restore(self.manager, step, target, data=True)
+                for bad, why in damaged:
+                    self.set_aside(bad, why)
                 return Restored(
                     step=step,
                     state=out["state"],
@@ -336,7 +340,9 @@ class Checkpointer:
             except CheckpointMismatch:
                 raise
             except Exception as e:  # noqa: BLE001 - any other failure to read a step means it is damaged
-                self.set_aside(step, root_cause(e))
+                damaged.append((step, root_cause(e)))
+        for bad, why in damaged:
+            self.set_aside(bad, why)
         return None
 
     def set_aside(self, step: int, why: str) -> None:

@@ -55,6 +55,8 @@ RUN_DIRS = (CHECKPOINT_DIR, DAMAGED_DIR, TB_DIR, PROFILE_DIR, HOOKS_DIR)
 """The names a run writes as directories."""
 TORCH_CHECKPOINT = re.compile(r"^step_(\d{8,})\.pt$")
 """torch_ref's checkpoint files in checkpoints/ (jaxloop's are Orbax directories named by their update)."""
+TORCH_CHECKPOINT_FORMAT = "torch_ref-checkpoint-1"
+"""The `format` of the JSON header line that begins each of torch_ref's checkpoint files."""
 CHECKPOINT_CONFIG = "config/metadata"
 """A checkpoint's copy of the run's config (Orbax's JSON item `config`), relative to checkpoints/<update>/."""
 

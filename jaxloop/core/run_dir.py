@@ -28,6 +28,8 @@ from jaxloop.core.layout import (
     RUN_DIRS,
     RUN_FILES,
     TB_DIR,
+    TORCH_CHECKPOINT,
+    TORCH_CHECKPOINT_FORMAT,
     RunLayout,
 )
 from jaxloop.core.lock import is_lock_file
@@ -198,11 +200,14 @@ class RunDir:
 
     def earlier_run(self) -> bool:
         """Whether run_dir is a run of a jaxloop from before MARKER_FILE: by evidence that jaxloop wrote it, a
-        committed checkpoint (checkpoints/<update>/) whose copy of the run's config jaxloop reads as a Config."""
+        committed checkpoint (checkpoints/<update>/) whose copy of the run's config jaxloop reads as a Config;
+        or torch_ref wrote it, a checkpoint file of its format beside a config.json read as a Config."""
         try:
             steps = sorted((p for p in self.checkpoints.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
         except OSError:
             return False
+        if self._torch_ref_run():
+            return True
         for step in reversed(steps):
             try:
                 saved = json.loads((step / CHECKPOINT_CONFIG).read_bytes())
@@ -211,6 +216,29 @@ class RunDir:
                     return True
             except (OSError, ValueError, TypeError):  # ValueError: not JSON, or a ConfigError
                 continue
+        return False
+
+    def _torch_ref_run(self) -> bool:
+        """A run of torch_ref from before MARKER_FILE: a checkpoints/step_<update>.pt whose header line names
+        torch_ref's format (read without torch), and the run's config.json read as a Config."""
+        try:
+            files = [p for p in self.checkpoints.iterdir() if TORCH_CHECKPOINT.match(p.name)]
+            headed = False
+            for path in files:
+                with open(path, "rb") as f:
+                    line = f.readline(4096)
+                header = json.loads(line.decode("utf-8")) if line.endswith(b"\n") else None
+                if isinstance(header, dict) and header.get("format") == TORCH_CHECKPOINT_FORMAT:
+                    headed = True
+                    break
+            if not headed:
+                return False
+            saved = json.loads(self.layout.config.read_bytes())
+            if isinstance(saved, dict):
+                from_dict(upgrade(saved, stored=True))
+                return True
+        except (OSError, ValueError, TypeError):  # ValueError: not UTF-8 or JSON, or a ConfigError
+            pass
         return False
 
     def _empty_own_dir(self, name: str) -> bool:

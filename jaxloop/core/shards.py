@@ -14,8 +14,8 @@ Splits: the split word in a file's name (SPLIT_WORDS: train; val, valid, validat
 never read), or data.train / data.val; `token_splits` says how (docs/data.md#splits-of-token-shards).
 
 Nothing here reads a whole shard: a shard is its path, the byte offset of its tokens, their dtype and
-count, and `tokens()` maps it (file-backed pages, not the process's anonymous memory). A file that shrinks
-under a map is ShardShrank at the next read (`Shard.check_size`), never SIGBUS.
+count, and `tokens()` maps it (file-backed pages, not the process's anonymous memory). Training windows are read
+with pread (`Shard.windows`): a file that shrinks under a read is a short read, ShardShrank, never SIGBUS.
 """
 
 from __future__ import annotations
@@ -78,11 +78,26 @@ class Shard:
         mapping = getattr(tokens.base, "obj", None)
         size = mapping.size() if isinstance(mapping, mmap.mmap) else None
         if size is not None and size < self.end:
-            raise ShardShrank(
-                f"token shard {self.path} shrank during the run: it holds {size} bytes now, the "
-                f"{split} split reads its bytes up to {self.end}; nothing past its end was read. Put "
-                "the whole file back and resume (the run continues from its last checkpoint)"
-            )
+            raise self.shrank(size, split)
+
+    def windows(self, fd: int, first: np.ndarray, length: int, split: str) -> np.ndarray:
+        """Tokens first[i] .. first[i] + length - 1 of this shard for each i, [len(first), length], read from `fd`
+        (this shard's file, os.open) with pread: a file that shrank under the read is a short read, ShardShrank,
+        where a memory map's page past the new end would be SIGBUS (in a grain worker too, racing the truncation)."""
+        itemsize = np.dtype(self.dtype).itemsize
+        nbytes = length * itemsize
+        parts = [os.pread(fd, nbytes, self.offset + int(f) * itemsize) for f in first]
+        if any(len(p) != nbytes for p in parts):
+            raise self.shrank(os.fstat(fd).st_size, split)
+        return np.frombuffer(b"".join(parts), self.dtype).reshape(len(parts), length)
+
+    def shrank(self, size: int, split: str) -> ShardShrank:
+        """The one line for this shard's file found holding `size` bytes, fewer than its tokens need."""
+        return ShardShrank(
+            f"token shard {self.path} shrank during the run: it holds {size} bytes now, the "
+            f"{split} split reads its bytes up to {self.end}; nothing past its end was read. Put "
+            "the whole file back and resume (the run continues from its last checkpoint)"
+        )
 
     def part(self, start: int, stop: int) -> Shard:
         """Tokens start .. stop - 1 of this shard, as a shard."""

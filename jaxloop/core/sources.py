@@ -165,26 +165,25 @@ class TokenWindows:
         self.vocab_size, self.split = int(vocab_size), split
         counts = [max((s.count - self.context - 1) // self.stride + 1, 0) for s in self.shards]
         self.starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        self._offsets = np.arange(self.context + 1, dtype=np.int64)
-        self._maps: list[np.ndarray] | None = None
+        self._files: list[int] | None = None  # each shard's descriptor, opened in the process that reads
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_maps": None}
+        return {**self.__dict__, "_files": None}
 
     def __len__(self) -> int:
         return int(self.starts[-1])
 
     def get(self, indices: Sequence[int] | np.ndarray) -> Batch:
         idx = _as_indices(indices, len(self))
-        if self._maps is None:
-            self._maps = [s.tokens() for s in self.shards]
+        if self._files is None:
+            self._files = [os.open(s.path, os.O_RDONLY) for s in self.shards]
         shard = np.searchsorted(self.starts, idx, side="right") - 1
         windows = np.empty((idx.size, self.context + 1), np.int64)
         for k in np.unique(shard):
             rows = np.nonzero(shard == k)[0]
-            self.shards[k].check_size(self._maps[k], self.split)  # a shard truncated since: one line, not SIGBUS
             first = (idx[rows] - self.starts[k]) * self.stride
-            windows[rows] = self._maps[k][first[:, None] + self._offsets]
+            # pread: a shard truncated since, or during the read, is one line, not SIGBUS
+            windows[rows] = self.shards[k].windows(self._files[k], first, self.context + 1, self.split)
         if windows.size and windows.max() >= self.vocab_size:
             row = int(np.nonzero((windows >= self.vocab_size).any(axis=1))[0][0])
             s = self.shards[shard[row]]

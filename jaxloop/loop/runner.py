@@ -114,13 +114,14 @@ def _run_configured(cfg: Config, task: Task | None, hooks: Sequence[act.Action],
     """run() once its config is valid and the process is set up for it."""
     cfg = resolve_precision(cfg)  # precision=auto: bf16 on an accelerator, fp32 on a CPU, recorded as chosen
     builtin = task is None
+    rd = RunDir(cfg, writes=is_primary())
+    # a refusal here writes nothing, and comes before the data is read (seconds for a large source)
+    rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))
     task = builtin_task(cfg) if builtin else task  # bad data is a ConfigError before anything is written
     check_own_optimizer(cfg, task)
     splits = task.splits()  # bad or empty records too (jaxloop.core.sources)
     check_divisible(cfg)
     check_plan(cfg.memory, cfg.batch_size, task.model)
-    rd = RunDir(cfg, writes=is_primary())
-    rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # a refusal here writes nothing
     model = check_model_identity(cfg, task, splits, rd, builtin)  # another model: refused, nothing written
     ended = rd.finished()
     if ended is not None:  # a finished run started again: nothing to do, nothing written (not even the lock)
@@ -203,11 +204,17 @@ def _run_held(
     metadata = run_metadata(cfg, data=getattr(splits, "record", None))
     if builtin and cfg.model.kind == "gpt":  # attention chosen, FLOPs per token, peak (jaxloop.model.flops)
         metadata["language_model"] = gpt_facts(cfg, splits.num_classes)
-    rd.start(metadata)
-    if rd.writes:
-        write_vocab(str(rd.path), splits)
-        if read_model_record(rd.layout) != model:  # a new run's, or a run from before model.json
-            write_model_record(rd.layout, model)
+
+    def start() -> None:  # a resume's files are written once its checkpoint restored: a refusal writes nothing
+        rd.start(metadata)
+        if rd.writes:
+            write_vocab(str(rd.path), splits)
+            if read_model_record(rd.layout) != model:  # a new run's, or a run from before model.json
+                write_model_record(rd.layout, model)
+
+    started = not (cfg.resume != "never" and Checkpointer.has_checkpoint(rd.checkpoints))
+    if started:
+        start()
 
     timings = Timings()
     mesh = make_mesh(cfg.distributed)  # (data, fsdp): the state is sharded over fsdp, the batch over both
@@ -226,6 +233,9 @@ def _run_held(
             restored = ckpt.restore_latest(abstract_sharded(init, mesh)) if resume else None
             if not replans and not fell_back:
                 rd.must_have_resumed(restored)
+            if not started:
+                start()
+                started = True
             state = restored.state if restored is not None else create_sharded(init, mesh)
             say(rd, f"the state is ready ({time.perf_counter() - began:.1f}s)")
             if restored is None and cfg.init_from:  # a fresh run from another run's (or a GPT-2's) params

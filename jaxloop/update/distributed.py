@@ -20,7 +20,9 @@ any state pytree (a user's own model, Linen or NNX state).
 from __future__ import annotations
 
 import math
+import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -29,12 +31,11 @@ import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from jaxloop.core.config import Config, ConfigError, DistributedConfig
+from jaxloop.core.errors import EXIT_BAD_INPUT
 
 DATA_AXIS = "data"
 FSDP_AXIS = "fsdp"
 BATCH_AXES = (DATA_AXIS, FSDP_AXIS)
-PEER_TIMEOUT_S = 300
-"""How long a process waits for all of the run's processes to reach the coordinator (jax's default)."""
 """The batch's first axis is split over both mesh axes: every device gets its own rows."""
 MIN_SHARD_SIZE = 2**12
 """Leaves with fewer elements (biases, norm scales, scalars, counters, rng) stay replicated: sharding them
@@ -42,7 +43,11 @@ saves almost nothing and costs one collective each."""
 
 
 def initialize(cfg: Config) -> None:
-    """Join the run's processes (distributed.*) before anything touches a device; one process: nothing."""
+    """Join the run's processes (distributed.*) before anything touches a device; one process: nothing.
+
+    A peer that never comes ends this process with one line (`missing_peer_line`) and EXIT_BAD_INPUT after
+    distributed.peer_timeout_s: jax's own timeout aborts the process from C++ (a fatal log and a stack trace),
+    so a timer ends it first; nothing is written before this wait."""
     d = cfg.distributed
     if d.num_processes == 1:
         return
@@ -50,27 +55,51 @@ def initialize(cfg: Config) -> None:
     # at once, before the wait: a missing peer would otherwise be minutes of silence
     print(
         f"distributed: process {d.process_id} waiting for all {d.num_processes} processes at the coordinator "
-        f"{d.coordinator} (up to {PEER_TIMEOUT_S} s)",
+        f"{d.coordinator} (up to {d.peer_timeout_s} s)",
         file=sys.stderr,
         flush=True,
     )
+
+    def give_up() -> None:  # a thread of its own: jax's wait releases the GIL
+        print(f"jaxloop.train: error: {missing_peer_line(d)}", file=sys.stderr, flush=True)
+        os._exit(EXIT_BAD_INPUT)
+
+    timer = threading.Timer(d.peer_timeout_s, give_up)
+    timer.daemon = True
+    timer.start()
     try:
         jax.distributed.initialize(
             coordinator_address=d.coordinator,
             num_processes=d.num_processes,
             process_id=d.process_id,
-            initialization_timeout=PEER_TIMEOUT_S,
+            initialization_timeout=d.peer_timeout_s + JAX_TIMEOUT_MARGIN_S,
         )
     except Exception as e:  # noqa: BLE001 - jax's error for a peer that never came (its text varies by version)
         why = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise ConfigError(
             "distributed.coordinator",
             d.coordinator,
-            f"a coordinator that all "
-            f"{d.num_processes} processes reach within {PEER_TIMEOUT_S} s (this is process "
-            f"{d.process_id}; {type(e).__name__}: {why}): start the others with the same "
+            f"a coordinator that all {d.num_processes} processes reach within {d.peer_timeout_s} s (this is "
+            f"process {d.process_id}; {type(e).__name__}: {why}): start the others with the same "
             "--distributed.* flags and their own --distributed.process_id",
         ) from None
+    finally:
+        timer.cancel()
+
+
+JAX_TIMEOUT_MARGIN_S = 60
+"""jax's own wait is longer than distributed.peer_timeout_s by this much, so that the timer's line comes first."""
+
+
+def missing_peer_line(d: DistributedConfig) -> str:
+    """What a process that waited in vain for its peers says: who is missing and what to do."""
+    others = [p for p in range(d.num_processes) if p != d.process_id]
+    named = ", ".join(map(str, others[:8])) + (", ..." if len(others) > 8 else "")
+    return (
+        f"distributed: process {d.process_id} waited {d.peer_timeout_s} s at the coordinator {d.coordinator} for "
+        f"all {d.num_processes} processes; missing among process_id {named}: start each with the same "
+        "--distributed.* flags and its own --distributed.process_id (or raise --distributed.peer_timeout_s)"
+    )
 
 
 def is_primary() -> bool:
