@@ -91,7 +91,7 @@ def _lazy_exports() -> dict[str, str]:
     return {
         alias.name: node.module
         for node in block.body
-        if isinstance(node, ast.ImportFrom) and node.module != "jaxloop"
+        if isinstance(node, ast.ImportFrom) and node.module is not None and node.module != "jaxloop"
         for alias in node.names
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+from jaxloop.core.schedules_config import PlateauConfig
 from jaxloop.update.schedules import describe, plot_schedule, rates, shown_updates
 
 EXPLORER_HELP = """python -m jaxloop.schedule [--at U,U,...] [--plot FILE.png] [the train command's flags]
@@ -38,10 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     table = rates(cfg.optim, cfg.steps)
     print(describe(cfg.optim, cfg.steps))
-    if cfg.optim.schedule == "plateau":
+    if isinstance(plateau := cfg.optim.lr_schedule, PlateauConfig):
         print(
-            f"(plateau: peak_lr until an evaluation without improvement for more than {cfg.optim.lr_schedule.patience} "
-            f"evaluations multiplies it by {cfg.optim.lr_schedule.factor}; shown before any reduction)"
+            f"(plateau: peak_lr until an evaluation without improvement for more than {plateau.patience} "
+            f"evaluations multiplies it by {plateau.factor}; shown before any reduction)"
         )
     print(f"{'update':>8}  rate")
     for u in updates:

@@ -140,7 +140,7 @@ def _host_views(state: TrainState) -> list[np.ndarray] | None:
     if (
         jax.process_count() > 1
         or any(d.platform != "cpu" for leaf in leaves for d in leaf.devices())
-        or any(jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended) for leaf in leaves)
+        or any(jnp.issubdtype(leaf.dtype, jax.dtypes.extended) for leaf in leaves)
     ):
         return None
     return [np.asarray(shard.data) for leaf in leaves for shard in leaf.addressable_shards]
@@ -412,7 +412,7 @@ def restore(
     """The one Orbax restore of jaxloop: the state of `step` against `target` (a TrainState to resume,
     or an abstract tree to read), with the data position and metadata when `data`; checked against the
     step's digest (`verify`: DamagedCheckpointError; `cast`: leaves the target converts on purpose)."""
-    items = {"state": ocp.args.StandardRestore(target)}
+    items: dict[str, ocp.args.CheckpointArgs] = {"state": ocp.args.StandardRestore(target)}
     if data:
         items.update(data=ocp.args.JsonRestore(), metadata=ocp.args.JsonRestore())
     directory = Path(manager.directory).absolute()

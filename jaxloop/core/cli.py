@@ -18,7 +18,7 @@ import re
 import shlex
 import sys
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +160,7 @@ def resume_command(prog: str, run_dir: str) -> str:
 
 
 def finish(
-    prog: str, cfg: Config, run: Callable[[], dict[str, Any]], announce: Callable[[], bool] = lambda: True
+    prog: str, cfg: Config, run: Callable[[], Mapping[str, Any]], announce: Callable[[], bool] = lambda: True
 ) -> int:
     """Run `run()` (a whole training run) and map how it ended to the exit status, with one line on stderr:
     done (0), bad input (2), too many non-finite updates (1), a failed checkpoint write or a full disk (3),
@@ -199,7 +199,7 @@ def process_seconds() -> float:
     return time.time() - psutil.Process().create_time()
 
 
-def done_line(summary: dict[str, Any], run_dir: str, process_s: float | None = None) -> str:
+def done_line(summary: Mapping[str, Any], run_dir: str, process_s: float | None = None) -> str:
     """The last line of a run: the updates this invocation ran apart from the run's total, in the process's
     time (`process_s`, since it started; else the run's own), or, for a run that had already ended, that it
     is complete and where its report is."""

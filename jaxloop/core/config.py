@@ -114,13 +114,14 @@ class OptimConfig(OptimShared):
     def __init__(self, **kwargs: Any) -> None:
         nested = {f.name for f in fields(OptimConfig)}
         for f in fields(OptimConfig):
-            value = (
-                kwargs[f.name]
-                if f.name in kwargs
-                else f.default_factory()
-                if f.default is dataclasses.MISSING
-                else f.default
-            )  # type: ignore[misc]
+            if f.name in kwargs:
+                value = kwargs[f.name]
+            elif f.default is not dataclasses.MISSING:
+                value = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                raise TypeError(f"OptimConfig.{f.name} has neither a default nor a default_factory")
             object.__setattr__(self, f.name, value)
         flat = {k: v for k, v in kwargs.items() if k not in nested}
         if flat:
@@ -726,15 +727,15 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 def _json(obj: Any) -> Any:
     """A dataclass, or a dict of values some of which are dataclasses, as JSON-ready dicts and lists."""
     if isinstance(obj, dict):
-        obj = {k: dataclasses.asdict(v) if is_dataclass(v) else v for k, v in obj.items()}
-    elif is_dataclass(obj):
+        obj = {k: dataclasses.asdict(v) if is_dataclass(v) and not isinstance(v, type) else v for k, v in obj.items()}
+    elif is_dataclass(obj) and not isinstance(obj, type):
         obj = dataclasses.asdict(obj)
     return json.loads(json.dumps(obj))
 
 
-def from_dict(d: dict[str, Any], base: Config | None = None, _cls: type = Config, _path: str = "") -> Any:
-    """Build a Config from a (partial) nested dict over `base`; unknown keys are a ConfigError. The fields of an
-    earlier version are read in today's terms (`upgrade`)."""
+def from_dict(d: dict[str, Any], base: Any = None, _cls: type = Config, _path: str = "") -> Any:
+    """Build a Config from a (partial) nested dict over `base` (a Config; recursing, the `_cls` section of one);
+    unknown keys are a ConfigError. The fields of an earlier version are read in today's terms (`upgrade`)."""
     base = base if base is not None else _cls()
     if _cls is Config:
         d = upgrade(d, base.memory.remat)
@@ -777,7 +778,9 @@ def upgrade(d: dict[str, Any], memory_remat: str = "none", stored: bool = False)
     old = model["remat"]
     if not isinstance(old, bool):
         raise ConfigError("model.remat", old, "true or false (model.remat=true is memory.remat=blocks now)")
-    memory = d.get("memory") if isinstance(d.get("memory"), dict) else {}
+    memory = d.get("memory")
+    if not isinstance(memory, dict):
+        memory = {}
     remat = memory.get("remat", memory_remat)
     upgraded = {**d, "model": {k: v for k, v in model.items() if k != "remat"}}
     if old and remat in ("none", "blocks"):

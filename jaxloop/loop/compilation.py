@@ -53,7 +53,7 @@ def enable_compilation_cache(path: str | os.PathLike[str]) -> Path:
     try:
         # GPU only. Never XLA's GPU kernel cache ("all" includes it): with it, an fp32 eval step compiled
         # after the train step in one process died with CUDA_ERROR_ILLEGAL_INSTRUCTION on an H100.
-        chosen = jax.config.jax_persistent_cache_enable_xla_caches
+        chosen = jax.config.jax_persistent_cache_enable_xla_caches  # pyright: ignore[reportAttributeAccessIssue]  # jax adds its options at run time
         if chosen == "all" or KERNEL_CACHE in str(chosen).split(","):
             jax.config.update("jax_persistent_cache_enable_xla_caches", XLA_CACHES)
     except (AttributeError, KeyError, ValueError):

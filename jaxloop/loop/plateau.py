@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from jaxloop.core.config import Config
+from jaxloop.core.schedules_config import PlateauConfig
 
 
 @dataclass
@@ -48,6 +49,8 @@ class Plateau:
     def of(cls, cfg: Config) -> Plateau:
         """The decision of a fresh run: optim.plateau's settings, checkpoint.best_mode, rate = peak_lr."""
         p = cfg.optim.lr_schedule
+        if not isinstance(p, PlateauConfig):
+            raise ValueError(f"Plateau.of: optim.schedule is {cfg.optim.schedule!r}, not 'plateau'")
         return cls(
             mode=cfg.checkpoint.best_mode,
             factor=p.factor,

@@ -16,7 +16,7 @@ SkipWindowsState, LossScaleState.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -74,7 +74,7 @@ def record_grad_norm() -> optax.GradientTransformation:
         del params
         return updates, GradNormState(optax.global_norm(updates).astype(state.grad_norm.dtype))
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return optax.GradientTransformation(init_fn, cast(optax.TransformUpdateFn, update_fn))  # its own state type
 
 
 # ----------------------------------------------------------------------------- skipping non-finite windows
@@ -184,7 +184,7 @@ def skip_nonfinite_windows(
             closed = ms._replace(
                 mini_step=jnp.zeros_like(ms.mini_step),
                 acc_grads=ms.acc_grads if k == 1 else zeros(ms.acc_grads),
-                gradient_step=ms.gradient_step + (~skip).astype(ms.gradient_step.dtype),
+                gradient_step=ms.gradient_step + (~skip).astype(jnp.asarray(ms.gradient_step).dtype),
                 inner_opt_state=new_inner,
             )
             return new_updates, closed, skip
@@ -203,7 +203,7 @@ def skip_nonfinite_windows(
             skipped=state.skipped + skip.astype(jnp.int32),
         )
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return optax.GradientTransformation(init_fn, cast(optax.TransformUpdateFn, update_fn))  # its own state type
 
 
 # ----------------------------------------------------------------------------- dynamic loss scale
@@ -250,7 +250,7 @@ def dynamic_loss_scale(
         good = jnp.where(skipped | grow, 0, good)
         return new_updates, LossScaleState(scale, scale / accum_steps, good, new_inner)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return optax.GradientTransformation(init_fn, cast(optax.TransformUpdateFn, update_fn))  # its own state type
 
 
 # ----------------------------------------------------------------------------- the whole optimizer
@@ -309,7 +309,7 @@ def set_learning_rate(opt_state: Any, rate: float) -> Any:
     return replace_state(opt_state, type(injected[0]), hyperparams={**injected[0].hyperparams, "learning_rate": new})
 
 
-def _of_type(opt_state: Any, cls: type) -> list[Any]:
+def _of_type(opt_state: Any, cls: type | tuple[type, ...]) -> list[Any]:
     """Every node of opt_state that is a `cls` (by isinstance; the search stops at each one found)."""
     is_it = lambda node: isinstance(node, cls)  # noqa: E731
     return [node for node in jax.tree.leaves(opt_state, is_leaf=is_it) if is_it(node)]

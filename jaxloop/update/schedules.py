@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from jaxloop.core.config import OptimConfig
+from jaxloop.core.schedules_config import OneCycleConfig, WarmupScheduleConfig, WSDConfig
 
 
 def rates(optim: OptimConfig, steps: int) -> np.ndarray:
@@ -89,12 +90,13 @@ def shown_updates(optim: OptimConfig, steps: int, count: int = 12) -> list[int]:
     """The updates a table shows by default: evenly spaced ones, plus each phase's first and last update."""
     marks = {0, steps - 1}
     marks.update(round(i * (steps - 1) / (count - 1)) for i in range(count))
-    if optim.schedule not in ("one_cycle", "plateau") and 0 < optim.lr_schedule.warmup_steps < steps:
-        marks.update((optim.lr_schedule.warmup_steps - 1, optim.lr_schedule.warmup_steps))
-    if optim.schedule == "one_cycle":
-        marks.update(int(e) + d for e in (optim.lr_schedule.pct_start * steps - 1,) for d in (0, 1))
-    if optim.schedule == "wsd":
-        start = steps - optim.lr_schedule.decay_steps  # its last rate at peak_lr; the decay shows from the next
+    sched = optim.lr_schedule
+    if isinstance(sched, WarmupScheduleConfig) and 0 < sched.warmup_steps < steps:  # all but one_cycle and plateau
+        marks.update((sched.warmup_steps - 1, sched.warmup_steps))
+    if isinstance(sched, OneCycleConfig):
+        marks.update(int(e) + d for e in (sched.pct_start * steps - 1,) for d in (0, 1))
+    if isinstance(sched, WSDConfig):
+        start = steps - sched.decay_steps  # its last rate at peak_lr; the decay shows from the next
         marks.update((start, start + 1))
     return sorted(m for m in marks if 0 <= m < steps)
 

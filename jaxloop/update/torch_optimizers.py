@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -96,12 +96,12 @@ def scale_by_adam(b1: float, b2: float, eps: float) -> optax.GradientTransformat
         del params
         mu = optax.tree.update_moment(updates, state.mu, b1, 1)
         nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
-        count = optax.safe_increment(state.count)
+        count = jnp.asarray(optax.safe_increment(state.count))
         c1, c2 = _one_minus_pow(b1, count), _one_minus_pow(b2, count)
         updates = jax.tree.map(lambda m, v: (m / c1.astype(m.dtype)) / (jnp.sqrt(v / c2.astype(v.dtype)) + eps), mu, nu)
         return updates, optax.ScaleByAdamState(count=count, mu=mu, nu=optax.tree.cast_like(nu, state.nu))
 
-    return optax.GradientTransformation(base.init, update_fn)
+    return optax.GradientTransformation(base.init, cast(optax.TransformUpdateFn, update_fn))  # its own state type
 
 
 def adamw(learning_rate: Any, b1: float, b2: float, eps: float, weight_decay: float) -> optax.GradientTransformation:
@@ -124,7 +124,8 @@ def adam(learning_rate: Any, b1: float, b2: float, eps: float, weight_decay: flo
 
 
 class DampenedTraceState(NamedTuple):
-    count: jax.Array  # updates seen: the first one starts the buffer
+    # count: updates seen: the first one starts the buffer
+    count: jax.Array  # pyright: ignore[reportIncompatibleMethodOverride]  # optax's own state classes name it count
     trace: Any  # torch's momentum_buffer
 
 
@@ -139,9 +140,9 @@ def dampened_trace(momentum: float, dampening: float) -> optax.GradientTransform
         del params
         first = state.count == 0
         trace = jax.tree.map(lambda g, b: jnp.where(first, g, b * momentum + g * (1 - dampening)), updates, state.trace)
-        return trace, DampenedTraceState(optax.safe_increment(state.count), trace)
+        return trace, DampenedTraceState(jnp.asarray(optax.safe_increment(state.count)), trace)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return optax.GradientTransformation(init_fn, cast(optax.TransformUpdateFn, update_fn))  # its own state type
 
 
 def sgd(
@@ -177,7 +178,8 @@ def rmsprop(
 
 
 class TorchAdagradState(NamedTuple):
-    count: jax.Array  # updates seen (torch's `step`)
+    # count: updates seen (torch's `step`)
+    count: jax.Array  # pyright: ignore[reportIncompatibleMethodOverride]  # optax's own state classes name it count
     sum_of_squares: Any  # torch's state_sum
 
 
@@ -193,7 +195,7 @@ def scale_by_torch_adagrad(
 
     def update_fn(updates: Any, state: TorchAdagradState, params: Any = None) -> tuple[Any, TorchAdagradState]:
         del params
-        count = optax.safe_increment(state.count)
+        count = jnp.asarray(optax.safe_increment(state.count))
         sums = jax.tree.map(lambda s, g: s + g * g, state.sum_of_squares, updates)
         out = jax.tree.map(lambda g, s: g / (jnp.sqrt(s) + eps), updates, sums)
         if lr_decay:
@@ -201,7 +203,7 @@ def scale_by_torch_adagrad(
             out = jax.tree.map(lambda u: u / decay.astype(u.dtype), out)
         return out, TorchAdagradState(count, sums)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return optax.GradientTransformation(init_fn, cast(optax.TransformUpdateFn, update_fn))  # its own state type
 
 
 def adagrad(
