@@ -11,33 +11,61 @@ import numpy as np
 import pytest
 
 import jaxloop
-from jaxloop.core.cadence import call_size, next_call_size
+from jaxloop.core.cadence import call_plan, call_sizes, next_call_size, paced_cap
 from jaxloop.core.config import CheckpointConfig, Config, LogConfig, OptimConfig
 from jaxloop.core.records import read_records
 
 
-def test_updates_per_call_divide_the_evaluation_checkpoint_and_end_cadences():
-    assert call_size(2000, [250, 250]) == 50
-    assert call_size(500, [100, 100]) == 50
-    assert call_size(500, [0, 0]) == 50, "0 (only at the end) constrains nothing"
-    assert call_size(300, [0, 45]) == 15
-    assert call_size(7, [0, 0]) == 7
-    assert call_size(7, [2, 0]) == 1
+def test_calls_end_on_the_evaluation_checkpoint_and_end_cadences():
+    assert call_plan(0, 2000, [250], 50) == [50] * 40
+    assert call_plan(0, 500, [100], 50) == [50] * 10
+    assert call_plan(0, 500, [], 50) == [50] * 10, "no period (0: only at the end) constrains nothing"
+    assert call_plan(0, 300, [45], 50) == [45] * 6 + [16, 8, 4, 2], "a period below the cap is a size of its own"
+    assert call_plan(0, 7, [], 50) == [7], "so is the run's length"
+    assert call_plan(0, 7, [2], 50) == [2, 2, 2, 1]
+
+
+def test_a_period_co_prime_to_the_others_never_shrinks_the_calls_to_one_update():
+    # issue 44: a hook every 7 updates beside evaluations every 100 made the gcd rule (call_size) dispatch
+    # 500 calls of one update. Calls run up to the next boundary in a few sizes: 7s, and 2 + 4 + 1 around
+    # each evaluation. Mutant (the gcd rule: the largest count dividing 500, 100 and 7): 500 calls of 1.
+    plan = call_plan(0, 500, [7, 100], 50)
+    assert sum(plan) == 500 and set(plan) == {7, 4, 2, 1}
+    assert plan[:17] == [7] * 14 + [2, 4, 1], "7 ... 98, then 100 (an evaluation), then 105"
+    assert len(plan) == 81
 
 
 def test_a_set_maximum_bounds_a_call():
-    assert call_size(500, [100, 100], max_per_call=1) == 1
-    assert call_size(500, [100, 100], max_per_call=30) == 25, "the largest divisor within the maximum"
+    assert call_plan(0, 500, [100], 1) == [1] * 500
+    assert call_plan(0, 500, [100], 30) == [30, 30, 30, 8, 2] * 5, "the cap, then powers of two below it"
+    assert call_sizes(50, [100, 7]) == (50, 32, 16, 8, 7, 4, 2, 1)
 
 
-def test_off_the_grid_the_loop_dispatches_single_updates_until_back_on_it():
-    assert call_size(40, [20, 0]) == 20
-    assert [next_call_size(s, 20, 40) for s in (0, 20, 13, 19)] == [20, 20, 1, 1]
-    assert next_call_size(30, 15, 45) == 15 and next_call_size(30, 10, 35) == 1, "never past steps"
+def test_between_boundaries_the_calls_are_the_few_sizes_that_reach_the_next():
+    assert call_plan(13, 40, [20], 20) == [4, 2, 1, 20], "7 = 4 + 2 + 1"
+    assert next_call_size(30, [15], 45, 15) == 15 and next_call_size(30, [10], 35, 10) == 4, "never past steps"
+
+
+def test_unsettled_the_calls_are_of_the_cap_and_of_one_update():
+    # after the pace's probes or a skipped update: a distance met once is not worth compiling sizes for
+    assert next_call_size(2, [50], 500, 50, settled=False) == 1
+    assert next_call_size(2, [50], 500, 50) == 32
+    assert next_call_size(2, [100], 500, 16, settled=False) == 16
+
+
+def test_the_pace_fits_a_call_into_the_target_seconds_in_powers_of_two():
+    # paced_cap(seconds per update measured, the configured maximum, target seconds a call)
+    assert paced_cap(0.001, 50, 1.0) == 50, "1000 updates fit in a second: the maximum"
+    assert paced_cap(0.02, 50, 1.0) == 50, "exactly the maximum fits"
+    assert paced_cap(0.03, 50, 1.0) == 32, "33 fit: the power of two below"
+    assert paced_cap(0.3, 50, 1.0) == 2
+    assert paced_cap(1.0, 50, 1.0) == 1 and paced_cap(50.0, 50, 1.0) == 1, "never below one update"
+    assert paced_cap(0.1, 4, 2.0) == 4, "bounded by the maximum"
+    assert paced_cap(0.0, 50, 1.0) == 50, "a call too fast to measure"
 
 
 @pytest.fixture(scope="module")
-def call_sizes(tmp_path_factory):
+def runs_of_two_call_sizes(tmp_path_factory):
     """The debug preset, every update logged, with 2-micro-batch updates, run one update per call and
     in calls of 10 (the default's choice for it): (summary, train records) of each."""
     from jaxloop.core.config import preset
@@ -60,23 +88,23 @@ def call_sizes(tmp_path_factory):
     return out
 
 
-def test_every_due_log_record_is_written_from_inside_a_call(call_sizes):
-    summary, records = call_sizes[0]
+def test_every_due_log_record_is_written_from_inside_a_call(runs_of_two_call_sizes):
+    summary, records = runs_of_two_call_sizes[0]
     assert summary["final_step"] == 30
     assert [r["step"] for r in records] == list(range(1, 31)), "a record per update, 10 per call"
 
 
-def test_the_call_size_changes_no_state_bit_and_no_logged_value(call_sizes):
+def test_the_call_size_changes_no_state_bit_and_no_logged_value(runs_of_two_call_sizes):
     """Scanned calls of 10 updates compute what 30 single-update calls do, bit for bit; the logged loss,
     lr, grad_norm and skip count of every update agree exactly (their rates of course differ)."""
-    (one, one_records), (auto, auto_records) = call_sizes[1], call_sizes[0]
+    (one, one_records), (auto, auto_records) = runs_of_two_call_sizes[1], runs_of_two_call_sizes[0]
     assert auto["state_digest"] == one["state_digest"]
     fields = ("step", "loss", "lr", "grad_norm", "skipped", "loss_scale")
     assert [[r[f] for f in fields] for r in auto_records] == [[r[f] for f in fields] for r in one_records]
 
 
-def test_a_calls_time_is_shared_by_its_updates_records(call_sizes):
-    _, records = call_sizes[0]
+def test_a_calls_time_is_shared_by_its_updates_records(runs_of_two_call_sizes):
+    _, records = runs_of_two_call_sizes[0]
     for call in (records[10:20], records[20:30]):  # after the first call (its compile resets the clock)
         # one rate for the updates of one call (to rounding: each is its share of the call's time)
         assert [r["step_ms"] for r in call] == pytest.approx([call[0]["step_ms"]] * 10, rel=1e-6)
@@ -115,13 +143,17 @@ def test_the_next_call_is_dispatched_before_the_host_logs_the_finished_one(tmp_p
     )
     run(cfg)
     calls = [step for kind, step in events if kind == "dispatch"]
-    assert calls == list(range(0, 40, 5))
-    for end in range(5, 40, 5):  # the call that reached `end`: its records, and the next call's dispatch
-        first_record, next_call = events.index(("log", end - 4)), events.index(("dispatch", end))
-        if end % 20:
-            assert next_call < first_record, f"update {end}: the next call goes out before the logs"
-        else:
+    # the pace's two probes of one update, single updates back onto the loader's chunks of 5, then calls of 5
+    assert calls == [0, 1, 2, 3, 4, 5, 10, 15, 20, 25, 30, 35]
+    sizes = [b - a for a, b in zip(calls, [*calls[1:], 40])]
+    for i, end in enumerate(calls[1:], 1):  # the call that reached `end`: its records, and the next call's dispatch
+        first_record, next_call = events.index(("log", calls[i - 1] + 1)), events.index(("dispatch", end))
+        if end % 20 == 0:
             assert next_call > events.index(("log", end)), f"update {end} is evaluated and saved first"
+        elif sizes[i] not in sizes[:i]:
+            assert next_call > first_record, f"update {end}: a call of a new size is compiled after the logs"
+        else:
+            assert next_call < first_record, f"update {end}: the next call goes out before the logs"
 
 
 class Lin(nn.Module):

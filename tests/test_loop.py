@@ -16,7 +16,7 @@ from jaxloop.core.cadence import Cadence
 from jaxloop.core.records import BestTracker
 from jaxloop.loop.actions import Action, Evaluate, RunContext, Throughput
 from jaxloop.loop.dispatch import Call, Finished
-from jaxloop.loop.host_loop import train, updates_per_call
+from jaxloop.loop.host_loop import Pace, train
 from jaxloop.observe.runinfo import Timings
 
 
@@ -87,12 +87,10 @@ def _evaluate(steps: int, every: int, losses: dict[int, float], patience: int = 
     )
 
 
-def _run(steps: int, actions_of, per_call: int | None = None, max_per_call: int = 50, evaluate: Evaluate | None = None):
+def _run(steps: int, actions_of, max_per_call: int = 50, evaluate: Evaluate | None = None):
     events: list = []
-    actions = actions_of(events)
-    run = _context(steps)
-    n = per_call or updates_per_call(steps, [*actions, *([evaluate] if evaluate else [])], max_per_call)
-    ended = train(0, 0, FakeDispatcher(events), actions, run, n, evaluate)
+    actions = [*([evaluate] if evaluate is not None else []), *actions_of(events)]
+    ended = train(0, 0, FakeDispatcher(events), actions, _context(steps), max_per_call)
     return ended, events
 
 
@@ -127,6 +125,38 @@ def test_an_action_that_only_reads_metrics_cuts_no_call_short():
     actions = lambda ev: [Recorder("metrics", ev, every=3), Recorder("save", ev, every=10, needs_state=True)]  # noqa: E731
     _, events = _run(20, actions)
     assert [e[2] for e in events if e[0] == "dispatch"] == [10, 10], "calls end at the saves only"
+
+
+def test_a_hook_period_co_prime_to_the_others_keeps_the_calls_large():
+    # issue 44: a state hook every 7 beside a save every 100 made every call one update (500 calls: the gcd
+    # rule, call_size). Calls run up to the next boundary in a few sizes: 7s, and 2 + 4 + 1 around each save;
+    # every boundary is still reached exactly. Mutant (the former gcd rule): 500 dispatches of 1, seen failing.
+    _, events = _run(
+        500,
+        lambda ev: [Recorder("hook", ev, every=7, needs_state=True), Recorder("save", ev, every=100, needs_state=True)],
+    )
+    sizes = [e[2] for e in events if e[0] == "dispatch"]
+    assert sum(sizes) == 500 and len(sizes) == 81 and sizes.count(7) == 67 and set(sizes) == {7, 4, 2, 1}
+    assert [e[2] for e in _boundary_calls(events) if e[0] == "hook"] == [*range(7, 500, 7), 500]
+    assert [e[2] for e in _boundary_calls(events) if e[0] == "save"] == [100, 200, 300, 400, 500]
+
+
+def test_a_paced_run_probes_one_update_then_calls_of_the_cap_it_measured():
+    # The first two calls are of one update; their device time sets the cap (here: 0.25 s an update, calls
+    # of about 1 s: 4 updates), which the pace reports once; back onto the boundaries (20) in calls of the
+    # cap and of one update, then calls of 4. Mutant (no probe: the first call of 20) seen failing.
+    class Timed(FakeDispatcher):
+        def wait(self, call):
+            return super().wait(call)._replace(seconds=0.25 * len(call.metrics["updated"]))
+
+    events: list = []
+    told: list = []
+    actions = [Recorder("save", events, every=20, needs_state=True)]
+    pace = Pace.of(40, actions, 50, probe=True, target_s=1.0, paced=lambda p: told.append(p.record()))
+    train(0, 0, Timed(events), actions, _context(40), pace)
+    assert [e[2] for e in events if e[0] == "dispatch"] == [1, 1, 4, 4, 4, 4, 1, 1] + [4] * 5
+    assert [t["updates_per_call"] for t in told] == [4]
+    assert told[0]["measured_s_per_update"] == 0.25 and told[0]["max_updates_per_call"] == 50
 
 
 def test_each_action_is_called_once_per_boundary_the_stopping_one_included():
@@ -174,9 +204,10 @@ def test_a_signal_during_the_actions_ends_the_run_at_that_boundary_with_one_call
     ], "called once each; the save (due at the end) sees it"
 
 
-def test_the_evaluation_runs_before_every_action_and_its_results_are_in_their_record():
-    # The recorder comes first in the list: it is handed the evaluation of its update all the same (mutant:
-    # the evaluation run after the actions: the recorder sees None; seen failing).
+def test_the_evaluation_is_an_action_whose_results_are_in_the_record_of_those_after_it():
+    # Evaluate is listed before the recorder (as the run lists it before the plateau, the hooks and the
+    # save): the recorder is handed the evaluation of its update (mutant: the evaluation listed after the
+    # recorder: the recorder sees None; seen failing).
     evaluate = _evaluate(12, 4, {4: 0.5, 8: 0.25})
     ended, events = _run(12, lambda ev: [Recorder("first", ev, every=2, needs_state=True)], evaluate=evaluate)
     seen = {e[2]: e[4] for e in events if e[1:2] == ("record",)}
