@@ -20,46 +20,45 @@ def test_calls_end_on_the_evaluation_checkpoint_and_end_cadences():
     assert call_plan(0, 2000, [250], 50) == [50] * 40
     assert call_plan(0, 500, [100], 50) == [50] * 10
     assert call_plan(0, 500, [], 50) == [50] * 10, "no period (0: only at the end) constrains nothing"
-    assert call_plan(0, 300, [45], 50) == [45] * 6 + [16, 8, 4, 2], "a period below the cap is a size of its own"
+    assert call_plan(0, 60, [100], 50) == [20] * 3, "the grid (20 divides 60 and 100): one size, chunks whole"
+    assert call_plan(0, 300, [45], 50) == [15] * 20, "a grid of at least a quarter of the cap is kept"
     assert call_plan(0, 7, [], 50) == [7], "so is the run's length"
     assert call_plan(0, 7, [2], 50) == [2, 2, 2, 1]
 
 
 def test_a_period_co_prime_to_the_others_never_shrinks_the_calls_to_one_update():
     # issue 44: a hook every 7 updates beside evaluations every 100 made the gcd rule (call_size) dispatch
-    # 500 calls of one update. Calls run up to the next boundary in a few sizes: 7s, and 2 + 4 + 1 around
-    # each evaluation. Mutant (the gcd rule: the largest count dividing 500, 100 and 7): 500 calls of 1.
+    # 500 calls of one update. Off a usable grid, calls run up to the next boundary in a few sizes: 7s, and
+    # 2 + 4 + 1 around each evaluation. Mutant (the grid alone, GRID_SHARE = 10**9): 500 calls of 1.
     plan = call_plan(0, 500, [7, 100], 50)
     assert sum(plan) == 500 and set(plan) == {7, 4, 2, 1}
     assert plan[:17] == [7] * 14 + [2, 4, 1], "7 ... 98, then 100 (an evaluation), then 105"
     assert len(plan) == 81
+    assert call_plan(0, 1003, [100], 50) == [50] * 20 + [2, 1], "a length co-prime to the period: the end in two"
 
 
 def test_a_set_maximum_bounds_a_call():
     assert call_plan(0, 500, [100], 1) == [1] * 500
-    assert call_plan(0, 500, [100], 30) == [30, 30, 30, 8, 2] * 5, "the cap, then powers of two below it"
+    assert call_plan(0, 500, [100], 30) == [25] * 20, "the largest divisor within the maximum"
+    assert call_plan(0, 97, [], 30) == [30, 30, 30, 4, 2, 1], "no usable grid: the cap, then powers of two"
     assert call_sizes(50, [100, 7]) == (50, 32, 16, 8, 7, 4, 2, 1)
 
 
-def test_between_boundaries_the_calls_are_the_few_sizes_that_reach_the_next():
+def test_off_the_grid_the_calls_reach_it_in_powers_of_two():
+    # after a resume off the grid or a skipped update: at most log2(grid) sizes, each compiled once
     assert call_plan(13, 40, [20], 20) == [4, 2, 1, 20], "7 = 4 + 2 + 1"
-    assert next_call_size(30, [15], 45, 15) == 15 and next_call_size(30, [10], 35, 10) == 4, "never past steps"
-
-
-def test_unsettled_the_calls_are_of_the_cap_and_of_one_update():
-    # after the pace's probes or a skipped update: a distance met once is not worth compiling sizes for
-    assert next_call_size(2, [50], 500, 50, settled=False) == 1
     assert next_call_size(2, [50], 500, 50) == 32
-    assert next_call_size(2, [100], 500, 16, settled=False) == 16
+    assert next_call_size(30, [15], 45, 15) == 15 and next_call_size(30, [10], 35, 10) == 5, "never past steps"
 
 
-def test_the_pace_fits_a_call_into_the_target_seconds_in_powers_of_two():
-    # paced_cap(seconds per update measured, the configured maximum, target seconds a call)
+def test_the_pace_fits_a_call_into_the_target_seconds():
+    # paced_cap(seconds per update measured, the longest call, target seconds a call, a grid to divide)
     assert paced_cap(0.001, 50, 1.0) == 50, "1000 updates fit in a second: the maximum"
     assert paced_cap(0.02, 50, 1.0) == 50, "exactly the maximum fits"
     assert paced_cap(0.03, 50, 1.0) == 32, "33 fit: the power of two below"
-    assert paced_cap(0.3, 50, 1.0) == 2
-    assert paced_cap(1.0, 50, 1.0) == 1 and paced_cap(50.0, 50, 1.0) == 1, "never below one update"
+    assert paced_cap(0.03, 50, 1.0, divides=50) == 25, "33 fit: the largest divisor of the grid"
+    assert paced_cap(0.3, 50, 1.0) == 2 and paced_cap(0.15, 50, 1.0, divides=50) == 5
+    assert paced_cap(1.0, 50, 1.0) == 1 and paced_cap(50.0, 50, 1.0, divides=50) == 1, "never below one update"
     assert paced_cap(0.1, 4, 2.0) == 4, "bounded by the maximum"
     assert paced_cap(0.0, 50, 1.0) == 50, "a call too fast to measure"
 
@@ -143,17 +142,13 @@ def test_the_next_call_is_dispatched_before_the_host_logs_the_finished_one(tmp_p
     )
     run(cfg)
     calls = [step for kind, step in events if kind == "dispatch"]
-    # the pace's two probes of one update, single updates back onto the loader's chunks of 5, then calls of 5
-    assert calls == [0, 1, 2, 3, 4, 5, 10, 15, 20, 25, 30, 35]
-    sizes = [b - a for a, b in zip(calls, [*calls[1:], 40])]
-    for i, end in enumerate(calls[1:], 1):  # the call that reached `end`: its records, and the next call's dispatch
-        first_record, next_call = events.index(("log", calls[i - 1] + 1)), events.index(("dispatch", end))
-        if end % 20 == 0:
-            assert next_call > events.index(("log", end)), f"update {end} is evaluated and saved first"
-        elif sizes[i] not in sizes[:i]:
-            assert next_call > first_record, f"update {end}: a call of a new size is compiled after the logs"
-        else:
+    assert calls == list(range(0, 40, 5)), "calls of the grid from the first (no probe of another size)"
+    for end in range(5, 40, 5):  # the call that reached `end`: its records, and the next call's dispatch
+        first_record, next_call = events.index(("log", end - 4)), events.index(("dispatch", end))
+        if end % 20:
             assert next_call < first_record, f"update {end}: the next call goes out before the logs"
+        else:
+            assert next_call > events.index(("log", end)), f"update {end} is evaluated and saved first"
 
 
 class Lin(nn.Module):
@@ -198,7 +193,7 @@ def skipping_run(tmp_path_factory):
 def test_skipped_updates_do_not_move_saves_or_logs_off_their_updates(skipping_run):
     # 64 records in micro-batches of 16: 4 windows an epoch, one of them holding the NaN record. 12
     # applied updates take 16 windows (4 skipped); the loop dispatches 4 updates a call, finds fewer
-    # applied after it, and steps singly back onto the grid: saves and logs stay at 4, 8, 12.
+    # applied after it, and steps back onto the grid in powers of two: saves and logs stay at 4, 8, 12.
     run_dir, summary = skipping_run
     assert summary["final_step"] == 12 and summary["skipped_updates"] == 4
     steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
@@ -207,7 +202,7 @@ def test_skipped_updates_do_not_move_saves_or_logs_off_their_updates(skipping_ru
 
 
 def test_every_record_has_its_time_when_skips_move_the_loop_off_the_grid(tmp_path):
-    # After a skip the loop compiles single-update calls; a compile is not training time, so it waits
+    # After a skip the loop compiles calls of other sizes; a compile is not training time, so it waits
     # for the logs of the call before it (else the clock restarts after them: step_ms 0). Mutant
     # dispatching ahead regardless of compiling: records with step_ms ~1e-7, seen failing.
     records = _records_with_one_nan()

@@ -141,22 +141,47 @@ def test_a_hook_period_co_prime_to_the_others_keeps_the_calls_large():
     assert [e[2] for e in _boundary_calls(events) if e[0] == "save"] == [100, 200, 300, 400, 500]
 
 
-def test_a_paced_run_probes_one_update_then_calls_of_the_cap_it_measured():
-    # The first two calls are of one update; their device time sets the cap (here: 0.25 s an update, calls
-    # of about 1 s: 4 updates), which the pace reports once; back onto the boundaries (20) in calls of the
-    # cap and of one update, then calls of 4. Mutant (no probe: the first call of 20) seen failing.
-    class Timed(FakeDispatcher):
-        def wait(self, call):
-            return super().wait(call)._replace(seconds=0.25 * len(call.metrics["updated"]))
+class Timed(FakeDispatcher):
+    """Calls that take `seconds` an update on the device (their Finished.seconds)."""
 
+    def __init__(self, events: list, seconds: float):
+        super().__init__(events)
+        self.seconds = seconds
+
+    def wait(self, call):
+        return super().wait(call)._replace(seconds=self.seconds * len(call.metrics["updated"]))
+
+
+def _paced(steps: int, seconds: float) -> tuple[list[int], list[dict]]:
+    """The call sizes of a paced run (a save every 20, target 1 s a call) and the pace's records told."""
     events: list = []
     told: list = []
     actions = [Recorder("save", events, every=20, needs_state=True)]
-    pace = Pace.of(40, actions, 50, probe=True, target_s=1.0, paced=lambda p: told.append(p.record()))
-    train(0, 0, Timed(events), actions, _context(40), pace)
-    assert [e[2] for e in events if e[0] == "dispatch"] == [1, 1, 4, 4, 4, 4, 1, 1] + [4] * 5
+    pace = Pace.of(steps, actions, 50, measure=True, target_s=1.0, paced=lambda p: told.append(p.record()))
+    train(0, 0, Timed(events, seconds), actions, _context(steps), pace)
+    return [e[2] for e in events if e[0] == "dispatch"], told
+
+
+def test_a_paced_run_times_its_first_calls_and_lowers_the_cap_to_about_a_second():
+    # issue 45: the first call is of the normal size (the grid, 20: no probe of another size, no call of
+    # one update after it); at 0.25 s an update it lasts 5 s, over twice the target, so the cap becomes
+    # the largest divisor of the grid within a second: 4 (the loader's chunks of 20 stay whole), told once.
+    # Mutant (the pace not lowered: calls of 20 throughout) seen failing.
+    sizes, told = _paced(100, 0.25)
+    assert sizes == [20] + [4] * 20
     assert [t["updates_per_call"] for t in told] == [4]
     assert told[0]["measured_s_per_update"] == 0.25 and told[0]["max_updates_per_call"] == 50
+    assert told[0]["sizes"] == [4]
+
+
+def test_a_fast_run_keeps_its_calls_and_a_short_one_compiles_no_other_size():
+    # 1 ms an update: a call of 20 lasts 20 ms, kept (the measurement recorded all the same). 0.25 s an update
+    # with a single call of 20 left after the first: lowering it would compile a size for one call's wait.
+    # Mutant (lowered whatever is left: 20, then 4 x 5) seen failing.
+    sizes, told = _paced(100, 0.001)
+    assert sizes == [20] * 5 and [t["updates_per_call"] for t in told] == [50]
+    sizes, told = _paced(40, 0.25)
+    assert sizes == [20, 20] and [t["updates_per_call"] for t in told] == [50]
 
 
 def test_each_action_is_called_once_per_boundary_the_stopping_one_included():

@@ -7,8 +7,9 @@ finished call to the actions (logs, streaks, metric hooks). At a boundary it dec
 stands (the last update, a signal), then calls each action due there once, in order, with the boundary's
 immutable record (jaxloop.loop.actions.Boundary; the evaluation is one of them, listed before those that
 read its results), before dispatching again. How many updates each call runs is the Pace's (paced to
-about a second, jaxloop.core.cadence). It knows no action by name (jaxloop.loop.actions) and reaches the
-device only through a Dispatcher (jaxloop.loop.dispatch). `jaxloop.run` builds both.
+about a second from the first calls' own time, jaxloop.core.cadence). It knows no action by name
+(jaxloop.loop.actions) and reaches the device only through a Dispatcher (jaxloop.loop.dispatch).
+`jaxloop.run` builds both.
 """
 
 from __future__ import annotations
@@ -17,98 +18,84 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from jaxloop.core.cadence import TARGET_CALL_S, call_sizes, grid, next_call_size, paced_cap
+from jaxloop.core.cadence import TARGET_CALL_S, call_plan, next_call_size, on_grid, paced_cap
 from jaxloop.core.outcome import COMPLETED
 from jaxloop.loop.actions import Action, Boundary, RunContext, metrics_of
 from jaxloop.loop.dispatch import Call, Dispatcher, Finished
 from jaxloop.update.state import TrainState
 
-PROBES = 2
-"""A paced run's first calls, of one update each, whose device time sets the cap."""
+MEASURED_CALLS = 2
+"""A paced run's first calls, whose device time sets the cap (the lesser: the first run of a compiled call
+pays for its start)."""
 
 
 @dataclass
 class Pace:
-    """How many updates each call runs (jaxloop.core.cadence.next_call_size): the largest of a few sizes under
-    `cap` that ends at or before the next update where an action reading the state is due (`periods`), or the
-    last. Paced (`probe`), the run's first PROBES calls are of one update, and the cap is set from their device
-    time (lowered, if need be, by that of the first call of the cap), so that a call lasts about `target_s` (paced_cap),
-    at most max_per_call; `paced(pace)` is told of each cap chosen. Unpaced, the cap is max_per_call.
-
-    After the probes or a call with skipped updates the pace is unsettled until the next boundary: calls of
-    the cap and of one update, no size compiled for a distance met once. `chunk`: where the calls the pace
-    makes are those of the cadence's grid (jaxloop.core.cadence.grid: the default's 50, 50, ...), its
-    multiples are boundaries too, so that the loader's chunks of that many updates are taken whole after
-    the probes; else 1 (the loader's single updates are joined into each call)."""
+    """How many updates each call runs (jaxloop.core.cadence.next_call_size): the grid, or the largest of a few
+    sizes under `cap` that ends at or before the next update where an action reading the state is due
+    (`periods`), or the last. Paced (`measure`), the run's first MEASURED_CALLS calls, of the normal size,
+    are timed, and where the longest call would last over 2 x `target_s` (and more than one such call is
+    left) the cap is lowered so that a call lasts about `target_s` (paced_cap: a divisor of the grid, or a
+    power of two), at most max_per_call; `paced(pace)` is told of the first measurement and of each cap
+    chosen. Unpaced, the cap is max_per_call. `chunk`: the grid where the calls are of it (the loader's
+    chunks of that many updates are taken whole), else 1 (the loader's single updates are joined into
+    each call)."""
 
     steps: int
     periods: tuple[int, ...]
     max_per_call: int
-    probe: bool = False
+    measure: bool = False
     target_s: float = TARGET_CALL_S
     paced: Callable[[Pace], None] = field(default=lambda pace: None, repr=False)
     chunk: int = 1
-    cap: int = 0  # 0 while the probes run
+    cap: int = 0
     seconds_per_update: float | None = None
     measured: int = 0
-    settled: bool = True
 
     def __post_init__(self) -> None:
-        if not self.probe:
-            self.cap = self.max_per_call
+        self.cap = self.cap or self.max_per_call
 
     @classmethod
     def of(cls, steps: int, actions: Sequence[Action], max_per_call: int, **options: Any) -> Pace:
         """The pace of a run of `steps` updates whose `actions` that read the state end calls on their updates."""
         periods = tuple(sorted({a.every for a in actions if a.needs_state and a.every > 0}))
-        g = grid(steps, periods, max_per_call)
-        chunk = g if next_call_size(0, periods, steps, max_per_call) == g else 1
-        return cls(steps, periods, max_per_call, chunk=chunk, **options)
-
-    @property
-    def boundaries(self) -> tuple[int, ...]:
-        return (*self.periods, *((self.chunk,) if self.chunk > 1 else ()))
+        return cls(steps, periods, max_per_call, chunk=on_grid(steps, periods, max_per_call) or 1, **options)
 
     def size(self, step: int) -> int:
         """The updates of the call after update `step`."""
-        return next_call_size(step, self.boundaries, self.steps, self.cap or 1, self.settled)
+        return next_call_size(step, self.periods, self.steps, self.cap)
+
+    def longest(self) -> int:
+        """The longest call under the cap: the grid, or the cap."""
+        return on_grid(self.steps, self.periods, self.cap) or self.cap
 
     def finished(self, done: Finished, accum_steps: int) -> None:
-        """Told of each finished call: the cap set from the device time of the probes (the lesser: the first
-        run of a compiled call pays for its start) and lowered, if need be, by the first call of the cap
-        (updates skipped cost the same); unsettled after the probes and a skip, settled on a boundary."""
+        """Told of each finished call: the first MEASURED_CALLS set the seconds per update (the least) and,
+        where the longest call would last over 2 x target_s with more than one such call left, lower the cap
+        (to a divisor of the grid, so that the loader's chunks stay whole, or to a power of two)."""
         dispatched = len(done.metrics["updated"]) // accum_steps
-        if self.probe and self.measured <= PROBES:
-            seconds = done.seconds / max(dispatched, 1)
-            if self.measured < PROBES:
-                self.seconds_per_update = min(seconds, self.seconds_per_update or seconds)
-                self.measured += 1
-                self.settled = False
-                if self.measured == PROBES:
-                    self._pace(paced_cap(self.seconds_per_update, self.max_per_call, self.target_s))
-            elif dispatched == self.cap:
-                self.measured += 1
-                self.seconds_per_update = seconds
-                self._pace(min(self.cap, paced_cap(seconds, self.max_per_call, self.target_s)))
-        if done.step - done.start < dispatched:
-            self.settled = False
-        if any(done.step % b == 0 for b in self.boundaries) or done.step >= self.steps:
-            self.settled = True
-
-    def _pace(self, cap: int) -> None:
-        if cap != self.cap:
+        if not self.measure or self.measured >= MEASURED_CALLS or dispatched < 1:
+            return
+        seconds = done.seconds / dispatched
+        self.seconds_per_update = min(seconds, self.seconds_per_update or seconds)
+        self.measured += 1
+        longest, cap = self.longest(), self.cap
+        if longest * self.seconds_per_update > 2 * self.target_s and self.steps - done.step > longest:
+            g = on_grid(self.steps, self.periods, self.cap)
+            cap = paced_cap(self.seconds_per_update, longest, self.target_s, divides=g)
+        if cap != self.cap or self.measured == 1:
             self.cap = cap
             self.paced(self)
 
     def record(self) -> dict[str, Any]:
-        """metadata.json's `calls`: the bound, the cap chosen, what it was chosen from, the sizes it allows."""
-        sizes = call_sizes(self.cap, (*self.periods, self.steps))
+        """metadata.json's `calls`: the bound, the cap chosen, what it was chosen from, the sizes of the calls
+        from the first update on (none skipped)."""
         return {
             "max_updates_per_call": self.max_per_call,
             "updates_per_call": self.cap,
             "target_s": self.target_s,
             "measured_s_per_update": self.seconds_per_update,
-            "sizes": list(sizes),
+            "sizes": sorted(set(call_plan(0, self.steps, self.periods, self.cap)), reverse=True),
         }
 
     def line(self) -> str | None:

@@ -385,7 +385,7 @@ def _train(
         cfg.steps,
         actions,
         cfg.updates_per_call or MAX_UPDATES_PER_CALL,
-        probe=jax.process_count() == 1,
+        measure=jax.process_count() == 1,
         paced=lambda pace: record_pace(pace, logger, ckpt, rd),
     )
     loader = train_loader(cfg, splits, restored.data["loader"] if restored is not None else None)
