@@ -251,3 +251,28 @@ def test_step_ms_counts_the_time_a_save_blocks_and_not_the_evaluation(tmp_path, 
     jaxloop.run(_cfg(tmp_path, steps=12, eval_every=8), jaxloop.Task(Lin(), _mse, records, records[:16]))
     step_ms = {r["step"]: r["step_ms"] for r in read_records(tmp_path) if r["kind"] == "train"}
     assert 50 <= step_ms[8] < 200 and 50 <= step_ms[12] < 200, step_ms
+
+
+def test_a_short_default_run_compiles_one_training_call(tmp_path):
+    # issue 44/45: the paced loop compiled a call of one update for its probes, and others to get back onto
+    # the boundaries (1, 50, 8, 2 ...: each a whole compile). The default run (digits) of 40 updates (evaluations and
+    # saves every 100: the grid is 20) compiles one call, announced once, and runs it twice; the one call
+    # left after the first is not worth lowering the cap for, whatever the machine's speed. Counted from the
+    # run's announcements. Mutants seen failing: w5-stop's pace (probes of one update: 1, then 50, 2 compiles);
+    # GRID_SHARE = 1 (the cap's sizes: one call of 40, the run's length, not the grid's 20).
+    import contextlib
+    import io
+
+    from jaxloop.train import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = main(
+            ["--steps", "40", "--optim.warmup_steps", "0", "--log.no_tensorboard", "--log.progress", "off"]
+            + ["--run_dir", str(tmp_path)]
+        )
+    assert status == 0, err.getvalue()
+    compiles = [line for line in err.getvalue().splitlines() if line.startswith("compiling the training call")]
+    assert len(compiles) == 1 and compiles[0].startswith("compiling the training call (20 update(s)"), compiles
+    calls = json.loads((tmp_path / "metadata.json").read_text())["calls"]
+    assert calls["sizes"] == [20] and calls["updates_per_call"] == 50 and calls["measured_s_per_update"] > 0
