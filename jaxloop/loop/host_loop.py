@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from jaxloop.core.cadence import TARGET_CALL_S, call_plan, next_call_size, on_grid, paced_cap
+from jaxloop.core.cadence import TARGET_CALL_S, call_sizes, next_call_size, on_grid, paced_cap
 from jaxloop.core.outcome import COMPLETED
 from jaxloop.loop.actions import Action, Boundary, RunContext, metrics_of
 from jaxloop.loop.dispatch import Call, Dispatcher, Finished
@@ -88,14 +88,15 @@ class Pace:
             self.paced(self)
 
     def record(self) -> dict[str, Any]:
-        """metadata.json's `calls`: the bound, the cap chosen, what it was chosen from, the sizes of the calls
-        from the first update on (none skipped)."""
+        """metadata.json's `calls`: the bound, the cap chosen, what it was chosen from, the sizes the calls take
+        (the grid, or the cap's sizes; a call off the grid, after a resume or a skipped update, adds powers of two)."""
+        g = on_grid(self.steps, self.periods, self.cap)
         return {
             "max_updates_per_call": self.max_per_call,
             "updates_per_call": self.cap,
             "target_s": self.target_s,
             "measured_s_per_update": self.seconds_per_update,
-            "sizes": sorted(set(call_plan(0, self.steps, self.periods, self.cap)), reverse=True),
+            "sizes": [g] if g else list(call_sizes(self.cap, (*self.periods, self.steps))),
         }
 
     def line(self) -> str | None:

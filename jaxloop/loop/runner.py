@@ -443,6 +443,8 @@ def _train(
             peak_mem_bytes=logger.peak_mem_bytes,
         )
         summary["memory"] = memory.record(dispatcher.memory)
+        if "calls" in ckpt.metadata and rd.writes:  # the pace's record (record_pace)
+            rd.write_json(rd.layout.metadata, ckpt.metadata)
         timings.add("data_wait", batches.total_wait_s)
     finally:
         batches.close()
@@ -490,13 +492,14 @@ def run_actions(
 
 
 def record_pace(pace: Pace, logger: RunLogger, ckpt: Checkpointer, rd: RunDir) -> None:
-    """A cap chosen for the calls: said when below the bound, and recorded in metadata.json (`calls`)."""
+    """A cap chosen for the calls, kept in the checkpoints' metadata (`calls`); said and written to metadata.json
+    at once when below the bound, else at the end of training (no file write between a fast run's calls)."""
+    ckpt.metadata["calls"] = pace.record()
     line = pace.line()
     if line:
         logger.message(line)
-    ckpt.metadata["calls"] = pace.record()
-    if rd.writes:
-        rd.write_json(rd.layout.metadata, ckpt.metadata)
+        if rd.writes:
+            rd.write_json(rd.layout.metadata, ckpt.metadata)
 
 
 COMPILE_LINE_STARTS = (
