@@ -11,33 +11,60 @@ import numpy as np
 import pytest
 
 import jaxloop
-from jaxloop.core.cadence import call_size, next_call_size
+from jaxloop.core.cadence import call_plan, call_sizes, next_call_size, paced_cap
 from jaxloop.core.config import CheckpointConfig, Config, LogConfig, OptimConfig
 from jaxloop.core.records import read_records
 
 
-def test_updates_per_call_divide_the_evaluation_checkpoint_and_end_cadences():
-    assert call_size(2000, [250, 250]) == 50
-    assert call_size(500, [100, 100]) == 50
-    assert call_size(500, [0, 0]) == 50, "0 (only at the end) constrains nothing"
-    assert call_size(300, [0, 45]) == 15
-    assert call_size(7, [0, 0]) == 7
-    assert call_size(7, [2, 0]) == 1
+def test_calls_end_on_the_evaluation_checkpoint_and_end_cadences():
+    assert call_plan(0, 2000, [250], 50) == [50] * 40
+    assert call_plan(0, 500, [100], 50) == [50] * 10
+    assert call_plan(0, 500, [], 50) == [50] * 10, "no period (0: only at the end) constrains nothing"
+    assert call_plan(0, 60, [100], 50) == [20] * 3, "the grid (20 divides 60 and 100): one size, chunks whole"
+    assert call_plan(0, 300, [45], 50) == [15] * 20, "a grid of at least a quarter of the cap is kept"
+    assert call_plan(0, 7, [], 50) == [7], "so is the run's length"
+    assert call_plan(0, 7, [2], 50) == [2, 2, 2, 1]
+
+
+def test_a_period_co_prime_to_the_others_never_shrinks_the_calls_to_one_update():
+    # issue 44: a hook every 7 updates beside evaluations every 100 made the gcd rule (call_size) dispatch
+    # 500 calls of one update. Off a usable grid, calls run up to the next boundary in a few sizes: 7s, and
+    # 2 + 4 + 1 around each evaluation. Mutant (the grid alone, GRID_SHARE = 10**9): 500 calls of 1.
+    plan = call_plan(0, 500, [7, 100], 50)
+    assert sum(plan) == 500 and set(plan) == {7, 4, 2, 1}
+    assert plan[:17] == [7] * 14 + [2, 4, 1], "7 ... 98, then 100 (an evaluation), then 105"
+    assert len(plan) == 81
+    assert call_plan(0, 1003, [100], 50) == [50] * 20 + [2, 1], "a length co-prime to the period: the end in two"
 
 
 def test_a_set_maximum_bounds_a_call():
-    assert call_size(500, [100, 100], max_per_call=1) == 1
-    assert call_size(500, [100, 100], max_per_call=30) == 25, "the largest divisor within the maximum"
+    assert call_plan(0, 500, [100], 1) == [1] * 500
+    assert call_plan(0, 500, [100], 30) == [25] * 20, "the largest divisor within the maximum"
+    assert call_plan(0, 97, [], 30) == [30, 30, 30, 4, 2, 1], "no usable grid: the cap, then powers of two"
+    assert call_sizes(50, [100, 7]) == (50, 32, 16, 8, 7, 4, 2, 1)
 
 
-def test_off_the_grid_the_loop_dispatches_single_updates_until_back_on_it():
-    assert call_size(40, [20, 0]) == 20
-    assert [next_call_size(s, 20, 40) for s in (0, 20, 13, 19)] == [20, 20, 1, 1]
-    assert next_call_size(30, 15, 45) == 15 and next_call_size(30, 10, 35) == 1, "never past steps"
+def test_off_the_grid_the_calls_reach_it_in_powers_of_two():
+    # after a resume off the grid or a skipped update: at most log2(grid) sizes, each compiled once
+    assert call_plan(13, 40, [20], 20) == [4, 2, 1, 20], "7 = 4 + 2 + 1"
+    assert next_call_size(2, [50], 500, 50) == 32
+    assert next_call_size(30, [15], 45, 15) == 15 and next_call_size(30, [10], 35, 10) == 5, "never past steps"
+
+
+def test_the_pace_fits_a_call_into_the_target_seconds():
+    # paced_cap(seconds per update measured, the longest call, target seconds a call, a grid to divide)
+    assert paced_cap(0.001, 50, 1.0) == 50, "1000 updates fit in a second: the maximum"
+    assert paced_cap(0.02, 50, 1.0) == 50, "exactly the maximum fits"
+    assert paced_cap(0.03, 50, 1.0) == 32, "33 fit: the power of two below"
+    assert paced_cap(0.03, 50, 1.0, divides=50) == 25, "33 fit: the largest divisor of the grid"
+    assert paced_cap(0.3, 50, 1.0) == 2 and paced_cap(0.15, 50, 1.0, divides=50) == 5
+    assert paced_cap(1.0, 50, 1.0) == 1 and paced_cap(50.0, 50, 1.0, divides=50) == 1, "never below one update"
+    assert paced_cap(0.1, 4, 2.0) == 4, "bounded by the maximum"
+    assert paced_cap(0.0, 50, 1.0) == 50, "a call too fast to measure"
 
 
 @pytest.fixture(scope="module")
-def call_sizes(tmp_path_factory):
+def runs_of_two_call_sizes(tmp_path_factory):
     """The debug preset, every update logged, with 2-micro-batch updates, run one update per call and
     in calls of 10 (the default's choice for it): (summary, train records) of each."""
     from jaxloop.core.config import preset
@@ -60,23 +87,23 @@ def call_sizes(tmp_path_factory):
     return out
 
 
-def test_every_due_log_record_is_written_from_inside_a_call(call_sizes):
-    summary, records = call_sizes[0]
+def test_every_due_log_record_is_written_from_inside_a_call(runs_of_two_call_sizes):
+    summary, records = runs_of_two_call_sizes[0]
     assert summary["final_step"] == 30
     assert [r["step"] for r in records] == list(range(1, 31)), "a record per update, 10 per call"
 
 
-def test_the_call_size_changes_no_state_bit_and_no_logged_value(call_sizes):
+def test_the_call_size_changes_no_state_bit_and_no_logged_value(runs_of_two_call_sizes):
     """Scanned calls of 10 updates compute what 30 single-update calls do, bit for bit; the logged loss,
     lr, grad_norm and skip count of every update agree exactly (their rates of course differ)."""
-    (one, one_records), (auto, auto_records) = call_sizes[1], call_sizes[0]
+    (one, one_records), (auto, auto_records) = runs_of_two_call_sizes[1], runs_of_two_call_sizes[0]
     assert auto["state_digest"] == one["state_digest"]
     fields = ("step", "loss", "lr", "grad_norm", "skipped", "loss_scale")
     assert [[r[f] for f in fields] for r in auto_records] == [[r[f] for f in fields] for r in one_records]
 
 
-def test_a_calls_time_is_shared_by_its_updates_records(call_sizes):
-    _, records = call_sizes[0]
+def test_a_calls_time_is_shared_by_its_updates_records(runs_of_two_call_sizes):
+    _, records = runs_of_two_call_sizes[0]
     for call in (records[10:20], records[20:30]):  # after the first call (its compile resets the clock)
         # one rate for the updates of one call (to rounding: each is its share of the call's time)
         assert [r["step_ms"] for r in call] == pytest.approx([call[0]["step_ms"]] * 10, rel=1e-6)
@@ -115,7 +142,7 @@ def test_the_next_call_is_dispatched_before_the_host_logs_the_finished_one(tmp_p
     )
     run(cfg)
     calls = [step for kind, step in events if kind == "dispatch"]
-    assert calls == list(range(0, 40, 5))
+    assert calls == list(range(0, 40, 5)), "calls of the grid from the first (no probe of another size)"
     for end in range(5, 40, 5):  # the call that reached `end`: its records, and the next call's dispatch
         first_record, next_call = events.index(("log", end - 4)), events.index(("dispatch", end))
         if end % 20:
@@ -166,7 +193,7 @@ def skipping_run(tmp_path_factory):
 def test_skipped_updates_do_not_move_saves_or_logs_off_their_updates(skipping_run):
     # 64 records in micro-batches of 16: 4 windows an epoch, one of them holding the NaN record. 12
     # applied updates take 16 windows (4 skipped); the loop dispatches 4 updates a call, finds fewer
-    # applied after it, and steps singly back onto the grid: saves and logs stay at 4, 8, 12.
+    # applied after it, and steps back onto the grid in powers of two: saves and logs stay at 4, 8, 12.
     run_dir, summary = skipping_run
     assert summary["final_step"] == 12 and summary["skipped_updates"] == 4
     steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
@@ -175,7 +202,7 @@ def test_skipped_updates_do_not_move_saves_or_logs_off_their_updates(skipping_ru
 
 
 def test_every_record_has_its_time_when_skips_move_the_loop_off_the_grid(tmp_path):
-    # After a skip the loop compiles single-update calls; a compile is not training time, so it waits
+    # After a skip the loop compiles calls of other sizes; a compile is not training time, so it waits
     # for the logs of the call before it (else the clock restarts after them: step_ms 0). Mutant
     # dispatching ahead regardless of compiling: records with step_ms ~1e-7, seen failing.
     records = _records_with_one_nan()
@@ -224,3 +251,28 @@ def test_step_ms_counts_the_time_a_save_blocks_and_not_the_evaluation(tmp_path, 
     jaxloop.run(_cfg(tmp_path, steps=12, eval_every=8), jaxloop.Task(Lin(), _mse, records, records[:16]))
     step_ms = {r["step"]: r["step_ms"] for r in read_records(tmp_path) if r["kind"] == "train"}
     assert 50 <= step_ms[8] < 200 and 50 <= step_ms[12] < 200, step_ms
+
+
+def test_a_short_default_run_compiles_one_training_call(tmp_path):
+    # issue 44/45: the paced loop compiled a call of one update for its probes, and others to get back onto
+    # the boundaries (1, 50, 8, 2 ...: each a whole compile). The default run (digits) of 40 updates (evaluations and
+    # saves every 100: the grid is 20) compiles one call, announced once, and runs it twice; the one call
+    # left after the first is not worth lowering the cap for, whatever the machine's speed. Counted from the
+    # run's announcements. Mutants seen failing: w5-stop's pace (probes of one update: 1, then 50, 2 compiles);
+    # GRID_SHARE = 1 (the cap's sizes: one call of 40, the run's length, not the grid's 20).
+    import contextlib
+    import io
+
+    from jaxloop.train import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = main(
+            ["--steps", "40", "--optim.warmup_steps", "0", "--log.no_tensorboard", "--log.progress", "off"]
+            + ["--run_dir", str(tmp_path)]
+        )
+    assert status == 0, err.getvalue()
+    compiles = [line for line in err.getvalue().splitlines() if line.startswith("compiling the training call")]
+    assert len(compiles) == 1 and compiles[0].startswith("compiling the training call (20 update(s)"), compiles
+    calls = json.loads((tmp_path / "metadata.json").read_text())["calls"]
+    assert calls["sizes"] == [20] and calls["updates_per_call"] == 50 and calls["measured_s_per_update"] > 0

@@ -200,11 +200,14 @@ def test_a_second_ctrl_c_under_the_cli_ends_at_once(monkeypatch):
     session = Session()
     monkeypatch.setattr(session, "exit", lambda status, line: exits.append((status, line)))
     stop, run_ctx = actions.SignalStop(), _Run()
-    stop._run, stop.session, stop.trained, stop.stops_after = run_ctx, session, True, 40
+    stop._run, stop.session, stop.trained, stop.finished, stop.stops_after = run_ctx, session, True, 30, 40
     stop._acknowledge(signal.SIGINT)
     assert (
         run_ctx.messages
-        == ["SIGINT received: stopping after update 40: saving...; Ctrl-C again to stop at once without saving"]
+        == [
+            "SIGINT received: finishing updates 31-40, then stopping after update 40: saving...; "
+            "Ctrl-C again to stop at once without saving"
+        ]
         and exits == []
     )
     stop._acknowledge(signal.SIGINT)
@@ -313,9 +316,9 @@ def test_sigterms_acknowledgement_offers_no_ctrl_c():
     from jaxloop.loop import actions
 
     stop, run_ctx = actions.SignalStop(), _Run()
-    stop._run, stop.session, stop.trained, stop.stops_after = run_ctx, Session(), True, 40
+    stop._run, stop.session, stop.trained, stop.finished, stop.stops_after = run_ctx, Session(), True, 30, 40
     stop._acknowledge(signal.SIGTERM)
-    assert run_ctx.messages == ["SIGTERM received: stopping after update 40: saving..."]
+    assert run_ctx.messages == ["SIGTERM received: finishing updates 31-40, then stopping after update 40: saving..."]
 
 
 def test_the_line_that_ends_the_process_at_once_starts_a_line_of_its_own_on_a_terminal(monkeypatch):

@@ -16,7 +16,7 @@ from jaxloop.core.cadence import Cadence
 from jaxloop.core.records import BestTracker
 from jaxloop.loop.actions import Action, Evaluate, RunContext, Throughput
 from jaxloop.loop.dispatch import Call, Finished
-from jaxloop.loop.host_loop import train, updates_per_call
+from jaxloop.loop.host_loop import Pace, train
 from jaxloop.observe.runinfo import Timings
 
 
@@ -87,12 +87,10 @@ def _evaluate(steps: int, every: int, losses: dict[int, float], patience: int = 
     )
 
 
-def _run(steps: int, actions_of, per_call: int | None = None, max_per_call: int = 50, evaluate: Evaluate | None = None):
+def _run(steps: int, actions_of, max_per_call: int = 50, evaluate: Evaluate | None = None):
     events: list = []
-    actions = actions_of(events)
-    run = _context(steps)
-    n = per_call or updates_per_call(steps, [*actions, *([evaluate] if evaluate else [])], max_per_call)
-    ended = train(0, 0, FakeDispatcher(events), actions, run, n, evaluate)
+    actions = [*([evaluate] if evaluate is not None else []), *actions_of(events)]
+    ended = train(0, 0, FakeDispatcher(events), actions, _context(steps), max_per_call)
     return ended, events
 
 
@@ -127,6 +125,63 @@ def test_an_action_that_only_reads_metrics_cuts_no_call_short():
     actions = lambda ev: [Recorder("metrics", ev, every=3), Recorder("save", ev, every=10, needs_state=True)]  # noqa: E731
     _, events = _run(20, actions)
     assert [e[2] for e in events if e[0] == "dispatch"] == [10, 10], "calls end at the saves only"
+
+
+def test_a_hook_period_co_prime_to_the_others_keeps_the_calls_large():
+    # issue 44: a state hook every 7 beside a save every 100 made every call one update (500 calls: the gcd
+    # rule, call_size). Calls run up to the next boundary in a few sizes: 7s, and 2 + 4 + 1 around each save;
+    # every boundary is still reached exactly. Mutant (the former gcd rule): 500 dispatches of 1, seen failing.
+    _, events = _run(
+        500,
+        lambda ev: [Recorder("hook", ev, every=7, needs_state=True), Recorder("save", ev, every=100, needs_state=True)],
+    )
+    sizes = [e[2] for e in events if e[0] == "dispatch"]
+    assert sum(sizes) == 500 and len(sizes) == 81 and sizes.count(7) == 67 and set(sizes) == {7, 4, 2, 1}
+    assert [e[2] for e in _boundary_calls(events) if e[0] == "hook"] == [*range(7, 500, 7), 500]
+    assert [e[2] for e in _boundary_calls(events) if e[0] == "save"] == [100, 200, 300, 400, 500]
+
+
+class Timed(FakeDispatcher):
+    """Calls that take `seconds` an update on the device (their Finished.seconds)."""
+
+    def __init__(self, events: list, seconds: float):
+        super().__init__(events)
+        self.seconds = seconds
+
+    def wait(self, call):
+        return super().wait(call)._replace(seconds=self.seconds * len(call.metrics["updated"]))
+
+
+def _paced(steps: int, seconds: float) -> tuple[list[int], list[dict]]:
+    """The call sizes of a paced run (a save every 20, target 1 s a call) and the pace's records told."""
+    events: list = []
+    told: list = []
+    actions = [Recorder("save", events, every=20, needs_state=True)]
+    pace = Pace.of(steps, actions, 50, measure=True, target_s=1.0, paced=lambda p: told.append(p.record()))
+    train(0, 0, Timed(events, seconds), actions, _context(steps), pace)
+    return [e[2] for e in events if e[0] == "dispatch"], told
+
+
+def test_a_paced_run_times_its_first_calls_and_lowers_the_cap_to_about_a_second():
+    # issue 45: the first call is of the normal size (the grid, 20: no probe of another size, no call of
+    # one update after it); at 0.25 s an update it lasts 5 s, over twice the target, so the cap becomes
+    # the largest divisor of the grid within a second: 4 (the loader's chunks of 20 stay whole), told once.
+    # Mutant (the pace not lowered: calls of 20 throughout) seen failing.
+    sizes, told = _paced(100, 0.25)
+    assert sizes == [20] + [4] * 20
+    assert [t["updates_per_call"] for t in told] == [4]
+    assert told[0]["measured_s_per_update"] == 0.25 and told[0]["max_updates_per_call"] == 50
+    assert told[0]["sizes"] == [4]
+
+
+def test_a_fast_run_keeps_its_calls_and_a_short_one_compiles_no_other_size():
+    # 1 ms an update: a call of 20 lasts 20 ms, kept (the measurement recorded all the same). 0.25 s an update
+    # with a single call of 20 left after the first: lowering it would compile a size for one call's wait.
+    # Mutant (lowered whatever is left: 20, then 4 x 5) seen failing.
+    sizes, told = _paced(100, 0.001)
+    assert sizes == [20] * 5 and [t["updates_per_call"] for t in told] == [50]
+    sizes, told = _paced(40, 0.25)
+    assert sizes == [20, 20] and [t["updates_per_call"] for t in told] == [50]
 
 
 def test_each_action_is_called_once_per_boundary_the_stopping_one_included():
@@ -174,9 +229,10 @@ def test_a_signal_during_the_actions_ends_the_run_at_that_boundary_with_one_call
     ], "called once each; the save (due at the end) sees it"
 
 
-def test_the_evaluation_runs_before_every_action_and_its_results_are_in_their_record():
-    # The recorder comes first in the list: it is handed the evaluation of its update all the same (mutant:
-    # the evaluation run after the actions: the recorder sees None; seen failing).
+def test_the_evaluation_is_an_action_whose_results_are_in_the_record_of_those_after_it():
+    # Evaluate is listed before the recorder (as the run lists it before the plateau, the hooks and the
+    # save): the recorder is handed the evaluation of its update (mutant: the evaluation listed after the
+    # recorder: the recorder sees None; seen failing).
     evaluate = _evaluate(12, 4, {4: 0.5, 8: 0.25})
     ended, events = _run(12, lambda ev: [Recorder("first", ev, every=2, needs_state=True)], evaluate=evaluate)
     seen = {e[2]: e[4] for e in events if e[1:2] == ("record",)}

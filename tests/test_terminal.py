@@ -163,7 +163,11 @@ def test_ctrl_c_while_training_is_acknowledged_saves_and_the_next_run_resumes(tm
     assert int(eta.group(1)) >= 40
     assert int(eta.group(2)) * 60 + int(eta.group(3)) > 0 or eta.group(4)
     sent = term.ctrl_c()
-    ack = term.read_until(r"SIGINT received: stopping after update (\d+): saving\.\.\.", ACK_S)
+    ack = term.read_until(
+        r"SIGINT received: (?:finishing updates? [\d-]+, then )?stopping after update (\d+): "
+        r"saving\.\.\.",
+        ACK_S,
+    )
     assert time.monotonic() - sent < ACK_S
     assert term.wait(120) == 130
     saved = int(ack.group(1))
@@ -180,3 +184,62 @@ def test_ctrl_c_while_training_is_acknowledged_saves_and_the_next_run_resumes(tm
     again.read_until(rf"resuming from update {saved} ", 120)
     again.ctrl_c()
     assert again.wait(120) == 130
+
+
+ACK = r"SIGINT received: finishing (?:update (\d+)|updates (\d+)-(\d+)), then stopping after update (\d+): saving\.\.\."
+"""The acknowledgement of a Ctrl-C while calls run: the updates on the device it finishes, then the save."""
+
+
+def test_ctrl_c_after_the_compile_finishes_the_first_call_and_keeps_it(tmp_path):
+    # issue 45: a Ctrl-C just after "compiled in" was taken for one while compiling, and the call's work
+    # thrown away. Now the compile's end is heard: the first call (of the grid's 50 updates) is finished
+    # and saved. Mutant (trained only once a call finished, as before): "while compiling", exit
+    # without a save, seen failing.
+    run_dir = tmp_path / "r"
+    term = _train(run_dir, *SHAKESPEARE, "--compile_cache", str(tmp_path / "cache"))
+    term.read_until(r"compiled in [\d.]+s", 300)
+    term.ctrl_c()
+    ack = term.read_until(ACK, ACK_S)
+    assert term.wait(120) == 130
+    assert "while compiling" not in term.text() and "Traceback" not in term.text()
+    saved = int(ack.group(4))
+    assert saved >= 1 and json.loads((run_dir / "summary.json").read_text())["final_step"] == saved
+
+
+def test_a_stop_finishes_the_paced_call_on_the_device_and_names_its_updates(tmp_path):
+    # issue 45: the shakespeare preset's calls of 50 updates made a stop wait a whole call (50 s on a loaded
+    # machine). The pace times the first calls and, past 2 s, caps them to about a second (metadata.json's calls):
+    # the acknowledgement names the updates of the call on the device, at most that cap, and the run
+    # saves at its end. Mutant (the acknowledgement of before, naming only the update it stops after):
+    # no "finishing updates", seen failing.
+    run_dir = tmp_path / "r"
+    term = _train(run_dir, *SHAKESPEARE, "--compile_cache", str(tmp_path / "cache"))
+    term.read_until(r"update (?:[6-9]\d|\d{3,})/2000", 600)
+    term.ctrl_c()
+    ack = term.read_until(ACK, ACK_S)
+    assert term.wait(120) == 130
+    first, last = (int(ack.group(1)),) * 2 if ack.group(1) else (int(ack.group(2)), int(ack.group(3)))
+    calls = json.loads((run_dir / "metadata.json").read_text())["calls"]
+    assert calls["max_updates_per_call"] == 50 and calls["measured_s_per_update"] > 0
+    assert 1 <= last - first + 1 <= calls["updates_per_call"], (ack.group(0), calls)
+    assert last == int(ack.group(4)) == json.loads((run_dir / "summary.json").read_text())["final_step"]
+
+
+SHAKESPEARE = (
+    "--preset",
+    "shakespeare",
+    "--data.path",
+    str(TEXT),
+    "--model.n_layers",
+    "1",
+    "--steps",
+    "2000",
+    "--optim.warmup_steps",
+    "0",
+    "--eval_every",
+    "0",
+    "--checkpoint.every",
+    "0",
+    "--log.no_tensorboard",
+)
+"""A run whose uncapped calls (50 updates of a GPT) would take seconds each on a CPU."""

@@ -360,7 +360,8 @@ class DevicePrefetcher(Iterator[Any]):
                 else _stacked(iterator, self.chunk, self._first_chunk)
             )
         self._position_source: Any = iterator  # state() needs one with state(position), e.g. a TrainLoader
-        self._head: Any = None  # what is left of the chunk take() last cut
+        self._head: Any = None  # the chunk take() last cut, and where what is left of it starts
+        self._offset = 0
         self._put = put if put is not None else jax.device_put
         self.size = int(size)
         self._start = int(getattr(iterator, "position", 0))
@@ -420,15 +421,20 @@ class DevicePrefetcher(Iterator[Any]):
         parts, have = [], 0
         while have < n:
             if self._head is None:
-                self._head = next(self)
+                self._head, self._offset = next(self), 0
             size = jax.tree.leaves(self._head)[0].shape[0]
-            cut = min(n - have, size)
+            cut = min(n - have, size - self._offset)
             if cut == size:
                 parts.append(self._head)
+            else:  # a slice at a traced offset: compiled once per size cut, not once per place in the chunk
+                parts.append(
+                    jax.tree.map(
+                        lambda a, at=self._offset, cut=cut: jax.lax.dynamic_slice_in_dim(a, at, cut), self._head
+                    )
+                )
+            self._offset += cut
+            if self._offset == size:
                 self._head = None
-            else:
-                parts.append(jax.tree.map(lambda a, cut=cut: a[:cut], self._head))
-                self._head = jax.tree.map(lambda a, cut=cut: a[cut:], self._head)
             have += cut
         self.taken += n
         return parts[0] if len(parts) == 1 else jax.tree.map(lambda *a: jax.numpy.concatenate(a), *parts)

@@ -17,17 +17,18 @@ state is due, or the run ends there. The loop calls, for every action, in list o
                                       returns a new record (another state, a stop) for the actions after it
     close(run)                        at the end, however the run ends (in reverse order)
 
-Every stop known before a boundary (the last update, a signal, a non-finite streak, the evaluation's early
-stopping: the evaluation runs before the actions, Evaluate) is in the record the actions get, so each is
-called once per boundary and none keeps an "already done at this update" guard. A stop an action decides
+Every stop known before a boundary (the last update, a signal, a non-finite streak) is in the record the
+actions get, and one an action decides (the evaluation's early stopping: Evaluate comes before the actions
+that read its results) in the record of those after it, so each is called once per boundary and none
+keeps an "already done at this update" guard. A stop an action decides
 at the boundary (a hook's `info.stop`, a signal that came during the actions) is in the record of the
 actions after it; the loop then calls, once, those before it that the end makes due (a hook's last call).
 `run` (RunContext) holds the run's immutable inputs: its length and its sinks.
 
-Built in: SignalStop, NonFiniteStreak, LogTrain, Profile, Evaluate (the stage before the actions, with
-early stopping), PlateauRate (the plateau schedule's decision after each evaluation), Save; and
-Hook, a research code's own action (`jaxloop.run(cfg, task, hooks=[Hook(fn, every=200)])`). An action
-with a `key` keeps a JSON state in every checkpoint's data item (state_dict / load_state_dict).
+Built in: SignalStop, NonFiniteStreak, LogTrain, Profile, Evaluate (with early stopping), PlateauRate (the
+plateau schedule's decision after each evaluation), Save; and Hook, a research code's own action
+(`jaxloop.run(cfg, task, hooks=[Hook(fn, every=200)])`). An action with a `key` keeps a JSON state in every
+checkpoint's data item (state_dict / load_state_dict).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Throughput:
     data_wait: float = 0.0
     updates: int = 0
     seconds: float = 0.0
+    compiles: int = 0
 
     def interval(self, step: int, now: float, data_wait: float) -> dict[str, float]:
         updates = max(step - self.step, 1)
@@ -87,9 +89,15 @@ class Throughput:
         """Exclude time spent outside training (evaluation) from the current interval."""
         self.time += seconds
 
-    def restart(self) -> None:
-        """Start the current interval now (after a compile: compiling is not training time)."""
-        self.time = time.perf_counter()
+    def compiled(self, seconds: float) -> None:
+        """Leave a compile of `seconds` out of the current interval (compiling is not training time): the
+        first starts it now (the setup before it is not either), a later one (a call of another size) is
+        paused out of it."""
+        if self.compiles:
+            self.pause(seconds)
+        else:
+            self.time = time.perf_counter()
+        self.compiles += 1
 
     @property
     def updates_per_s(self) -> float:
@@ -214,26 +222,41 @@ class SignalStop(Action):
     several processes they agree once per call, so that all dispatch and stop alike.
 
     The signal is acknowledged at once (jaxloop.core.interrupt's watcher thread: the main thread may be waiting
-    on the device or compiling), naming the update the run will stop and save after. Under the CLI
-    (jaxloop.core.interrupt.CLI_SESSION), in one process, a signal before the first call finished (setup, the
-    first compile: nothing trained in this run yet) ends the process at once, and so does a second SIGINT."""
+    on the device or compiling), naming the updates the run finishes (the calls on the device: paced calls
+    last about a second, jaxloop.loop.host_loop.Pace) and the update it stops and saves after. Under the CLI
+    (jaxloop.core.interrupt.CLI_SESSION), in one process, a signal before the first compile ended (setup,
+    the first compile: nothing trained in this run yet) ends the process at once, and so does a second
+    SIGINT; one during the first call waits for it and saves what it trained."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
         self.received = 0
-        self.trained = False  # a call of this run finished: there is something new to save
+        self.trained = False  # the first call is compiled: what it trains is worth finishing and saving
+        self.finished = 0  # the update the call on the device started from
         self.stops_after: int | None = None  # the last update dispatched: the run stops and saves there
         self._scope: contextlib.ExitStack | None = None
         self._run: RunContext | None = None
         self.session: Session | None = None
 
     def start(self, run: RunContext, step: int) -> None:
-        self._run, self.stops_after = run, step
+        self._run, self.stops_after, self.finished = run, step, step
         # read here: the watcher thread runs in a context of its own. Several processes stop together only
         # through poll's agreement: none of them ends alone (the others would wait in a collective)
         self.session = CLI_SESSION.get() if jax.process_count() == 1 else None
         self._scope = contextlib.ExitStack()
         self._scope.enter_context(watch_signals(self._acknowledge, handler=self._on_signal))
+
+    def heard(
+        self, compile_event: Callable[[int, bool | None, float], None]
+    ) -> Callable[[int, bool | None, float], None]:
+        """The dispatcher's compile event (jaxloop.loop.dispatch.CallEvents.compile), heard here too: once a
+        compile ended, a signal lets the call run and saves what it trained."""
+
+        def event(n: int, loaded: bool | None, seconds: float) -> None:
+            compile_event(n, loaded, seconds)
+            self.trained = self.trained or loaded is not None
+
+        return event
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.signal = self.signal or signum  # finish the calls dispatched, save, then exit
@@ -258,10 +281,10 @@ class SignalStop(Action):
             )
         if self.received == 1:
             again = "; Ctrl-C again to stop at once without saving" if cli and signum == signal.SIGINT else ""
-            run.logger.message(f"{name} received: stopping after update {self.stops_after}: saving...{again}")
+            run.logger.message(f"{name} received: {stop_line(self.finished, self.stops_after)}{again}")
 
     def before_dispatch(self, run: RunContext, step: int, n: int) -> None:
-        self.stops_after = step + n
+        self.finished, self.stops_after = step, step + n  # the call before it has finished
 
     def poll(self, run: RunContext) -> str | None:
         self.trained = True
@@ -279,6 +302,14 @@ class SignalStop(Action):
         if self._scope is not None:
             self._scope.close()
             self._scope = None
+
+
+def stop_line(finished: int, stops_after: int | None) -> str:
+    """What a stop does next: finish the updates on the device (after update `finished`), then save."""
+    if stops_after is None or stops_after <= finished:
+        return f"stopping after update {finished}: saving..."
+    updates = f"update {stops_after}" if stops_after == finished + 1 else f"updates {finished + 1}-{stops_after}"
+    return f"finishing {updates}, then stopping after update {stops_after}: saving..."
 
 
 class NonFiniteStreak(Action):
@@ -376,10 +407,11 @@ class Profile(Action):
         self.profiler.close()
 
 
-class Evaluate:
-    """The validation split every `every` updates and at the end (cadence.evaluates): the stage the loop runs
-    at a boundary before the actions, whose results and early stopping are in the record they get. An eval
-    record, the best metric tracked, early stopping after `patience` evaluations without a better one."""
+class Evaluate(Action):
+    """The validation split every `every` updates and at the end (cadence.evaluates): an eval record, the best
+    metric tracked, early stopping after `patience` evaluations without a better one. The run lists it before
+    every action that reads `b.evaluation` (the plateau's rate, the hooks, the save): they get its results,
+    and its early stopping, in their record."""
 
     needs_state = True
     key = "best"
@@ -390,11 +422,12 @@ class Evaluate:
         self.every, self.cadence, self.evaluate = cadence.eval_every, cadence, evaluate
         self.tracker, self.metric = tracker, metric
 
-    def cuts(self, step: int) -> bool:
-        return due(self.every, step)
+    def due(self, b: Boundary) -> bool:
+        return self.cadence.evaluates(b.step)
 
-    def due(self, step: int) -> bool:
-        return self.cadence.evaluates(step)
+    def at_boundary(self, run: RunContext, b: Boundary) -> Boundary:
+        evaluation, early = self(run, b.step, b.state)
+        return b.replace(evaluation=evaluation).stopping(early)
 
     def __call__(self, run: RunContext, step: int, state: TrainState) -> tuple[dict[str, float], str | None]:
         """The evaluation of update `step`, and EARLY_STOPPING where it ends the run (else None)."""

@@ -31,18 +31,21 @@ from jaxloop.update.state import TrainState
 
 
 class Call(NamedTuple):
-    """A dispatched call: its output state and stacked metrics (device arrays, maybe not computed yet)
-    and the applied update count it started from."""
+    """A dispatched call: its output state and stacked metrics (device arrays, maybe not computed yet),
+    the applied update count it started from and when it was handed to the device (perf_counter, after
+    any compiling)."""
 
     state: TrainState
     metrics: dict[str, jax.Array]
     start: int
+    launched: float = 0.0
 
 
 class Finished(NamedTuple):
     """A call the device has finished: its output state, its per-micro-batch metrics on the host, the
     update counts before (start) and after it (step), when the host had them (synced, perf_counter) and
-    the data waits so far (data_wait, seconds)."""
+    the data waits so far (data_wait, seconds), and how long the device took over it (seconds: from its
+    launch, or from the call before it when it was queued behind that one, to its metrics on the host)."""
 
     state: TrainState
     metrics: dict[str, np.ndarray]
@@ -50,6 +53,7 @@ class Finished(NamedTuple):
     step: int
     synced: float
     data_wait: float
+    seconds: float = 0.0
 
     def applied(self) -> np.ndarray:
         """The state's update count after each micro-batch of the call (skipped updates do not count)."""
@@ -73,11 +77,11 @@ class CallPlan:
 @dataclass(frozen=True)
 class CallEvents:
     """Who hears of compiling: compile(n, loaded, seconds) before (loaded None) and after each call's compiling
-    (loaded: whether JAX's persistent cache answered it); compiled() once a call is compiled (the loop's clock
-    leaves that time out); fitted(fit, n, step) of each call fitted to the device's memory, before it runs."""
+    (loaded: whether JAX's persistent cache answered it); compiled(seconds) once a call is compiled (the loop's
+    clock leaves that time out); fitted(fit, n, step) of each call fitted to the device's memory, before it runs."""
 
     compile: Callable[[int, bool | None, float], None] = lambda n, loaded, seconds: None
-    compiled: Callable[[], None] = lambda: None
+    compiled: Callable[[float], None] = lambda seconds: None
     fitted: Callable[[Fit, int, int], None] = lambda fitted, n, step: None
 
 
@@ -89,6 +93,7 @@ class Dispatcher:
         self.plan, self.batches, self.timings, self.events = plan, batches, timings, events
         self.memory, self.steps = plan.memory, plan.steps_of(plan.memory)
         self.compiled: dict[int, Any] = {}
+        self.last_synced = 0.0  # when the host had the metrics of the call before (its device time's start)
 
     def ready(self, n: int) -> bool:
         """Whether the call of n updates is compiled (dispatching it would not compile)."""
@@ -97,14 +102,19 @@ class Dispatcher:
     def dispatch(self, state: TrainState, step: int, n: int) -> Call:
         """Dispatch the call of n updates after update `step`; the state is donated to it. Returns at once."""
         chunk = self.batches.take(self.plan.accum_steps * n)
-        new_state, metrics = self._compiled(n, state, chunk, step)(state, chunk)
-        return Call(new_state, metrics, step)
+        compiled = self._compiled(n, state, chunk, step)
+        launched = time.perf_counter()
+        new_state, metrics = compiled(state, chunk)
+        return Call(new_state, metrics, step, launched)
 
     def wait(self, call: Call) -> Finished:
         """The finished call: the host waits here for its metrics (the applied update count with them)."""
         metrics = jax.device_get(call.metrics)
         synced, waited = time.perf_counter(), self.batches.total_wait_s
-        return Finished(call.state, metrics, call.start, call.start + int(np.sum(metrics["updated"])), synced, waited)
+        seconds, self.last_synced = synced - max(call.launched, self.last_synced), synced
+        return Finished(
+            call.state, metrics, call.start, call.start + int(np.sum(metrics["updated"])), synced, waited, seconds
+        )
 
     def data_state(self) -> dict[str, Any]:
         """The loader's checkpointable position: after the micro-batches dispatched, not those prefetched."""
@@ -133,8 +143,9 @@ class Dispatcher:
                     compiled = fitted.compiled
                     self.events.fitted(fitted, n, step)
                 self.compiled[n] = compiled
-            self.events.compile(n, cache["loaded"], time.perf_counter() - t0)
-            self.events.compiled()
+            seconds = time.perf_counter() - t0
+            self.events.compile(n, cache["loaded"], seconds)
+            self.events.compiled(seconds)
         return self.compiled[n]
 
     def _compile(self, n: int, state: TrainState, chunk: Any, memory: MemoryConfig | None) -> Any:

@@ -40,7 +40,7 @@ from jaxloop.data.pipeline import DevicePrefetcher, run_val_batches, train_loade
 from jaxloop.loop import actions as act
 from jaxloop.loop.dispatch import CallEvents, CallPlan, Dispatcher
 from jaxloop.loop.evaluate import Evaluator
-from jaxloop.loop.host_loop import train, updates_per_call
+from jaxloop.loop.host_loop import Pace, train
 from jaxloop.loop.model_check import check_init_from, check_same_model, this_model
 from jaxloop.loop.process import process_settings
 from jaxloop.loop.task import Task, builtin_task, check_builtin_fields, check_own_optimizer, run_state
@@ -391,15 +391,22 @@ def _train(
     evaluate = act.Evaluate(cadence, evaluator, tracker, cfg.checkpoint.best_metric)
     actions = run_actions(cfg, splits, ckpt, run, evaluate, hooks, restored.data if restored is not None else None)
     signals = next(a for a in actions if isinstance(a, act.SignalStop))
-    per_call = updates_per_call(cfg.steps, [evaluate, *actions], cfg.updates_per_call or MAX_UPDATES_PER_CALL)
+    # paced in one process only: processes timing their own calls could choose other sizes, and wait apart
+    pace = Pace.of(
+        cfg.steps,
+        actions,
+        cfg.updates_per_call or MAX_UPDATES_PER_CALL,
+        measure=jax.process_count() == 1,
+        paced=lambda pace: record_pace(pace, logger, ckpt, rd),
+    )
     loader = train_loader(cfg, splits, restored.data["loader"] if restored is not None else None)
     K = cfg.optim.accum_steps
     batches = DevicePrefetcher(
         loader,
         size=cfg.data.prefetch,
         put=lambda b: shard_batch(b, mesh, stacked=True),
-        chunk=K * per_call,
-        first_chunk=K * (-step % per_call),
+        chunk=K * pace.chunk,
+        first_chunk=K * (-step % pace.chunk),
     )
     memory = Memory(cfg.memory, replans, logger, ckpt, rd)
     plan = CallPlan(
@@ -413,7 +420,7 @@ def _train(
         plan,
         batches,
         timings,
-        CallEvents(compile=CompileLines(logger, cfg), compiled=run.clock.restart, fitted=memory.fitted),
+        CallEvents(compile=signals.heard(CompileLines(logger, cfg)), compiled=run.clock.compiled, fitted=memory.fitted),
     )
     if restored is not None:
         logger.message(resume_line(restored))
@@ -426,7 +433,7 @@ def _train(
             logger.message(moved)
     try:
         try:
-            state, stop_reason, final = train(state, step, dispatcher, actions, run, per_call, evaluate)
+            state, stop_reason, final = train(state, step, dispatcher, actions, run, pace)
         except jax.errors.JaxRuntimeError as e:
             if not is_out_of_memory(e):
                 raise
@@ -449,7 +456,9 @@ def _train(
         summary["memory"] = memory.record(dispatcher.memory)
         if cfg.log.breakdown:  # where an update's time goes, for the report (docs/observing.md)
             with timings("breakdown"):
-                summary["update_breakdown"] = measure_run(cfg, task.loss, state, splits, mesh, per_call)
+                summary["update_breakdown"] = measure_run(cfg, task.loss, state, splits, mesh, pace.longest())
+        if "calls" in ckpt.metadata and rd.writes:  # the pace's record (record_pace)
+            rd.write_json(rd.layout.metadata, ckpt.metadata)
         timings.add("data_wait", batches.total_wait_s)
     finally:
         batches.close()
@@ -468,8 +477,9 @@ def run_actions(
     restored: dict[str, Any] | None,
 ) -> list[act.Action]:
     """The run's periodic actions in order: the signal stop (first), the non-finite streak, logs, the profiler,
-    the plateau's rate, the research code's hooks, and the save last (it saves the state those before it
-    hand on, with every keyed part's state, restored here from a resumed checkpoint's data item)."""
+    the evaluation (before every action that reads its results), the plateau's rate, the research code's hooks,
+    and the save last (it saves the state those before it hand on, with every keyed part's state, restored here
+    from a resumed checkpoint's data item)."""
     cadence = Cadence.of(cfg)
     actions: list[act.Action] = [
         act.SignalStop(),
@@ -481,17 +491,29 @@ def run_actions(
             **mfu_inputs(ckpt.metadata.get("language_model")),
         ),
         act.Profile(Profiler(cfg.log.profile_start, cfg.log.profile_steps, run.logger.layout.profile, run.timings)),
+        evaluate,
     ]
     if cfg.optim.schedule == "plateau":  # decides the rate of the next updates from each evaluation
         from jaxloop.loop.plateau import Plateau
 
         actions.append(act.PlateauRate(Plateau.of(cfg), cfg.checkpoint.best_metric, cadence.eval_every))
     actions += hooks
-    keyed = [evaluate, *actions]  # what a checkpoint's data item holds beside the loader's position
+    keyed = list(actions)  # what a checkpoint's data item holds beside the loader's position
     for part in keyed:
         if restored is not None and part.key is not None and part.key in restored:
             part.load_state_dict(restored[part.key])
     return [*actions, act.Save(cadence, ckpt, keyed)]
+
+
+def record_pace(pace: Pace, logger: RunLogger, ckpt: Checkpointer, rd: RunDir) -> None:
+    """A cap chosen for the calls, kept in the checkpoints' metadata (`calls`); said and written to metadata.json
+    at once when below the bound, else at the end of training (no file write between a fast run's calls)."""
+    ckpt.metadata["calls"] = pace.record()
+    line = pace.line()
+    if line:
+        logger.message(line)
+        if rd.writes:
+            rd.write_json(rd.layout.metadata, ckpt.metadata)
 
 
 COMPILE_LINE_STARTS = (
