@@ -40,7 +40,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -480,7 +480,7 @@ class PlateauRate(Action):
         self.plateau.load(saved)
 
 
-class Keyed:
+class Keyed(Protocol):
     """What keeps a JSON state in every checkpoint's data item: a `key`, state_dict and load_state_dict."""
 
     key: str | None

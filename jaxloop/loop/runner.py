@@ -269,7 +269,7 @@ def _run_held(
                     ckpt.wait()  # the last save is committed before it is read back
             except NonFiniteError as e:
                 ckpt.wait()
-                if not unverified_and_bad(restored, ckpt.all_steps()):
+                if restored is None or not unverified_and_bad(restored, ckpt.all_steps()):
                     raise
                 ckpt.set_aside(
                     restored.step,
@@ -437,7 +437,9 @@ def _train(
         except jax.errors.JaxRuntimeError as e:
             if not is_out_of_memory(e):
                 raise
-            raise memory.replan_after(e, dispatcher.memory, cfg.batch_size, supports_blocks(task.model)) from e
+            raise memory.replan_after(
+                e, dispatcher.memory or cfg.memory, cfg.batch_size, supports_blocks(task.model)
+            ) from e
         if final_evaluation_due(final, stop_reason):  # e.g. a run resumed at its end
             final = evaluator(state)
         summary = run_summary(
@@ -453,7 +455,7 @@ def _train(
             digest=state_digest(to_host(state)),  # shards held by other processes too
             peak_mem_bytes=max((m for m in (logger.peak_mem_bytes, memory_bytes()) if m is not None), default=None),
         )
-        summary["memory"] = memory.record(dispatcher.memory)
+        summary["memory"] = memory.record(dispatcher.memory or cfg.memory)  # the plan in force (CallPlan(cfg.memory))
         if cfg.log.breakdown:  # where an update's time goes, for the report (docs/observing.md)
             with timings("breakdown"):
                 summary["update_breakdown"] = measure_run(cfg, task.loss, state, splits, mesh, pace.longest())

@@ -595,6 +595,7 @@ def render(run: Run, plots: dict[str, str]) -> str:
     if parts is None:
         lines.append("Not measured: pass --log.breakdown to time the update's compiled variants at the end of the run.")
     else:
+        assert run.summary is not None, "update_breakdown() found the measurement in the summary"
         measured = run.summary["update_breakdown"]
         v, calls = measured["variants_s"], int(measured.get("updates_per_call", 1))
         lines += [
