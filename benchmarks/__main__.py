@@ -346,9 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         result = merge([json.loads(Path(f).read_text()) for f in args.from_json])
     else:
-        from jaxloop.core.config import Config
-        from jaxloop.loop.determinism import request_deterministic_ops
-        from jaxloop.loop.host_memory import retain_freed_memory
+        from jaxloop.config.run import Config
+        from jaxloop.runtime.determinism import request_deterministic_ops
+        from jaxloop.runtime.host_memory import retain_freed_memory
 
         # The step rows run jaxloop and torch in this process: both get the allocator policy jaxloop.run
         # sets for a run (children running either CLI have their own: jaxloop's sets it, torch_ref's not),

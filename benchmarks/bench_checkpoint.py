@@ -44,7 +44,7 @@ import jax
 import numpy as np
 
 from jaxloop.checkpoint.manager import Checkpointer
-from jaxloop.core.config import CheckpointConfig, Config, DataConfig, ModelConfig, to_dict
+from jaxloop.config.run import CheckpointConfig, Config, DataConfig, ModelConfig, to_dict
 from jaxloop.loop.task import create_train_state
 from jaxloop.model.builtin import make_model
 from jaxloop.update.state import TrainState

@@ -1,7 +1,7 @@
 """Input-pipeline throughput: jaxloop's grain TrainLoader against a torch DataLoader.
 
 Both read the same source (scikit-learn's digits, training split), in the same record order
-(jaxloop.core.sources.record_order), and apply the same deterministic CPU-bound per-record transform
+(jaxloop.data.sources.record_order), and apply the same deterministic CPU-bound per-record transform
 (`augment`: 8x8 -> 32x32 upsampling, a label-dependent shift, two separable 5-tap blurs,
 standardisation; ~0.2 ms of numpy per record), at equal worker counts. Reported: steady-state
 records/s (timed after a warm-up, so worker start-up is excluded and reported separately) and the
@@ -96,7 +96,7 @@ class _ReplaySampler:
         self.cfg, self.num_train = cfg, num_train
 
     def __iter__(self):
-        from jaxloop.core.sources import record_order
+        from jaxloop.data.sources import record_order
 
         b = 0
         while True:
@@ -139,9 +139,9 @@ def measure_chunks(n: int, rounds: int) -> None:
     """Host ms per call of n micro-batches: n grain elements stacked vs one element per call (medians)."""
     import statistics
 
-    from jaxloop.core.config import preset
-    from jaxloop.core.sources import load_splits
+    from jaxloop.config.run import preset
     from jaxloop.data.pipeline import TrainLoader, _stacked
+    from jaxloop.data.sources import load_splits
 
     cfg = preset("digits")
     splits = load_splits(cfg)
@@ -175,8 +175,8 @@ def main(argv=None) -> None:
         measure_chunks(args.chunks, max(args.rounds, 5))
         return
 
-    from jaxloop.core.config import preset
-    from jaxloop.core.sources import load_splits
+    from jaxloop.config.run import preset
+    from jaxloop.data.sources import load_splits
 
     cfg = dataclasses.replace(preset("digits"), batch_size=args.batch_size)
     splits = load_splits(cfg)

@@ -3,7 +3,7 @@ thread (run_cpu_calls_inline), glibc's transparent huge pages, and one malloc ar
 
 Each contender is a fresh process (jax reads the dispatch setting when it starts its backend, glibc its
 tunables when the process starts), all with the loop's host memory policy
-(jaxloop.loop.host_memory.retain_freed_memory), alternated over rounds on the same batches: the update as your
+(jaxloop.runtime.host_memory.retain_freed_memory), alternated over rounds on the same batches: the update as your
 own loop would call it (K = 1: one compiled train_step per micro-batch, as row step.* of `python -m
 benchmarks`) and as jaxloop's loop calls it (one call of 10 updates, a lax.scan). Printed per shape:
 ms per update (median over rounds), the page faults per update, which is where the worker thread's time
@@ -42,7 +42,7 @@ PER_CALL = 10  # updates in one of the loop's calls (its lax.scan over stacked m
 def start(mode: str) -> None:
     """First thing in a contender's fresh process, before jax starts: the loop's host memory policy and
     the mode's dispatch (its glibc settings came with the process's environment, child_env)."""
-    from jaxloop.loop.host_memory import retain_freed_memory, run_cpu_calls_inline
+    from jaxloop.runtime.host_memory import retain_freed_memory, run_cpu_calls_inline
 
     retain_freed_memory()
     if MODES[mode][1] and not run_cpu_calls_inline():
@@ -53,7 +53,7 @@ def child(shape: str, mode: str, blocks: int) -> dict[str, float]:
     """In a fresh process: ms and page faults per update, separate calls and the loop's scanned call."""
     start(mode)
     from benchmarks.step import JaxUpdate, host_batches, make_cfg
-    from jaxloop.core.sources import load_splits
+    from jaxloop.data.sources import load_splits
 
     cfg = make_cfg(shape)
     splits = load_splits(cfg)
@@ -77,7 +77,7 @@ def child(shape: str, mode: str, blocks: int) -> dict[str, float]:
 
 def child_env(mode: str) -> dict[str, str]:
     """The caller's environment without a dispatch choice, with the mode's glibc settings added."""
-    from jaxloop.loop.host_memory import ASYNC_DISPATCH
+    from jaxloop.runtime.host_memory import ASYNC_DISPATCH
 
     env = {k: v for k, v in os.environ.items() if k != ASYNC_DISPATCH.upper()}
     for key, value in MODES[mode][0].items():

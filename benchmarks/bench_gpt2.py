@@ -25,7 +25,7 @@ GPT2_VOCAB = 50257
 def gpt2_cfg(context: int, batch: int, precision: str):
     """--preset gpt2-small at this context, batch and precision, over the shipped text read as characters (the
     update's time does not depend on which tokens it reads), with GPT-2's vocabulary."""
-    from jaxloop.core.config import preset
+    from jaxloop.config.run import preset
 
     base = preset("gpt2-small")
     return dataclasses.replace(
@@ -39,7 +39,7 @@ def gpt2_cfg(context: int, batch: int, precision: str):
 
 def _contenders(cfg, device: str, compile_torch: bool) -> tuple[dict[str, Any], list[str], Any]:
     from benchmarks.step import JaxUpdate, TorchUpdate, host_batches
-    from jaxloop.core.sources import load_splits
+    from jaxloop.data.sources import load_splits
 
     splits = load_splits(cfg)
     batches = host_batches(cfg, splits, 2)

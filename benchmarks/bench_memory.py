@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402  (after XLA_FLAGS)
 
 from benchmarks.common import add_text_option, text_path, use_text  # noqa: E402
-from jaxloop.core.cli import parse_config  # noqa: E402
-from jaxloop.core.sources import load_splits  # noqa: E402
+from jaxloop.config.cli import parse_config  # noqa: E402
+from jaxloop.data.sources import load_splits  # noqa: E402
 from jaxloop.loop.task import create_train_state  # noqa: E402
 from jaxloop.model.builtin import make_model  # noqa: E402
 from jaxloop.update.distributed import create_sharded, make_mesh, state_bytes_per_device  # noqa: E402
@@ -35,7 +35,7 @@ from jaxloop.update.distributed import create_sharded, make_mesh, state_bytes_pe
 def step_memory(cfg, splits, state, mesh) -> dict:
     """XLA's own accounting of the compiled train step on one device: arguments (the state's shards and
     the batch's), outputs, temporaries (activations, gathered weights, gradients), aliased (donated)."""
-    from jaxloop.core.sources import record_order
+    from jaxloop.data.sources import record_order
     from jaxloop.update.distributed import pin_shardings, shard_batch
     from jaxloop.update.step import train_step
 

@@ -25,7 +25,7 @@ def sample_row(opts: Options) -> Row:
         import jax
         import numpy as np
 
-        from jaxloop.core.config import ModelConfig
+        from jaxloop.config.run import ModelConfig
         from jaxloop.model.builtin import make_model
         from jaxloop.sample import make_generate
 

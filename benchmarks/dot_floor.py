@@ -120,7 +120,7 @@ def measure(shape: str, rounds: int) -> dict:
 
     from benchmarks.common import median, sized_interleaved
     from benchmarks.step import JaxUpdate, TorchUpdate, host_batches, make_cfg
-    from jaxloop.core.sources import load_splits
+    from jaxloop.data.sources import load_splits
 
     torch.set_num_threads(os.cpu_count() or 1)  # the same threads as XLA:CPU, as in the step rows
     cfg = make_cfg(shape)

@@ -30,8 +30,8 @@ def loop(args: argparse.Namespace) -> dict:
     """jaxloop.train.run's time per update (its own step_ms) vs the compiled update alone, interleaved."""
     import jaxloop.train
     from benchmarks.step import JaxUpdate, host_batches, make_cfg
-    from jaxloop.core.config import CheckpointConfig, LogConfig
-    from jaxloop.core.sources import load_splits
+    from jaxloop.config.run import CheckpointConfig, LogConfig
+    from jaxloop.data.sources import load_splits
 
     out: dict = {"loop_step_ms": [], "loop_crosscheck_ms": [], "alone_ms": [], "summaries": []}
     alone = None
@@ -87,14 +87,14 @@ def loop(args: argparse.Namespace) -> dict:
 def compile_(args: argparse.Namespace) -> dict:
     """The 4-block GPT (shakespeare preset shape): imports, state creation, first train_step compile."""
     t_start = time.perf_counter()
-    from jaxloop.loop.compilation import enable_compilation_cache, loaded_from_cache
+    from jaxloop.runtime.compilation import enable_compilation_cache, loaded_from_cache
 
     if args.cache:
         enable_compilation_cache(args.cache)
     import jax
 
     from benchmarks.step import host_batches, make_cfg
-    from jaxloop.core.sources import load_splits
+    from jaxloop.data.sources import load_splits
     from jaxloop.loop.task import create_train_state
     from jaxloop.model.builtin import make_model
     from jaxloop.update.step import eval_step, train_step
@@ -141,7 +141,7 @@ def compile_(args: argparse.Namespace) -> dict:
 def stepmem(args: argparse.Namespace) -> dict:
     """State, compile and `updates` updates of one framework alone (the parent reads the peak RSS)."""
     from benchmarks.step import JaxUpdate, TorchUpdate, host_batches, make_cfg
-    from jaxloop.core.sources import load_splits
+    from jaxloop.data.sources import load_splits
 
     cfg = make_cfg(args.shape, args.accum)
     splits = load_splits(cfg)
@@ -163,9 +163,9 @@ def valloss(args: argparse.Namespace) -> dict:
     import jax
 
     from jaxloop.checkpoint.manager import read_checkpoint
-    from jaxloop.core.config import from_dict
-    from jaxloop.core.sources import load_splits
+    from jaxloop.config.run import from_dict
     from jaxloop.data.pipeline import eval_batch_size, val_batches
+    from jaxloop.data.sources import load_splits
     from jaxloop.loop.task import builtin_task, run_state
     from jaxloop.update.step import eval_step
 

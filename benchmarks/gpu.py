@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxloop.core.records import read_records
+from jaxloop.rundir.records import read_records
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "benchmarks" / "records"
@@ -88,7 +88,7 @@ def size_of(tiny: bool) -> dict[str, Any]:
 def write_shards(directory: Path, s: dict[str, Any]) -> Path:
     """llm.c token shards (train and val) of random ids below the size's vocabulary: enough for the loop's updates
     and a few evaluation batches."""
-    from jaxloop.core.shards import write_shard
+    from jaxloop.data.shards import write_shard
 
     rng = np.random.default_rng(0)
     directory.mkdir(parents=True, exist_ok=True)
@@ -103,7 +103,7 @@ def write_shards(directory: Path, s: dict[str, Any]) -> Path:
 
 def gpt_cfg(s: dict[str, Any], shards: Path, attention: str = "auto"):
     """--preset gpt2-small at the size's shape and precision, over the shards."""
-    from jaxloop.core.config import preset
+    from jaxloop.config.run import preset
 
     base = preset("gpt2-small")
     model = dataclasses.replace(
@@ -163,7 +163,7 @@ def _jax_peak() -> int | None:
 def jaxloop_update(s: dict[str, Any], shards: Path, attention: str = "auto") -> dict[str, Any]:
     """jaxloop's compiled update (benchmarks.step.JaxUpdate) at this size."""
     from benchmarks.step import JaxUpdate, host_batches
-    from jaxloop.core.sources import load_splits
+    from jaxloop.data.sources import load_splits
 
     cfg = gpt_cfg(s, shards, attention)
     splits = load_splits(cfg)
@@ -178,7 +178,7 @@ def torch_updates(s: dict[str, Any], shards: Path, tiny: bool) -> dict[str, Any]
     import torch
 
     from benchmarks.step import TorchUpdate, host_batches
-    from jaxloop.core.sources import load_splits
+    from jaxloop.data.sources import load_splits
 
     cfg = gpt_cfg(s, shards)
     splits = load_splits(cfg)
@@ -297,7 +297,7 @@ def part(name: str, tiny: bool, shards: Path) -> dict[str, Any]:
         return {"loop": loop_run(s, shards)}
     if name == "breakdown":
         from benchmarks.breakdown import variant_times
-        from jaxloop.core.sources import load_splits
+        from jaxloop.data.sources import load_splits
 
         cfg = gpt_cfg(s, shards)
         return {"variants_s": variant_times(cfg, load_splits(cfg), s["updates"])}

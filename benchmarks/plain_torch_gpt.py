@@ -1,6 +1,6 @@
 """A plain PyTorch training script of the kind users copy: nanoGPT's CPU "baby GPT" on a character text.
 
-One file, eager PyTorch, no jaxloop, torch_ref or jaxloop.core import: the PyTorch side of the benchmark row
+One file, eager PyTorch, no jaxloop or torch_ref import: the PyTorch side of the benchmark row
 e2e.script64, which races it against `python -m jaxloop.train --preset shakespeare --model.context 64
 --batch_size 12 --steps 2000` on the same text. nanoGPT's shakespeare_char settings for a CPU: 4 layers,
 4 heads, width 128, context 64, batch 12, 2000 iterations, AdamW (betas 0.9/0.99, weight decay 0.1 on

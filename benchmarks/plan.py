@@ -29,7 +29,7 @@ PLANS = {
 
 def _cfg(opts: Options):
     """The shakespeare preset (ctx 128, batch 32, 4 x 128); under --smoke a tiny GPT on a generated text."""
-    from jaxloop.core.config import preset
+    from jaxloop.config.run import preset
 
     base = preset("shakespeare")
     if not opts.smoke:
@@ -78,8 +78,8 @@ class PlanUpdate:
 def plan_rows(opts: Options) -> list[Row]:
     names = [f"memory.plan.{p}" for p in PLANS]
     try:
-        from jaxloop.core.config import MemoryConfig
-        from jaxloop.core.sources import record_order
+        from jaxloop.config.run import MemoryConfig
+        from jaxloop.data.sources import record_order
         from jaxloop.loop.task import builtin_task
 
         cfg = _cfg(opts)

@@ -36,7 +36,7 @@ def child(shape: str, mode: str, calls: int) -> dict:
     from jax.profiler import ProfileData
 
     from benchmarks.step import JaxUpdate, host_batches, make_cfg
-    from jaxloop.core.sources import load_splits
+    from jaxloop.data.sources import load_splits
 
     cfg = make_cfg(shape)
     splits = load_splits(cfg)

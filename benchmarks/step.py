@@ -27,7 +27,7 @@ SHAPES = {
 
 def make_cfg(shape: str, accum: int = 1, **overrides: Any):
     """The config of a benchmark shape: the preset, at this context and batch, K micro-batches per update."""
-    from jaxloop.core.config import preset
+    from jaxloop.config.run import preset
 
     s = SHAPES[shape]
     if s["kind"] == "mlp":
@@ -51,7 +51,7 @@ def set_threads(opts: Options) -> None:
 
 def host_batches(cfg, splits, count: int) -> list[dict[str, np.ndarray]]:
     """The run's first `count` micro-batches, in jaxloop's record order."""
-    from jaxloop.core.sources import record_order
+    from jaxloop.data.sources import record_order
 
     return [splits.train.get(row) for row in record_order(cfg, splits.num_train, 0, count)]
 
@@ -59,7 +59,7 @@ def host_batches(cfg, splits, count: int) -> list[dict[str, np.ndarray]]:
 def splits_for(opts: Options, shape: str):
     key = ("splits", shape)
     if key not in opts.cache:
-        from jaxloop.core.sources import load_splits
+        from jaxloop.data.sources import load_splits
 
         opts.cache[key] = load_splits(make_cfg(shape))
     return opts.cache[key]
@@ -119,9 +119,9 @@ class TorchUpdate:
     def __init__(self, cfg, splits, batches, init_params, compiled: bool = False, device: str = "cpu"):
         import torch
 
-        from torch_ref.state import create_train_state
+        from torch_ref.state import create_torch_state
 
-        self.state = create_train_state(cfg, splits, init_params=init_params, device=device)
+        self.state = create_torch_state(cfg, splits, init_params=init_params, device=device)
         if compiled:
             self.state.model = torch.compile(self.state.model)
         self.K = cfg.optim.accum_steps

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from benchmarks.step import JaxUpdate, TorchUpdate, host_batches, make_cfg
-    from jaxloop.core.sources import load_splits
+    from jaxloop.data.sources import load_splits
     from jaxloop.observe.update_breakdown import variant_times
     from jaxloop.update.step import cross_entropy_loss
     from torch_ref.step import cross_entropy_loss as torch_loss

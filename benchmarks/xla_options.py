@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> dict:
     import numpy as np
 
     from benchmarks.step import host_batches, make_cfg
-    from jaxloop.core.sources import load_splits
+    from jaxloop.data.sources import load_splits
     from jaxloop.loop.task import create_train_state
     from jaxloop.model.builtin import make_model
     from jaxloop.update.step import cross_entropy_loss, make_train_step

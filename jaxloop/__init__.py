@@ -9,7 +9,7 @@
     except jaxloop.errors.ConfigError: ...                      # the library's exceptions (jaxloop.errors)
     jaxloop.parity.compare(torch_module, flax_module, batch, torch_loss, flax_loss)   # check your own port
 
-The config classes live in the jax-free package `jaxloop.core` (shared with torch_ref) and are re-exported
+The config classes live in the jax-free package `jaxloop.config` (shared with torch_ref) and are re-exported
 here; `jaxloop.Config` and `jaxloop.errors` import no jax, tyro or torch. Importing jaxloop imports nothing
 heavy and changes no global state: each name is imported on first use (the loop's Orbax and grain only
 with `run`), and process-wide settings are made by `run` itself, jax's put back when it ends.
@@ -26,9 +26,20 @@ if TYPE_CHECKING:  # the public names, for editors and type checkers; at run tim
     # running: the loop, a Task, hooks and actions of one's own
     from jaxloop import errors, parity
     from jaxloop.checkpoint.manager import load_model
+    from jaxloop.config.errors import ConfigError
+
+    # records and token shards: jax-free
+    from jaxloop.config.optimizers import (
+        AdagradConfig,
+        AdamConfig,
+        AdamWConfig,
+        LionConfig,
+        RMSpropConfig,
+        SGDConfig,
+    )
 
     # the config tree, an optimizer's and a schedule's config (optim.optimizer, optim.lr_schedule): jax-free
-    from jaxloop.core.config import (
+    from jaxloop.config.run import (
         CheckpointConfig,
         Config,
         DataConfig,
@@ -42,18 +53,7 @@ if TYPE_CHECKING:  # the public names, for editors and type checkers; at run tim
         to_dict,
         validate,
     )
-    from jaxloop.core.errors import ConfigError
-
-    # records and token shards: jax-free
-    from jaxloop.core.optimizers_config import (
-        AdagradConfig,
-        AdamConfig,
-        AdamWConfig,
-        LionConfig,
-        RMSpropConfig,
-        SGDConfig,
-    )
-    from jaxloop.core.schedules_config import (
+    from jaxloop.config.schedules import (
         ConstantConfig,
         CosineRestartsConfig,
         ExponentialConfig,
@@ -67,16 +67,16 @@ if TYPE_CHECKING:  # the public names, for editors and type checkers; at run tim
         WarmupCosineConfig,
         WSDConfig,
     )
-    from jaxloop.core.shards import write_shard
-    from jaxloop.core.sources import SequenceRecords, load_splits, read_vocab
+    from jaxloop.data.shards import write_shard
+    from jaxloop.data.sources import SequenceRecords, load_splits, read_vocab
     from jaxloop.loop.actions import Action, Boundary, Hook, RunContext, StepInfo, every
-
-    # a loop of one's own: the state, the step, the optimizer, the schedule, precision, host memory on a CPU
-    from jaxloop.loop.host_memory import retain_freed_memory, run_cpu_calls_inline
     from jaxloop.loop.runner import RunResult, run
     from jaxloop.loop.task import Task
     from jaxloop.model.flops import flops_per_token, gpt_params
     from jaxloop.model.precision import get_policy
+
+    # a loop of one's own: the state, the step, the optimizer, the schedule, precision, host memory on a CPU
+    from jaxloop.runtime.host_memory import retain_freed_memory, run_cpu_calls_inline
     from jaxloop.sample import generate
     from jaxloop.update.optimizer import make_optimizer
     from jaxloop.update.schedules import rates

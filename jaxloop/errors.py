@@ -11,7 +11,7 @@ torch. `python -m jaxloop.train` ends with the exit status beside each (EXIT_*).
     Interrupted           SIGINT / SIGTERM: the loop saved and stopped                           exit 130 / 143
 """
 
-from jaxloop.core.errors import (
+from jaxloop.config.errors import (
     EXIT_BAD_INPUT,
     EXIT_CHECKPOINT_WRITE,
     EXIT_NONFINITE,
@@ -24,8 +24,8 @@ from jaxloop.core.errors import (
     OutOfMemoryError,
     UsageError,
 )
-from jaxloop.core.lock import RunDirInUse
-from jaxloop.core.sources import RecordError
+from jaxloop.data.sources import RecordError
+from jaxloop.rundir.lock import RunDirInUse
 
 __all__ = [
     "EXIT_BAD_INPUT",

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxloop.core.errors import EXIT_BAD_INPUT
+from jaxloop.config.errors import EXIT_BAD_INPUT
 
 PARAMS_FILE = "params.safetensors"
 
@@ -47,7 +47,7 @@ def flat_arrays(tree: Any, prefix: str) -> dict[str, np.ndarray]:
 
 def is_builtin_gpt(run_dir: Path) -> bool:
     """Whether the run trained the built-in GPT (its metadata.json records the language-model facts only then)."""
-    from jaxloop.core.layout import RunLayout
+    from jaxloop.rundir.layout import RunLayout
 
     meta = RunLayout.of(run_dir).read_json(RunLayout.of(run_dir).metadata)
     return isinstance(meta, dict) and "language_model" in meta
@@ -63,7 +63,7 @@ def export(
     """Write the export of `run_dir` (module doc) and return its directory; ExportError for bad input."""
     from jaxloop.checkpoint import hf_gpt2
     from jaxloop.checkpoint.manager import read_checkpoint
-    from jaxloop.core import run_dir as run_files
+    from jaxloop.rundir import rules as run_files
 
     run_dir = Path(run_dir)
     which = {"last": "latest"}.get(checkpoint, checkpoint)

@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxloop.core.config import ConfigError
-from jaxloop.core.shards import META_FILE
+from jaxloop.config.run import ConfigError
+from jaxloop.data.shards import META_FILE
 
 PIECE_BYTES = 1 << 16
 """Text read and encoded at a time (cut before a line that starts with a non-space character where it can): small,
@@ -295,7 +295,7 @@ class ShardWriter:
     come: the header's count is filled in when a shard is full or the split ends (memory: one call's tokens)."""
 
     def __init__(self, out: str, name: str, split: str, dtype: str, per_shard: int):
-        from jaxloop.core.shards import LLMC_FORMATS
+        from jaxloop.data.shards import LLMC_FORMATS
 
         self.out, self.name, self.split, self.per_shard = out, name, split, per_shard
         self.dtype = np.dtype(dtype).newbyteorder("<")
@@ -326,7 +326,7 @@ class ShardWriter:
         return os.path.join(self.out, f"{self.name}_{self.split}_{len(self.files):06d}.bin")
 
     def _header(self, count: int) -> bytes:
-        from jaxloop.core.shards import HEADER_INTS
+        from jaxloop.data.shards import HEADER_INTS
 
         header = np.zeros(HEADER_INTS, "<i4")
         header[:3] = self.magic, self.version, count

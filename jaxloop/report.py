@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from jaxloop.core.errors import EXIT_BAD_INPUT
+from jaxloop.config.errors import EXIT_BAD_INPUT
 from jaxloop.observe.run_report import NotARunError, write_report
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxloop.core.config import Config
+from jaxloop.config.run import Config
 
 EXIT_BAD_INPUT = 2
 
@@ -51,8 +51,8 @@ class Loaded:
 
 
 def read_config(run_dir: str | Path) -> Config:
-    """The Config saved with a run (jaxloop.core.run_dir.read_config), SampleError when there is none."""
-    from jaxloop.core import run_dir as run_files
+    """The Config saved with a run (jaxloop.rundir.rules.read_config), SampleError when there is none."""
+    from jaxloop.rundir import rules as run_files
 
     try:
         return run_files.read_config(run_dir)
@@ -90,7 +90,7 @@ class Codec:
 
     def encode(self, text: str) -> np.ndarray:
         """int32 ids of `text` (ValueError naming what cannot be encoded)."""
-        from jaxloop.core.sources import encode
+        from jaxloop.data.sources import encode
 
         if self.chars is not None:
             return np.asarray(encode(text, self.chars), np.int32)
@@ -99,7 +99,7 @@ class Codec:
         return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        from jaxloop.core.sources import decode
+        from jaxloop.data.sources import decode
 
         if self.chars is not None:
             return decode(ids, self.chars)
@@ -110,7 +110,7 @@ class Codec:
 
 def run_codec(run_dir: str | Path, cfg: Config, tokenizer: str | None = None) -> Codec:
     """The codec of a run (see the module doc for where it comes from); SampleError when it has none."""
-    from jaxloop.core.sources import read_vocab
+    from jaxloop.data.sources import read_vocab
     from jaxloop.prepare import read_tokenizer
 
     def from_path(path: str, flag: str) -> Codec:
@@ -158,7 +158,7 @@ def _shards_dir(path: str) -> str:
 
 def _shards_meta(path: str) -> dict[str, Any] | None:
     """data.path's meta.json (jaxloop.prepare's record), or None when it has none or cannot be read."""
-    from jaxloop.core.shards import META_FILE
+    from jaxloop.data.shards import META_FILE
 
     try:
         with open(os.path.join(_shards_dir(path), META_FILE), encoding="utf-8") as f:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from jaxloop.core.schedules_config import PlateauConfig
+from jaxloop.config.schedules import PlateauConfig
 from jaxloop.update.schedules import describe, plot_schedule, rates, shown_updates
 
 EXPLORER_HELP = """python -m jaxloop.schedule [--at U,U,...] [--plot FILE.png] [the train command's flags]
@@ -18,9 +18,9 @@ training. Every flag of `python -m jaxloop.train` is accepted (--optim.schedule 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m jaxloop.schedule`: print (and plot) the schedule of a train command's config."""
-    from jaxloop.core.argv import take_option
-    from jaxloop.core.cli import EXIT_BAD_INPUT, UsageError, parse_config
-    from jaxloop.core.config import ConfigError
+    from jaxloop.config.argv import take_option
+    from jaxloop.config.cli import EXIT_BAD_INPUT, UsageError, parse_config
+    from jaxloop.config.run import ConfigError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

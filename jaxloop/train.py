@@ -1,6 +1,6 @@
 """The CLI: `python -m jaxloop.train [--preset NAME] [--config FILE] [--field value ...]`.
 
-Exit status (jaxloop.core.cli, the same for torch_ref.train): 0 done (also after early stopping); 1 too many
+Exit status (jaxloop.config.cli, the same for torch_ref.train): 0 done (also after early stopping); 1 too many
 consecutive non-finite updates; 2 bad input (one line on stderr, nothing written: a bad config, a bad record,
 a run_dir another run holds; a bad record met later, at batching, stops the run with 2 too); 3 a checkpoint
 could not be written, or the disk filled (the last good checkpoint is named: a rerun resumes from it); 4
@@ -15,8 +15,8 @@ import signal
 import sys
 from typing import Any
 
-from jaxloop.core.cli import EXIT_SIGNAL, finish, parse_or_exit
-from jaxloop.core.interrupt import cli_session
+from jaxloop.config.cli import EXIT_SIGNAL, finish, parse_or_exit
+from jaxloop.runtime.signals import cli_session
 
 __all__ = ["end_process", "main", "run"]  # noqa: F822  (run: the module's __getattr__, imported on first use)
 
@@ -24,7 +24,7 @@ PROG = "jaxloop.train"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse, build, run; returns the exit status. Ctrl-C is answered from the first line (jaxloop.core.interrupt):
+    """Parse, build, run; returns the exit status. Ctrl-C is answered from the first line (jaxloop.runtime.signals):
     jax is imported inside the session, so that even an interrupted import ends in one line."""
     with cli_session(PROG):
         try:
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
             from jaxloop.loop.runner import run
 
             def announce() -> bool:
-                from jaxloop.update.distributed import is_primary
+                from jaxloop.runtime.processes import is_primary
 
                 return is_primary()  # process 0 reports
 

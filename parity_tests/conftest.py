@@ -128,7 +128,7 @@ def resume_runs(x64, tmp_path_factory):
     import shutil
     from dataclasses import replace
 
-    from jaxloop.core.sources import load_splits
+    from jaxloop.data.sources import load_splits
     from jaxloop.loop.runner import run as jax_train
     from parity_tests.harness import RESUME_AT, host, interrupt_jax_run, jax_mode, jax_state, resume_cfg
     from torch_ref.train import run as torch_train

@@ -43,9 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxloop.core.config import Config, from_dict, to_dict
-from jaxloop.core.layout import RunLayout
-from jaxloop.core.sources import Splits, load_splits, write_vocab
+from jaxloop.config.run import Config, from_dict, to_dict
+from jaxloop.data.sources import Splits, load_splits, write_vocab
+from jaxloop.rundir.layout import RunLayout
 
 # ----------------------------------------------------------------------------- state <-> state
 
@@ -158,7 +158,7 @@ def torch_state_from_jax(
     from jaxloop.update.optimizer import LossScaleState, SkipWindowsState, find_state
     from parity_tests.harness import host
     from torch_ref.models import param_map
-    from torch_ref.state import create_train_state
+    from torch_ref.state import create_torch_state
 
     opt = jstate.opt_state
     mini_step = int(find_state(opt, optax.MultiStepsState).mini_step)
@@ -170,7 +170,7 @@ def torch_state_from_jax(
     adam, sched_count = _adam_and_schedule(opt)
     if int(adam.count) != step or int(sched_count) != step:
         raise ValueError(f"adam count {int(adam.count)} / schedule count {int(sched_count)} != update {step}")
-    tstate = create_train_state(cfg, splits, init_params=host(jstate.params), device="cpu")
+    tstate = create_torch_state(cfg, splits, init_params=host(jstate.params), device="cpu")
     mu, nu = host(adam.mu), host(adam.nu)
     named = dict(tstate.model.named_parameters())
     ema_by_name = {}
@@ -220,7 +220,7 @@ def _config(src: Path, dst: Path) -> Config:
 
 def _copy_records(src: Path, dst: Path, step: int) -> None:
     """The source's metrics.jsonl records up to the converted update (what a resume would keep)."""
-    from jaxloop.core.records import kept_on_resume, read_records
+    from jaxloop.rundir.records import kept_on_resume, read_records
 
     kept = [r for r in read_records(src) if kept_on_resume(r, step)]
     (dst / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
@@ -234,7 +234,7 @@ def _prepare(src: Path, dst: Path) -> tuple[Config, Splits]:
     cfg = _config(src, dst)
     splits = load_splits(cfg)
     dst.mkdir(parents=True, exist_ok=True)
-    # marked as a run's, as a run marks its directory when it starts (jaxloop.core.run_dir): the loop that
+    # marked as a run's, as a run marks its directory when it starts (jaxloop.rundir.rules): the loop that
     # resumes it takes it for one by that evidence
     RunLayout(dst).marker.write_text(json.dumps({"created": time.time(), "converted_from": str(src)}) + "\n")
     return cfg, splits
@@ -246,7 +246,7 @@ def torch_to_jax(src: str | Path, dst: str | Path) -> int:
     from jaxloop.data.pipeline import TrainLoader
     from parity_tests.harness import jax_mode
     from torch_ref.checkpoint import CheckpointManager, _path, _read_header
-    from torch_ref.state import create_train_state
+    from torch_ref.state import create_torch_state
 
     src, dst = Path(src), Path(dst)
     cfg, splits = _prepare(src, dst)
@@ -256,7 +256,7 @@ def torch_to_jax(src: str | Path, dst: str | Path) -> int:
         raise SystemExit(f"convert: {src} holds no valid torch_ref checkpoint")
     step, payload = restored
     metrics = _read_header(_path(manager.directory, step))[0].get("metrics")
-    tstate = create_train_state(cfg, splits, device="cpu")
+    tstate = create_torch_state(cfg, splits, device="cpu")
     tstate.load_state_dict(payload)
     loader = TrainLoader(splits, seed=cfg.seed, batch_size=cfg.batch_size, position=tstate.position)
     loader_state = loader.state()

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxloop.core.config import CheckpointConfig, Config, LogConfig, preset, to_dict
+from jaxloop.config.run import CheckpointConfig, Config, LogConfig, preset, to_dict
 from jaxloop.parity import measures
 from jaxloop.parity.measures import abs_diff, curve_rel_diff, flat_params, same_length, ulps_of_value  # noqa: F401 (the suite imports them from here)
 
@@ -265,7 +265,7 @@ class Run:
 
 
 def _jax_val_metric(cfg: Config, splits: Any, state: Any) -> float:
-    """checkpoint.best_metric over the validation split (or cfg.eval_batches' subset), as jaxloop.loop.evaluate.Evaluator
+    """checkpoint.best_metric over the validation split (or cfg.eval_batches' subset), as jaxloop.loop.evaluate.ValidationPass
     averages it."""
     from jaxloop.data.pipeline import run_val_batches
     from jaxloop.update.step import eval_step
@@ -371,11 +371,11 @@ def torch_run(
     from torch_ref.data import make_train_loader, make_val_loader
     from torch_ref.models import export_jax_params
     from torch_ref.schedule import after_evaluation
-    from torch_ref.state import create_train_state
+    from torch_ref.state import create_torch_state
     from torch_ref.step import evaluate, train_update
 
     K = cfg.optim.accum_steps
-    state = create_train_state(cfg, splits, init_params=init_params, device="cpu")
+    state = create_torch_state(cfg, splits, init_params=init_params, device="cpu")
     init = export_jax_params(state.model)
     source = iter(make_train_loader(cfg, splits, position=0, device="cpu")) if batches is None else batches
     rows, snapshots, evals = [], {}, []
@@ -427,7 +427,7 @@ def tree_rel_diff(a: Any, b: Any) -> tuple[float, str]:
 
 def records(run_dir: str | Path, kind: str = "train") -> list[dict[str, Any]]:
     """The records of kind `kind` in run_dir/metrics.jsonl (both loops write the same file)."""
-    from jaxloop.core.records import read_records
+    from jaxloop.rundir.records import read_records
 
     return [r for r in read_records(run_dir) if r.get("kind") == kind]
 
@@ -458,7 +458,7 @@ def interrupt_jax_run(cfg: Config, k: int) -> None:
     update: there the loop dispatches nothing before evaluating and saving.)"""
     import signal
 
-    from jaxloop.core.cli import Interrupted
+    from jaxloop.config.cli import Interrupted
     from jaxloop.loop.runner import run
     from jaxloop.observe.logger import RunLogger
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jaxloop.core.config import Config, validate
-from jaxloop.core.schedules_config import PlateauConfig
+from jaxloop.config.run import Config, validate
+from jaxloop.config.schedules import PlateauConfig
 from parity_tests.harness import (
     Run,
     curve_rel_diff,
@@ -92,7 +92,7 @@ def initial_params(splits: Any) -> Any:
 
 def micro_batches(cfg: Config, splits: Any, count: int) -> tuple[list, list]:
     """The first `count` micro-batches as each loop reads them: jaxloop's gather, torch_ref's own order."""
-    from jaxloop.core.sources import MicroBatchGather
+    from jaxloop.data.sources import MicroBatchGather
     from torch_ref.data import micro_batch
 
     gather = MicroBatchGather(splits.train, cfg.seed, cfg.batch_size)
@@ -189,7 +189,7 @@ def check_combination(
 def menu_inputs():
     """The shared initial weights and micro-batches of every combination (and the splits); made inside the
     parity package's tests, under its x64 fixture."""
-    from jaxloop.core.sources import load_splits
+    from jaxloop.data.sources import load_splits
 
     splits = load_splits(mlp_cfg())
     init, batches = shared_inputs(splits)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxloop.core.config import Config
+from jaxloop.config.run import Config
 
 LD = np.longdouble
 PI = LD("3.141592653589793238462643383279502884")

@@ -372,7 +372,7 @@ def _findings(checks: list[dict[str, Any]], notes: dict[str, float]) -> list[str
         "1e-13 of jaxloop's closed forms over 300 updates. torch_ref's OneCycleLR runs with cycle_momentum=False: "
         "jaxloop schedules the rate only.",
         "- **torch_ref (fixed).** `export_jax_params` returned arrays sharing memory with the live parameters (a later "
-        "optimizer step changed an earlier export), and `create_train_state(init_params=...)` loaded float64 weights "
+        "optimizer step changed an earlier export), and `create_torch_state(init_params=...)` loaded float64 weights "
         "into the float32 model before converting it to float64 (rounding them to float32).",
     ]
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from jaxloop.core.sources import load_splits, record_order
+from jaxloop.data.sources import load_splits, record_order
 from jaxloop.update import step as update_step
 from jaxloop.update.schedules import make_schedule
 from parity_tests.harness import (

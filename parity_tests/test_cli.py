@@ -21,8 +21,8 @@ from dataclasses import replace
 
 import pytest
 
-from jaxloop.core.config import preset, to_dict
-from jaxloop.core.sources import MicroBatchGather, load_splits
+from jaxloop.config.run import preset, to_dict
+from jaxloop.data.sources import MicroBatchGather, load_splits
 from parity_tests.harness import QUIET, ROOT, curve_rel_diff, host, jax_mode, jax_state, records
 
 UPDATES = 40
@@ -142,8 +142,8 @@ def test_metrics_jsonl_of_both_command_lines_agree(cli_runs, parity):
 def test_init_from_is_validated(tmp_path):
     """init_from: empty or a directory holding a checkpoint of either loop (refused before anything is written
     when it holds none); refused when the run would resume a checkpoint of its own."""
-    from jaxloop.core.config import ConfigError, validate
-    from jaxloop.core.run_dir import RunDir
+    from jaxloop.config.run import ConfigError, validate
+    from jaxloop.rundir.rules import RunDir
 
     cfg = replace(preset("digits"), run_dir=str(tmp_path / "run"), log=QUIET)
     validate(cfg)

@@ -28,7 +28,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxloop.core.sources import load_splits
+from jaxloop.data.sources import load_splits
 from jaxloop.loop.runner import run as jax_train
 from jaxloop.update.optimizer import SkipWindowsState, find_state
 from parity_tests.convert import _adam_and_schedule, jax_state_from_torch, main, torch_state_from_jax
@@ -48,7 +48,7 @@ from torch_ref.checkpoint import CheckpointManager
 from torch_ref.data import micro_batch
 from torch_ref.models import export_jax_params
 from torch_ref.schedule import lr_at
-from torch_ref.state import create_train_state
+from torch_ref.state import create_torch_state
 from torch_ref.step import train_update
 from torch_ref.train import run as torch_train
 
@@ -222,11 +222,11 @@ def test_conversion_round_trip_is_exact(resume_runs, parity):
     after 3 updates (loss scale, growth count and EMA carried too)."""
     cfg, splits, base = resume_runs["cfg"], resume_runs["splits"], resume_runs["base"]
     _, payload = CheckpointManager(cfg, base / "torch_13_interrupted").restore_latest()
-    original = create_train_state(cfg, splits, device="cpu")
+    original = create_torch_state(cfg, splits, device="cpu")
     original.load_state_dict(payload)
     fp16 = optim(model(mlp_cfg(precision="fp16", batch_size=8), hidden=(8,)), ema_decay=0.9)
     fp16_splits = load_splits(fp16)
-    scaled = create_train_state(fp16, fp16_splits, device="cpu")
+    scaled = create_torch_state(fp16, fp16_splits, device="cpu")
     for b in range(3):
         train_update(scaled, [micro_batch(fp16, fp16_splits, b)])
     assert scaled.scaler.is_enabled() and scaled.ema is not None

@@ -2,7 +2,7 @@
 
 The records are labelled by their own index (x = [index]), so every batch names its records. 103
 records in batches of 10: 10 batches per epoch with 3 records dropped per epoch, and 35 micro-batches
-cross three epoch boundaries. jaxloop: grain TrainLoader over jaxloop.core.sources.record_order; torch_ref:
+cross three epoch boundaries. jaxloop: grain TrainLoader over jaxloop.data.sources.record_order; torch_ref:
 DataLoader over ReplayBatchSampler, whose order (torch_ref.data.replay_order) is its own implementation
 of the documented definition: two implementations compared. Exact: indices are integers.
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxloop.core.config import Config, DataConfig
-from jaxloop.core.sources import ArrayRecords, Splits, record_order
+from jaxloop.config.run import Config, DataConfig
 from jaxloop.data.pipeline import TrainLoader
+from jaxloop.data.sources import ArrayRecords, Splits, record_order
 from parity_tests.harness import QUIET
 from torch_ref.data import make_train_loader, replay_order
 
@@ -113,7 +113,7 @@ def test_same_records_after_a_mid_epoch_resume(order, parity):
 
 
 def test_torch_refs_own_record_order_equals_the_cores_over_many_shapes(parity):
-    """torch_ref.data.replay_order (epoch by epoch) against jaxloop.core.sources.record_order (per-batch
+    """torch_ref.data.replay_order (epoch by epoch) against jaxloop.data.sources.record_order (per-batch
     divmod), for 40 seeded (seed, num_train, batch_size, start, count): 2..5 epochs each."""
     rng = np.random.default_rng(7)
     bad = 0
@@ -127,7 +127,7 @@ def test_torch_refs_own_record_order_equals_the_cores_over_many_shapes(parity):
         mine = np.stack(list(replay_order(cfg, n, start, start + count)))
         bad += _mismatches(mine, record_order(cfg, n, start, count))
     parity.check(
-        "data order: micro-batches differing, torch_ref's own order vs jaxloop.core's (40 shapes)",
+        "data order: micro-batches differing, torch_ref's own order vs jaxloop.data.sources' (40 shapes)",
         bad,
         0,
         "the same documented definition, implemented twice",

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import pytest
 
-from jaxloop.core.sources import load_splits
+from jaxloop.data.sources import load_splits
 from parity_tests.harness import curve_rel_diff, host, jax_mode, jax_state, mlp_cfg, optim, records
 
 KEYS = ("val_loss", "val_acc", "ema_val_loss", "ema_val_acc")

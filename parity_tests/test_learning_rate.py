@@ -21,15 +21,15 @@ import numpy as np
 import optax
 import pytest
 
-from jaxloop.core.config import Config, OptimConfig, validate
-from jaxloop.core.sources import load_splits
+from jaxloop.config.run import Config, OptimConfig, validate
+from jaxloop.data.sources import load_splits
 from jaxloop.model.precision import get_policy
 from jaxloop.update.optimizer import find_state, make_optimizer
 from parity_tests.convert import _adam_and_schedule
 from parity_tests.harness import QUIET, jax_mode, mlp_cfg, model, optim, ulps_of_value
 from parity_tests.oracle import lr_oracle_table
 from torch_ref.data import micro_batch
-from torch_ref.state import create_train_state
+from torch_ref.state import create_torch_state
 from torch_ref.step import train_update
 
 EXTRA = 3
@@ -105,7 +105,7 @@ def runs():
     for cfg in GRID:
         K = cfg.optim.accum_steps
         tiny = model(mlp_cfg(steps=cfg.steps, optim=cfg.optim, batch_size=2), hidden=(2,))
-        state = create_train_state(tiny, splits)
+        state = create_torch_state(tiny, splits)
         seen: list[list[float]] = []
         state.optimizer.register_step_pre_hook(
             lambda opt, args, kwargs, seen=seen: seen.append([g["lr"] for g in opt.param_groups])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from jaxloop.core.sources import MicroBatchGather, load_splits
+from jaxloop.data.sources import MicroBatchGather, load_splits
 from parity_tests.harness import jax_run, mlp_cfg, model, optim, torch_run, tree_rel_diff
 
 K = 2

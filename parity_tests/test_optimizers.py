@@ -34,7 +34,7 @@ from parity_tests.menu import (  # noqa: F401
 from torch_ref.models import export_jax_params
 from torch_ref.optim import clip_gradients
 from torch_ref.schedule import step_per_update
-from torch_ref.state import create_train_state
+from torch_ref.state import create_torch_state
 
 LOCKSTEP = 8
 """Updates compared one by one from the same gradients."""
@@ -85,7 +85,7 @@ def lockstep(changes, splits, init, grads) -> tuple[list, list]:
             u, state = update(jax.tree.map(jnp.asarray, g), state, params)
             params = optax.apply_updates(params, u)
             jax_steps.append(host(u))
-    tstate = create_train_state(cfg, splits, init_params=init, device="cpu")
+    tstate = create_torch_state(cfg, splits, init_params=init, device="cpu")
     torch_steps = []
     for g in grads:
         before = export_jax_params(tstate.model)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxloop.checkpoint.manager import Checkpointer
-from jaxloop.core.config import CheckpointConfig, Config, ModelConfig, to_dict
+from jaxloop.config.run import CheckpointConfig, Config, ModelConfig, to_dict
 from parity_tests.harness import QUIET, jax_mode
 from torch_ref.checkpoint import CheckpointManager, best_step, kept_steps
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxloop.core.config import CheckpointConfig, PlateauConfig, validate
+from jaxloop.config.run import CheckpointConfig, PlateauConfig, validate
 from jaxloop.update.schedules import make_schedule, rates
 from parity_tests.harness import (
     F64_EPS,
@@ -283,7 +283,7 @@ def test_plateau_reduces_the_rate_at_the_same_evaluations(plateau_runs, parity):
 def plateau_resume(tmp_path_factory):
     """The real loops (jaxloop.run, torch_ref.train.run) under plateau, fp64, 40 updates of 2 micro-batches,
     an evaluation every 5: uninterrupted, and interrupted at update 22 (between reductions) and resumed."""
-    from jaxloop.core.sources import load_splits
+    from jaxloop.data.sources import load_splits
     from jaxloop.loop.runner import run as jax_train
     from parity_tests.harness import host, jax_state
     from torch_ref.train import run as torch_train

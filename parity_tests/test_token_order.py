@@ -1,7 +1,7 @@
 """Token windows and the evaluation subset: the same records in the same order in both loops.
 
 Token shards (data.source=tokens, three training shards so that record indices cross shard boundaries) are
-read by jaxloop's grain TrainLoader over jaxloop.core.sources' index shuffle and by torch_ref's DataLoader over
+read by jaxloop's grain TrainLoader over jaxloop.data.sources' index shuffle and by torch_ref's DataLoader over
 its own implementation of the documented shuffle (torch_ref.data.feistel_shuffle, pure-Python integers):
 every micro-batch's windows compared, with 0 and 2 workers, from the start and resumed mid-epoch (jaxloop
 from a loader state saved with 2 workers). The evaluation subset (eval_batches > 0): jaxloop.data.pipeline.run_val_batches
@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxloop.core.config import Config, DataConfig, preset, replace
-from jaxloop.core.shards import write_shard
-from jaxloop.core.sources import load_splits
+from jaxloop.config.run import Config, DataConfig, preset, replace
 from jaxloop.data.pipeline import TrainLoader, run_val_batches
+from jaxloop.data.shards import write_shard
+from jaxloop.data.sources import load_splits
 from torch_ref.data import make_train_loader, make_val_loader
 
 pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")]

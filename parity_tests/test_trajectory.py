@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from jaxloop.core.config import preset
-from jaxloop.core.sources import MicroBatchGather, load_splits
+from jaxloop.config.run import preset
+from jaxloop.data.sources import MicroBatchGather, load_splits
 from jaxloop.model.builtin import make_model
 from jaxloop.update import step as update_step
 from jaxloop.update.optimizer import skip_nonfinite_windows
@@ -38,7 +38,7 @@ from parity_tests.harness import (
     ulps_of_value,
 )
 from torch_ref.models import export_jax_params
-from torch_ref.state import create_train_state as torch_state
+from torch_ref.state import create_torch_state as torch_state
 from torch_ref.step import cross_entropy_loss as torch_loss
 from torch_ref.step import forward, train_update
 

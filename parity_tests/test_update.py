@@ -14,7 +14,7 @@ import optax
 import pytest
 import torch
 
-from jaxloop.core.sources import MicroBatchGather, load_splits
+from jaxloop.data.sources import MicroBatchGather, load_splits
 from jaxloop.update import step as update_step
 from jaxloop.update.step import cross_entropy_loss
 from parity_tests.convert import torch_state_from_jax

@@ -1,4 +1,4 @@
-"""The one argv scanner (jaxloop.core.argv) that jaxloop.train, torch_ref.train and jaxloop.schedule read their own
+"""The one argv scanner (jaxloop.config.argv) that jaxloop.train, torch_ref.train and jaxloop.schedule read their own
 options with, before tyro parses the config's flags."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxloop.core.argv import FOREIGN_FLAGS, take_flag, take_option
-from jaxloop.core.cli import known_flags, parse_config
-from jaxloop.core.errors import UsageError
+from jaxloop.config.argv import FOREIGN_FLAGS, take_flag, take_option
+from jaxloop.config.cli import known_flags, parse_config
+from jaxloop.config.errors import UsageError
 
 
 def test_an_option_is_read_in_either_spelling_and_removed() -> None:

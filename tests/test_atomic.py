@@ -1,4 +1,4 @@
-"""Every file a run rewrites is replaced atomically (jaxloop.core.atomic): a SIGKILL at any instant leaves the old
+"""Every file a run rewrites is replaced atomically (jaxloop.rundir.atomic): a SIGKILL at any instant leaves the old
 file or the new one, whole. The window that matters most: a resume rewrites metrics.jsonl to the records up to
 its checkpoint, and that file holds the run's whole history."""
 
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from jaxloop.core.atomic import atomic_write_text, is_temporary
-from jaxloop.core.records import kept_on_resume
+from jaxloop.rundir.atomic import atomic_write_text, is_temporary
+from jaxloop.rundir.records import kept_on_resume
 
 RESUME = """
 import sys
 from jaxloop.observe.logger import RunLogger
-from jaxloop.core.config import LogConfig
+from jaxloop.config.run import LogConfig
 print("rewriting", flush=True)
 RunLogger(sys.argv[1], LogConfig(progress="off", tensorboard=False), start_step=int(sys.argv[2]), total_steps=10).close()
 print("done", flush=True)

@@ -1,5 +1,5 @@
 """Every input bounded (issue 43): a --config file's YAML aliases, and every value an error message shows
-(jaxloop.core.errors.short_repr), so that a hostile or mistaken input is one short line at once, however
+(jaxloop.config.errors.short_repr), so that a hostile or mistaken input is one short line at once, however
 large it is or expands to."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxloop.core.cli import parse_config
-from jaxloop.core.config import ConfigError
-from jaxloop.core.errors import VALUE_SHOWN, short_repr
+from jaxloop.config.cli import parse_config
+from jaxloop.config.errors import VALUE_SHOWN, short_repr
+from jaxloop.config.run import ConfigError
 
 MEMORY_CAP = 2 << 30
 """The address space the CLI's process gets in these tests: parsing a config needs a fraction of it; an
@@ -122,7 +122,7 @@ def test_short_repr_is_bounded_for_any_value():
 
 def test_data_workers_beyond_what_the_machine_runs_are_refused_naming_the_range(tmp_path):
     # mutant seen failing: no upper bound (200 workers on 2 cores trained nothing in 90 s; 100000 left semaphores)
-    from jaxloop.core.config import WORKERS_PER_CORE, usable_cores
+    from jaxloop.config.run import WORKERS_PER_CORE, usable_cores
 
     most = WORKERS_PER_CORE * usable_cores()
     assert parse_config(["--data.workers", str(most), "--run_dir", str(tmp_path)]).data.workers == most
@@ -204,7 +204,7 @@ def test_a_process_waiting_for_its_peers_says_so_at_once(tmp_path):
 
 def test_a_long_value_in_a_flag_tyro_refuses_is_shown_cut(tmp_path):
     # mutant seen failing: tyro's message passed on whole (a 3,191-character line for a 3,000-character value)
-    from jaxloop.core.cli import UsageError
+    from jaxloop.config.cli import UsageError
 
     with pytest.raises(UsageError) as refused:
         parse_config(["--precision", "a" * 3000, "--run_dir", str(tmp_path)])
@@ -268,7 +268,7 @@ def test_a_run_of_the_most_steps_allowed_reaches_its_first_update_in_bounded_mem
     # bound for the debug preset, 370 MiB for 100 steps). The cap, 1.5 GiB, is that plus half a GiB of margin; the
     # run is stopped by SIGTERM at its first update (no clock asserted on). Mutant seen failing: MAX_STEPS back at
     # 100,000,000 (issue 43: 8.1 GB before the first update; killed here past the cap)
-    from jaxloop.core.config import MAX_STEPS
+    from jaxloop.config.run import MAX_STEPS
 
     argv = ["--preset", "debug", "--run_dir", str(tmp_path / "r"), "--steps", str(MAX_STEPS), "--log.progress", "plain"]
     peak, status, lines = _peak_rss_until_first_update(argv, cap=3 << 29)

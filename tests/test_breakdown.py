@@ -45,7 +45,7 @@ def test_device_parts_timed_slower_alone_are_scaled_into_the_loops_time():
 def test_the_three_variants_compile_and_run_on_the_gpt(monkeypatch):
     from benchmarks.breakdown import variant_times
     from benchmarks.step import make_cfg
-    from jaxloop.core.sources import load_splits
+    from jaxloop.data.sources import load_splits
 
     monkeypatch.setenv("JAXLOOP_BENCH_TEXT", str(Path(__file__).parent / "data" / "tinyshakespeare_60k.txt"))
     cfg = make_cfg("gpt64")

@@ -1,5 +1,5 @@
 """The loop's cadence: several updates per dispatched call, evaluations and saves on call boundaries, logs
-from inside calls, and back on the grid after a skipped update (jaxloop.core.cadence, jaxloop.loop.host_loop)."""
+from inside calls, and back on the grid after a skipped update (jaxloop.config.cadence, jaxloop.loop.host_loop)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import jaxloop
-from jaxloop.core.cadence import call_plan, call_sizes, next_call_size, paced_cap
-from jaxloop.core.config import CheckpointConfig, Config, LogConfig, OptimConfig
-from jaxloop.core.records import read_records
+from jaxloop.config.cadence import call_plan, call_sizes, next_call_size, paced_cap
+from jaxloop.config.run import CheckpointConfig, Config, LogConfig, OptimConfig
+from jaxloop.rundir.records import read_records
 
 
 def test_calls_end_on_the_evaluation_checkpoint_and_end_cadences():
@@ -67,7 +67,7 @@ def test_the_pace_fits_a_call_into_the_target_seconds():
 def runs_of_two_call_sizes(tmp_path_factory):
     """The debug preset, every update logged, with 2-micro-batch updates, run one update per call and
     in calls of 10 (the default's choice for it): (summary, train records) of each."""
-    from jaxloop.core.config import preset
+    from jaxloop.config.run import preset
     from jaxloop.loop.runner import run
 
     out = {}
@@ -114,7 +114,7 @@ def test_the_next_call_is_dispatched_before_the_host_logs_the_finished_one(tmp_p
     """The device is not left idle while the host writes a call's records: the loop dispatches the next
     call first, unless the state reached is to be evaluated or saved (then it waits for both). Mutant:
     logging before dispatching fails the first check."""
-    from jaxloop.core.config import preset
+    from jaxloop.config.run import preset
     from jaxloop.loop.dispatch import Dispatcher
     from jaxloop.loop.runner import run
     from jaxloop.observe.logger import RunLogger
@@ -241,11 +241,11 @@ def test_step_ms_counts_the_time_a_save_blocks_and_not_the_evaluation(tmp_path, 
     import time
 
     from jaxloop.checkpoint.manager import Checkpointer
-    from jaxloop.loop.evaluate import Evaluator
+    from jaxloop.loop.evaluate import ValidationPass
 
-    save, evaluate = Checkpointer.save, Evaluator.__call__
+    save, evaluate = Checkpointer.save, ValidationPass.__call__
     monkeypatch.setattr(Checkpointer, "save", lambda self, *a, **k: (time.sleep(0.2), save(self, *a, **k))[1])
-    monkeypatch.setattr(Evaluator, "__call__", lambda self, state: (time.sleep(1.0), evaluate(self, state))[1])
+    monkeypatch.setattr(ValidationPass, "__call__", lambda self, state: (time.sleep(1.0), evaluate(self, state))[1])
     x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
     records = [{"x": xi, "y": np.float32(xi.sum())} for xi in x]
     jaxloop.run(_cfg(tmp_path, steps=12, eval_every=8), jaxloop.Task(Lin(), _mse, records, records[:16]))

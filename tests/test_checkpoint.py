@@ -19,13 +19,13 @@ import pytest
 
 from jaxloop.checkpoint import manager as checkpoint
 from jaxloop.checkpoint.manager import Checkpointer
-from jaxloop.core.cli import Interrupted
-from jaxloop.core.config import CheckpointConfig, Config, ModelConfig, preset, replace, to_dict
-from jaxloop.core.records import read_records
+from jaxloop.config.cli import Interrupted
+from jaxloop.config.run import CheckpointConfig, Config, ModelConfig, preset, replace, to_dict
 from jaxloop.loop.runner import run
 from jaxloop.loop.task import create_train_state
 from jaxloop.model.builtin import make_model
 from jaxloop.observe.logger import RunLogger
+from jaxloop.rundir.records import read_records
 from jaxloop.update.optimizer import SkipWindowsState
 from jaxloop.update.state import state_digest
 

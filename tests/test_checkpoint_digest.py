@@ -18,8 +18,8 @@ import pytest
 
 from jaxloop.checkpoint.digest import UnverifiedCheckpointWarning
 from jaxloop.checkpoint.manager import Checkpointer, read_checkpoint
-from jaxloop.core.config import Config, ModelConfig, replace, to_dict
-from jaxloop.core.records import read_records
+from jaxloop.config.run import Config, ModelConfig, replace, to_dict
+from jaxloop.rundir.records import read_records
 
 # The debug preset's MLP: 50 updates, a checkpoint every 10, all five kept.
 ARGS = (
@@ -112,8 +112,8 @@ def _set_moment(step_dir: Path, value: float) -> None:
     moments' frames decoded to in the issue's probe, e.g. 2.0996336e+37), keeping its recorded digest."""
     import orbax.checkpoint as ocp
 
-    from jaxloop.core.run_dir import read_config
     from jaxloop.loop.task import builtin_task, run_state
+    from jaxloop.rundir.rules import read_config
 
     cfg = read_config(step_dir.parent.parent)
     target = jax.eval_shape(lambda: run_state(cfg, builtin_task(cfg)))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxloop.core.cli import parse_config
-from jaxloop.core.config import Config, to_dict
+from jaxloop.config.cli import parse_config
+from jaxloop.config.run import Config, to_dict
 
 # (argv, text the one-line message must contain)
 BAD_FLAGS = [
@@ -83,7 +83,7 @@ def _label(y, i, value):
 def _resumable(tmp_path: Path, damage) -> list[str]:
     """A run_dir as an interrupted run leaves it (its marker, config.json, metrics.jsonl, a checkpoint), then
     `damage(run_dir)`; the arguments that resume it (run from tmp_path)."""
-    from jaxloop.core.run_dir import RunDir
+    from jaxloop.rundir.rules import RunDir
 
     argv = ["--preset", "debug", "--run_dir", "run"]
     RunDir(parse_config(argv)).start()
@@ -314,7 +314,7 @@ def _flatten(d, prefix=""):
 def test_a_run_saved_before_deterministic_existed_resumes_with_it_either_way():
     # deterministic picks how XLA:GPU chooses kernels, not what the run computes: an older run's config.json
     # (no such field) and a flipped value are no conflict, and the flip is still recorded as a change
-    from jaxloop.core.config import changed_fields, resume_conflicts
+    from jaxloop.config.run import changed_fields, resume_conflicts
 
     older = {k: v for k, v in to_dict(Config()).items() if k != "deterministic"}
     for deterministic in (True, False):

@@ -1,4 +1,4 @@
-"""jaxloop.loop.compilation: --compile_cache is JAX's persistent compilation cache; a second process loads the
+"""jaxloop.runtime.compilation: --compile_cache is JAX's persistent compilation cache; a second process loads the
 compiled calls a first one wrote, and can tell that it did (loaded_from_cache)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import jax
 
-from jaxloop.loop.compilation import enable_compilation_cache
+from jaxloop.runtime.compilation import enable_compilation_cache
 
 ONE_RUN = """
 import sys, jax, jax.numpy as jnp
-from jaxloop.loop.compilation import enable_compilation_cache, loaded_from_cache
+from jaxloop.runtime.compilation import enable_compilation_cache, loaded_from_cache
 enable_compilation_cache(sys.argv[1])
 with loaded_from_cache() as cache:
     jax.jit(lambda x: jnp.tanh(x)[:, None] * jnp.ones((3, 5)) + x.sum()).lower(jnp.arange(3.0)).compile()

@@ -1,4 +1,4 @@
-"""One rule per config field, declared with the field (jaxloop.core.config: TRAJECTORY, PLAN, HOST): what a
+"""One rule per config field, declared with the field (jaxloop.config.run: TRAJECTORY, PLAN, HOST): what a
 resumed run may change (RESUME_SAFE) is derived from it. The tables below are the specification: a field added
 or reclassified without updating them fails here."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from jaxloop.core.config import (
+from jaxloop.config.run import (
     HOST,
     RESUME_SAFE,
     Config,

@@ -21,8 +21,16 @@ import jax
 import numpy as np
 import pytest
 
-from jaxloop.core.config import Config, ConfigError, DataConfig, ModelConfig, preset
-from jaxloop.core.sources import (
+from jaxloop.config.run import Config, ConfigError, DataConfig, ModelConfig, preset
+from jaxloop.data.pipeline import (
+    DevicePrefetcher,
+    TrainLoader,
+    eval_batch_size,
+    num_val_batches,
+    train_loader,
+    val_batches,
+)
+from jaxloop.data.sources import (
     SPLIT_SEED,
     UNK,
     MicroBatchGather,
@@ -33,14 +41,6 @@ from jaxloop.core.sources import (
     read_vocab,
     record_order,
     write_vocab,
-)
-from jaxloop.data.pipeline import (
-    DevicePrefetcher,
-    TrainLoader,
-    eval_batch_size,
-    num_val_batches,
-    train_loader,
-    val_batches,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -408,8 +408,8 @@ def test_no_hang_at_exit_with_workers_left_open():
     script = textwrap.dedent("""
         from absl import flags
         assert not flags.FLAGS.is_parsed()
-        from jaxloop.core.config import preset
-        from jaxloop.core.sources import load_splits
+        from jaxloop.config.run import preset
+        from jaxloop.data.sources import load_splits
         from jaxloop.data.pipeline import DevicePrefetcher, TrainLoader
         cfg = preset("digits")
         it = DevicePrefetcher(TrainLoader(load_splits(cfg), seed=cfg.seed, batch_size=cfg.batch_size, workers=2), size=2)
@@ -429,7 +429,7 @@ def test_no_hang_at_exit_with_workers_left_open():
 
 
 def test_sources_imports_neither_jax_nor_grain():
-    # torch_ref imports jaxloop.core.sources; it must not pull in jax or grain.
+    # torch_ref imports jaxloop.data.sources; it must not pull in jax or grain.
     script = textwrap.dedent("""
         import importlib.abc, sys
         class Block(importlib.abc.MetaPathFinder):
@@ -437,8 +437,8 @@ def test_sources_imports_neither_jax_nor_grain():
                 if name.split(".")[0] in ("jax", "jaxlib", "grain", "flax", "optax"):
                     raise ImportError("blocked: " + name)
         sys.meta_path.insert(0, Block())
-        from jaxloop.core import sources
-        from jaxloop.core.config import preset
+        from jaxloop.data import sources
+        from jaxloop.config.run import preset
         s = sources.load_splits(preset("digits"))
         assert sources.record_order(preset("digits"), s.num_train, 0, 3).shape == (3, 64)
         assert not [m for m in sys.modules if m.split(".")[0] in ("jax", "grain")]

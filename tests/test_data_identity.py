@@ -1,4 +1,4 @@
-"""The data a run trains on is part of its identity (jaxloop.core.data_identity): each split's files listed on the
+"""The data a run trains on is part of its identity (jaxloop.data.identity): each split's files listed on the
 console and in metadata.json with a cheap fingerprint of every file read; a resume on data that changed since is
 refused in one line (exit 2, nothing written) unless --data.allow_changed says it is meant."""
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxloop.core.config import Config, ConfigError, DataConfig, ModelConfig, preset, replace
-from jaxloop.core.data_identity import BLOCK, BLOCKS, data_differences, data_record
-from jaxloop.core.run_dir import saved_config
-from jaxloop.core.shards import write_shard
+from jaxloop.config.run import Config, ConfigError, DataConfig, ModelConfig, preset, replace
+from jaxloop.data.identity import BLOCK, BLOCKS, data_differences, data_record
+from jaxloop.data.shards import write_shard
+from jaxloop.rundir.rules import saved_config
 
 VOCAB = 97
 
@@ -159,8 +159,8 @@ def test_a_text_or_npz_file_changed_at_the_same_size_is_told_apart(tmp_path, sou
 
 def test_with_data_allow_changed_the_data_position_goes_on_over_a_training_split_of_another_size():
     """Without it a saved position over another number of records is refused (it would name other records)."""
-    from jaxloop.core.sources import load_splits
     from jaxloop.data.pipeline import train_loader
+    from jaxloop.data.sources import load_splits
 
     cfg = preset("digits")
     splits = load_splits(cfg)

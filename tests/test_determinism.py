@@ -1,4 +1,4 @@
-"""jaxloop.loop.determinism: the run asks XLA for deterministic GPU kernels, once, before jax starts a backend,
+"""jaxloop.runtime.determinism: the run asks XLA for deterministic GPU kernels, once, before jax starts a backend,
 and leaves a user's own XLA_FLAGS choice alone."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import warnings
 import jax
 import pytest
 
-from jaxloop.loop.determinism import names_flag, request_deterministic_ops
+from jaxloop.runtime.determinism import names_flag, request_deterministic_ops
 
 
 def test_before_jax_starts_the_flag_is_added_and_the_cpu_backend_accepts_it():
     # a fresh process: XLA reads XLA_FLAGS when the first backend starts (an unknown flag would abort it);
     # a user's other flags are kept, ours is appended
     code = (
-        "import os, jax; from jaxloop.loop.determinism import request_deterministic_ops as r; "
+        "import os, jax; from jaxloop.runtime.determinism import request_deterministic_ops as r; "
         "print(r(), os.environ['XLA_FLAGS'], float(jax.numpy.ones(2).sum()))"
     )
     other = "--xla_gpu_exclude_nondeterministic_ops=true"
@@ -33,7 +33,7 @@ def test_asking_whether_jax_started_a_backend_starts_none_and_changes_no_setting
     # own rule answers (jax_num_cpu_devices may change only before a backend starts). Mutant seen failing:
     # the probe's put-back removed (jax_num_cpu_devices left at 1)
     code = (
-        "import jax; from jaxloop.loop.determinism import backend_started as b; "
+        "import jax; from jaxloop.runtime.determinism import backend_started as b; "
         "before = jax.config.jax_num_cpu_devices; first = b(); "
         "print(first, b(), jax.config.jax_num_cpu_devices == before); jax.devices(); print(b())"
     )
@@ -60,7 +60,7 @@ def test_the_flag_is_recognised_by_its_whole_name(flags: str, named: bool):
 )
 def test_a_users_own_setting_stands(monkeypatch: pytest.MonkeyPatch, flags: str):
     # as if jax had not started: only the user's own flag can then stop the request
-    monkeypatch.setattr("jaxloop.loop.determinism.backend_started", lambda: False)
+    monkeypatch.setattr("jaxloop.runtime.determinism.backend_started", lambda: False)
     monkeypatch.setenv("XLA_FLAGS", flags)
     assert request_deterministic_ops() is False
     assert os.environ["XLA_FLAGS"] == flags

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from jaxloop.checkpoint.write_errors import committed_steps, is_disk_full, write_error
-from jaxloop.core.layout import MARKER_FILE
-from jaxloop.core.records import read_records
 from jaxloop.loop.runner import is_compile_line
+from jaxloop.rundir.layout import MARKER_FILE
+from jaxloop.rundir.records import read_records
 
 # ~0.95 MB a checkpoint (a 64-256-256-10 MLP: params, Adam's moments, the accumulator), one every 10 updates,
 # all kept: the sixth or seventh save fills 6 MB. Asynchronous saves (the default).
@@ -145,7 +145,7 @@ def test_a_checkpointer_drops_the_closed_loop_callbacks_of_abandoned_writes_and_
     from types import SimpleNamespace
 
     from jaxloop.checkpoint.manager import Checkpointer
-    from jaxloop.core.config import Config
+    from jaxloop.config.run import Config
 
     seen = []
     monkeypatch.setattr(sys, "unraisablehook", seen.append)
@@ -186,7 +186,7 @@ def test_a_full_disk_met_outside_a_checkpoint_save_is_one_line_and_exit_status_3
     from jaxloop.loop import runner
 
     (tmp_path / "checkpoints" / "40").mkdir(parents=True)
-    (tmp_path / MARKER_FILE).write_text("{}\n")  # a run's directory (jaxloop.core.run_dir)
+    (tmp_path / MARKER_FILE).write_text("{}\n")  # a run's directory (jaxloop.rundir.rules)
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "metrics.jsonl"))

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from jaxloop.core.records import read_records
+from jaxloop.rundir.records import read_records
 
 PROBE = r"""
 import json, sys
 import jax, numpy as np
-from jaxloop.core.config import preset
+from jaxloop.config.run import preset
 from jaxloop.update.distributed import make_mesh, replicate, shard_batch
 from jaxloop.model.builtin import make_model
-from jaxloop.core.sources import load_splits, record_order
+from jaxloop.data.sources import load_splits, record_order
 from jaxloop.loop.task import create_train_state
 from jaxloop.update.step import train_step
 cfg = preset("debug")

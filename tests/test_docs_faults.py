@@ -8,7 +8,7 @@ from pathlib import Path
 
 from docs_blocks import runnable
 
-from jaxloop.core import cli
+from jaxloop.config import cli
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "faults.md"
 

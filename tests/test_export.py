@@ -23,9 +23,9 @@ from transformers import GPT2LMHeadModel
 import jaxloop
 from jaxloop.checkpoint import hf_gpt2
 from jaxloop.checkpoint.manager import read_checkpoint
-from jaxloop.core.config import CheckpointConfig, Config, LogConfig, OptimConfig
-from jaxloop.core.run_dir import read_config
+from jaxloop.config.run import CheckpointConfig, Config, LogConfig, OptimConfig
 from jaxloop.export import PARAMS_FILE, main
+from jaxloop.rundir.rules import read_config
 
 pytestmark = pytest.mark.torch
 

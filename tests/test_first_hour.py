@@ -11,8 +11,8 @@ import shutil
 import pytest
 
 from jaxloop import Config, Hook, run
-from jaxloop.core.cli import UsageError, parse_config
-from jaxloop.core.config import ConfigError
+from jaxloop.config.cli import UsageError, parse_config
+from jaxloop.config.run import ConfigError
 from jaxloop.observe.run_report import load_run, plot_loss, plot_throughput
 from jaxloop.train import main
 
@@ -149,7 +149,7 @@ def test_help_lists_config_and_says_nothing_stale(capsys):
     assert e.value.code == 0
     text = capsys.readouterr().out
     assert "--config FILE" in text and "--run_dir DIR  alone resumes" in text
-    assert "JAX_ENABLE_X64" not in text  # fp64 turns x64 on by itself (jaxloop.loop.process)
+    assert "JAX_ENABLE_X64" not in text  # fp64 turns x64 on by itself (jaxloop.runtime.settings)
 
 
 def test_a_run_shorter_than_log_every_draws_its_losses_and_step_times(tmp_path):
@@ -193,8 +193,8 @@ def test_a_second_ctrl_c_under_the_cli_ends_at_once(monkeypatch):
     # the watcher's two calls, as two ^C give them; mutant (no second-signal branch): no exit
     import signal
 
-    from jaxloop.core.interrupt import Session
     from jaxloop.loop import actions
+    from jaxloop.runtime.signals import Session
 
     exits = []
     session = Session()
@@ -255,7 +255,7 @@ def test_an_invocation_that_ran_no_update_keeps_the_former_wall_time_and_rate():
 
 def test_the_preset_help_names_every_preset(capsys):
     # mutant (the former doc, "digits, shakespeare or debug"): gpt2-small is missing
-    from jaxloop.core.config import PRESETS
+    from jaxloop.config.run import PRESETS
 
     with pytest.raises(SystemExit):
         parse_config(["--help"])
@@ -312,8 +312,8 @@ def test_sigterms_acknowledgement_offers_no_ctrl_c():
     # mutant (the former line whatever the signal): "; Ctrl-C again to stop at once without saving" after SIGTERM
     import signal
 
-    from jaxloop.core.interrupt import Session
     from jaxloop.loop import actions
+    from jaxloop.runtime.signals import Session
 
     stop, run_ctx = actions.SignalStop(), _Run()
     stop._run, stop.session, stop.trained, stop.finished, stop.stops_after = run_ctx, Session(), True, 30, 40
@@ -326,7 +326,7 @@ def test_the_line_that_ends_the_process_at_once_starts_a_line_of_its_own_on_a_te
     # second Ctrl-C's line is glued to the bar
     import os
 
-    from jaxloop.core import interrupt
+    from jaxloop.runtime import signals as interrupt
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxloop.core.records import read_records
+from jaxloop.rundir.records import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = str(ROOT / "tests" / "data" / "tinyshakespeare_60k.txt")  # Tiny Shakespeare's first 60k characters
@@ -156,10 +156,10 @@ def test_partition_rule_shards_the_largest_divisible_dimension_and_replicates_sm
 PROBE = r"""
 import json
 import jax, numpy as np
-from jaxloop.core.cli import parse_config
+from jaxloop.config.cli import parse_config
 from jaxloop.update.distributed import create_sharded, make_mesh, pin_shardings, shard_batch, state_shardings
 from jaxloop.model.builtin import make_model
-from jaxloop.core.sources import load_splits, record_order
+from jaxloop.data.sources import load_splits, record_order
 from jaxloop.loop.task import create_train_state
 from jaxloop.update.step import train_step
 cfg = parse_config(json.loads(__import__("sys").argv[1]), check_paths=False)

@@ -19,15 +19,15 @@ from test_fsdp import _main_runs as main_runs
 from test_fsdp import _summary as summary
 from test_fsdp import _worst_rel as worst_rel
 
-from jaxloop.core.records import read_records
+from jaxloop.rundir.records import read_records
 
 FP32_REL_TOL = 1e-5  # as tests/test_fsdp.py
 
 RESTORE = r"""
 import json, sys
-from jaxloop.core.cli import parse_config
-from jaxloop.core.config import to_dict
-from jaxloop.core.sources import load_splits
+from jaxloop.config.cli import parse_config
+from jaxloop.config.run import to_dict
+from jaxloop.data.sources import load_splits
 from jaxloop.checkpoint.manager import Checkpointer
 from jaxloop.update.distributed import create_sharded, make_mesh, to_host
 from jaxloop.model.builtin import make_model

@@ -19,7 +19,7 @@ from test_fsdp import _env as env
 from test_fsdp import _main_runs as main_runs
 from test_fsdp import _summary as summary
 
-from jaxloop.core.records import read_records
+from jaxloop.rundir.records import read_records
 
 
 def _free_port() -> int:

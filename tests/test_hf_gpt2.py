@@ -20,7 +20,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from jaxloop.checkpoint import hf_gpt2
-from jaxloop.core.config import ConfigError, ModelConfig
+from jaxloop.config.run import ConfigError, ModelConfig
 
 pytestmark = pytest.mark.torch
 
@@ -172,7 +172,7 @@ def test_the_finetune_preset_is_nanogpts_finetune_shakespeare():
     # nanoGPT's config/finetune_shakespeare.py: 20 iterations of 32 sequences (batch 1 x accumulation 32 there),
     # learning rate 3e-5 not decayed, eval every 5 over 40 batches; its train.py's AdamW betas (0.9, 0.95), decay
     # 0.1, clip 1.0. mutant seen failing: the preset left on warmup-cosine
-    from jaxloop.core.config import preset
+    from jaxloop.config.run import preset
 
     cfg = preset("gpt2-finetune")
     o, a = cfg.optim, cfg.optim.optimizer

@@ -14,9 +14,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 import jaxloop
-from jaxloop.core.config import CheckpointConfig, Config, LogConfig, OptimConfig
-from jaxloop.core.records import read_records
+from jaxloop.config.run import CheckpointConfig, Config, LogConfig, OptimConfig
 from jaxloop.loop.dispatch import Dispatcher
+from jaxloop.rundir.records import read_records
 
 
 class Lin(nn.Module):

@@ -12,7 +12,7 @@ import pytest
 ROUNDS = r"""
 import ctypes, resource, sys
 if sys.argv[1] == "retain":
-    from jaxloop.loop.host_memory import retain_freed_memory
+    from jaxloop.runtime.host_memory import retain_freed_memory
     assert retain_freed_memory()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
@@ -64,12 +64,12 @@ def test_a_run_sets_the_policy_unless_told_not_to(tmp_path, monkeypatch):
     """jaxloop.run applies it (retain_host_memory, default on) and leaves it with the flag off."""
     from dataclasses import replace
 
-    import jaxloop.loop.host_memory
     import jaxloop.loop.runner
-    from jaxloop.core.config import preset
+    import jaxloop.runtime.host_memory
+    from jaxloop.config.run import preset
 
     calls = []
-    monkeypatch.setattr(jaxloop.loop.host_memory, "retain_freed_memory", lambda: calls.append(True) or True)
+    monkeypatch.setattr(jaxloop.runtime.host_memory, "retain_freed_memory", lambda: calls.append(True) or True)
     base = replace(preset("debug"), steps=10, log=replace(preset("debug").log, progress="off", tensorboard=False))
     jaxloop.loop.runner.run(replace(base, run_dir=str(tmp_path / "default")))
     jaxloop.loop.runner.run(replace(base, run_dir=str(tmp_path / "off"), retain_host_memory=False))
@@ -78,7 +78,7 @@ def test_a_run_sets_the_policy_unless_told_not_to(tmp_path, monkeypatch):
 
 CALLS = r"""
 import resource, statistics, sys
-from jaxloop.loop.host_memory import retain_freed_memory, run_cpu_calls_inline
+from jaxloop.runtime.host_memory import retain_freed_memory, run_cpu_calls_inline
 assert retain_freed_memory()
 if sys.argv[1] == "inline":
     assert run_cpu_calls_inline()
@@ -132,11 +132,11 @@ def test_inline_is_not_claimed_after_jax_started_or_where_the_environment_chose(
     the environment (JAX_CPU_ENABLE_ASYNC_DISPATCH) stands even before."""
     import jax
 
-    from jaxloop.loop.host_memory import ASYNC_DISPATCH, run_cpu_calls_inline
+    from jaxloop.runtime.host_memory import ASYNC_DISPATCH, run_cpu_calls_inline
 
     jax.devices()  # this process's backend is started
     assert run_cpu_calls_inline() is False
-    monkeypatch.setattr("jaxloop.loop.host_memory.backend_started", lambda: False)  # as if not started
+    monkeypatch.setattr("jaxloop.runtime.host_memory.backend_started", lambda: False)  # as if not started
     monkeypatch.setenv("JAX_CPU_ENABLE_ASYNC_DISPATCH", "1")
     assert run_cpu_calls_inline() is False
     assert jax.config.read(ASYNC_DISPATCH) is True

@@ -68,21 +68,21 @@ def test_every_public_name_resolves():
 
 
 def test_the_exceptions_are_one_class_each_wherever_they_are_imported_from():
-    """jaxloop.errors is their public home; their older import paths (jaxloop.core.config, jaxloop.core.cli) name
+    """jaxloop.errors is their public home; their older import paths (jaxloop.config.run, jaxloop.config.cli) name
     the same classes, so an `except` written against either catches what the loop raises."""
     import jaxloop
-    import jaxloop.core.cli
-    import jaxloop.core.config
+    import jaxloop.config.cli
+    import jaxloop.config.run
     import jaxloop.errors
 
     assert (
         jaxloop.errors.ConfigError
         is jaxloop.ConfigError
-        is jaxloop.core.config.ConfigError
-        is jaxloop.core.cli.ConfigError
+        is jaxloop.config.run.ConfigError
+        is jaxloop.config.cli.ConfigError
     )
     for n in ("NonFiniteError", "CheckpointWriteError", "OutOfMemoryError", "Interrupted", "UsageError", "EXIT_SIGNAL"):
-        assert getattr(jaxloop.errors, n) is getattr(jaxloop.core.cli, n), n
+        assert getattr(jaxloop.errors, n) is getattr(jaxloop.config.cli, n), n
     assert issubclass(jaxloop.errors.RecordError, jaxloop.errors.ConfigError)
     assert issubclass(jaxloop.errors.RunDirInUse, jaxloop.errors.ConfigError)
 

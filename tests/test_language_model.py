@@ -16,8 +16,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxloop.core.cli import parse_config
-from jaxloop.core.config import ConfigError, ModelConfig, padded_vocab, preset
+from jaxloop.config.cli import parse_config
+from jaxloop.config.run import ConfigError, ModelConfig, padded_vocab, preset
 from jaxloop.model.attention import choose, cudnn_unsupported
 from jaxloop.model.builtin import init_params, make_model
 from jaxloop.model.flops import Peak, flops_per_token, gpt_params, table_peak

@@ -1,6 +1,7 @@
-"""The package's layers are its subpackages, and nothing imports upward (the layer order docs/training.md draws): a module
+"""The package's layers are its subpackages, and nothing imports upward (the layer order docs/architecture.md draws): a module
 imports jaxloop modules only from its own layer or the layers below, at the top of the file or inside a
-function alike; torch_ref imports only the core; the core imports neither jax nor torch."""
+function alike; torch_ref imports only the shared modules (SHARED: config, rundir, the data sources), which import
+neither jax nor torch."""
 
 from __future__ import annotations
 
@@ -12,10 +13,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # layer of each subpackage (and of the top-level modules: the commands and the public namespace)
-LAYERS = {"core": 0, "model": 1, "update": 2, "data": 2, "checkpoint": 3, "observe": 3, "loop": 4, "parity": 5}
+LAYERS = {
+    "config": 0,
+    "rundir": 0,
+    "data": 0,
+    "model": 1,
+    "update": 2,
+    "checkpoint": 3,
+    "observe": 3,
+    "runtime": 3,
+    "loop": 4,
+    "parity": 5,
+}
+# the jax-free, torch-free modules both loops import: torch_ref imports only these
+SHARED = ("jaxloop.config", "jaxloop.rundir", "jaxloop.data.sources", "jaxloop.data.shards", "jaxloop.data.identity")
 TOP = 6  # jaxloop/__init__ (the namespace), errors; the commands train, prepare, sample, report, schedule
-PUBLIC_BELOW_TOP = {"jaxloop.errors"}
-BUILDERS = ("build",)  # the exceptions' public home re-exports jaxloop.core.errors only
+PUBLIC_BELOW_TOP: set[str] = set()  # jaxloop.errors re-exports from config, rundir and data: it sits on top
+BUILDERS = ("build",)  # the exceptions' public home re-exports jaxloop.config.errors only
 
 
 def _layer(module: str) -> int:
@@ -57,9 +71,9 @@ def _upward_imports(package: str) -> list[str]:
     for path in sorted((ROOT / package).rglob("*.py")):
         me = _module_name(path)
         mine = _layer(me) if package == "jaxloop" else 0
-        # a config class builds what it configures: the core's `build` methods import, when called, the layer
+        # a config class builds what it configures: the config classes' `build` methods import, when called, the layer
         # that implements it (an optimizer's optax transformation); importing the core imports none of it
-        for name in _imports(path, skip=BUILDERS if me.startswith("jaxloop.core.") else ()):
+        for name in _imports(path, skip=BUILDERS if me.startswith(("jaxloop.config.", "jaxloop.core.")) else ()):
             if not (name == "jaxloop" or name.startswith("jaxloop.")):
                 continue
             if package == "jaxloop" and me == "jaxloop":
@@ -73,12 +87,23 @@ def test_no_jaxloop_module_imports_from_a_layer_above_its_own():
     assert _upward_imports("jaxloop") == []
 
 
-def test_torch_ref_imports_only_the_core():
-    assert _upward_imports("torch_ref") == []
+def test_torch_ref_imports_only_the_shared_jax_free_modules():
+    found = [
+        f"{_module_name(p)} -> {name}"
+        for p in sorted((ROOT / "torch_ref").rglob("*.py"))
+        for name in _imports(p)
+        if (name == "jaxloop" or name.startswith("jaxloop."))
+        and not any(name == s or name.startswith(s + ".") for s in SHARED)
+    ]
+    assert found == []
 
 
-def test_every_core_module_imports_without_jax_or_torch():
-    modules = sorted(_module_name(p) for p in (ROOT / "jaxloop/core").glob("*.py"))
+def test_every_shared_module_imports_without_jax_or_torch():
+    modules = sorted(
+        m
+        for m in (_module_name(p) for p in (ROOT / "jaxloop").rglob("*.py"))
+        if any(m == s or m.startswith(s + ".") for s in SHARED)
+    )
     code = (
         "import importlib, json, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
@@ -127,5 +152,5 @@ def _private_imports() -> list[str]:
 
 def test_no_module_imports_a_private_module_of_a_dependency():
     # mutants seen failing: orbax.checkpoint._src.futures imported back into jaxloop.checkpoint.manager;
-    # jax._src.xla_bridge back in jaxloop.loop.determinism
+    # jax._src.xla_bridge back in jaxloop.runtime.determinism
     assert _private_imports() == []

@@ -1,4 +1,4 @@
-"""One run per run_dir (jaxloop.core.lock): a second launch is refused naming the holder, a stale lock is
+"""One run per run_dir (jaxloop.rundir.lock): a second launch is refused naming the holder, a stale lock is
 taken over with a warning, the lock is freed at any exit. Real processes where the kernel's part matters."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxloop.core.config import ConfigError
-from jaxloop.core.lock import HOLDER_FILE, LOCK_FILE, RunDirInUse, RunLock, StaleLockWarning, read_holder
-from jaxloop.core.records import read_records
+from jaxloop.config.run import ConfigError
+from jaxloop.rundir.lock import HOLDER_FILE, LOCK_FILE, RunDirInUse, RunLock, StaleLockWarning, read_holder
+from jaxloop.rundir.records import read_records
 
 
 def _write_holder(run_dir: Path, **fields) -> None:
@@ -87,8 +87,8 @@ def test_a_run_failing_in_process_releases_the_lock(tmp_path):
     import numpy as np
 
     import jaxloop
-    from jaxloop.core.config import preset, replace
-    from jaxloop.core.sources import RecordError
+    from jaxloop.config.run import preset, replace
+    from jaxloop.data.sources import RecordError
 
     records = [{"x": np.zeros(4, np.float32), "y": np.int32(i % 3)} for i in range(64)]
     bad = list(records)

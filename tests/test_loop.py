@@ -12,12 +12,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from jaxloop.core.cadence import Cadence
-from jaxloop.core.records import BestTracker
+from jaxloop.config.cadence import Cadence
 from jaxloop.loop.actions import Action, Evaluate, RunContext, Throughput
 from jaxloop.loop.dispatch import Call, Finished
 from jaxloop.loop.host_loop import Pace, train
 from jaxloop.observe.runinfo import Timings
+from jaxloop.rundir.records import BestTracker
 
 
 class FakeDispatcher:

@@ -18,11 +18,11 @@ from flax import nnx
 
 import jaxloop
 from jaxloop.checkpoint.manager import read_checkpoint
-from jaxloop.core.config import Config, ConfigError, MemoryConfig, ModelConfig, OptimConfig, preset, replace
-from jaxloop.core.records import read_records
-from jaxloop.core.sources import record_order
+from jaxloop.config.run import Config, ConfigError, MemoryConfig, ModelConfig, OptimConfig, preset, replace
+from jaxloop.data.sources import record_order
 from jaxloop.loop.task import builtin_task, create_train_state, run_state
 from jaxloop.model.builtin import make_model
+from jaxloop.rundir.records import read_records
 from jaxloop.update.memory_plan import Footprint, candidates, check_plan, supports_blocks
 from jaxloop.update.step import cross_entropy_loss, make_train_step, scan_steps
 
@@ -214,7 +214,7 @@ def test_re_planning_tries_splits_then_each_later_remat():
 
 def test_a_plan_is_resume_safe():
     # the same math computed another way, so a resume may change it
-    from jaxloop.core.config import resume_conflicts, to_dict
+    from jaxloop.config.run import resume_conflicts, to_dict
 
     cfg = preset("debug")
     for memory in (MemoryConfig(split=2), MemoryConfig(remat="full"), MemoryConfig(budget=1 << 30, auto_fit=False)):

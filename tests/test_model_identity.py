@@ -18,18 +18,18 @@ import numpy as np
 import pytest
 
 import jaxloop
-from jaxloop.core.config import Config, ConfigError, LogConfig, OptimConfig
-from jaxloop.core.identity import model_differences
+from jaxloop.config.run import Config, ConfigError, LogConfig, OptimConfig
+from jaxloop.rundir.model_identity import model_differences
 
 # The README's "Your own model" snippet (Linen names the output Dense_0: it is built first), the hidden
 # width and the activation (default tanh) parameters, with jaxloop.train's exit statuses and one-line errors
-# (jaxloop.core.cli.finish).
+# (jaxloop.config.cli.finish).
 SCRIPT = textwrap.dedent("""
     import sys
     import flax.linen as nn, numpy as np
     import jaxloop
-    from jaxloop.core.cli import finish
-    from jaxloop.core.config import Config, LogConfig
+    from jaxloop.config.cli import finish
+    from jaxloop.config.run import Config, LogConfig
 
     WIDTH = int(sys.argv[2])
     ACTIVATION = getattr(nn, sys.argv[3] if len(sys.argv) > 3 else "tanh")

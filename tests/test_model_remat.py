@@ -1,6 +1,6 @@
 """model.remat is gone: memory.remat=blocks is the one field that rematerialises the model's blocks. The flag
 --model.remat, a config file's `model.remat: true` and a saved config.json's model.remat keep their meaning
-(jaxloop.core.config.upgrade, jaxloop.core.cli), or are refused naming what to write where they would need two plans.
+(jaxloop.config.run.upgrade, jaxloop.config.cli), or are refused naming what to write where they would need two plans.
 Mutant (upgrade returns the dict unchanged, no translation): every test of a file or saved config fails, seen."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxloop.core.cli import parse_config
-from jaxloop.core.config import Config, ConfigError, MemoryConfig, changed_fields, resume_conflicts, to_dict
-from jaxloop.core.errors import UsageError
-from jaxloop.core.run_dir import RunDir, read_config, saved_config
+from jaxloop.config.cli import parse_config
+from jaxloop.config.errors import UsageError
+from jaxloop.config.run import Config, ConfigError, MemoryConfig, changed_fields, resume_conflicts, to_dict
+from jaxloop.rundir.rules import RunDir, read_config, saved_config
 
 
 def _parse(*flags: str) -> Config:
@@ -56,7 +56,7 @@ def test_model_no_remat_over_a_file_that_asked_for_blocks_says_what_to_write(tmp
 
 def _saved_run(tmp_path: Path, model_remat: bool) -> tuple[Path, dict]:
     """A run_dir as an earlier version left it: its config.json, and its checkpoint's copy of it (the evidence
-    that jaxloop wrote the directory, jaxloop.core.run_dir), hold model.remat."""
+    that jaxloop wrote the directory, jaxloop.rundir.rules), hold model.remat."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     saved = to_dict(replace(Config(preset="debug"), run_dir=str(run_dir)))

@@ -26,14 +26,14 @@ import optax
 import pytest
 
 from jaxloop import sample as sample_mod
-from jaxloop.core.cli import parse_config
-from jaxloop.core.config import preset
-from jaxloop.core.records import BestTracker, read_records
-from jaxloop.core.sources import encode, read_vocab
+from jaxloop.config.cli import parse_config
+from jaxloop.config.run import preset
+from jaxloop.data.sources import encode, read_vocab
 from jaxloop.loop.runner import is_compile_line, run
 from jaxloop.model.builtin import MLP, init_params, make_model
 from jaxloop.observe.logger import RunLogger
 from jaxloop.report import main as report_main
+from jaxloop.rundir.records import BestTracker, read_records
 from jaxloop.update.optimizer import skip_nonfinite_windows
 from jaxloop.update.state import TrainState
 from jaxloop.update.step import cross_entropy_loss, train_step

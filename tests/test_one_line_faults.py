@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxloop.core.shards import write_shard
+from jaxloop.data.shards import write_shard
 
 DEBUG = ["--preset", "debug", "--log.progress", "off"]
 

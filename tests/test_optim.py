@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxloop.core.config import OptimConfig
+from jaxloop.config.run import OptimConfig
 from jaxloop.model.precision import get_policy
 from jaxloop.update.optimizer import (
     SkipWindowsState,

@@ -1,4 +1,4 @@
-"""The optimizer and schedule config classes (jaxloop.core.optimizers_config, jaxloop.core.schedules_config): each holds
+"""The optimizer and schedule config classes (jaxloop.config.optimizers, jaxloop.config.schedules): each holds
 only the fields its choice reads, with its own defaults; config.json stores them nested; the flat flags are put
 onto them; a run directory saved in the flat form (tests/data/old_config) still resumes with its stored values."""
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from jaxloop import OptimConfig, PlateauConfig, SGDConfig, StepConfig
-from jaxloop.core.cli import parse_config
-from jaxloop.core.config import ConfigError, changed_fields, from_dict, preset, resume_conflicts, to_dict, validate
-from jaxloop.core.optimizers_config import OPTIMIZERS, AdagradConfig, AdamWConfig, LionConfig
-from jaxloop.core.schedules_config import SCHEDULES, OneCycleConfig
+from jaxloop.config.cli import parse_config
+from jaxloop.config.optimizers import OPTIMIZERS, AdagradConfig, AdamWConfig, LionConfig
+from jaxloop.config.run import ConfigError, changed_fields, from_dict, preset, resume_conflicts, to_dict, validate
+from jaxloop.config.schedules import SCHEDULES, OneCycleConfig
 
 OLD = Path(__file__).parent / "data" / "old_config"
 

@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxloop.core.cli import parse_config
-from jaxloop.core.config import (
+from jaxloop.config.cli import parse_config
+from jaxloop.config.optimizers import OPTIMIZERS
+from jaxloop.config.run import (
     Config,
     ConfigError,
     PlateauConfig,
@@ -26,8 +27,7 @@ from jaxloop.core.config import (
     to_dict,
     validate,
 )
-from jaxloop.core.optimizers_config import OPTIMIZERS
-from jaxloop.core.schedules_config import SCHEDULES
+from jaxloop.config.schedules import SCHEDULES
 from jaxloop.loop.plateau import Plateau
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import jaxloop
-from jaxloop.core.config import CheckpointConfig, ConfigError, LogConfig, PlateauConfig, preset
-from jaxloop.core.records import read_records
+from jaxloop.config.run import CheckpointConfig, ConfigError, LogConfig, PlateauConfig, preset
+from jaxloop.rundir.records import read_records
 
 RESUME_FROM = 8
 

@@ -1,5 +1,5 @@
-"""jaxloop.update.torch_optimizers worked by hand on scalar and tiny parameters (as optax tests its own): each convention
-where torch and optax's aliases differ (jaxloop.update.torch_optimizers' module doc), the decay mask, the loop's
+"""jaxloop.update.transforms worked by hand on scalar and tiny parameters (as optax tests its own): each convention
+where torch and optax's aliases differ (jaxloop.update.transforms' module doc), the decay mask, the loop's
 wrapping, and plateau's injected rate. Every number is exact in float32 unless stated."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import numpy as np
 import optax
 import pytest
 
-from jaxloop.core.config import OPTIMIZERS, OptimConfig
+from jaxloop.config.run import OPTIMIZERS, OptimConfig
 from jaxloop.model.precision import get_policy
 from jaxloop.update.optimizer import SkipWindowsState, find_state, make_optimizer, optimizer_metrics, set_learning_rate
-from jaxloop.update.torch_optimizers import (
+from jaxloop.update.transforms import (
     DampenedTraceState,
     adagrad,
     adam,

@@ -16,8 +16,8 @@ import optax
 import pytest
 
 import jaxloop
-from jaxloop.core.config import CheckpointConfig, Config, ConfigError, LogConfig, OptimConfig
-from jaxloop.core.records import read_records
+from jaxloop.config.run import CheckpointConfig, Config, ConfigError, LogConfig, OptimConfig
+from jaxloop.rundir.records import read_records
 from jaxloop.update.schedules import rates
 
 

@@ -1,12 +1,12 @@
-"""Every registered optimizer and schedule (jaxloop.core.optimizers_config.OPTIMIZERS, schedules_config.SCHEDULES)
+"""Every registered optimizer and schedule (jaxloop.config.optimizers.OPTIMIZERS, schedules_config.SCHEDULES)
 has a parity case in parity_tests/menu.py (run against torch by parity_tests/test_optimizers.py and
 test_schedules.py) and a builder in each framework's table: a class registered without them fails here."""
 
 from __future__ import annotations
 
 from jaxloop import OptimConfig
-from jaxloop.core.optimizers_config import OPTIMIZERS
-from jaxloop.core.schedules_config import SCHEDULES
+from jaxloop.config.optimizers import OPTIMIZERS
+from jaxloop.config.schedules import SCHEDULES
 
 
 def test_every_registered_optimizer_and_schedule_has_a_parity_case():
@@ -20,7 +20,7 @@ def test_every_registered_optimizer_and_schedule_has_a_parity_case():
 def test_every_registered_optimizer_has_a_builder_in_jaxloop_and_torch_ref():
     # each framework builds from its own table (the config layer imports neither)
     # mutant seen failing: LionConfig's row taken out of torch_ref.optim.TORCH_OPTIMIZERS
-    from jaxloop.update.torch_optimizers import BUILDERS
+    from jaxloop.update.transforms import BUILDERS
     from torch_ref.optim import TORCH_OPTIMIZERS
     from torch_ref.schedule import TORCH_AFTER_WARMUP
 

@@ -90,7 +90,7 @@ def update_failures(monkeypatch, **changes):
     """The update rows that fail when jaxloop's side trains with `changes` to each config (torch's unchanged)."""
     from dataclasses import replace
 
-    from jaxloop.core.config import readers
+    from jaxloop.config.run import readers
 
     def changed(o):  # a config whose optimizer and schedule do not hold a field cannot take it (they are unchanged)
         own = {
@@ -134,7 +134,7 @@ def test_momentum_that_differs_fails_the_sgd_and_rmsprop_configs(monkeypatch):
 
 
 def test_the_update_check_covers_every_optimizer_and_every_schedule_but_plateau():
-    from jaxloop.core.config import OPTIMIZERS, SCHEDULES, Config, validate
+    from jaxloop.config.run import OPTIMIZERS, SCHEDULES, Config, validate
 
     configs = training.update_configs(1.0)
     assert {o.name for _, o, _ in configs} == set(OPTIMIZERS)

@@ -307,7 +307,7 @@ def test_layouts_are_exact_inverses():
 def test_trained_jaxloop_checkpoint_goes_back_into_the_torch_module(tmp_path):
     """Train in JAX (jaxloop.run on the port), hand the torch model on: the torch module with the trained
     weights computes what the trained Flax model computes (float32: within 1e-6 relative)."""
-    from jaxloop.core.config import CheckpointConfig, Config, LogConfig, OptimConfig
+    from jaxloop.config.run import CheckpointConfig, Config, LogConfig, OptimConfig
 
     torch.manual_seed(0)
     tm = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 6))

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from jaxloop import prepare
-from jaxloop.core.config import DataConfig, preset, replace
-from jaxloop.core.shards import read_shard
-from jaxloop.core.sources import load_splits
+from jaxloop.config.run import DataConfig, preset, replace
+from jaxloop.data.shards import read_shard
+from jaxloop.data.sources import load_splits
 
 TEXT = Path(__file__).parent / "data" / "tinyshakespeare_60k.txt"
 

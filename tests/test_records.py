@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import jaxloop
-from jaxloop.core.config import ConfigError, ModelConfig, preset, replace
-from jaxloop.core.sources import FIRST_RECORDS_CHECKED, RecordError, SequenceRecords
+from jaxloop.config.run import ConfigError, ModelConfig, preset, replace
+from jaxloop.data.sources import FIRST_RECORDS_CHECKED, RecordError, SequenceRecords
 from jaxloop.model.builtin import make_model
 from jaxloop.update.step import cross_entropy_loss
 

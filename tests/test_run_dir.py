@@ -1,4 +1,4 @@
-"""The run directory's start and resume rules (jaxloop/core/run_dir.py): a refused resume says how to go on."""
+"""The run directory's start and resume rules (jaxloop/rundir/rules.py): a refused resume says how to go on."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxloop.core.cli import parse_config
-from jaxloop.core.config import ConfigError, resume_conflicts, to_dict
-from jaxloop.core.layout import CHECKPOINT_CONFIG, CONFIG_FILE
-from jaxloop.core.run_dir import RunDir
+from jaxloop.config.cli import parse_config
+from jaxloop.config.run import ConfigError, resume_conflicts, to_dict
+from jaxloop.rundir.layout import CHECKPOINT_CONFIG, CONFIG_FILE
+from jaxloop.rundir.rules import RunDir
 
 
 def _saved_run(tmp_path, *argv: str) -> RunDir:

@@ -19,7 +19,7 @@ import pytest
 
 from jaxloop import prepare
 from jaxloop import sample as sample_mod
-from jaxloop.core.cli import parse_config
+from jaxloop.config.cli import parse_config
 from jaxloop.train import run
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxloop.core.config import Config, OptimConfig, validate
-from jaxloop.core.schedules_config import SCHEDULES
+from jaxloop.config.run import Config, OptimConfig, validate
+from jaxloop.config.schedules import SCHEDULES
 from jaxloop.model.precision import get_policy
 from jaxloop.schedule import main
 from jaxloop.update.optimizer import make_optimizer

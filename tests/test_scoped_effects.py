@@ -13,7 +13,7 @@ import pytest
 
 import jaxloop
 from jaxloop.checkpoint.manager import Checkpointer
-from jaxloop.core.config import CheckpointConfig, Config, LogConfig, OptimConfig, replace
+from jaxloop.config.run import CheckpointConfig, Config, LogConfig, OptimConfig, replace
 
 
 def _process_wide() -> dict:
@@ -111,7 +111,7 @@ def _jax_settings() -> dict:
 
 
 def test_a_run_puts_x64_and_the_compile_cache_back_as_they_were_when_it_ends(fp64_run):
-    # jaxloop.run (precision fp64, compile_cache DIR) switches both on for the run (jaxloop.loop.process) and
+    # jaxloop.run (precision fp64, compile_cache DIR) switches both on for the run (jaxloop.runtime.settings) and
     # back when it ends; the trained state stays float64. Mutants seen failing: process_settings without its
     # scope.callback for x64; enable_compilation_cache called in place of the compilation_cache scope
     _, _, before, after, result = fp64_run

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxloop.core.config import (
+from jaxloop.config.run import (
     Config,
     ConfigError,
     DataConfig,
@@ -23,8 +23,8 @@ from jaxloop.core.config import (
     replace,
     validate,
 )
-from jaxloop.core.shards import HEADER_BYTES, read_shard, write_shard
-from jaxloop.core.sources import (
+from jaxloop.data.shards import HEADER_BYTES, read_shard, write_shard
+from jaxloop.data.sources import (
     RecordError,
     eval_records,
     index_shuffle,
@@ -220,7 +220,7 @@ def test_a_test_split_is_listed_and_never_trained_or_validated_on(tmp_path):
     assert int(splits.val.get([0])["x"][0, 0]) == 500 and splits.num_val == (100 - 1) // CTX
     assert splits.record["splits"]["test"] == {"files": [str(tmp_path / "test.bin")], "tokens": 100}
     assert str(tmp_path / "test.bin") not in splits.record["files"]  # never read, so not fingerprinted
-    from jaxloop.core.data_identity import data_lines
+    from jaxloop.data.identity import data_lines
 
     assert data_lines(splits.record)[-1] == "data test (listed, never read): 1 file, 100 tokens: test.bin"
 
@@ -245,7 +245,7 @@ def test_a_directory_where_no_file_names_a_split_splits_each_file_and_says_so(tm
         np.arange(100, dtype=np.uint16).tofile(tmp_path / name)
     splits = load_splits(_cfg(tmp_path, vocab_size=1024))
     assert splits.num_train == 2 * (75 - CTX)  # val_fraction 0.25
-    from jaxloop.core.data_identity import data_lines
+    from jaxloop.data.identity import data_lines
 
     assert data_lines(splits.record) == [
         "data train (no file names a split): 2 files, 150 tokens: a.bin, b.bin",
@@ -418,10 +418,10 @@ def _tiny_run(tmp_path: Path, run_dir: Path) -> Config:
 
 
 def test_a_run_on_shards_interrupted_and_resumed_ends_bit_identical(tmp_path, monkeypatch):
-    from jaxloop.core.cli import Interrupted
-    from jaxloop.core.records import read_records
+    from jaxloop.config.cli import Interrupted
     from jaxloop.loop.runner import run
     from jaxloop.observe.logger import RunLogger
+    from jaxloop.rundir.records import read_records
 
     reference = run(_tiny_run(tmp_path, tmp_path / "whole"))
     cfg = _tiny_run(tmp_path, tmp_path / "resumed")
@@ -537,8 +537,8 @@ def test_a_shard_truncated_during_a_run_is_one_line_and_exit_2_not_sigbus(tmp_pa
 _TRUNCATED_DURING_A_READ = """
 import os, sys, time
 import numpy as np
-from jaxloop.core.shards import ShardShrank, read_shard
-from jaxloop.core.sources import TokenWindows
+from jaxloop.data.shards import ShardShrank, read_shard
+from jaxloop.data.sources import TokenWindows
 
 shard = read_shard(sys.argv[1])
 windows = TokenWindows([shard], context=512, stride=1, vocab_size=97, split="train")

@@ -11,7 +11,7 @@ import optax
 import pytest
 from optax.tree_utils import tree_set
 
-from jaxloop.core.config import Config, DataConfig, ModelConfig, OptimConfig
+from jaxloop.config.run import Config, DataConfig, ModelConfig, OptimConfig
 from jaxloop.loop.task import create_train_state
 from jaxloop.model.builtin import make_model
 from jaxloop.update import step as update_step

@@ -21,8 +21,8 @@ import pytest
 from docs_blocks import env, in_section
 
 import jaxloop
-from jaxloop.core.config import CheckpointConfig, Config, LogConfig, OptimConfig
-from jaxloop.core.records import read_records
+from jaxloop.config.run import CheckpointConfig, Config, LogConfig, OptimConfig
+from jaxloop.rundir.records import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "your-model.md"

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from jaxloop.core.cli import NonFiniteError
-from jaxloop.core.config import (
+from jaxloop.config.cli import NonFiniteError
+from jaxloop.config.run import (
     CheckpointConfig,
     Config,
     ConfigError,
@@ -33,13 +33,13 @@ from jaxloop.core.config import (
     preset,
     to_dict,
 )
-from jaxloop.core.sources import ArrayRecords, Splits, load_splits, record_order
+from jaxloop.data.sources import ArrayRecords, Splits, load_splits, record_order
 from torch_ref.checkpoint import CheckpointManager, best_step, kept_steps
 from torch_ref.data import ReplayBatchSampler, make_train_loader, micro_batch
 from torch_ref.models import export_jax_params, load_jax_params, make_model
 from torch_ref.optim import clip_gradients, param_groups
 from torch_ref.schedule import lr_at, lr_table
-from torch_ref.state import create_train_state, state_digest
+from torch_ref.state import create_torch_state, state_digest
 from torch_ref.step import train_update
 from torch_ref.train import main, run
 
@@ -296,7 +296,7 @@ def test_optax_clip_mode_is_optax_arithmetic_and_torch_mode_adds_1e_6():
 def test_nan_micro_batch_skips_the_whole_update_and_is_counted(precision):
     cfg = replace(preset("debug"), precision=precision, optim=replace(preset("debug").optim, accum_steps=2))
     splits = load_splits(cfg)
-    state = create_train_state(cfg, splits)
+    state = create_torch_state(cfg, splits)
     train_update(state, [micro_batch(cfg, splits, 0), micro_batch(cfg, splits, 1)])  # one good update
     before = state_digest(state)
     params = [p.detach().clone() for p in state.model.parameters()]
@@ -469,7 +469,7 @@ def test_several_processes_are_refused(tmp_path):
 
 
 def test_torch_ref_runs_without_importing_jax(tmp_path):
-    # torch_ref shares only the jax-free package jaxloop.core with jaxloop: with every import of jax, jaxlib,
+    # torch_ref shares only the jax-free modules (SHARED in tests/test_layout.py) with jaxloop: with every import of jax, jaxlib,
     # flax, optax, orbax or grain failing, it still trains for two updates.
     script = f"""
 import importlib.abc, sys
@@ -479,7 +479,7 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError("torch_ref imported " + name)
 sys.meta_path.insert(0, Block())
 from dataclasses import replace
-from jaxloop.core.config import preset
+from jaxloop.config.run import preset
 import torch_ref.train
 result = torch_ref.train.run(replace(preset("debug"), steps=2, optim=replace(preset("debug").optim, warmup_steps=1),
                                      run_dir={str(tmp_path / "run")!r}))
@@ -491,9 +491,9 @@ print("ok")
 
 
 def test_torch_ref_holds_its_run_dir_as_jaxloop_does(tmp_path):
-    """One run per run_dir in both loops (jaxloop.core.lock): a run_dir held by another run is refused, naming
+    """One run per run_dir in both loops (jaxloop.rundir.lock): a run_dir held by another run is refused, naming
     the holder, before anything is written. Mutant (torch_ref.run without its RunLock): trains, seen failing."""
-    from jaxloop.core.lock import RunDirInUse, RunLock
+    from jaxloop.rundir.lock import RunDirInUse, RunLock
     from torch_ref.train import run
 
     cfg = replace(preset("debug"), run_dir=str(tmp_path), steps=2, log=LogConfig(progress="off", report=False))

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from jaxloop.core.config import LogConfig, preset
-from jaxloop.core.errors import ConfigError
-from jaxloop.core.records import read_records
+from jaxloop.config.errors import ConfigError
+from jaxloop.config.run import LogConfig, preset
 from jaxloop.observe.logger import RunLogger
 from jaxloop.observe.trackers import tracker_dir
+from jaxloop.rundir.records import read_records
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxloop.core.config import from_dict
-from jaxloop.core.records import read_records
+from jaxloop.config.run import from_dict
+from jaxloop.rundir.records import read_records
 from parity_tests.oracle import lr_oracle as closed_form
 
 
@@ -38,7 +38,7 @@ def debug_run(tmp_path_factory):
 
 
 def test_the_cli_asks_xla_for_deterministic_gpu_kernels_and_records_the_flags(debug_run):
-    # jaxloop.loop.determinism: set before jax starts its backend, so the CLI's XLA reads it
+    # jaxloop.runtime.determinism: set before jax starts its backend, so the CLI's XLA reads it
     flags = json.loads((debug_run / "metadata.json").read_text())["xla_flags"]
     assert "--xla_gpu_deterministic_ops=true" in flags.split()
 
@@ -88,7 +88,7 @@ def test_the_same_command_twice_gives_bit_identical_runs(debug_run, tmp_path):
 
 
 def test_a_second_run_loads_its_compiled_calls_and_gives_the_same_bits(debug_run, tmp_path):
-    # --compile_cache is JAX's persistent compilation cache (jaxloop.loop.compilation): the first run writes its
+    # --compile_cache is JAX's persistent compilation cache (jaxloop.runtime.compilation): the first run writes its
     # compiled calls (training and evaluation) there; the same command again finds every one (a miss would
     # write a new entry), says that it loaded the training call, and trains the same bits.
     cache = tmp_path / "cache"

@@ -13,11 +13,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from jaxloop.core.cli import parse_config
-from jaxloop.core.records import read_records
+from jaxloop.config.cli import parse_config
 from jaxloop.loop.runner import run
 from jaxloop.observe.run_report import load_run, render
 from jaxloop.observe.update_breakdown import PARTS
+from jaxloop.rundir.records import read_records
 
 TINY_GPT = [
     "--preset",

@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from jaxloop.core.atomic import fsync_dir
-from jaxloop.core.config import Config
-from jaxloop.core.layout import CHECKPOINT_DIR, DAMAGED_DIR, TORCH_CHECKPOINT, TORCH_CHECKPOINT_FORMAT
+from jaxloop.config.run import Config
+from jaxloop.rundir.atomic import fsync_dir
+from jaxloop.rundir.layout import CHECKPOINT_DIR, DAMAGED_DIR, TORCH_CHECKPOINT, TORCH_CHECKPOINT_FORMAT
 
 FORMAT = TORCH_CHECKPOINT_FORMAT
 _NAME = TORCH_CHECKPOINT

@@ -1,15 +1,15 @@
-"""The input pipeline in PyTorch: a Dataset over jaxloop.core.sources' splits and DataLoaders.
+"""The input pipeline in PyTorch: a Dataset over jaxloop.data.sources' splits and DataLoaders.
 
 Training batches come from a batch sampler that implements the documented record order on its own
-(the definition in jaxloop/core/sources.py's docstring, written here from that text with numpy's
-generator and no code of jaxloop.core.sources): micro-batch b holds exactly the records jaxloop's
+(the definition in jaxloop/data/sources.py's docstring, written here from that text with numpy's
+generator and no code of jaxloop.data.sources): micro-batch b holds exactly the records jaxloop's
 micro-batch b holds, for every worker count; parity_tests/test_data_order.py compares the two
 implementations. The sampler starts at any micro-batch position, so a resumed run continues
 mid-epoch where it stopped; the position (micro-batches consumed) is the loader's whole checkpointable
 state, as in jaxloop.data.pipeline.TrainLoader.
 
 Token windows (data.source=tokens) are shuffled by the documented index shuffle (a Feistel network
-over the record index, jaxloop/core/sources.py's docstring), written here on its own too.
+over the record index, jaxloop/data/sources.py's docstring), written here on its own too.
 
 Validation batches are the validation split in file order, data.eval_batch_size (0 = batch_size)
 records each, the last one short (jaxloop pads it with weight-0 records instead; both average exactly
@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
-from jaxloop.core.config import Config
-from jaxloop.core.sources import Records, Splits
+from jaxloop.config.run import Config
+from jaxloop.data.sources import Records, Splits
 
 
 def epoch_batches(seed: int, epoch: int, num_train: int, batch_size: int) -> np.ndarray:

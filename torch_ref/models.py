@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jaxloop.core.config import Config, padded_vocab
+from jaxloop.config.run import Config, padded_vocab
 
 LN_EPS = 1e-5  # as jaxloop.model.builtin.LN_EPS
 INIT_STD = 0.02  # GPT-2 initialisation of GPT matrices and embeddings, as in jaxloop

@@ -18,7 +18,7 @@ params, eps added outside the square root of the bias-corrected second moment (e
 correction by 1 - b^t with t the 1-based count of applied updates. They differ only in rounding:
 operation order, and optax computes 1 - b^t in the params' dtype (float32) where torch uses Python
 float64. Every hyperparameter is passed explicitly, weight decay included (torch's default is 1e-2,
-optax's 1e-4). The other optimizers' conventions: jaxloop/update/torch_optimizers.py.
+optax's 1e-4). The other optimizers' conventions: jaxloop/update/transforms.py.
 
 Clipping, torch vs optax: torch.nn.utils.clip_grad_norm_ multiplies every gradient by
 min(1, clip / (norm + 1e-6)); optax.clip_by_global_norm leaves them alone when norm < clip and otherwise
@@ -32,8 +32,8 @@ from typing import Any, Literal
 
 import torch
 
-from jaxloop.core.config import Config
-from jaxloop.core.optimizers_config import AdagradConfig, AdamConfig, AdamWConfig, LionConfig, RMSpropConfig, SGDConfig
+from jaxloop.config.optimizers import AdagradConfig, AdamConfig, AdamWConfig, LionConfig, RMSpropConfig, SGDConfig
+from jaxloop.config.run import Config
 from torch_ref.lion import Lion
 from torch_ref.schedule import base_lr
 
@@ -88,7 +88,7 @@ TORCH_OPTIMIZERS: dict[type, Callable[[Any, list[dict], float], torch.optim.Opti
     ),
     LionConfig: lambda o, groups, lr: Lion(groups, lr=lr, betas=(o.b1, o.b2), weight_decay=o.weight_decay),
 }
-"""Each optimizer config class (jaxloop.core.optimizers_config) -> torch's optimizer built from its fields."""
+"""Each optimizer config class (jaxloop.config.optimizers) -> torch's optimizer built from its fields."""
 
 
 def global_norm(grads: Iterable[torch.Tensor], mode: ClipMode = "torch") -> torch.Tensor:

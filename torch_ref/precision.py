@@ -24,7 +24,7 @@ import dataclasses
 
 import torch
 
-from jaxloop.core.config import ConfigError
+from jaxloop.config.run import ConfigError
 
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False

@@ -49,8 +49,8 @@ from typing import Any
 import torch
 from torch.optim import lr_scheduler as sched
 
-from jaxloop.core.config import Config
-from jaxloop.core.schedules_config import (
+from jaxloop.config.run import Config
+from jaxloop.config.schedules import (
     ConstantConfig,
     CosineRestartsConfig,
     ExponentialConfig,

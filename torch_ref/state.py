@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from jaxloop.core.config import Config
-from jaxloop.core.sources import Splits
+from jaxloop.config.run import Config
+from jaxloop.data.sources import Splits
 from torch_ref.models import load_jax_params, make_model
 from torch_ref.optim import make_optimizer
 from torch_ref.precision import Policy, get_policy
@@ -117,7 +117,7 @@ def seed_everything(seed: int, device_type: str = "cpu") -> None:
     torch.use_deterministic_algorithms(True, warn_only=device_type != "cpu")
 
 
-def create_train_state(
+def create_torch_state(
     cfg: Config, splits: Splits, init_params: Any = None, device: torch.device | str = "cpu"
 ) -> TrainState:
     """The state of a fresh run: the model initialised from torch.manual_seed(seed), or from

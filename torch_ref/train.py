@@ -6,14 +6,14 @@ torch). Exit status: 0 done (also after early stopping); 1 too many consecutive 
 2 bad input (one line on stderr, nothing written); 130 / 143 interrupted by SIGINT / SIGTERM after the
 current update was finished and saved.
 
-run_dir outputs: config.json (jaxloop.core.config.to_dict), metrics.jsonl (one JSON record per line: train
+run_dir outputs: config.json (jaxloop.config.run.to_dict), metrics.jsonl (one JSON record per line: train
 records every log_every updates, eval records every eval_every updates and at the end), checkpoints/,
 summary.json, resumes.jsonl (one line per resume), vocab.json (text sources).
 
 Library use (what the parity tests call):
 
     result = run(cfg, init_params=jax_params, clip="optax")   # -> RunResult(records, summary, state)
-    state = create_train_state(cfg, splits, init_params)       # torch_ref.state
+    state = create_torch_state(cfg, splits, init_params)       # torch_ref.state
     metrics = train_update(state, micro_batches, clip="optax") # torch_ref.step: one update
 """
 
@@ -28,22 +28,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jaxloop.core.argv import take_option
-from jaxloop.core.cadence import Cadence
-from jaxloop.core.cli import EXIT_BAD_INPUT, EXIT_SIGNAL, Interrupted, NonFiniteError, UsageError, finish, parse_or_exit
-from jaxloop.core.config import Config, ConfigError
-from jaxloop.core.layout import RunLayout
-from jaxloop.core.lock import RunLock
-from jaxloop.core.outcome import COMPLETED, EARLY_STOPPING, early_stopping_message, final_evaluation_due, signal_stop
-from jaxloop.core.outcome import summary as run_summary
-from jaxloop.core.records import BestTracker, read_records, rewrite_for_resume
-from jaxloop.core.run_dir import RunDir
-from jaxloop.core.sources import Splits, load_splits, write_vocab
+from jaxloop.config.argv import take_option
+from jaxloop.config.cadence import Cadence
+from jaxloop.config.cli import (
+    EXIT_BAD_INPUT,
+    EXIT_SIGNAL,
+    Interrupted,
+    NonFiniteError,
+    UsageError,
+    finish,
+    parse_or_exit,
+)
+from jaxloop.config.run import Config, ConfigError
+from jaxloop.data.sources import Splits, load_splits, write_vocab
+from jaxloop.rundir.layout import RunLayout
+from jaxloop.rundir.lock import RunLock
+from jaxloop.rundir.outcome import COMPLETED, EARLY_STOPPING, early_stopping_message, final_evaluation_due, signal_stop
+from jaxloop.rundir.outcome import summary as run_summary
+from jaxloop.rundir.records import BestTracker, read_records, rewrite_for_resume
+from jaxloop.rundir.rules import RunDir
 from torch_ref.checkpoint import CheckpointManager
 from torch_ref.data import make_train_loader, make_val_loader
 from torch_ref.optim import ClipMode
 from torch_ref.schedule import after_evaluation
-from torch_ref.state import TrainState, create_train_state, state_digest
+from torch_ref.state import TrainState, create_torch_state, state_digest
 from torch_ref.step import evaluate, train_update
 
 PROG = "torch_ref.train"
@@ -85,7 +93,7 @@ class MetricsWriter:
     def __init__(self, cfg: Config, run_dir: Path, start_step: int):
         self.cfg = cfg
         self.path = RunLayout(run_dir).metrics
-        rewrite_for_resume(run_dir, start_step)  # jaxloop.core.records: the records a resume keeps, atomically
+        rewrite_for_resume(run_dir, start_step)  # jaxloop.rundir.records: the records a resume keeps, atomically
         self._file = open(self.path, "a", buffering=1)
         self._print = cfg.log.progress != "off"
 
@@ -142,7 +150,7 @@ def run(
     splits = splits if splits is not None else load_splits(cfg)  # bad data: ConfigError, nothing written
     rd = RunDir(cfg)
     rd.check(has_checkpoint=CheckpointManager.has_checkpoint(rd.checkpoints))
-    with RunLock(rd.path):  # one run per run_dir, as jaxloop's (jaxloop.core.lock); a refusal writes nothing
+    with RunLock(rd.path):  # one run per run_dir, as jaxloop's (jaxloop.rundir.lock); a refusal writes nothing
         rd.check(
             has_checkpoint=CheckpointManager.has_checkpoint(rd.checkpoints)
         )  # held: a killed holder may have saved
@@ -150,7 +158,7 @@ def run(
         run_dir = rd.path
         write_vocab(str(run_dir), splits)
 
-        state = create_train_state(cfg, splits, init_params, device or default_device())
+        state = create_torch_state(cfg, splits, init_params, device or default_device())
         ckpt = CheckpointManager(cfg, run_dir)
         restored = ckpt.restore_latest() if cfg.resume != "never" else None
         rd.must_have_resumed(restored)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxloop.core.config import ConfigError, ModelConfig, is_hf_model_dir
+from jaxloop.config.run import ConfigError, ModelConfig, is_hf_model_dir
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxloop.checkpoint import hf_gpt2
-from jaxloop.core.config import Config, ConfigError, ModelConfig, preset
+from jaxloop.config.run import Config, ConfigError, ModelConfig, preset
 
 
 def init_params_from(path: str | Path, target_params: Any) -> Any:

@@ -63,11 +63,11 @@ from orbax.checkpoint import checkpoint_managers as cm
 from jaxloop.checkpoint.digest import checkpoint_digest, finite, verify
 from jaxloop.checkpoint.orbax_quiet import MessageFilter, close_abandoned_reads, quiet_absl, quiet_checkpointing
 from jaxloop.checkpoint.write_errors import committed_steps, free_bytes, root_cause, size_text, write_error
-from jaxloop.core.config import CheckpointConfig, Config
-from jaxloop.core.errors import CheckpointWriteError, ConfigError
-from jaxloop.core.identity import first_differences, model_differences
-from jaxloop.core.layout import DAMAGED_DIR, RunLayout
-from jaxloop.update.distributed import barrier, is_primary
+from jaxloop.config.errors import CheckpointWriteError, ConfigError
+from jaxloop.config.run import CheckpointConfig, Config
+from jaxloop.rundir.layout import DAMAGED_DIR, RunLayout
+from jaxloop.rundir.model_identity import first_differences, model_differences
+from jaxloop.runtime.processes import barrier, is_primary
 from jaxloop.update.state import TrainState, leaf_path, model_record
 
 ITEMS = ("state", "data", "config", "metadata", "digest")
@@ -386,7 +386,7 @@ class Checkpointer:
         failed save the failure is raised again, with the last good checkpoint as it is now, without
         waiting for the failed save's writes: Orbax's commit threads may wait for it until Orbax's
         coordination timeout (300 s), and the process they keep alive is ended by the command line's edge
-        once its one line is out (jaxloop.core.interrupt.end_process)."""
+        once its one line is out (jaxloop.runtime.signals.end_process)."""
         try:
             self.wait()
         finally:
@@ -443,7 +443,7 @@ def read_checkpoint(
     False reads them as the current mode's floats (a run taking another run's params to cast them to its
     own). jax's x64 mode and absl's log level are as before when it returns.
     """
-    from jaxloop.core.run_dir import read_config
+    from jaxloop.rundir.rules import read_config
 
     layout = RunLayout.of(Path(run_dir).absolute())
     run_dir = layout.root

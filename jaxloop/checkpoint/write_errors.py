@@ -9,8 +9,8 @@ import re
 import shutil
 from pathlib import Path
 
-from jaxloop.core.errors import CheckpointWriteError
-from jaxloop.core.layout import RunLayout
+from jaxloop.config.errors import CheckpointWriteError
+from jaxloop.rundir.layout import RunLayout
 from jaxloop.update.memory_plan import size
 
 

@@ -1,6 +1,6 @@
 """The input pipeline: sources -> grain (order, shard, gather, worker processes) -> device prefetch.
 
-    splits = load_splits(cfg)                        # jaxloop.core.sources, numpy only
+    splits = load_splits(cfg)                        # jaxloop.data.sources, numpy only
     with TrainLoader(splits, seed=0, batch_size=64, position=p) as loader, DevicePrefetcher(loader, 2) as it:
         batch = next(it)                             # this process's shard of micro-batch `position`
         ...
@@ -28,13 +28,13 @@ import jax
 import numpy as np
 from absl import flags as absl_flags
 
-from jaxloop.core.config import Config, ConfigError
-from jaxloop.core.sources import (
+from jaxloop.config.run import Config, ConfigError
+from jaxloop.data.sources import (
     Batch,
     ChunkGather,
     MicroBatchGather,
     Splits,
-    _batches_per_epoch,
+    batches_in_epoch,
     eval_records,
     shard_slice,
     stack_batches,
@@ -112,7 +112,7 @@ class TrainLoader(Iterator[Batch]):
         if self.workers < 0:
             raise ValueError(f"workers must be an integer >= 0, got {workers!r}")
         self.seed, self.batch_size, self.num_train = int(seed), int(batch_size), splits.num_train
-        self.batches_per_epoch = _batches_per_epoch(self.batch_size, self.num_train)
+        self.batches_per_epoch = batches_in_epoch(self.batch_size, self.num_train)
         shard_slice(self.batch_size, self.process_index, self.process_count)  # ConfigError if not divisible
         self.local_batch_size = self.batch_size // self.process_count
         self._gather = MicroBatchGather(
@@ -301,7 +301,7 @@ def val_batches(
 
 def run_val_batches(cfg: Config, splits: Splits) -> Iterator[Batch]:
     """The batches a run's evaluation reads: val_batches over the whole split, or over cfg.eval_batches'
-    fixed, seeded subset (jaxloop.core.sources.eval_records)."""
+    fixed, seeded subset (jaxloop.data.sources.eval_records)."""
     size = eval_batch_size(cfg)
     return val_batches(splits, size, records=eval_records(cfg.seed, splits.num_val, cfg.eval_batches, size))
 

@@ -1,6 +1,6 @@
 """The loader's worker processes: each dies with the process that started it, and never touches an
 accelerator. Run first in every grain worker (`loader_worker_init`); the records themselves come from
-jaxloop.core.sources.
+jaxloop.data.sources.
 """
 
 from __future__ import annotations

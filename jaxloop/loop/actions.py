@@ -45,16 +45,16 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from jaxloop.core.cadence import Cadence, due
-from jaxloop.core.config import ConfigError
-from jaxloop.core.errors import EXIT_SIGNAL, NonFiniteError
-from jaxloop.core.interrupt import CLI_SESSION, Session, watch_signals
-from jaxloop.core.outcome import COMPLETED, EARLY_STOPPING, early_stopping_message, signal_stop
-from jaxloop.core.records import BestTracker
+from jaxloop.config.cadence import Cadence, due
+from jaxloop.config.errors import EXIT_SIGNAL, NonFiniteError
+from jaxloop.config.run import ConfigError
 from jaxloop.loop.dispatch import Finished
 from jaxloop.model.flops import Peak, device_memory
 from jaxloop.observe.logger import RunLogger
 from jaxloop.observe.runinfo import Profiler, Timings, memory_bytes
+from jaxloop.rundir.outcome import COMPLETED, EARLY_STOPPING, early_stopping_message, signal_stop
+from jaxloop.rundir.records import BestTracker
+from jaxloop.runtime.signals import CLI_SESSION, Session, watch_signals
 from jaxloop.update.optimizer import set_learning_rate
 from jaxloop.update.state import TrainState
 
@@ -221,10 +221,10 @@ class SignalStop(Action):
     """SIGINT / SIGTERM end the run after the calls already dispatched, with a save (exit 130 / 143). With
     several processes they agree once per call, so that all dispatch and stop alike.
 
-    The signal is acknowledged at once (jaxloop.core.interrupt's watcher thread: the main thread may be waiting
+    The signal is acknowledged at once (jaxloop.runtime.signals's watcher thread: the main thread may be waiting
     on the device or compiling), naming the updates the run finishes (the calls on the device: paced calls
     last about a second, jaxloop.loop.host_loop.Pace) and the update it stops and saves after. Under the CLI
-    (jaxloop.core.interrupt.CLI_SESSION), in one process, a signal before the first compile ended (setup,
+    (jaxloop.runtime.signals.CLI_SESSION), in one process, a signal before the first compile ended (setup,
     the first compile: nothing trained in this run yet) ends the process at once, and so does a second
     SIGINT; one during the first call waits for it and saves what it trained."""
 

@@ -4,7 +4,7 @@ The loop talks to the device only through a Dispatcher: `dispatch(state, step, n
 compiled call of n updates (a lax.scan of train_step over K x n micro-batches already on the device, the
 state donated) and returns at once; `wait(call)` is where the host waits for it (its per-micro-batch
 metrics, fetched once). A call of each size is compiled on first use (`ready(n)` says whether it is; JAX's
-persistent cache, when on, answers a compile a former run did: jaxloop.loop.compilation). Given a
+persistent cache, when on, answers a compile a former run did: jaxloop.runtime.compilation). Given a
 memory plan (jaxloop.update.memory_plan), each call is fitted to the device's memory before it first runs: a call that
 does not fit is compiled again under a smaller plan (`memory`, then, is that plan). What a call computes
 is one record (CallPlan), who hears of its compiling another (CallEvents). The Dispatcher is also the test
@@ -21,10 +21,10 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from jaxloop.core.config import MemoryConfig
+from jaxloop.config.run import MemoryConfig
 from jaxloop.data.pipeline import DevicePrefetcher
-from jaxloop.loop.compilation import loaded_from_cache
 from jaxloop.observe.runinfo import Timings
+from jaxloop.runtime.compilation import loaded_from_cache
 from jaxloop.update.distributed import pin_shardings
 from jaxloop.update.memory_plan import Fit, fit
 from jaxloop.update.state import TrainState

@@ -17,7 +17,7 @@ from jaxloop.update.step import make_eval_step
 Batch = dict[str, Any]
 
 
-class Evaluator:
+class ValidationPass:
     """eval_loss over every batch of the validation split: its loss and aux metrics, each averaged over
     the records (batches weighted by their `weight`, 0 for the padding of the last one), for the params
     and, when the state keeps one, their EMA (prefix ema_val_).

@@ -7,7 +7,7 @@ finished call to the actions (logs, streaks, metric hooks). At a boundary it dec
 stands (the last update, a signal), then calls each action due there once, in order, with the boundary's
 immutable record (jaxloop.loop.actions.Boundary; the evaluation is one of them, listed before those that
 read its results), before dispatching again. How many updates each call runs is the Pace's (paced to
-about a second from the first calls' own time, jaxloop.core.cadence). It knows no action by name
+about a second from the first calls' own time, jaxloop.config.cadence). It knows no action by name
 (jaxloop.loop.actions) and reaches the device only through a Dispatcher (jaxloop.loop.dispatch).
 `jaxloop.run` builds both.
 """
@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from jaxloop.core.cadence import TARGET_CALL_S, call_sizes, next_call_size, on_grid, paced_cap
-from jaxloop.core.outcome import COMPLETED
+from jaxloop.config.cadence import TARGET_CALL_S, call_sizes, next_call_size, on_grid, paced_cap
 from jaxloop.loop.actions import Action, Boundary, RunContext, metrics_of
 from jaxloop.loop.dispatch import Call, Dispatcher, Finished
+from jaxloop.rundir.outcome import COMPLETED
 from jaxloop.update.state import TrainState
 
 MEASURED_CALLS = 2
@@ -31,7 +31,7 @@ pays for its start)."""
 
 @dataclass
 class Pace:
-    """How many updates each call runs (jaxloop.core.cadence.next_call_size): the grid, or the largest of a few
+    """How many updates each call runs (jaxloop.config.cadence.next_call_size): the grid, or the largest of a few
     sizes under `cap` that ends at or before the next update where an action reading the state is due
     (`periods`), or the last. Paced (`measure`), the run's first MEASURED_CALLS calls, of the normal size,
     are timed, and where the longest call would last over 2 x `target_s` (and more than one such call is

@@ -1,4 +1,4 @@
-"""The model half of a run's identity, checked before a run writes anything (jaxloop.core.identity holds the
+"""The model half of a run's identity, checked before a run writes anything (jaxloop.rundir.model_identity holds the
 record and the rules): a resume whose model differs from the run's (its leaves, or what its loss computes),
 or --init_from a run (or a Hugging Face GPT-2) whose params
 have other shapes, is refused with a ConfigError (exit 2) naming the first
@@ -24,11 +24,11 @@ from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
 from jaxloop.checkpoint import hf_gpt2
 from jaxloop.checkpoint.manager import Checkpointer, saved_structure
-from jaxloop.core.config import Config, ConfigError
-from jaxloop.core.identity import check_model, first_differences, model_differences, read_model_record
-from jaxloop.core.layout import RunLayout
-from jaxloop.core.sources import Splits
+from jaxloop.config.run import Config, ConfigError
+from jaxloop.data.sources import Splits
 from jaxloop.loop.task import Task, run_state
+from jaxloop.rundir.layout import RunLayout
+from jaxloop.rundir.model_identity import check_model, first_differences, model_differences, read_model_record
 from jaxloop.update.state import hash_array, model_record
 
 

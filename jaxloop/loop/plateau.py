@@ -22,8 +22,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from jaxloop.core.config import Config
-from jaxloop.core.schedules_config import PlateauConfig
+from jaxloop.config.run import Config
+from jaxloop.config.schedules import PlateauConfig
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """`jaxloop.run(cfg, task, hooks)`: one training run, composed from the layers below.
 
-    validate the config -> process setup (jaxloop.loop.process) -> the task and its records -> the run_dir rules
-    -> hold the run_dir (jaxloop.core.lock) -> a restored or fresh state -> the dispatcher and the actions
+    validate the config -> process setup (jaxloop.runtime.settings) -> the task and its records -> the run_dir rules
+    -> hold the run_dir (jaxloop.rundir.lock) -> a restored or fresh state -> the dispatcher and the actions
     -> the host loop -> summary and report -> RunResult (the trained state and the summary)
 
 Each piece gets the part of the config it needs; the loop itself (jaxloop.loop.host_loop) knows none of them. The
@@ -24,37 +24,36 @@ import numpy as np
 from jaxloop.checkpoint.init_from import initial_params, shaped_by_init_from
 from jaxloop.checkpoint.manager import Checkpointer, read_state
 from jaxloop.checkpoint.write_errors import disk_full_line
-from jaxloop.core.cadence import MAX_UPDATES_PER_CALL, Cadence
-from jaxloop.core.config import Config, MemoryConfig, to_dict, validate
-from jaxloop.core.data_identity import check_same_data, data_lines
-from jaxloop.core.errors import CheckpointWriteError, Interrupted, NonFiniteError, OutOfMemoryError
-from jaxloop.core.identity import read_model_record, write_model_record
-from jaxloop.core.interrupt import on_abrupt_exit
-from jaxloop.core.lock import RunDirInUse, RunLock
-from jaxloop.core.outcome import final_evaluation_due
-from jaxloop.core.outcome import summary as run_summary
-from jaxloop.core.records import BestTracker
-from jaxloop.core.run_dir import RunDir, resume_by_name
-from jaxloop.core.sources import Splits, write_vocab
+from jaxloop.config.cadence import MAX_UPDATES_PER_CALL, Cadence
+from jaxloop.config.errors import CheckpointWriteError, Interrupted, NonFiniteError, OutOfMemoryError
+from jaxloop.config.run import Config, MemoryConfig, to_dict, validate
+from jaxloop.data.identity import check_same_data, data_lines
 from jaxloop.data.pipeline import DevicePrefetcher, run_val_batches, train_loader
+from jaxloop.data.sources import Splits, write_vocab
 from jaxloop.loop import actions as act
 from jaxloop.loop.dispatch import CallEvents, CallPlan, Dispatcher
-from jaxloop.loop.evaluate import Evaluator
+from jaxloop.loop.evaluate import ValidationPass
 from jaxloop.loop.host_loop import Pace, train
 from jaxloop.loop.model_check import check_init_from, check_same_model, this_model
-from jaxloop.loop.process import process_settings
 from jaxloop.loop.task import Task, builtin_task, check_builtin_fields, check_own_optimizer, run_state
 from jaxloop.model.flops import gpt_facts, mfu_inputs
 from jaxloop.model.precision import resolve_precision
 from jaxloop.observe.logger import RunLogger
 from jaxloop.observe.runinfo import Profiler, Timings, memory_bytes, run_metadata
 from jaxloop.observe.update_breakdown import measure_run
+from jaxloop.rundir.lock import RunDirInUse, RunLock
+from jaxloop.rundir.model_identity import read_model_record, write_model_record
+from jaxloop.rundir.outcome import final_evaluation_due
+from jaxloop.rundir.outcome import summary as run_summary
+from jaxloop.rundir.records import BestTracker
+from jaxloop.rundir.rules import RunDir, resume_by_name
+from jaxloop.runtime.processes import barrier, is_primary
+from jaxloop.runtime.settings import process_settings
+from jaxloop.runtime.signals import on_abrupt_exit
 from jaxloop.update.distributed import (
     abstract_sharded,
-    barrier,
     check_divisible,
     create_sharded,
-    is_primary,
     make_mesh,
     shard_batch,
     to_host,
@@ -97,7 +96,7 @@ def run(cfg: Config, task: Task | None = None, hooks: Sequence[act.Action] = ())
     """Train `task` (default: the preset's built-in task) according to cfg, with research code's `hooks`
     (jaxloop.Hook) among the loop's periodic actions; returns the trained state and the summary written to
     run_dir/summary.json (RunResult). `Config(run_dir=DIR)` alone resumes the run saved in DIR with its own
-    config (jaxloop.core.run_dir); a run that has already ended writes nothing, says so on stderr ("already
+    config (jaxloop.rundir.rules); a run that has already ended writes nothing, says so on stderr ("already
     complete: ...") and returns its summary, with `already_complete` True, and its final state read back from
     its last checkpoint (None, with a warning, where that checkpoint does not read)."""
     t_start = time.perf_counter()
@@ -119,14 +118,14 @@ def _run_configured(cfg: Config, task: Task | None, hooks: Sequence[act.Action],
     rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))
     task = builtin_task(cfg) if builtin else task  # bad data is a ConfigError before anything is written
     check_own_optimizer(cfg, task)
-    splits = task.splits()  # bad or empty records too (jaxloop.core.sources)
+    splits = task.splits()  # bad or empty records too (jaxloop.data.sources)
     check_divisible(cfg)
     check_plan(cfg.memory, cfg.batch_size, task.model)
     model = check_model_identity(cfg, task, splits, rd, builtin)  # another model: refused, nothing written
     ended = rd.finished()
     if ended is not None:  # a finished run started again: nothing to do, nothing written (not even the lock)
         return already_complete(cfg, task, splits, rd, ended)
-    if getattr(splits, "record", None) is not None:  # other data (jaxloop.core.data_identity): refused, nothing written
+    if getattr(splits, "record", None) is not None:  # other data (jaxloop.data.identity): refused, nothing written
         splits = replace(
             splits, record=check_same_data(rd.layout, splits.record, rd.saved is not None, cfg.data.allow_changed)
         )
@@ -147,7 +146,7 @@ def _run_configured(cfg: Config, task: Task | None, hooks: Sequence[act.Action],
 def already_complete(cfg: Config, task: Task, splits: Splits, rd: RunDir, ended: dict[str, Any]) -> RunResult:
     """A finished run started again: the line that says so (on stderr, once per job), and the run's final state
     read from the checkpoint of its last update, read-only."""
-    from jaxloop.core.cli import done_line
+    from jaxloop.config.cli import done_line
 
     summary = {**ended, "already_complete": True}
     if is_primary():
@@ -157,7 +156,7 @@ def already_complete(cfg: Config, task: Task, splits: Splits, rd: RunDir, ended:
 
 
 def hold_run_dir(cfg: Config) -> RunLock | None:
-    """One run per run_dir (jaxloop.core.lock): process 0 holds it for the job and every process learns
+    """One run per run_dir (jaxloop.rundir.lock): process 0 holds it for the job and every process learns
     whether it may go on; RunDirInUse (a ConfigError) names the holder before anything is written."""
     lock, refused = None, None
     if is_primary():
@@ -197,7 +196,7 @@ def _run_held(
 ) -> RunResult:
     """run() once run_dir is held: write it, restore or build the state, train; after an out-of-memory error
     at run time (Replan), reload the last checkpoint and train on under the smaller plan. `model`: the
-    model record of the state trained (jaxloop.core.identity), written to run_dir/model.json."""
+    model record of the state trained (jaxloop.rundir.model_identity), written to run_dir/model.json."""
     rd.check(has_checkpoint=Checkpointer.has_checkpoint(rd.checkpoints))  # again, held: a killed holder may have saved
     check_same_model(cfg, rd.layout, model, flags=builtin)  # again, held
     barrier("jaxloop: run_dir checked")  # nothing is written before every process has read run_dir
@@ -386,7 +385,7 @@ def _train(
     )
     tracker = BestTracker(cfg.checkpoint.best_mode, cfg.patience)
     evaluator = FirstCallAnnounced(
-        Evaluator(task.eval_loss(), lambda: run_val_batches(cfg, splits), mesh), logger, "the evaluation"
+        ValidationPass(task.eval_loss(), lambda: run_val_batches(cfg, splits), mesh), logger, "the evaluation"
     )
     evaluate = act.Evaluate(cadence, evaluator, tracker, cfg.checkpoint.best_metric)
     actions = run_actions(cfg, splits, ckpt, run, evaluate, hooks, restored.data if restored is not None else None)

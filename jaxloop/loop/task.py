@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import optax
 
-from jaxloop.core.config import Config, ConfigError, builtin_task_fields, preset
-from jaxloop.core.schedules_config import WARMUP_FIELDS
-from jaxloop.core.sources import RecordError, SequenceRecords, Splits, as_records, load_splits
+from jaxloop.config.run import Config, ConfigError, builtin_task_fields, preset
+from jaxloop.config.schedules import WARMUP_FIELDS
+from jaxloop.data.sources import RecordError, SequenceRecords, Splits, as_records, load_splits
 from jaxloop.model.builtin import make_model
 from jaxloop.model.interface import LossFn
 from jaxloop.model.precision import get_policy
@@ -43,7 +43,7 @@ class Task:
     """A model (flax.linen.Module or flax.nnx.Module), its loss, and training and validation records.
 
     train / val: any random-access source of records: a sequence of dicts of numpy arrays, a grain
-    MapDataset, or jaxloop.core.sources.Records. eval_metrics(model, batch) -> {name: scalar}, if given,
+    MapDataset, or jaxloop.data.sources.Records. eval_metrics(model, batch) -> {name: scalar}, if given,
     adds metrics to the validation loss (weighted by batch["weight"] like the loss).
     """
 
@@ -98,7 +98,7 @@ def builtin_task(cfg: Config, splits: Splits | None = None) -> Task:
 
 def check_builtin_fields(cfg: Config) -> None:
     """A run of a Task of one's own: every field only the built-in tasks read (model.*, data.source, data.path,
-    data.val_fraction: jaxloop.core.config.builtin_task_fields) keeps its preset's value, since the Task's model and
+    data.val_fraction: jaxloop.config.run.builtin_task_fields) keeps its preset's value, since the Task's model and
     records replace them; a ConfigError names the first that does not, rather than the run ignoring it."""
     base = preset(cfg.preset)
     for name in builtin_task_fields():

@@ -22,13 +22,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxloop.core.config import ConfigError
+from jaxloop.config.run import ConfigError
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
-class Choice(NamedTuple):
+class AttentionChoice(NamedTuple):
     """The implementation a model runs (xla or cudnn) and why (for the run's metadata)."""
 
     implementation: str
@@ -55,20 +55,20 @@ def cudnn_unsupported(
     return None
 
 
-def choose(requested: str, dtype: Any, head_dim: int, dropout: float, device: Any = None) -> Choice:
+def choose(requested: str, dtype: Any, head_dim: int, dropout: float, device: Any = None) -> AttentionChoice:
     """The implementation for model.attention=`requested` on `device` (default: jax's first device); an explicit
     cudnn that cannot run is a ConfigError naming why."""
     if requested not in IMPLEMENTATIONS:
         raise ConfigError("model.attention", requested, f"one of {', '.join(IMPLEMENTATIONS)}")
     if requested == "xla":
-        return Choice("xla", "model.attention=xla")
+        return AttentionChoice("xla", "model.attention=xla")
     device = device if device is not None else jax.devices()[0]
     why_not = cudnn_unsupported(dtype, head_dim, dropout, device.platform, getattr(device, "compute_capability", None))
     if why_not is None:
-        return Choice("cudnn", f"model.attention={requested}: cuDNN supports this case")
+        return AttentionChoice("cudnn", f"model.attention={requested}: cuDNN supports this case")
     if requested == "cudnn":
         raise ConfigError("model.attention", requested, f"auto or xla here: {why_not}")
-    return Choice("xla", f"model.attention=auto: {why_not}")
+    return AttentionChoice("xla", f"model.attention=auto: {why_not}")
 
 
 def mask(t: int, s: int, kv_lengths: jax.Array | None = None, q_offset: jax.Array | None = None) -> jax.Array:

@@ -25,8 +25,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxloop.core.config import ModelConfig, padded_vocab
-from jaxloop.model.attention import Choice, choose, dot_product_attention
+from jaxloop.config.run import ModelConfig, padded_vocab
+from jaxloop.model.attention import AttentionChoice, choose, dot_product_attention
 
 ACTIVATIONS = {
     "gelu": lambda x: nn.gelu(x, approximate=True),
@@ -251,7 +251,7 @@ def make_model(m: ModelConfig, num_classes: int, precision: str = "fp32") -> nn.
     )
 
 
-def attention_choice(m: ModelConfig, precision: str) -> Choice:
+def attention_choice(m: ModelConfig, precision: str) -> AttentionChoice:
     """The attention implementation of the GPT that m names under `precision`, on jax's first device, and why
     (model.attention=auto: cudnn where it runs; jaxloop.model.attention)."""
     from jaxloop.model.precision import get_policy

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from jaxloop.core.config import ModelConfig, padded_vocab
+from jaxloop.config.run import ModelConfig, padded_vocab
 
 COUNT = "6N + 12*L*T*d"
 """The count of flops_per_token (the module doc), as the run's metadata names it."""

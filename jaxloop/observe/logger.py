@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from jaxloop.core.config import LogConfig
-from jaxloop.core.layout import RunLayout
-from jaxloop.core.records import rewrite_for_resume
+from jaxloop.config.run import LogConfig
 from jaxloop.observe.runinfo import format_bytes, format_duration, memory_bytes
+from jaxloop.rundir.layout import RunLayout
+from jaxloop.rundir.records import rewrite_for_resume
 
 PLAIN_LINES = 50
 """Plain progress prints about this many update lines per run (every log record on short runs)."""

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxloop.core.atomic import atomic_write_bytes, atomic_write_text
-from jaxloop.core.layout import CHECKPOINT_DIR, METRICS_FILE, PROFILE_DIR, TB_DIR, RunLayout
-from jaxloop.core.records import read_records
 from jaxloop.observe.runinfo import format_bytes, format_duration
 from jaxloop.observe.update_breakdown import PART_NOTES, rounded, split_update
+from jaxloop.rundir.atomic import atomic_write_bytes, atomic_write_text
+from jaxloop.rundir.layout import CHECKPOINT_DIR, METRICS_FILE, PROFILE_DIR, TB_DIR, RunLayout
+from jaxloop.rundir.records import read_records
 
 PLOTS = {"loss": "loss.png", "lr": "lr.png", "throughput": "throughput.png"}
 TIMING_ORDER = ("setup", "compile", "data_wait", "eval", "checkpoint", "log", "profile", "breakdown")
@@ -369,7 +369,7 @@ def plot_loss(run: Run, path: Path, best: dict[str, Any]) -> Any:
 
 def _schedule_line(optim: dict[str, Any], steps: Any) -> str:
     """The schedule as jaxloop.update.schedules.describe words it, from the saved config (the fields it reads)."""
-    from jaxloop.core.config import OptimConfig, from_dict
+    from jaxloop.config.run import OptimConfig, from_dict
 
     try:
         from jaxloop.update.schedules import describe

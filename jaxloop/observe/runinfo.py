@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from jaxloop.core.config import Config
-from jaxloop.core.layout import PROFILE_DIR  # noqa: F401  (re-exported: the report names it)
+from jaxloop.config.run import Config
+from jaxloop.rundir.layout import PROFILE_DIR  # noqa: F401  (re-exported: the report names it)
 
 # ----------------------------------------------------------------------------- memory
 
@@ -129,7 +129,7 @@ class Timings:
 
 def run_metadata(cfg: Config, data: dict[str, Any] | None = None) -> dict[str, Any]:
     """What produced this run: git commit (when in a repository), config, packages, devices, CPU, host; and
-    `data`, the files each split reads with their fingerprints (jaxloop.core.data_identity), when given."""
+    `data`, the files each split reads with their fingerprints (jaxloop.data.identity), when given."""
     import importlib.metadata
     import os
     import platform
@@ -163,7 +163,7 @@ def run_metadata(cfg: Config, data: dict[str, Any] | None = None) -> dict[str, A
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    from jaxloop.core.config import to_dict
+    from jaxloop.config.run import to_dict
 
     dirty = git("status", "--porcelain")
     devices = jax.devices()

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from jaxloop.core.atomic import atomic_write_text
+from jaxloop.rundir.atomic import atomic_write_text
 
 TRACKERS_DIR = "trackers"
 """run_dir/trackers: the trackers' files (W&B's offline runs, MLflow's sqlite store and artifacts, state.json)."""
@@ -272,8 +272,8 @@ class Trackers:
 
 def report_to_trackers(run_dir: str | Path, names: tuple[str, ...], project: str, mlflow_uri: str) -> None:
     """report.md and its plots as files of each tracker's run (the run continued by its id, then closed again)."""
-    from jaxloop.core.layout import RunLayout
     from jaxloop.observe.run_report import PLOTS
+    from jaxloop.rundir.layout import RunLayout
 
     run_dir = Path(run_dir)
     layout = RunLayout(run_dir)

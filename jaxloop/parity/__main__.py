@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def first_line(error: BaseException) -> str:
     """An exception's message as one line of at most a few hundred characters (or its class's name)."""
-    from jaxloop.core.errors import VALUE_SHOWN
+    from jaxloop.config.errors import VALUE_SHOWN
 
     text = str(error).strip()
     line = text.splitlines()[0] if text else type(error).__name__

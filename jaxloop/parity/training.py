@@ -25,7 +25,7 @@ import jax
 import numpy as np
 import optax
 
-from jaxloop.core.config import Config, OptimConfig
+from jaxloop.config.run import Config, OptimConfig
 from jaxloop.parity.flaxside import FlaxModel, batch_to_jax, no_dropout, policy
 from jaxloop.parity.measures import scaled_diffs, whole_rel_diff, worst
 from jaxloop.parity.torchside import batch_to_torch, require_torch, to_numpy
@@ -83,7 +83,7 @@ def update_configs(grad_norm: float) -> list[tuple[str, OptimConfig, int]]:
 # at an evaluation: parity_tests/test_schedules.py holds it to ReduceLROnPlateau), without warmup so that
 # each schedule acts from the first update (one_cycle has none); the clipping that acts, as in base, and
 # every field the entry does not name at its default (a field its optimizer or schedule does not read
-# must be: jaxloop.core.config.validate).
+# must be: jaxloop.config.run.validate).
 MENU: tuple[tuple[str, dict[str, Any]], ...] = (
     ("adam, step (step_size 1, gamma 0.5)", dict(name="adam", warmup_steps=0, schedule="step", step_size=1, gamma=0.5)),
     (

@@ -22,8 +22,8 @@ from typing import Any
 
 import jax
 
-from jaxloop.core.config import REMATS, ConfigError, MemoryConfig
-from jaxloop.core.errors import OutOfMemoryError
+from jaxloop.config.errors import OutOfMemoryError
+from jaxloop.config.run import REMATS, ConfigError, MemoryConfig
 
 REMAT_ORDER = REMATS
 """The order re-planning tries rematerialisation in, after splitting (see `candidates`): none, blocks,

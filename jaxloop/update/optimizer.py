@@ -3,7 +3,7 @@
     [dynamic_loss_scale(] skip_nonfinite_windows(chain(
         record_grad_norm(), clip_by_global_norm, inject_hyperparams(optimizer)(schedule)), K) [)]
 
-`optimizer` is optim.name's (jaxloop.update.torch_optimizers: adamw by default; adam, sgd, rmsprop, adagrad, lion with
+`optimizer` is optim.name's (jaxloop.update.transforms: adamw by default; adam, sgd, rmsprop, adagrad, lion with
 torch.optim's semantics) or a Task's own optax transformation. skip_nonfinite_windows averages K
 micro-batch gradients as optax.MultiSteps does (and keeps its state, MultiStepsState), so clipping acts on
 the mean and the optimizer (and its schedule count) steps once per update; it drops a whole accumulation
@@ -22,12 +22,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxloop.core.config import OptimConfig
+from jaxloop.config.run import OptimConfig
 from jaxloop.model import precision
 from jaxloop.model.precision import BACKOFF_FACTOR, GROWTH_FACTOR, GROWTH_INTERVAL, Policy
-from jaxloop.update import torch_optimizers
+from jaxloop.update import transforms as torch_optimizers
 from jaxloop.update.schedules import make_schedule
-from jaxloop.update.torch_optimizers import adamw, decay_mask, scale_by_adam  # noqa: F401  (jaxloop.update.optimizer's names before the menu)
+from jaxloop.update.transforms import adamw, decay_mask, scale_by_adam  # noqa: F401  (jaxloop.update.optimizer's names before the menu)
 
 OwnOptimizer = Any
 """A Task's own optimizer: an optax.GradientTransformation, or a factory schedule -> GradientTransformation

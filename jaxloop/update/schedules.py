@@ -1,7 +1,7 @@
 """The learning-rate schedules PyTorch users run, tabulated by update index for the device (the command
 `python -m jaxloop.schedule`, jaxloop/schedule.py, prints or plots one without training).
 
-The formulas are the schedule config classes' (jaxloop.core.schedules_config, `build(peak_lr, steps)`: one class
+The formulas are the schedule config classes' (jaxloop.config.schedules, `build(peak_lr, steps)`: one class
 per schedule, its fields, its checks and its rate function); this module tabulates them for the device.
 `make_schedule(cfg.optim, cfg.steps)(u)` is the rate of the 0-based optimizer update u: an optax.Schedule
 (count -> rate) that the optimizer's inject_hyperparams calls with its own count. It advances once per
@@ -54,13 +54,13 @@ from typing import Any
 
 import numpy as np
 
-from jaxloop.core.config import OptimConfig
-from jaxloop.core.schedules_config import OneCycleConfig, WarmupScheduleConfig, WSDConfig
+from jaxloop.config.run import OptimConfig
+from jaxloop.config.schedules import OneCycleConfig, WarmupScheduleConfig, WSDConfig
 
 
 def rates(optim: OptimConfig, steps: int) -> np.ndarray:
     """float64 rates of updates 0 .. steps (see the module doc); the last is held past steps. The formulas
-    are the schedule classes' (jaxloop.core.schedules_config: optim.lr_schedule.build)."""
+    are the schedule classes' (jaxloop.config.schedules: optim.lr_schedule.build)."""
     rate = optim.lr_schedule.build(optim.peak_lr, steps)
     # filled in place: 8 bytes per update (a list first would hold a Python float and its pointer, 32)
     return np.fromiter(map(rate, range(steps + 1)), np.float64, count=steps + 1)

@@ -200,7 +200,7 @@ def leaf_path(path: Any) -> str:
 def model_record(state: Any, model: Any = None) -> dict[str, Any]:
     """The structure of a TrainState (or its jax.eval_shape): every leaf's path, shape and dtype, in the
     state's order, and the class name of `model` (the user's module): the model half of a run's identity,
-    kept in run_dir/model.json (jaxloop.core.identity)."""
+    kept in run_dir/model.json (jaxloop.rundir.model_identity)."""
     leaves = [
         [leaf_path(path), list(leaf.shape), str(leaf.dtype)]
         for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]

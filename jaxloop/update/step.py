@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxloop.core.config import MemoryConfig
+from jaxloop.config.run import MemoryConfig
 from jaxloop.model.interface import LossFn
 from jaxloop.model.precision import pinned_matmuls
 from jaxloop.update.memory_plan import checkpoint_policy, remat_blocks

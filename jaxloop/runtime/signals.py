@@ -122,7 +122,7 @@ def exit_now(status: int, line: str) -> None:
 def cli_session(prog: str) -> Iterator[None]:
     """The command line's whole run: a SIGINT or SIGTERM before the loop's own handling starts (imports,
     setup, the first compile) or after it ends prints one line and exits 130 / 143 at once."""
-    from jaxloop.core.cli import EXIT_SIGNAL
+    from jaxloop.config.cli import EXIT_SIGNAL
 
     session = Session()
 

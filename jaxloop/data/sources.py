@@ -17,9 +17,9 @@ Sources (`load_splits(cfg) -> Splits`), each loaded once into numpy:
 - ``npz``: a user file with ``x`` and ``y`` (and optionally ``x_val`` and ``y_val``). x is cast to
   float32, y must hold integer labels >= 0 (cast to int32).
 - ``tokens``: token shards (`data.path`: one file, a directory of *.bin files, or a glob) in llm.c's
-  format or nanoGPT's headerless uint16 .bin (jaxloop.core.shards), memory-mapped, never read whole. A
+  format or nanoGPT's headerless uint16 .bin (jaxloop.data.shards), memory-mapped, never read whole. A
   file's split is the split word in its name (train; val, valid, validation, eval; test, never read), or
-  data.train / data.val name them (jaxloop.core.shards.token_splits); without validation files, each
+  data.train / data.val name them (jaxloop.data.shards.token_splits); without validation files, each
   training file's last val_fraction of tokens validates. Training record i is the window of context + 1 tokens
   starting at token i of its shard (every offset, as nanoGPT samples; shards in file order, no window
   crossing a shard's end); validation record j the window starting at j * context of its shard (stride
@@ -68,10 +68,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from jaxloop.core.atomic import atomic_write_text
-from jaxloop.core.config import Config, ConfigError
-from jaxloop.core.data_identity import data_record
-from jaxloop.core.layout import VOCAB_FILE
+from jaxloop.config.run import Config, ConfigError
+from jaxloop.data.identity import data_record
+from jaxloop.rundir.atomic import atomic_write_text
+from jaxloop.rundir.layout import VOCAB_FILE
 
 EVAL_SUBSET_KEY = 0x6576616C
 """Second word of the evaluation subset's shuffle key ("eval" in ASCII)."""
@@ -324,7 +324,7 @@ class Splits:
     example_x: one input, shape [1, ...], with the dtype fed to the model (for initialisation); None for a
     Task's records with no "x" (a Task's state is initialised from a whole record).
     vocab: the text vocabulary (id -> character, "<unk>" possibly last), None for other sources.
-    record: the files read, their splits and fingerprints (jaxloop.core.data_identity; metadata.json's "data"),
+    record: the files read, their splits and fingerprints (jaxloop.data.identity; metadata.json's "data"),
     None for the bundled digits and records of one's own.
     """
 
@@ -639,7 +639,7 @@ def _check_labels(
 def _load_tokens(
     path: str, val_fraction: float, context: int, vocab_size: int, train_glob: str = "", val_glob: str = ""
 ) -> Splits:
-    from jaxloop.core.shards import META_FILE, token_splits
+    from jaxloop.data.shards import META_FILE, token_splits
 
     assigned = token_splits(path, val_fraction, train_glob, val_glob)
     train, val, meta = assigned.train, assigned.val, assigned.meta
@@ -702,10 +702,10 @@ def read_vocab(run_dir: str) -> tuple[str, ...] | None:
 
 def batches_per_epoch(cfg: Config, num_train: int) -> int:
     """Micro-batches per epoch: num_train // batch_size (the remainder is dropped each epoch)."""
-    return _batches_per_epoch(cfg.batch_size, num_train)
+    return batches_in_epoch(cfg.batch_size, num_train)
 
 
-def _batches_per_epoch(batch_size: int, num_train: int) -> int:
+def batches_in_epoch(batch_size: int, num_train: int) -> int:
     if batch_size < 1 or batch_size > num_train:
         raise ConfigError("batch_size", batch_size, f"an integer in [1, {num_train}] (the training split's records)")
     return num_train // batch_size
@@ -788,7 +788,7 @@ def _record_order(
 ) -> np.ndarray:
     if start < 0 or count < 0:
         raise ValueError(f"start and count must be >= 0, got {start}, {count}")
-    bpe = _batches_per_epoch(batch_size, num_train)
+    bpe = batches_in_epoch(batch_size, num_train)
     out = np.empty((count, batch_size), np.int64)
     for row, b in enumerate(range(start, start + count)):
         epoch, k = divmod(b, bpe)
@@ -834,7 +834,7 @@ class MicroBatchGather:
     ):
         self.records, self.seed, self.batch_size = records, int(seed), int(batch_size)
         self.num_train = len(records)
-        _batches_per_epoch(self.batch_size, self.num_train)
+        batches_in_epoch(self.batch_size, self.num_train)
         self.rows = shard_slice(self.batch_size, process_index, process_count)
         self.transform = transform
         self.order = order_of(records)

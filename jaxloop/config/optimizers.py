@@ -1,7 +1,7 @@
 """The optimizers' configs (optim.name): one frozen dataclass per optimizer, holding only the fields it reads,
 with its own defaults (torch's; Lion's paper's) and its checks.
 
-Jax-free and torch-free: each framework builds from its own table (jaxloop.update.torch_optimizers.BUILDERS,
+Jax-free and torch-free: each framework builds from its own table (jaxloop.update.transforms.BUILDERS,
 torch_ref.optim.TORCH_OPTIMIZERS), so this layer imports nothing above it. A new optimizer is a class here (added
 to OPTIMIZERS), its transformation in BUILDERS, its torch class in TORCH_OPTIMIZERS, a case in
 parity_tests/menu.py and a row in docs/optimizers.md.
@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from jaxloop.core.checks import FLOAT32_TINY, at_least, positive, within
-from jaxloop.core.choice import Choice, registry
-from jaxloop.core.errors import ConfigError
+from jaxloop.config.checks import FLOAT32_TINY, at_least, positive, within
+from jaxloop.config.choice import Choice, registry
+from jaxloop.config.errors import ConfigError
 
 
 @dataclass(frozen=True)

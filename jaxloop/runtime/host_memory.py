@@ -27,7 +27,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from jaxloop.loop.determinism import backend_started
+from jaxloop.runtime.determinism import backend_started
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -2, -3, -4  # glibc <malloc.h>
 SETTINGS = (

@@ -1,5 +1,5 @@
 """The exceptions both loops raise, and the exit status each ends a command with. Imports no jax, no tyro
-and no torch: the loop raises them, the CLI (jaxloop.core.cli) maps them to exit statuses, and a user catches
+and no torch: the loop raises them, the CLI (jaxloop.config.cli) maps them to exit statuses, and a user catches
 them from `jaxloop.errors`."""
 
 from __future__ import annotations

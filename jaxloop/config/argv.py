@@ -1,10 +1,10 @@
 """Reading the few options a command handles itself out of argv, before tyro parses the rest: the one scanner
 of `python -m jaxloop.train` (--preset, --config, --run_dir, --resume), torch_ref.train (--clip) and
-jaxloop.schedule (--at, --plot). Imports nothing but jaxloop.core.errors."""
+jaxloop.schedule (--at, --plot). Imports nothing but jaxloop.config.errors."""
 
 from __future__ import annotations
 
-from jaxloop.core.errors import UsageError
+from jaxloop.config.errors import UsageError
 
 
 def take_option(argv: list[str], name: str, keep: bool = False, allowed: str = "") -> str | None:

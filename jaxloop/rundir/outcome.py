@@ -1,6 +1,6 @@
 """How a run ends, as both loops report it: the stop reason and summary.json's fields.
 
-The decision of when a run ends is jaxloop.core.cadence's; the exit status of each ending is jaxloop.core.cli's.
+The decision of when a run ends is jaxloop.config.cadence's; the exit status of each ending is jaxloop.config.cli's.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from jaxloop.core.records import BestTracker
+from jaxloop.rundir.records import BestTracker
 
 COMPLETED = "completed"
 EARLY_STOPPING = "early_stopping"

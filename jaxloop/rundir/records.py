@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jaxloop.core.atomic import TMP_SUFFIX, atomic_write_text
-from jaxloop.core.layout import METRICS_FILE, RunLayout  # noqa: F401  (METRICS_FILE: re-exported)
+from jaxloop.rundir.atomic import TMP_SUFFIX, atomic_write_text
+from jaxloop.rundir.layout import METRICS_FILE, RunLayout  # noqa: F401  (METRICS_FILE: re-exported)
 
 
 def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -28,12 +28,12 @@ def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-class RecordsError(ValueError):
+class MetricsFileError(ValueError):
     """metrics.jsonl holds a line, other than an unfinished last one, that is not a JSON record."""
 
 
 def check_records(run_dir: str | Path) -> None:
-    """RecordsError naming the first line of run_dir/metrics.jsonl, but the last (a killed run's unfinished
+    """MetricsFileError naming the first line of run_dir/metrics.jsonl, but the last (a killed run's unfinished
     write, which a resume drops), that is not a JSON object in UTF-8: a resume keeps every earlier record and
     would otherwise drop that one without a word."""
     path = RunLayout(Path(run_dir)).metrics
@@ -44,13 +44,13 @@ def check_records(run_dir: str | Path) -> None:
         try:
             record = json.loads(line.decode("utf-8"))
         except UnicodeDecodeError as e:
-            raise RecordsError(
+            raise MetricsFileError(
                 f"{path} line {number}: byte {line[e.start]:#04x} at column {e.start + 1} is not UTF-8 text"
             ) from None
         except json.JSONDecodeError as e:
-            raise RecordsError(f"{path} line {number} is not a JSON record ({e.msg})") from None
+            raise MetricsFileError(f"{path} line {number} is not a JSON record ({e.msg})") from None
         if not isinstance(record, dict):
-            raise RecordsError(f"{path} line {number} is not a JSON record (a {type(record).__name__})")
+            raise MetricsFileError(f"{path} line {number} is not a JSON record (a {type(record).__name__})")
 
 
 def kept_on_resume(record: dict[str, Any], start_step: int) -> bool:

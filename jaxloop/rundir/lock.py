@@ -32,9 +32,9 @@ from typing import Any
 
 import filelock
 
-from jaxloop.core.atomic import atomic_write_text
-from jaxloop.core.config import ConfigError
-from jaxloop.core.layout import HOLDER_FILE, LOCK_FILE, RunLayout
+from jaxloop.config.run import ConfigError
+from jaxloop.rundir.atomic import atomic_write_text
+from jaxloop.rundir.layout import HOLDER_FILE, LOCK_FILE, RunLayout
 
 LOCK_FILES = (LOCK_FILE, HOLDER_FILE)
 """What the lock keeps in a run_dir (an otherwise empty run_dir still counts as empty)."""

@@ -1,6 +1,6 @@
 """The optimizers PyTorch users run, each an optax transformation with torch.optim's semantics.
 
-Each config class of jaxloop.core.optimizers_config is built by its factory here (BUILDERS: `build(SGDConfig(), rate)`
+Each config class of jaxloop.config.optimizers is built by its factory here (BUILDERS: `build(SGDConfig(), rate)`
 is `sgd(rate, **its fields)`), under optax.inject_hyperparams so that the rate it applies is kept in its state
 (the loop logs it; plateau replaces it). Each is optax's own
 transformation where optax computes what torch computes, and a small one here where it does not:
@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxloop.core.optimizers_config import (
+from jaxloop.config.optimizers import (
     AdagradConfig,
     AdamConfig,
     AdamWConfig,

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from jaxloop.core.checks import at_least, is_int, positive, within
-from jaxloop.core.choice import Choice, registry
-from jaxloop.core.errors import ConfigError
+from jaxloop.config.checks import at_least, is_int, positive, within
+from jaxloop.config.choice import Choice, registry
+from jaxloop.config.errors import ConfigError
 
 
 def _sin2(num: float, den: float) -> float:

@@ -27,7 +27,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from jaxloop.core.config import Config
+from jaxloop.config.run import Config
 
 MAX_UPDATES_PER_CALL = 50
 """Default bound of updates dispatched in one call (bounds the micro-batches stacked on the device)."""

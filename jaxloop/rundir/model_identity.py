@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jaxloop.core.atomic import atomic_write_text
-from jaxloop.core.config import ConfigError
-from jaxloop.core.errors import short_repr
-from jaxloop.core.layout import RunLayout
+from jaxloop.config.errors import short_repr
+from jaxloop.config.run import ConfigError
+from jaxloop.rundir.atomic import atomic_write_text
+from jaxloop.rundir.layout import RunLayout
 
 SHOWN = 3
 """How many differing leaves a refusal names."""

@@ -8,8 +8,8 @@
       checkpoints/     Orbax (jaxloop) or torch files   checkpoints_damaged/  steps moved aside
       tb/              TensorBoard events               profile/       jax.profiler traces
       hooks/           images logged by hooks           report.md, *.png      the run report
-      .lock            the run's flock (jaxloop.core.lock)  .lock.holder.json     who holds it, until when
-      .jaxloop-run     written first, when the run starts: this directory is a run's (jaxloop.core.run_dir)
+      .lock            the run's flock (jaxloop.rundir.lock)  .lock.holder.json     who holds it, until when
+      .jaxloop-run     written first, when the run starts: this directory is a run's (jaxloop.rundir.rules)
 
 Both loops, the report, the sampler, --init_from and the converters read a run through `RunLayout`,
 never through a file name of their own. Imports nothing of the project.

@@ -1,6 +1,6 @@
 """The field checks every config class uses: each raises a ConfigError naming the field by its flag path,
 the value, and what is allowed. One module, so that "an integer >= 1" or "a finite number" means the same
-wherever a config checks it (the run's sections in jaxloop.core.config, an optimizer's or a schedule's class).
+wherever a config checks it (the run's sections in jaxloop.config.run, an optimizer's or a schedule's class).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import os
 from typing import Any, Literal, get_args
 
-from jaxloop.core.errors import ConfigError
+from jaxloop.config.errors import ConfigError
 
 FLOAT32_TINY = 1.1754943508222875e-38
 """The smallest normal float32 (numpy.finfo(numpy.float32).tiny)."""

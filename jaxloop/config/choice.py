@@ -1,8 +1,8 @@
 """The base of an optimizer's and a schedule's config class: a frozen dataclass that holds only the fields
 its choice reads, checks their types, and names them by their flag path (optim.momentum, optim.plateau.eps).
 
-Jax-free and torch-free: the CLI, jaxloop and torch_ref read the same classes (jaxloop.core.optimizers_config,
-jaxloop.core.schedules_config); each class's `build` imports what it builds with when it is called.
+Jax-free and torch-free: the CLI, jaxloop and torch_ref read the same classes (jaxloop.config.optimizers,
+jaxloop.config.schedules); each class's `build` imports what it builds with when it is called.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import ClassVar, get_type_hints
 
-from jaxloop.core.checks import check_type
+from jaxloop.config.checks import check_type
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from contextlib import ExitStack, contextmanager
 
 import jax
 
-from jaxloop.core.config import Config
+from jaxloop.config.run import Config
 
 
 @contextmanager
@@ -28,10 +28,10 @@ def process_settings(cfg: Config) -> Iterator[None]:
     (the arrays of an fp64 run's result stay float64; compute with them inside `jax.enable_x64(True)`). The
     rest is made once for the process and stays: XLA_FLAGS (read when jax starts a backend), glibc's malloc
     policy, and joining the job's processes."""
-    from jaxloop.loop.compilation import compilation_cache
-    from jaxloop.loop.determinism import request_deterministic_ops
-    from jaxloop.loop.host_memory import retain_freed_memory
-    from jaxloop.update.distributed import initialize
+    from jaxloop.runtime.compilation import compilation_cache
+    from jaxloop.runtime.determinism import request_deterministic_ops
+    from jaxloop.runtime.host_memory import retain_freed_memory
+    from jaxloop.runtime.processes import initialize
 
     x64 = jax.config.jax_enable_x64  # pyright: ignore[reportAttributeAccessIssue]  # jax adds config options at run time
     with ExitStack() as scope:

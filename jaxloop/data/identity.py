@@ -1,6 +1,6 @@
 """The data half of a run's identity: the files each split reads and a cheap fingerprint of each, kept in
 metadata.json's "data" section. A run resumed on data that changed since it last started is refused before
-anything is written, like a changed config or model (jaxloop.core.identity), unless data.allow_changed says
+anything is written, like a changed config or model (jaxloop.rundir.model_identity), unless data.allow_changed says
 the change is meant.
 
 A file's fingerprint is its size in bytes and the SHA-256 of BLOCKS blocks of BLOCK bytes at evenly spaced
@@ -15,8 +15,8 @@ import hashlib
 import os
 from typing import Any
 
-from jaxloop.core.config import ConfigError
-from jaxloop.core.layout import RunLayout
+from jaxloop.config.run import ConfigError
+from jaxloop.rundir.layout import RunLayout
 
 BLOCK = 4096
 BLOCKS = 16

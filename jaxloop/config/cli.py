@@ -24,10 +24,8 @@ from typing import Any
 
 import tyro
 
-from jaxloop.core.argv import foreign_flag, take_flag, take_option
-from jaxloop.core.config import Config, ConfigError, OptimShared, flat_hints, from_dict, preset, rewrite_flat, validate
-from jaxloop.core.config_file import read_config_file
-from jaxloop.core.errors import (  # noqa: F401  (the exceptions' home is jaxloop.core.errors, free of tyro; kept importable here)
+from jaxloop.config.argv import foreign_flag, take_flag, take_option
+from jaxloop.config.errors import (  # noqa: F401  (the exceptions' home is jaxloop.config.errors, free of tyro; kept importable here)
     EXIT_BAD_INPUT,
     EXIT_CHECKPOINT_WRITE,
     EXIT_NONFINITE,
@@ -40,10 +38,12 @@ from jaxloop.core.errors import (  # noqa: F401  (the exceptions' home is jaxloo
     OutOfMemoryError,
     UsageError,
 )
-from jaxloop.core.layout import REPORT_FILE
-from jaxloop.core.optimizers_config import OPTIMIZERS
-from jaxloop.core.run_dir import saved_config
-from jaxloop.core.schedules_config import SCHEDULES
+from jaxloop.config.file import read_config_file
+from jaxloop.config.optimizers import OPTIMIZERS
+from jaxloop.config.run import Config, ConfigError, OptimShared, flat_hints, from_dict, preset, rewrite_flat, validate
+from jaxloop.config.schedules import SCHEDULES
+from jaxloop.rundir.layout import REPORT_FILE
+from jaxloop.rundir.rules import saved_config
 
 
 def parse_config(
@@ -54,7 +54,7 @@ def parse_config(
 
     Resume by name: when the run_dir named (by flag, config file or preset) holds a saved config.json, that
     config is the base instead of the preset's defaults, so `--run_dir DIR` alone resumes DIR's run; the
-    flags given are then checked against it as any resume's are (jaxloop.core.run_dir)."""
+    flags given are then checked against it as any resume's are (jaxloop.rundir.rules)."""
     argv = list(argv)
     model_remat = take_flag(argv, "--model.remat"), take_flag(argv, "--model.no_remat", "--model.no-remat")
     check_flags(argv)
@@ -244,7 +244,7 @@ def _first_section(boxed: str) -> str:
 
 def _tyro_parse(argv: list[str], base: Config, prog: str, description: str = "") -> Config:
     """tyro.cli over the config with its optim section in the flags' flat form (`_cli_class`), the optim flags
-    given then put onto the chosen classes (jaxloop.core.config.rewrite_flat), with tyro's boxed multi-line
+    given then put onto the chosen classes (jaxloop.config.run.rewrite_flat), with tyro's boxed multi-line
     errors reduced to their first line. `--help` after --optim.name X or --optim.schedule Y lists only X's and
     Y's fields."""
     err = io.StringIO()
@@ -306,7 +306,7 @@ def _help_choices(argv: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def _cli_class(names: tuple[str, ...] = tuple(OPTIMIZERS), schedules: tuple[str, ...] = tuple(SCHEDULES)) -> type:
-    """Config as tyro parses it: its optim section in the flat form (jaxloop.core.config.flat_hints), a dataclass
+    """Config as tyro parses it: its optim section in the flat form (jaxloop.config.run.flat_hints), a dataclass
     whose bases are the chosen optimizer and schedule classes, so that --help shows each field with its
     class's docstring. `names`, `schedules`: the choices whose fields it holds (all, or --help's)."""
     chosen = [OPTIMIZERS[n] for n in names] + [SCHEDULES[n] for n in schedules]

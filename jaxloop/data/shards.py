@@ -1,6 +1,6 @@
 """Token shards on disk: llm.c's format and nanoGPT's headerless .bin, read through mmap.
 
-Imports numpy only (torch_ref reads shards through jaxloop.core.sources too). Formats, detected per file:
+Imports numpy only (torch_ref reads shards through jaxloop.data.sources too). Formats, detected per file:
 
 - llm.c: a header of 256 little-endian int32, then the tokens. header[0] is the magic, header[1] the
   version, header[2] the token count: magic 20240520 version 1 holds uint16 tokens (GPT-2's shards,
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxloop.core.config import INT32_MAX, ConfigError
-from jaxloop.core.errors import short_repr
+from jaxloop.config.errors import short_repr
+from jaxloop.config.run import INT32_MAX, ConfigError
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -266,7 +266,7 @@ def _shown(paths: list[str], most: int = 4) -> str:
 
 
 def token_splits(path: str, val_fraction: float, train: str = "", val: str = "") -> TokenSplits:
-    """The token shards of each split (module doc of jaxloop.core.sources; docs/data.md#token-shards).
+    """The token shards of each split (module doc of jaxloop.data.sources; docs/data.md#token-shards).
 
     `train` / `val` (data.train, data.val: globs, a directory or a file) name the splits outright. Otherwise
     the files of `path` are assigned by the split word in their names (split_of): train, val (also valid,

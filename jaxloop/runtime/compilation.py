@@ -1,6 +1,6 @@
 """JAX's persistent compilation cache: a second run (or a resume) loads its compiled steps from disk.
 
-    from jaxloop.loop.compilation import enable_compilation_cache
+    from jaxloop.runtime.compilation import enable_compilation_cache
     enable_compilation_cache("~/.cache/jaxloop/xla")   # before the first jit compiles
 
 A second run still traces and lowers each step in Python (the key is the HLO), then reads the executable

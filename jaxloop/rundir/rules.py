@@ -16,9 +16,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from jaxloop.core.atomic import atomic_write_text, is_temporary
-from jaxloop.core.config import Config, ConfigError, changed_fields, from_dict, resume_conflicts, to_dict, upgrade
-from jaxloop.core.layout import (
+from jaxloop.config.run import Config, ConfigError, changed_fields, from_dict, resume_conflicts, to_dict, upgrade
+from jaxloop.rundir.atomic import atomic_write_text, is_temporary
+from jaxloop.rundir.layout import (
     CHECKPOINT_CONFIG,
     CHECKPOINT_DIR,
     DAMAGED_DIR,
@@ -32,9 +32,9 @@ from jaxloop.core.layout import (
     TORCH_CHECKPOINT_FORMAT,
     RunLayout,
 )
-from jaxloop.core.lock import is_lock_file
-from jaxloop.core.outcome import EARLY_STOPPING
-from jaxloop.core.records import RecordsError, check_records
+from jaxloop.rundir.lock import is_lock_file
+from jaxloop.rundir.outcome import EARLY_STOPPING
+from jaxloop.rundir.records import MetricsFileError, check_records
 
 FOREIGN_SHOWN = 4
 """A run_dir refused for holding other files names this many of them."""
@@ -126,7 +126,7 @@ class RunDir:
         if has_checkpoint and cfg.resume != "never":
             try:
                 check_records(run_dir)
-            except RecordsError as e:
+            except MetricsFileError as e:
                 raise ConfigError(
                     "run_dir",
                     str(run_dir),
@@ -319,7 +319,7 @@ class RunDir:
             self.write_json(self.layout.summary, summary)
 
     def write_json(self, path: Path, obj: Any) -> None:
-        """Replace a JSON file of the run atomically (jaxloop.core.atomic)."""
+        """Replace a JSON file of the run atomically (jaxloop.rundir.atomic)."""
         atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from jaxloop.core.errors import ConfigError
+from jaxloop.config.errors import ConfigError
 
 MAX_CHARS = 1 << 20
 """The longest --config file read (a run's config.json is ~2.5 KB)."""

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal, get_args, get_type_hints
 
-from jaxloop.core.checks import (
+from jaxloop.config.checks import (
     check_type,
     finite,
     is_int,
@@ -33,16 +33,19 @@ from jaxloop.core.checks import (
     readable_file,
     writable_dir,
 )
-from jaxloop.core.errors import ConfigError, short_repr  # its home is jaxloop.core.errors; still importable from here
-from jaxloop.core.layout import TORCH_CHECKPOINT, RunLayout
-from jaxloop.core.optimizers_config import OPTIMIZERS, AdamWConfig, OptimizerConfig
-from jaxloop.core.schedules_config import (  # noqa: F401  (PlateauConfig: importable from here, as before)
+from jaxloop.config.errors import (  # its home is jaxloop.config.errors; still importable from here
+    ConfigError,
+    short_repr,
+)
+from jaxloop.config.optimizers import OPTIMIZERS, AdamWConfig, OptimizerConfig
+from jaxloop.config.schedules import (  # noqa: F401  (PlateauConfig: importable from here, as before)
     SCHEDULES,
     ConstantConfig,
     PlateauConfig,
     ScheduleConfig,
     WarmupCosineConfig,
 )
+from jaxloop.rundir.layout import TORCH_CHECKPOINT, RunLayout
 
 PRECISIONS = ("fp32", "bf16", "bf16_full", "fp16", "fp64", "auto")
 REMATS = ("none", "blocks", "dots_saveable", "full")
@@ -567,16 +570,16 @@ class Config:
     patience: int = field(default=0, metadata=HOST)
     """Early stopping: stop after this many evaluations without a better best_metric (0 = off)."""
     retain_host_memory: bool = field(default=True, metadata=HOST)
-    """Keep memory the process frees for reuse (glibc malloc; jaxloop.loop.host_memory): XLA:CPU's per-call
+    """Keep memory the process frees for reuse (glibc malloc; jaxloop.runtime.host_memory): XLA:CPU's per-call
     buffers then do not page-fault afresh each update (the small GPT's update: 84 -> 49-59 ms here)."""
     deterministic: bool = field(default=True, metadata=HOST)
     """GPU: ask XLA for deterministic kernels (XLA_FLAGS --xla_gpu_deterministic_ops=true, set before jax starts;
-    jaxloop.loop.determinism), so that every process computes the same bits; without it a fresh compile picks
+    jaxloop.runtime.determinism), so that every process computes the same bits; without it a fresh compile picks
     kernels by timing them. No effect on the CPU, which is deterministic already. torch_ref always asks torch
     for deterministic algorithms."""
     compile_cache: str = field(default="~/.cache/jaxloop/xla", metadata=HOST)
     """JAX's persistent compilation cache ("" = off): a second run or a resume of the same config loads its
-    compiled steps from it (jaxloop.loop.compilation)."""
+    compiled steps from it (jaxloop.runtime.compilation)."""
     init_from: str = field(default="", metadata=HOST)
     """A run_dir (or its checkpoints/ directory) whose newest checkpoint's params initialise this fresh run
     (optimizer, step and data position start afresh); empty = the model's own seeded init. Or a Hugging Face
@@ -915,7 +918,7 @@ def validate(cfg: Config, check_paths: bool = True, builtin_task: bool = True) -
         if d.source in ("text", "npz"):
             readable_file("data.path", d.path)
         if d.source == "tokens":
-            from jaxloop.core.shards import shard_paths
+            from jaxloop.data.shards import shard_paths
 
             for name, value in (("data.path", d.path), ("data.train", d.train), ("data.val", d.val)):
                 if value or name == "data.path" and not d.train:
