@@ -144,7 +144,9 @@ def _cmd(run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
-def _wait_for_update(run_dir: Path, proc: subprocess.Popen, beyond: int = 0, timeout: float = 120) -> None:
+def _wait_for_update(run_dir: Path, proc: subprocess.Popen, beyond: int = 0, timeout: float = 600) -> None:
+    """Until the run logs an update beyond `beyond`; `timeout` only guards against a hang (a loaded machine may
+    need minutes: it is no claim on speed)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the run ended before training"
@@ -154,7 +156,7 @@ def _wait_for_update(run_dir: Path, proc: subprocess.Popen, beyond: int = 0, tim
     raise TimeoutError(f"no update in {run_dir}")
 
 
-def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout: float = 600) -> None:
     """Until a checkpoint is committed (Orbax renames `N.orbax-checkpoint-tmp*` to `N` at its commit)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
