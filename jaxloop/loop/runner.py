@@ -457,7 +457,9 @@ def _train(
         summary["memory"] = memory.record(dispatcher.memory or cfg.memory)  # the plan in force (CallPlan(cfg.memory))
         if cfg.log.breakdown:  # where an update's time goes, for the report (docs/observing.md)
             with timings("breakdown"):
-                summary["update_breakdown"] = measure_run(cfg, task.loss, state, splits, mesh, pace.longest())
+                summary["update_breakdown"] = measure_run(
+                    cfg, task.loss, state, splits, mesh, min(pace.longest(), cfg.steps)
+                )
         if "calls" in ckpt.metadata and rd.writes:  # the pace's record (record_pace)
             rd.write_json(rd.layout.metadata, ckpt.metadata)
         timings.add("data_wait", batches.total_wait_s)
