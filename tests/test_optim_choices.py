@@ -142,6 +142,7 @@ TORCH_NAMES = {"b1": ("betas", 0), "b2": ("betas", 1)}
 """jaxloop's field -> torch's argument (and index in it), where the names differ."""
 
 
+@pytest.mark.torch  # reads torch.optim's signatures
 def test_each_optimizer_class_defaults_to_torchs_defaults():
     # torch's documented defaults (read from the installed torch's signatures; Lion: torch_ref.lion, the
     # paper's and lion-pytorch's betas (0.9, 0.99)), but weight_decay: jaxloop's 1e-4 for every class, the

@@ -4,6 +4,8 @@ test_schedules.py) and a builder in each framework's table: a class registered w
 
 from __future__ import annotations
 
+import pytest
+
 from jaxloop import OptimConfig
 from jaxloop.config.optimizers import OPTIMIZERS
 from jaxloop.config.schedules import SCHEDULES
@@ -17,6 +19,7 @@ def test_every_registered_optimizer_and_schedule_has_a_parity_case():
     assert {OptimConfig(**c).schedule for c in [*menu.SCHEDULES.values(), menu.PLATEAU]} == set(SCHEDULES)
 
 
+@pytest.mark.torch  # torch_ref's table is built of torch.optim classes
 def test_every_registered_optimizer_has_a_builder_in_jaxloop_and_torch_ref():
     # each framework builds from its own table (the config layer imports neither)
     # mutant seen failing: LionConfig's row taken out of torch_ref.optim.TORCH_OPTIMIZERS

@@ -253,8 +253,9 @@ class SignalStop(Action):
         compile ended, a signal lets the call run and saves what it trained."""
 
         def event(n: int, loaded: bool | None, seconds: float) -> None:
-            compile_event(n, loaded, seconds)
+            # heard before the line is printed: a Ctrl-C typed on seeing "compiled in" finds the call kept
             self.trained = self.trained or loaded is not None
+            compile_event(n, loaded, seconds)
 
         return event
 
