@@ -50,7 +50,13 @@ def loop(args: argparse.Namespace) -> dict:
         )
         # a short K=4 run (75 updates) is shorter than the preset's warmup: the schedule's shape is not measured
         cfg = dataclasses.replace(
-            cfg, optim=dataclasses.replace(cfg.optim, warmup_steps=min(cfg.optim.lr_schedule.warmup_steps, args.steps))
+            cfg,
+            optim=dataclasses.replace(
+                cfg.optim,
+                lr_schedule=dataclasses.replace(
+                    cfg.optim.lr_schedule, warmup_steps=min(cfg.optim.lr_schedule.warmup_steps, args.steps)
+                ),
+            ),
         )
         summary = jaxloop.train.run(cfg)
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -140,7 +140,18 @@ def gpt_cfg(text_path: str | Path, run_dir: str | Path = "runs/parity_gpt", **ch
 
 
 def optim(cfg: Config, **changes: Any) -> Config:
+    """cfg with OptimConfig fields changed (peak_lr, clip_norm, accum_steps, ema_decay, optimizer, lr_schedule)."""
     return replace(cfg, optim=replace(cfg.optim, **changes))
+
+
+def optimizer_fields(cfg: Config, **changes: Any) -> Config:
+    """cfg with fields of its optimizer's class changed (b1, weight_decay)."""
+    return optim(cfg, optimizer=replace(cfg.optim.optimizer, **changes))
+
+
+def schedule_fields(cfg: Config, **changes: Any) -> Config:
+    """cfg with fields of its schedule's class changed (warmup_steps, init_lr)."""
+    return optim(cfg, lr_schedule=replace(cfg.optim.lr_schedule, **changes))
 
 
 def model(cfg: Config, **changes: Any) -> Config:
@@ -444,8 +455,10 @@ def resume_cfg(run_dir: str | Path) -> Config:
     """The digits MLP in float64, 40 updates of 2 micro-batches, evaluation and checkpoint every 10, one
     update per device call (so that a SIGTERM stops jaxloop at the update torch_ref is stopped at)."""
     cfg = optim(
-        mlp_cfg(run_dir, precision="fp64", steps=40, eval_every=10, log_every=1, updates_per_call=1),
-        warmup_steps=10,
+        schedule_fields(
+            mlp_cfg(run_dir, precision="fp64", steps=40, eval_every=10, log_every=1, updates_per_call=1),
+            warmup_steps=10,
+        ),
         accum_steps=2,
     )
     return replace(cfg, checkpoint=CheckpointConfig(every=10, keep_last=2, keep_best=1))

@@ -20,8 +20,21 @@ from typing import Any
 import numpy as np
 import pytest
 
+from jaxloop.config.optimizers import AdagradConfig, AdamConfig, LionConfig, RMSpropConfig, SGDConfig
 from jaxloop.config.run import Config, validate
-from jaxloop.config.schedules import PlateauConfig
+from jaxloop.config.schedules import (
+    ConstantConfig,
+    CosineRestartsConfig,
+    ExponentialConfig,
+    InverseSqrtConfig,
+    LinearConfig,
+    MultiStepConfig,
+    OneCycleConfig,
+    PlateauConfig,
+    PolynomialConfig,
+    StepConfig,
+    WSDConfig,
+)
 from parity_tests.harness import (
     Run,
     curve_rel_diff,
@@ -45,35 +58,35 @@ VARIANTS = (("fp64", 1), ("fp64", 4), ("fp32", 1), ("fp32", 4))
 
 OPTIMIZERS: dict[str, dict[str, Any]] = {
     "adamw": {},
-    "adam": dict(name="adam", weight_decay=1e-2),
-    "sgd": dict(name="sgd", peak_lr=0.05, momentum=0.9, dampening=0.1, weight_decay=1e-2),
-    "sgd_nesterov": dict(name="sgd", peak_lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-2),
-    "rmsprop": dict(name="rmsprop", peak_lr=1e-3, alpha=0.9, momentum=0.5, centered=True, weight_decay=1e-2),
-    "adagrad": dict(name="adagrad", peak_lr=0.05, lr_decay=1e-3, initial_accumulator_value=0.1, weight_decay=1e-2),
-    "lion": dict(name="lion", peak_lr=1e-3, b2=0.99, weight_decay=0.1),
+    "adam": dict(optimizer=AdamConfig(weight_decay=1e-2)),
+    "sgd": dict(optimizer=SGDConfig(momentum=0.9, dampening=0.1, weight_decay=1e-2), peak_lr=0.05),
+    "sgd_nesterov": dict(optimizer=SGDConfig(momentum=0.9, nesterov=True, weight_decay=1e-2), peak_lr=0.05),
+    "rmsprop": dict(optimizer=RMSpropConfig(alpha=0.9, momentum=0.5, centered=True, weight_decay=1e-2), peak_lr=1e-3),
+    "adagrad": dict(
+        optimizer=AdagradConfig(lr_decay=1e-3, initial_accumulator_value=0.1, weight_decay=1e-2), peak_lr=0.05
+    ),
+    "lion": dict(optimizer=LionConfig(b2=0.99, weight_decay=0.1), peak_lr=1e-3),
 }
 """Each optimizer under warmup_cosine (the default schedule: the rate changes at every update), with the
 options that distinguish torch's conventions switched on (dampening, nesterov, centered and momentum,
-lr_decay and a starting accumulator, L2 weight decay)."""
+lr_decay and a starting accumulator, L2 weight decay): OptimConfig fields over mlp_cfg's."""
 
 SCHEDULES: dict[str, dict[str, Any]] = {
     "warmup_cosine": {},
-    "constant": dict(schedule="constant", warmup_steps=20, init_lr=3e-4),
-    "linear": dict(schedule="linear", end_lr=0.0),
-    "polynomial": dict(schedule="polynomial", power=2.0),  # to 0: polynomial reads no end_lr
-    "step": dict(schedule="step", step_size=60, gamma=0.5),
-    "multistep": dict(schedule="multistep", milestones=(60, 150, 200), gamma=0.3),
-    "exponential": dict(schedule="exponential", gamma=0.99),
-    "cosine_restarts": dict(schedule="cosine_restarts", t_0=25, t_mult=2, warmup_steps=10),
-    "one_cycle": dict(schedule="one_cycle", pct_start=0.25, three_phase=True),
-    "wsd": dict(schedule="wsd", decay_steps=80, decay_type="1-sqrt"),
-    "inverse_sqrt": dict(schedule="inverse_sqrt", warmup_steps=30, init_lr=1e-4),
+    "constant": dict(lr_schedule=ConstantConfig(warmup_steps=20, init_lr=3e-4)),
+    "linear": dict(lr_schedule=LinearConfig(end_lr=0.0)),
+    "polynomial": dict(lr_schedule=PolynomialConfig(power=2.0)),  # to 0: polynomial reads no end_lr
+    "step": dict(lr_schedule=StepConfig(step_size=60, gamma=0.5)),
+    "multistep": dict(lr_schedule=MultiStepConfig(milestones=(60, 150, 200), gamma=0.3)),
+    "exponential": dict(lr_schedule=ExponentialConfig(gamma=0.99)),
+    "cosine_restarts": dict(lr_schedule=CosineRestartsConfig(warmup_steps=10, t_0=25, t_mult=2)),
+    "one_cycle": dict(lr_schedule=OneCycleConfig(pct_start=0.25, three_phase=True)),
+    "wsd": dict(lr_schedule=WSDConfig(decay_steps=80, decay_type="1-sqrt")),
+    "inverse_sqrt": dict(lr_schedule=InverseSqrtConfig(warmup_steps=30, init_lr=1e-4)),
 }
 """Each schedule under AdamW (init_lr 0: torch_ref's warmup is LambdaLR(u / W); init_lr > 0: LinearLR)."""
 
-PLATEAU: dict[str, Any] = dict(
-    schedule="plateau", plateau=PlateauConfig(factor=0.5, patience=0, threshold=0.05, cooldown=2)
-)
+PLATEAU: dict[str, Any] = dict(lr_schedule=PlateauConfig(factor=0.5, patience=0, threshold=0.05, cooldown=2))
 """plateau's case (it decides at evaluations: test_schedules.py runs it with an evaluation every PLATEAU_EVERY
 updates)."""
 

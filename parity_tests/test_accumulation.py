@@ -27,6 +27,7 @@ from parity_tests.harness import (
     jax_state,
     mlp_cfg,
     optim,
+    schedule_fields,
     torch_run,
     tree_rel_diff,
 )
@@ -37,8 +38,8 @@ K, B, UPDATES = 4, 8, 6
 
 
 def _cfgs():
-    small = optim(mlp_cfg(precision="fp64", steps=10, batch_size=B), warmup_steps=3, accum_steps=K)
-    big = optim(mlp_cfg(precision="fp64", steps=10, batch_size=K * B), warmup_steps=3, accum_steps=1)
+    small = optim(schedule_fields(mlp_cfg(precision="fp64", steps=10, batch_size=B), warmup_steps=3), accum_steps=K)
+    big = optim(schedule_fields(mlp_cfg(precision="fp64", steps=10, batch_size=K * B), warmup_steps=3), accum_steps=1)
     return small, big
 
 

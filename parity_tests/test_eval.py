@@ -19,7 +19,7 @@ from dataclasses import replace
 import pytest
 
 from jaxloop.data.sources import load_splits
-from parity_tests.harness import curve_rel_diff, host, jax_mode, jax_state, mlp_cfg, optim, records
+from parity_tests.harness import curve_rel_diff, host, jax_mode, jax_state, mlp_cfg, optim, records, schedule_fields
 
 KEYS = ("val_loss", "val_acc", "ema_val_loss", "ema_val_acc")
 
@@ -31,10 +31,11 @@ def eval_runs(x64, tmp_path_factory):
 
     base = tmp_path_factory.mktemp("eval")
     cfg = optim(
-        mlp_cfg(base / "jax", precision="fp64", steps=120, eval_every=3, log_every=1, patience=2),
+        schedule_fields(
+            mlp_cfg(base / "jax", precision="fp64", steps=120, eval_every=3, log_every=1, patience=2), warmup_steps=0
+        ),
         ema_decay=0.9,
         peak_lr=0.05,
-        warmup_steps=0,
     )
     splits = load_splits(cfg)
     with jax_mode(cfg.precision):

@@ -22,11 +22,12 @@ import optax
 import pytest
 
 from jaxloop.config.run import Config, OptimConfig, validate
+from jaxloop.config.schedules import WarmupCosineConfig
 from jaxloop.data.sources import load_splits
 from jaxloop.model.precision import get_policy
 from jaxloop.update.optimizer import find_state, make_optimizer
 from parity_tests.convert import _adam_and_schedule
-from parity_tests.harness import QUIET, jax_mode, mlp_cfg, model, optim, ulps_of_value
+from parity_tests.harness import QUIET, jax_mode, mlp_cfg, model, optim, optimizer_fields, ulps_of_value
 from parity_tests.oracle import lr_oracle_table
 from torch_ref.data import micro_batch
 from torch_ref.state import create_torch_state
@@ -58,7 +59,11 @@ def _grid() -> list[Config]:
     return [
         validate(
             Config(
-                steps=s, log=QUIET, optim=OptimConfig(peak_lr=p, init_lr=i, end_lr=e, warmup_steps=w, accum_steps=k)
+                steps=s,
+                log=QUIET,
+                optim=OptimConfig(
+                    lr_schedule=WarmupCosineConfig(init_lr=i, end_lr=e, warmup_steps=w), peak_lr=p, accum_steps=k
+                ),
             ),
             check_paths=False,
         )
@@ -76,7 +81,7 @@ def _reference(cfg: Config) -> np.ndarray:
 def jax_applied_rates(cfg: Config, precision: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per micro-step: the rate jaxloop's optimizer applied (0 when it emitted nothing), MultiSteps'
     update count and adamw's schedule count after it, for steps + EXTRA updates."""
-    probe = optim(cfg, b1=0.0, b2=0.0, eps=1e-30, weight_decay=0.0, clip_norm=0.0)
+    probe = optim(optimizer_fields(cfg, b1=0.0, b2=0.0, eps=1e-30, weight_decay=0.0), clip_norm=0.0)
     micro_steps = (cfg.steps + EXTRA) * cfg.optim.accum_steps
     with jax_mode(precision):
         tx = make_optimizer(probe.optim, probe.steps, get_policy(precision))

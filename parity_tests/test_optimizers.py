@@ -14,6 +14,8 @@ fails, every other optimizer passes.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -22,7 +24,7 @@ import pytest
 from jaxloop.model.precision import get_policy
 from jaxloop.update.optimizer import make_optimizer
 from jaxloop.update.step import cross_entropy_loss
-from parity_tests.harness import host, jax_mode, jax_state, set_torch_grads, tree_rel_diff
+from parity_tests.harness import host, jax_mode, jax_state, mlp_cfg, set_torch_grads, tree_rel_diff
 from parity_tests.menu import (  # noqa: F401
     OPTIMIZERS,
     adamw_warmup_cosine,
@@ -74,7 +76,7 @@ def lockstep(changes, splits, init, grads) -> tuple[list, list]:
     """(jaxloop's updates, torch_ref's p_new - p_old) for each gradient, from the same params. No warmup: its
     first rates (0, peak / 50, ...) make steps so small that an ulp of p, which torch's p_new - p_old
     carries, would be 1e-11 of them; the cosine still changes the rate at every update."""
-    cfg = combination_cfg({**changes, "warmup_steps": 0}, "fp64")
+    cfg = combination_cfg({**changes, "lr_schedule": replace(mlp_cfg().optim.lr_schedule, warmup_steps=0)}, "fp64")
     with jax_mode("fp64"):
         tx = make_optimizer(cfg.optim, cfg.steps, get_policy("fp64"))
         params = jax.tree.map(lambda v: jnp.asarray(v, jnp.float64), init)

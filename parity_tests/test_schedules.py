@@ -27,7 +27,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxloop.config.run import CheckpointConfig, PlateauConfig, validate
+from jaxloop.config.run import CheckpointConfig, PlateauConfig, switched, validate
+from jaxloop.config.schedules import SCHEDULES as SCHEDULE_CLASSES
+from jaxloop.config.schedules import WarmupCosineConfig
 from jaxloop.update.schedules import make_schedule, rates
 from parity_tests.harness import (
     F64_EPS,
@@ -35,6 +37,7 @@ from parity_tests.harness import (
     curve_rel_diff,
     interrupt_jax_run,
     jax_mode,
+    mlp_cfg,
     records,
     resume_cfg,
     torch_threads,
@@ -94,7 +97,10 @@ def one_cycle_bound(cfg) -> float:
 
 
 def _variant_cfg(schedule: str, changes: dict):
-    return combination_cfg({"schedule": schedule, **changes}, "fp64")
+    """The schedule's class with `changes` to its fields, over mlp_cfg's warmup_cosine (whose warmup a warmup
+    schedule keeps: run.switched)."""
+    base = mlp_cfg().optim.lr_schedule
+    return combination_cfg({"lr_schedule": replace(switched(base, SCHEDULE_CLASSES[schedule]), **changes)}, "fp64")
 
 
 @pytest.mark.parametrize("schedule", list(RATE_VARIANTS))
@@ -176,7 +182,9 @@ def test_torch_chained_warmup_cosine_classes_drift_from_the_closed_form(parity):
                 combination_cfg({}, "fp64"),
                 steps=steps,
                 optim=replace(
-                    combination_cfg({}, "fp64").optim, warmup_steps=warmup, init_lr=init, peak_lr=peak, end_lr=end
+                    combination_cfg({}, "fp64").optim,
+                    lr_schedule=WarmupCosineConfig(warmup_steps=warmup, init_lr=init, end_lr=end),
+                    peak_lr=peak,
                 ),
             ),
             check_paths=False,
@@ -296,9 +304,7 @@ def plateau_resume(tmp_path_factory):
             cfg,
             eval_every=5,
             checkpoint=CheckpointConfig(every=10, keep_last=3, keep_best=0),
-            optim=replace(
-                cfg.optim, schedule="plateau", plateau=PlateauConfig(factor=0.5, patience=0, threshold=0.1, cooldown=1)
-            ),
+            optim=replace(cfg.optim, lr_schedule=PlateauConfig(factor=0.5, patience=0, threshold=0.1, cooldown=1)),
         ),
         check_paths=False,
     )

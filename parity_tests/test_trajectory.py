@@ -427,7 +427,7 @@ def gpt_preset_bf16(shakespeare_slice):
         batch_size=8,
         steps=100,
         data=replace(base.data, path=str(shakespeare_slice)),
-        optim=replace(base.optim, warmup_steps=0),
+        optim=replace(base.optim, lr_schedule=replace(base.optim.lr_schedule, warmup_steps=0)),
     )
     splits = load_splits(cfg)
     j32 = jax_run(cfg, splits, PRESET_UPDATES)

@@ -13,6 +13,7 @@ import pytest
 import jaxloop
 from jaxloop.config.cadence import call_plan, call_sizes, next_call_size, paced_cap
 from jaxloop.config.run import CheckpointConfig, Config, LogConfig, OptimConfig
+from jaxloop.config.schedules import WarmupCosineConfig
 from jaxloop.rundir.records import read_records
 
 
@@ -175,7 +176,7 @@ def _cfg(run_dir, **fields) -> Config:
         batch_size=16,
         log_every=4,
         eval_every=4,
-        optim=OptimConfig(peak_lr=1e-2, warmup_steps=1),
+        optim=OptimConfig(lr_schedule=WarmupCosineConfig(warmup_steps=1), peak_lr=1e-2),
         checkpoint=CheckpointConfig(every=4, keep_last=10),
         log=LogConfig(progress="off", report=False, tensorboard=False),
     )

@@ -19,6 +19,7 @@ from jaxloop import (
     OptimConfig,
     validate,
 )
+from jaxloop.config.schedules import WarmupCosineConfig
 
 BAD = [  # (a section with one field not allowed, the flag path its error names)
     (ModelConfig(d_model=130, n_heads=4), "model.n_heads"),
@@ -47,7 +48,7 @@ def test_validate_refuses_the_same_field_in_a_whole_config(section, path):
 
 def test_the_optim_section_checks_its_schedule_against_the_runs_steps():
     # a warmup longer than the run is the schedule's own rule, given the run's steps by OptimConfig.validate
-    optim = OptimConfig(warmup_steps=30)
+    optim = OptimConfig(lr_schedule=WarmupCosineConfig(warmup_steps=30))
     optim.validate(steps=30)
     with pytest.raises(ConfigError) as e:
         optim.validate(steps=20)

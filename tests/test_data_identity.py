@@ -51,7 +51,7 @@ def _cfg(tmp_path: Path, cache: Path, steps: int = 6) -> Config:
         updates_per_call=3,
         compile_cache=str(cache),
         allow_steps_change=steps != 6,
-        optim=replace(base.optim, warmup_steps=2),
+        optim=replace(base.optim, lr_schedule=replace(base.optim.lr_schedule, warmup_steps=2)),
         model=ModelConfig(kind="gpt", context=16, d_model=32, n_layers=1, n_heads=2),
         data=DataConfig(source="tokens", path=str(shards), eval_batch_size=4),
         checkpoint=replace(base.checkpoint, every=3),

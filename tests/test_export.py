@@ -24,6 +24,7 @@ import jaxloop
 from jaxloop.checkpoint import hf_gpt2
 from jaxloop.checkpoint.manager import read_checkpoint
 from jaxloop.config.run import CheckpointConfig, Config, LogConfig, OptimConfig
+from jaxloop.config.schedules import WarmupCosineConfig
 from jaxloop.export import PARAMS_FILE, main
 from jaxloop.rundir.rules import read_config
 
@@ -111,7 +112,7 @@ def task_run(tmp_path_factory):
         batch_size=16,
         eval_every=2,
         log_every=2,
-        optim=OptimConfig(peak_lr=1e-2, warmup_steps=1, ema_decay=0.5),
+        optim=OptimConfig(lr_schedule=WarmupCosineConfig(warmup_steps=1), peak_lr=1e-2, ema_decay=0.5),
         checkpoint=CheckpointConfig(every=2),
         log=LogConfig(progress="off", report=False, tensorboard=False),
     )

@@ -15,6 +15,7 @@ import orbax.checkpoint as ocp
 
 import jaxloop
 from jaxloop.config.run import CheckpointConfig, Config, LogConfig, OptimConfig
+from jaxloop.config.schedules import WarmupCosineConfig
 from jaxloop.loop.dispatch import Dispatcher
 from jaxloop.rundir.records import read_records
 
@@ -43,7 +44,7 @@ def _cfg(run_dir, **fields) -> Config:
         batch_size=16,
         log_every=1,
         eval_every=0,
-        optim=OptimConfig(peak_lr=1e-2, warmup_steps=1, accum_steps=2),
+        optim=OptimConfig(lr_schedule=WarmupCosineConfig(warmup_steps=1), peak_lr=1e-2, accum_steps=2),
         checkpoint=CheckpointConfig(every=4, keep_last=10),
         log=LogConfig(progress="off", report=False),
     )

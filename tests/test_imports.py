@@ -54,7 +54,8 @@ def test_config_and_errors_import_no_jax_tyro_or_torch():
         "jaxloop.Config, jaxloop.OptimConfig, jaxloop.preset, jaxloop.from_dict, jaxloop.read_vocab, jaxloop.ConfigError\n"
         "jaxloop.errors.ConfigError, jaxloop.errors.NonFiniteError, jaxloop.errors.RecordError\n"
         "jaxloop.OptimConfig(optimizer=jaxloop.SGDConfig(momentum=0.9), lr_schedule=jaxloop.StepConfig(step_size=5))\n"
-        "jaxloop.OptimConfig(name='lion', schedule='plateau').lr_schedule.validate(1e-3, 10)\n"
+        "jaxloop.OptimConfig(optimizer=jaxloop.LionConfig(), lr_schedule=jaxloop.PlateauConfig())\n"
+        "jaxloop.PlateauConfig().validate(1e-3, 10)\n"
         "print(json.dumps([m for m in ('jax', 'tyro', 'torch', 'flax', 'optax') if m in sys.modules]))\n"
     )
     assert got == [], f"jaxloop.Config and jaxloop.errors imported {got}"

@@ -19,6 +19,7 @@ from flax import nnx
 import jaxloop
 from jaxloop.checkpoint.manager import read_checkpoint
 from jaxloop.config.run import Config, ConfigError, MemoryConfig, ModelConfig, OptimConfig, preset, replace
+from jaxloop.config.schedules import WarmupCosineConfig
 from jaxloop.data.sources import record_order
 from jaxloop.loop.task import builtin_task, create_train_state, run_state
 from jaxloop.model.builtin import make_model
@@ -53,7 +54,10 @@ def _mlp_state(cfg: Config, features: int = 12, classes: int = 5):
 
 
 MLP_CFG = Config(
-    steps=10, batch_size=16, optim=OptimConfig(peak_lr=1e-2, warmup_steps=2), model=ModelConfig(hidden=(32, 32))
+    steps=10,
+    batch_size=16,
+    optim=OptimConfig(lr_schedule=WarmupCosineConfig(warmup_steps=2), peak_lr=1e-2),
+    model=ModelConfig(hidden=(32, 32)),
 )
 
 
@@ -129,7 +133,7 @@ def _gpt_cfg(**memory) -> Config:
         batch_size=8,
         steps=10,
         model=replace(base.model, context=16, d_model=16, n_layers=2, n_heads=2),
-        optim=replace(base.optim, warmup_steps=2),
+        optim=replace(base.optim, lr_schedule=replace(base.optim.lr_schedule, warmup_steps=2)),
         memory=MemoryConfig(**memory),
     )
 

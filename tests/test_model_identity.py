@@ -19,6 +19,7 @@ import pytest
 
 import jaxloop
 from jaxloop.config.run import Config, ConfigError, LogConfig, OptimConfig
+from jaxloop.config.schedules import WarmupCosineConfig
 from jaxloop.rundir.model_identity import model_differences
 
 # The README's "Your own model" snippet (Linen names the output Dense_0: it is built first), the hidden
@@ -188,7 +189,7 @@ def _cfg(run_dir: Path) -> Config:
         batch_size=16,
         eval_every=4,
         log_every=4,
-        optim=OptimConfig(warmup_steps=1),
+        optim=OptimConfig(lr_schedule=WarmupCosineConfig(warmup_steps=1)),
         log=LogConfig(progress="off", tensorboard=False, report=False),
     )
 

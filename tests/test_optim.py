@@ -15,6 +15,7 @@ import optax
 import pytest
 
 from jaxloop.config.run import OptimConfig
+from jaxloop.config.schedules import WarmupCosineConfig
 from jaxloop.model.precision import get_policy
 from jaxloop.update.optimizer import (
     SkipWindowsState,
@@ -151,7 +152,12 @@ def test_make_optimizer_skips_a_window_whose_mean_gradient_overflows_when_square
     # float32, its square 2^140 is not, so Adam's nu would overflow. The window is skipped, and the
     # moments, counts and params stay. Mutant: no check there; clipping then scales the gradient by
     # 1 / inf = 0 and a zero-gradient update (decay, count) is applied: skipped 0, counts 1.
-    o = OptimConfig(peak_lr=1e-2, init_lr=1e-2, end_lr=1e-2, warmup_steps=0, clip_norm=1.0, accum_steps=k)
+    o = OptimConfig(
+        lr_schedule=WarmupCosineConfig(init_lr=1e-2, end_lr=1e-2, warmup_steps=0),
+        peak_lr=1e-2,
+        clip_norm=1.0,
+        accum_steps=k,
+    )
     tx = make_optimizer(o, 10, get_policy("fp32"))
     params = {"w": jnp.ones(3)}
     state = tx.init(params)
@@ -243,7 +249,12 @@ def test_record_grad_norm_keeps_the_norm_and_passes_updates_through():
 def test_logged_lr_is_the_rate_the_optimizer_applied(k):
     # With sgd-like unit gradients the rate is read back from inject_hyperparams' state: it must be the
     # schedule's value at each applied update u (warmup 0 -> 1e-2 over 4 updates), never per micro-batch.
-    o = OptimConfig(peak_lr=1e-2, init_lr=0.0, end_lr=1e-3, warmup_steps=4, clip_norm=0.0, accum_steps=k)
+    o = OptimConfig(
+        lr_schedule=WarmupCosineConfig(init_lr=0.0, end_lr=1e-3, warmup_steps=4),
+        peak_lr=1e-2,
+        clip_norm=0.0,
+        accum_steps=k,
+    )
     tx = make_optimizer(o, 10, get_policy("fp32"))
     params = {"w": jnp.ones((2, 2))}
     state = tx.init(params)

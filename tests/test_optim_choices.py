@@ -8,14 +8,24 @@ import contextlib
 import io
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from jaxloop import OptimConfig, PlateauConfig, SGDConfig, StepConfig
-from jaxloop.config.cli import parse_config
+from jaxloop.config.cli import UsageError, parse_config, parse_or_exit
 from jaxloop.config.optimizers import OPTIMIZERS, AdagradConfig, AdamWConfig, LionConfig
-from jaxloop.config.run import ConfigError, changed_fields, from_dict, preset, resume_conflicts, to_dict, validate
+from jaxloop.config.run import (
+    ConfigError,
+    changed_fields,
+    from_dict,
+    preset,
+    resume_conflicts,
+    rewrite_flat,
+    to_dict,
+    validate,
+)
 from jaxloop.config.schedules import SCHEDULES, OneCycleConfig
 
 OLD = Path(__file__).parent / "data" / "old_config"
@@ -117,16 +127,29 @@ def test_a_flag_the_chosen_optimizer_does_not_read_is_refused_naming_its_readers
 def test_python_refuses_a_field_the_chosen_class_does_not_hold():
     with pytest.raises(TypeError, match="b1"):
         SGDConfig(b1=0.8)  # structurally: the class has no such field
-    with pytest.raises(ConfigError, match="read by optim.name=adamw, optim.name=adam, optim.name=lion"):
-        OptimConfig(name="sgd", b1=0.8)  # the flat form names who reads it
     with pytest.raises(AttributeError, match="momentum"):
         _ = OptimConfig().optimizer.momentum  # adamw holds no momentum
 
 
-def test_the_flat_keywords_and_the_classes_build_the_same_config():
-    flat = OptimConfig(name="sgd", momentum=0.9, schedule="step", step_size=100, peak_lr=0.1)
+@pytest.mark.parametrize(
+    "flat", [dict(name="sgd"), dict(schedule="step"), dict(momentum=0.9), dict(warmup_steps=10), dict(plateau=None)]
+)
+def test_optim_config_takes_the_nested_classes_only(flat):
+    """Python writes the form config.json stores (issue 44.1): a flat key (the flags' form) is no keyword of
+    OptimConfig, nor of a replace of one. Mutant: OptimConfig's former __init__ that put flat keywords through
+    rewrite_flat (accepted them)."""
+    key = next(iter(flat))
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{key}'"):
+        OptimConfig(**flat)
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{key}'"):
+        replace(OptimConfig(), **flat)
+    o = OptimConfig(optimizer=SGDConfig(momentum=0.9), lr_schedule=StepConfig(step_size=100), peak_lr=0.1)
+    assert (o.name, o.schedule, o.optimizer.momentum, o.lr_schedule.step_size) == ("sgd", "step", 0.9, 100)
+
+
+def test_the_flags_flat_keys_and_the_classes_build_the_same_config():
+    flat = rewrite_flat(OptimConfig(), dict(name="sgd", momentum=0.9, schedule="step", step_size=100, peak_lr=0.1))
     assert flat == OptimConfig(optimizer=SGDConfig(momentum=0.9), lr_schedule=StepConfig(step_size=100), peak_lr=0.1)
-    assert (flat.name, flat.schedule, flat.optimizer.momentum, flat.lr_schedule.step_size) == ("sgd", "step", 0.9, 100)
 
 
 def test_the_classes_errors_name_the_flag_path():
@@ -211,3 +234,58 @@ def test_the_report_names_the_optimizer_of_a_nested_or_an_older_flat_config():
     flat = json.loads((OLD / "sgd_one_cycle.json").read_text())["optim"]
     assert [_chosen(o, "optimizer", "name", "adamw") for o in (nested, flat)] == ["lion", "sgd"]
     assert [_chosen(o, "lr_schedule", "schedule", "") for o in (nested, flat)] == ["warmup_cosine", "one_cycle"]
+
+
+@pytest.mark.parametrize(
+    "nested,flat",
+    [
+        (
+            "--optim.optimizer.name sgd --optim.optimizer.momentum 0.9 --optim.optimizer.nesterov "
+            "--optim.lr_schedule.name step --optim.lr_schedule.step_size 100 --optim.lr_schedule.warmup_steps 5",
+            "--optim.name sgd --optim.momentum 0.9 --optim.nesterov --optim.schedule step --optim.step_size 100 "
+            "--optim.warmup_steps 5",
+        ),
+        (  # = and dashes, as every flag; the chosen class the preset's (adamw, warmup_cosine)
+            "--optim.optimizer.b1=0.95 --optim.optimizer.weight-decay 0.1 --optim.lr-schedule.end-lr=1e-4",
+            "--optim.b1=0.95 --optim.weight_decay 0.1 --optim.end_lr=1e-4",
+        ),
+        (  # plateau's fields are config.json's optim.lr_schedule.patience, the flat flags' optim.plateau.patience
+            "--optim.lr_schedule.name plateau --optim.lr_schedule.patience 3 --optim.optimizer.name lion "
+            "--optim.optimizer.b2 0.98",
+            "--optim.schedule plateau --optim.plateau.patience 3 --optim.name lion --optim.b2 0.98",
+        ),
+    ],
+)
+def test_the_nested_flags_config_json_paths_give_the_config_the_flat_flags_give(nested, flat):
+    # mutant seen failing: flatten_optim_flags returning argv as it is (tyro knows no --optim.optimizer.*)
+    got = parse_config(nested.split(), check_paths=False)
+    assert got == parse_config(flat.split(), check_paths=False)
+    assert got.optim != preset("digits").optim
+
+
+@pytest.mark.parametrize(
+    "argv,names",
+    [
+        ("--optim.optimizer.warmup_steps 5", ["--optim.optimizer.warmup_steps", "adamw", "weight_decay, b1, b2, eps"]),
+        ("--optim.name sgd --optim.optimizer.b1=0.8", ["--optim.optimizer.b1", "sgd", "momentum"]),
+        ("--optim.lr_schedule.momentum 0.9", ["--optim.lr_schedule.momentum", "warmup_cosine", "--optim.optimizer."]),
+        ("--optim.b1 0.9 --optim.optimizer.b1 0.95", ["--optim.b1", "--optim.optimizer.b1", "give one"]),
+    ],
+)
+def test_a_nested_flag_under_the_wrong_part_or_given_twice_is_refused_in_one_line_naming_it(argv, names, capsys):
+    # mutant seen failing: no check that the field is the chosen class's (warmup_steps silently set the schedule's)
+    with pytest.raises(SystemExit) as e:
+        parse_or_exit(argv.split(), "jaxloop.train")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert all(n in err for n in names), err
+
+
+def test_a_typo_in_a_nested_flag_gets_the_closest_nested_flag():
+    # mutant seen failing: known_flags without the nested flags (the closest was then a flat one, or none)
+    with pytest.raises(
+        UsageError, match=r"unknown flag --optim.optimizer.momentun; did you mean --optim.optimizer.momentum\?"
+    ):
+        parse_config(["--optim.name", "sgd", "--optim.optimizer.momentun", "0.9"], check_paths=False)
+    with pytest.raises(UsageError, match=r"did you mean --optim.lr_schedule.warmup_steps\?"):
+        parse_config(["--optim.lr_schedule.warmup_stesp", "3"], check_paths=False)

@@ -24,6 +24,7 @@ from jaxloop.config.run import (
     flat_hints,
     preset,
     resume_conflicts,
+    rewrite_flat,
     to_dict,
     validate,
 )
@@ -31,8 +32,9 @@ from jaxloop.config.schedules import SCHEDULES
 from jaxloop.loop.plateau import Plateau
 
 
-def _check(**optim) -> Config:
-    return validate(replace(Config(), optim=replace(Config().optim, **optim)), check_paths=False)
+def _check(**flat) -> Config:
+    """The default Config with optim's flat keys `flat` (the flags' form: rewrite_flat), validated."""
+    return validate(replace(Config(), optim=rewrite_flat(Config().optim, flat)), check_paths=False)
 
 
 @pytest.mark.parametrize(
@@ -75,9 +77,9 @@ def test_the_default_of_a_field_is_the_presets():
     # the shakespeare preset sets b2 = 0.99 and weight_decay = 0.1: sgd leaves b2 alone and reads weight_decay
     cfg = preset("shakespeare")
     cfg = replace(cfg, data=replace(cfg.data, path="input.txt"))  # not read: check_paths=False
-    validate(replace(cfg, optim=replace(cfg.optim, name="sgd", momentum=0.9)), check_paths=False)
+    validate(replace(cfg, optim=rewrite_flat(cfg.optim, dict(name="sgd", momentum=0.9))), check_paths=False)
     with pytest.raises(ConfigError, match="optim.b2=0.999"):
-        validate(replace(cfg, optim=replace(cfg.optim, name="sgd", b2=0.999)), check_paths=False)
+        validate(replace(cfg, optim=rewrite_flat(cfg.optim, dict(name="sgd", b2=0.999))), check_paths=False)
 
 
 def test_every_governed_field_is_read_by_someone_and_every_optim_field_is_governed_or_shared():

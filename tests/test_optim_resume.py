@@ -18,28 +18,56 @@ from pathlib import Path
 import pytest
 
 import jaxloop
-from jaxloop.config.run import CheckpointConfig, ConfigError, LogConfig, PlateauConfig, preset
+from jaxloop.config.optimizers import (
+    AdagradConfig,
+    AdamConfig,
+    AdamWConfig,
+    LionConfig,
+    OptimizerConfig,
+    RMSpropConfig,
+    SGDConfig,
+)
+from jaxloop.config.run import CheckpointConfig, ConfigError, LogConfig, preset
+from jaxloop.config.schedules import (
+    ConstantConfig,
+    CosineRestartsConfig,
+    ExponentialConfig,
+    InverseSqrtConfig,
+    LinearConfig,
+    MultiStepConfig,
+    OneCycleConfig,
+    PlateauConfig,
+    PolynomialConfig,
+    ScheduleConfig,
+    StepConfig,
+    WarmupCosineConfig,
+    WSDConfig,
+)
 from jaxloop.rundir.records import read_records
 
 RESUME_FROM = 8
 
-COMBOS = [  # (schedule and its fields, the optimizer and its fields)
-    (dict(schedule="warmup_cosine"), dict(name="adamw")),
-    (dict(schedule="constant"), dict(name="adam")),
-    (dict(schedule="linear"), dict(name="sgd", momentum=0.9, dampening=0.1)),
-    (dict(schedule="polynomial", power=2.0), dict(name="rmsprop", momentum=0.5, centered=True)),
-    (dict(schedule="step", step_size=3), dict(name="adagrad", lr_decay=0.01)),
-    (dict(schedule="multistep", milestones=(3, 7)), dict(name="lion", b2=0.99)),
-    (dict(schedule="exponential", gamma=0.9), dict(name="adamw")),
-    (dict(schedule="cosine_restarts", t_0=3, t_mult=2), dict(name="adam")),
-    (dict(schedule="one_cycle"), dict(name="sgd", momentum=0.9, nesterov=True)),
-    (dict(schedule="wsd", decay_steps=4), dict(name="rmsprop")),
-    (dict(schedule="inverse_sqrt"), dict(name="adagrad", initial_accumulator_value=0.1)),
-    (dict(schedule="plateau", plateau=PlateauConfig(patience=0, threshold=0.5, factor=0.5)), dict(name="lion")),
+W = 4
+"""The debug preset's warmup, kept by every schedule that has one."""
+
+COMBOS = [  # (the schedule, the optimizer)
+    (WarmupCosineConfig(warmup_steps=W, end_lr=1e-4), AdamWConfig()),
+    (ConstantConfig(warmup_steps=W), AdamConfig()),
+    (LinearConfig(warmup_steps=W), SGDConfig(momentum=0.9, dampening=0.1)),
+    (PolynomialConfig(warmup_steps=W, power=2.0), RMSpropConfig(momentum=0.5, centered=True)),
+    (StepConfig(warmup_steps=W, step_size=3), AdagradConfig(lr_decay=0.01)),
+    (MultiStepConfig(warmup_steps=W, milestones=(3, 7)), LionConfig(b2=0.99)),
+    (ExponentialConfig(warmup_steps=W, gamma=0.9), AdamWConfig()),
+    (CosineRestartsConfig(warmup_steps=W, t_0=3, t_mult=2), AdamConfig()),
+    (OneCycleConfig(), SGDConfig(momentum=0.9, nesterov=True)),
+    (WSDConfig(warmup_steps=W, decay_steps=4), RMSpropConfig()),
+    (InverseSqrtConfig(warmup_steps=W), AdagradConfig(initial_accumulator_value=0.1)),
+    (PlateauConfig(patience=0, threshold=0.5, factor=0.5), LionConfig()),
 ]
 
 
-def _cfg(run_dir: Path, schedule: dict, optimizer: dict):
+def _cfg(run_dir: Path, schedule: ScheduleConfig | None = None, optimizer: OptimizerConfig | None = None):
+    """The debug preset's run with `schedule` and `optimizer` (its own where None)."""
     base = preset("debug")
     return replace(
         base,
@@ -47,7 +75,11 @@ def _cfg(run_dir: Path, schedule: dict, optimizer: dict):
         steps=16,
         eval_every=4,
         log_every=1,
-        optim=replace(base.optim, **schedule, **optimizer),
+        optim=replace(
+            base.optim,
+            lr_schedule=schedule or base.optim.lr_schedule,
+            optimizer=optimizer or base.optim.optimizer,
+        ),
         checkpoint=CheckpointConfig(every=4, keep_last=5, keep_best=0),
         log=LogConfig(progress="off", report=False, tensorboard=False),
     )
@@ -66,7 +98,7 @@ def _logged(run_dir: Path) -> list[tuple]:
     return [(r["kind"], r["step"], r.get("loss"), r.get("lr"), r.get("val_loss")) for r in read_records(run_dir)]
 
 
-@pytest.mark.parametrize("schedule,optimizer", COMBOS, ids=[f"{s['schedule']}-{o['name']}" for s, o in COMBOS])
+@pytest.mark.parametrize("schedule,optimizer", COMBOS, ids=[f"{s.name}-{o.name}" for s, o in COMBOS])
 def test_a_resumed_run_is_bit_identical_to_the_uninterrupted_one(schedule, optimizer, tmp_path):
     full = tmp_path / "full"
     summary = jaxloop.run(_cfg(full, schedule, optimizer))
@@ -75,7 +107,7 @@ def test_a_resumed_run_is_bit_identical_to_the_uninterrupted_one(schedule, optim
     assert json.loads((tmp_path / "resumed" / "resumes.jsonl").read_text())["step"] == RESUME_FROM
     assert resumed["state_digest"] == summary["state_digest"]
     assert _logged(tmp_path / "resumed") == _logged(full)
-    if schedule["schedule"] == "plateau":
+    if schedule.name == "plateau":
         lr = {r["step"]: r["lr"] for r in read_records(full) if r["kind"] == "train"}
         cuts = [u for u in range(1, 16) if lr[u + 1] < lr[u]]
         assert any(u <= RESUME_FROM for u in cuts) and any(u > RESUME_FROM for u in cuts), (
@@ -86,13 +118,13 @@ def test_a_resumed_run_is_bit_identical_to_the_uninterrupted_one(schedule, optim
 @pytest.mark.parametrize(
     "changes,named",
     [  # named by their config.json paths
-        (dict(name="sgd"), "optim.optimizer.name"),
-        (dict(schedule="exponential"), "optim.lr_schedule.name"),
-        (dict(b1=0.8), "optim.optimizer.b1"),
+        (dict(optimizer=SGDConfig()), "optim.optimizer.name"),
+        (dict(lr_schedule=ExponentialConfig(warmup_steps=W)), "optim.lr_schedule.name"),
+        (dict(optimizer=AdamWConfig(b1=0.8)), "optim.optimizer.b1"),
     ],
 )
 def test_resuming_with_a_changed_optimizer_or_schedule_is_refused(changes, named, tmp_path):
-    cfg = replace(_cfg(tmp_path, dict(schedule="warmup_cosine"), dict(name="adamw")), steps=4)
+    cfg = replace(_cfg(tmp_path), steps=4)
     jaxloop.run(cfg)
     with pytest.raises(ConfigError) as e:
         jaxloop.run(replace(cfg, optim=replace(cfg.optim, **changes)))

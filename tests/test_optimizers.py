@@ -10,7 +10,9 @@ import numpy as np
 import optax
 import pytest
 
+from jaxloop.config.optimizers import AdagradConfig, SGDConfig
 from jaxloop.config.run import OPTIMIZERS, OptimConfig
+from jaxloop.config.schedules import PlateauConfig, WarmupCosineConfig
 from jaxloop.model.precision import get_policy
 from jaxloop.update.optimizer import SkipWindowsState, find_state, make_optimizer, optimizer_metrics, set_learning_rate
 from jaxloop.update.transforms import (
@@ -106,12 +108,10 @@ def test_lion_steps_by_the_sign_of_the_interpolation_and_decays_decoupled():
 def test_every_optimizer_decays_matrices_only(name):
     """Zero gradients, weight decay 0.5: a matrix moves (toward 0), a bias never does."""
     o = OptimConfig(
-        name=name,
-        weight_decay=0.5,
+        optimizer=OPTIMIZERS[name](weight_decay=0.5),  # momentum 0 (sgd, rmsprop): their default
+        lr_schedule=WarmupCosineConfig(warmup_steps=0),
         peak_lr=0.1,
-        warmup_steps=0,
         clip_norm=0.0,
-        **({"momentum": 0.0} if name in ("sgd", "rmsprop") else {}),
     )
     tx = make_optimizer(o, 10, get_policy("fp32"))
     params = {"w": jnp.full((2, 2), 1.0), "b": jnp.full((2,), 1.0)}
@@ -123,7 +123,12 @@ def test_every_optimizer_decays_matrices_only(name):
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_every_optimizer_logs_the_rate_it_applied(name):
-    o = OptimConfig(name=name, peak_lr=0.5, init_lr=0.0, warmup_steps=4, clip_norm=0.0)
+    o = OptimConfig(
+        optimizer=OPTIMIZERS[name](),
+        lr_schedule=WarmupCosineConfig(init_lr=0.0, warmup_steps=4),
+        peak_lr=0.5,
+        clip_norm=0.0,
+    )
     tx = make_optimizer(o, 10, get_policy("fp32"))
     params = {"w": jnp.ones((2, 2))}
     state = tx.init(params)
@@ -133,7 +138,7 @@ def test_every_optimizer_logs_the_rate_it_applied(name):
 
 
 def test_plateau_keeps_a_numeric_rate_that_the_host_replaces():
-    o = OptimConfig(name="sgd", schedule="plateau", peak_lr=0.5, clip_norm=0.0, weight_decay=0.0)
+    o = OptimConfig(optimizer=SGDConfig(weight_decay=0.0), lr_schedule=PlateauConfig(), peak_lr=0.5, clip_norm=0.0)
     tx = make_optimizer(o, 10, get_policy("fp32"))
     params, grads = {"w": jnp.zeros((1,))}, {"w": jnp.ones((1,))}
     state = tx.init(params)
@@ -155,7 +160,10 @@ def test_an_adagrad_update_whose_state_would_overflow_is_skipped():
     """Adagrad's sum of squares grows without bound; the loop checks its result (optimizers.BOUNDED): a sum
     that would overflow float32 (3e38 + 1e38) skips the update and keeps the state finite."""
     o = OptimConfig(
-        name="adagrad", peak_lr=0.1, initial_accumulator_value=3e38, clip_norm=0.0, weight_decay=0.0, warmup_steps=0
+        optimizer=AdagradConfig(initial_accumulator_value=3e38, weight_decay=0.0),
+        lr_schedule=WarmupCosineConfig(warmup_steps=0),
+        peak_lr=0.1,
+        clip_norm=0.0,
     )
     tx = make_optimizer(o, 10, get_policy("fp32"))
     params = {"w": jnp.zeros((1,))}

@@ -145,7 +145,7 @@ def test_run_returns_the_trained_state_which_train_step_trains_on(tmp_path):
         steps=6,
         batch_size=8,
         eval_every=0,
-        optim=jaxloop.OptimConfig(warmup_steps=1),
+        optim=jaxloop.OptimConfig(lr_schedule=jaxloop.WarmupCosineConfig(warmup_steps=1)),
         log=jaxloop.LogConfig(progress="off", report=False),
     )
     result = jaxloop.run(cfg, jaxloop.Task(Lin(), mse, records, records[:16]))

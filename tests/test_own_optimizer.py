@@ -16,7 +16,9 @@ import optax
 import pytest
 
 import jaxloop
+from jaxloop.config.optimizers import AdamWConfig, SGDConfig
 from jaxloop.config.run import CheckpointConfig, Config, ConfigError, LogConfig, OptimConfig
+from jaxloop.config.schedules import PlateauConfig, StepConfig, WarmupCosineConfig
 from jaxloop.rundir.records import read_records
 from jaxloop.update.schedules import rates
 
@@ -44,7 +46,9 @@ def _cfg(run_dir: Path, **optim) -> Config:
         batch_size=16,
         eval_every=6,
         log_every=1,
-        optim=replace(OptimConfig(clip_norm=0.5, accum_steps=2, warmup_steps=4), **optim),
+        optim=replace(
+            OptimConfig(lr_schedule=WarmupCosineConfig(warmup_steps=4), clip_norm=0.5, accum_steps=2), **optim
+        ),
         checkpoint=CheckpointConfig(every=6, keep_last=10, keep_best=0),
         log=LogConfig(progress="off", report=False, tensorboard=False),
     )
@@ -96,11 +100,11 @@ def test_an_own_optimizer_update_that_is_not_finite_is_skipped(tmp_path):
 @pytest.mark.parametrize(
     "optimizer,changes,field",
     [
-        (optax.adafactor(1e-2), dict(name="sgd"), "optim.name"),
-        (_factory, dict(b1=0.8), "optim.b1"),
-        (optax.adafactor(1e-2), dict(schedule="step", step_size=10), "optim.schedule"),
+        (optax.adafactor(1e-2), dict(optimizer=SGDConfig()), "optim.name"),
+        (_factory, dict(optimizer=AdamWConfig(b1=0.8)), "optim.b1"),
+        (optax.adafactor(1e-2), dict(lr_schedule=StepConfig(warmup_steps=4, step_size=10)), "optim.schedule"),
         (optax.adafactor(1e-2), dict(peak_lr=1e-2), "optim.peak_lr"),
-        (_factory, dict(schedule="plateau"), "optim.schedule"),  # (PlateauConfig holds no warmup fields to leave alone)
+        (_factory, dict(lr_schedule=PlateauConfig()), "optim.schedule"),  # (PlateauConfig holds no warmup fields)
     ],
 )
 def test_config_fields_an_own_optimizer_does_not_read_are_refused(optimizer, changes, field, tmp_path):
@@ -114,7 +118,7 @@ def test_config_fields_an_own_optimizer_does_not_read_are_refused(optimizer, cha
 
 def test_a_factory_reads_the_schedule_fields(tmp_path):
     cfg = replace(_cfg(tmp_path / "run"), steps=4, eval_every=2, checkpoint=CheckpointConfig(every=2, keep_best=0))
-    cfg = replace(cfg, optim=replace(cfg.optim, schedule="step", step_size=1, gamma=0.5, warmup_steps=0))
+    cfg = replace(cfg, optim=replace(cfg.optim, lr_schedule=StepConfig(warmup_steps=0, step_size=1, gamma=0.5)))
     jaxloop.run(cfg, _task(_factory))
     lrs = [r["lr"] for r in read_records(cfg.run_dir) if r["kind"] == "train"]
     assert lrs == [float(np.float32(3e-3 * 0.5**i)) for i in range(4)]

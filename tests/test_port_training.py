@@ -90,15 +90,11 @@ def update_failures(monkeypatch, **changes):
     """The update rows that fail when jaxloop's side trains with `changes` to each config (torch's unchanged)."""
     from dataclasses import replace
 
-    from jaxloop.config.run import readers
-
-    def changed(o):  # a config whose optimizer and schedule do not hold a field cannot take it (they are unchanged)
-        own = {
-            k: v
-            for k, v in changes.items()
-            if {f"optim.name={o.name}", f"optim.schedule={o.schedule}"} & set(readers(k))
-        }
-        return replace(o, **own)
+    def changed(o):  # the optimizer or schedule that holds a field takes it; one that does not is unchanged
+        parts = {"optimizer": o.optimizer, "lr_schedule": o.lr_schedule}
+        return replace(
+            o, **{k: replace(p, **{f: v for f, v in changes.items() if f in p.field_names()}) for k, p in parts.items()}
+        )
 
     original = training.jax_optimizer
     monkeypatch.setattr(training, "jax_optimizer", lambda o, steps, p: original(changed(o), steps, p))

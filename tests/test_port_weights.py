@@ -308,6 +308,7 @@ def test_trained_jaxloop_checkpoint_goes_back_into_the_torch_module(tmp_path):
     """Train in JAX (jaxloop.run on the port), hand the torch model on: the torch module with the trained
     weights computes what the trained Flax model computes (float32: within 1e-6 relative)."""
     from jaxloop.config.run import CheckpointConfig, Config, LogConfig, OptimConfig
+    from jaxloop.config.schedules import WarmupCosineConfig
 
     torch.manual_seed(0)
     tm = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 6))
@@ -323,7 +324,7 @@ def test_trained_jaxloop_checkpoint_goes_back_into_the_torch_module(tmp_path):
         batch_size=16,
         eval_every=4,
         log=LogConfig(progress="off", report=False),
-        optim=OptimConfig(peak_lr=1e-2, warmup_steps=0),
+        optim=OptimConfig(lr_schedule=WarmupCosineConfig(warmup_steps=0), peak_lr=1e-2),
         checkpoint=CheckpointConfig(every=2),
     )
     jaxloop.run(cfg, jaxloop.Task(Mlp(), _mse_flax, train=records, val=records[:16]))

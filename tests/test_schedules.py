@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxloop.config.optimizers import SGDConfig
 from jaxloop.config.run import Config, OptimConfig, validate
 from jaxloop.config.schedules import SCHEDULES
 from jaxloop.model.precision import get_policy
@@ -22,11 +23,12 @@ from jaxloop.update.optimizer import make_optimizer
 from jaxloop.update.schedules import make_schedule, rates
 
 
-def _o(steps: int, **fields) -> OptimConfig:
-    """peak_lr 1 and, where the schedule reads them, no warmup and end_lr 0, unless `fields` say otherwise."""
-    read = SCHEDULES[fields.get("schedule", "warmup_cosine")].field_names()
-    base = {k: v for k, v in dict(init_lr=0.0, end_lr=0.0, warmup_steps=0).items() if k in read}
-    cfg = Config(steps=steps, optim=OptimConfig(**{"peak_lr": 1.0, **base, **fields}))
+def _o(steps: int, schedule: str = "warmup_cosine", **fields) -> OptimConfig:
+    """peak_lr 1 and schedule `schedule` with its `fields`; where it reads them, no warmup and end_lr 0, unless
+    `fields` say otherwise."""
+    cls = SCHEDULES[schedule]
+    base = {k: v for k, v in dict(init_lr=0.0, end_lr=0.0, warmup_steps=0).items() if k in cls.field_names()}
+    cfg = Config(steps=steps, optim=OptimConfig(lr_schedule=cls(**{**base, **fields}), peak_lr=1.0))
     return validate(cfg, check_paths=False).optim
 
 
@@ -119,7 +121,9 @@ def test_the_optimizer_applies_the_rate_of_each_update_once_per_k_micro_batches(
     """SGD without momentum on a parameter whose gradient is 1: the emitted update is minus the rate. K = 3:
     nothing is applied mid-window, and update u applies rate(u)."""
     steps, k = 9, 3
-    o = replace(_o(steps, schedule=schedule, **fields), name="sgd", weight_decay=0.0, clip_norm=0.0, accum_steps=k)
+    o = replace(
+        _o(steps, schedule=schedule, **fields), optimizer=SGDConfig(weight_decay=0.0), clip_norm=0.0, accum_steps=k
+    )
     tx = make_optimizer(o, steps, get_policy("fp32"))
     params, grads = {"w": jnp.zeros((1,), jnp.float32)}, {"w": jnp.ones((1,), jnp.float32)}
     state, applied, update = tx.init(params), [], jax.jit(tx.update)

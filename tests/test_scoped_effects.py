@@ -14,6 +14,7 @@ import pytest
 import jaxloop
 from jaxloop.checkpoint.manager import Checkpointer
 from jaxloop.config.run import CheckpointConfig, Config, LogConfig, OptimConfig, replace
+from jaxloop.config.schedules import WarmupCosineConfig
 
 
 def _process_wide() -> dict:
@@ -86,7 +87,7 @@ def fp64_run(tmp_path_factory):
             batch_size=16,
             eval_every=3,
             log_every=3,
-            optim=OptimConfig(peak_lr=1e-2, warmup_steps=1),
+            optim=OptimConfig(lr_schedule=WarmupCosineConfig(warmup_steps=1), peak_lr=1e-2),
             checkpoint=CheckpointConfig(every=3),
             log=LogConfig(progress="off", report=False, tensorboard=False),
         ),

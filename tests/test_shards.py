@@ -409,7 +409,7 @@ def _tiny_run(tmp_path: Path, run_dir: Path) -> Config:
         log_every=1,
         updates_per_call=1,
         compile_cache=str(tmp_path / "cache"),
-        optim=replace(base.optim, warmup_steps=2),
+        optim=replace(base.optim, lr_schedule=replace(base.optim.lr_schedule, warmup_steps=2)),
         model=ModelConfig(kind="gpt", context=16, d_model=32, n_layers=1, n_heads=2),
         data=DataConfig(source="tokens", path=str(shards), eval_batch_size=4),
         checkpoint=replace(base.checkpoint, every=6),

@@ -11,7 +11,9 @@ import optax
 import pytest
 from optax.tree_utils import tree_set
 
+from jaxloop.config.optimizers import AdamWConfig
 from jaxloop.config.run import Config, DataConfig, ModelConfig, OptimConfig
+from jaxloop.config.schedules import WarmupCosineConfig
 from jaxloop.loop.task import create_train_state
 from jaxloop.model.builtin import make_model
 from jaxloop.update import step as update_step
@@ -26,10 +28,14 @@ F32_EPS = 2.0**-23
 FEATURES, CLASSES = 16, 5
 
 
-def _cfg(**optim) -> Config:
-    o = dict(peak_lr=1e-2, init_lr=1e-4, end_lr=1e-5, warmup_steps=4, weight_decay=1e-2, clip_norm=1.0)
-    o.update(optim)
-    return Config(steps=12, batch_size=8, optim=OptimConfig(**o), model=ModelConfig(hidden=(32,)))
+def _cfg(warmup_steps: int = 4, weight_decay: float = 1e-2, **shared) -> Config:
+    """AdamW under warmup_cosine (1e-4 -> 1e-2 -> 1e-5), clipping at 1; `shared`: OptimConfig's own fields."""
+    o = OptimConfig(
+        optimizer=AdamWConfig(weight_decay=weight_decay),
+        lr_schedule=WarmupCosineConfig(init_lr=1e-4, end_lr=1e-5, warmup_steps=warmup_steps),
+        **{"peak_lr": 1e-2, "clip_norm": 1.0, **shared},
+    )
+    return Config(steps=12, batch_size=8, optim=o, model=ModelConfig(hidden=(32,)))
 
 
 def _batch(seed: int, n: int = 8) -> dict:
@@ -280,7 +286,7 @@ def test_per_step_randomness_differs_between_micro_steps_and_updates():
         preset="shakespeare",
         steps=10,
         batch_size=4,
-        optim=OptimConfig(accum_steps=2, warmup_steps=1),
+        optim=OptimConfig(lr_schedule=WarmupCosineConfig(warmup_steps=1), accum_steps=2),
         model=ModelConfig(kind="gpt", context=8, d_model=16, n_layers=1, n_heads=2, dropout=0.5),
         data=DataConfig(source="text", path="unused.txt"),
     )
@@ -318,7 +324,7 @@ def _gpt(**model) -> tuple:
         preset="shakespeare",
         steps=10,
         batch_size=4,
-        optim=OptimConfig(warmup_steps=1),
+        optim=OptimConfig(lr_schedule=WarmupCosineConfig(warmup_steps=1)),
         model=ModelConfig(**m),
         data=DataConfig(source="text", path="unused.txt"),
     )

@@ -22,6 +22,7 @@ from docs_blocks import env, in_section
 
 import jaxloop
 from jaxloop.config.run import CheckpointConfig, Config, LogConfig, OptimConfig
+from jaxloop.config.schedules import WarmupCosineConfig
 from jaxloop.rundir.records import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,7 +110,7 @@ def _cfg(run_dir: Path, **fields) -> Config:
         batch_size=16,
         eval_every=3,
         log_every=3,
-        optim=OptimConfig(peak_lr=1e-2, warmup_steps=1),
+        optim=OptimConfig(lr_schedule=WarmupCosineConfig(warmup_steps=1), peak_lr=1e-2),
         checkpoint=CheckpointConfig(every=3),
         log=LogConfig(progress="off", report=False, tensorboard=False),
     )

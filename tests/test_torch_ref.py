@@ -33,6 +33,7 @@ from jaxloop.config.run import (
     preset,
     to_dict,
 )
+from jaxloop.config.schedules import WarmupCosineConfig
 from jaxloop.data.sources import ArrayRecords, Splits, load_splits, record_order
 from torch_ref.checkpoint import CheckpointManager, best_step, kept_steps
 from torch_ref.data import ReplayBatchSampler, make_train_loader, micro_batch
@@ -76,7 +77,11 @@ def _text_cfg(run_dir, text_path, **changes) -> Config:
         batch_size=16,
         eval_every=4,
         log_every=1,
-        optim=replace(preset("shakespeare").optim, warmup_steps=3, accum_steps=3),
+        optim=replace(
+            preset("shakespeare").optim,
+            lr_schedule=replace(preset("shakespeare").optim.lr_schedule, warmup_steps=3),
+            accum_steps=3,
+        ),
         model=ModelConfig(kind="gpt", context=16, d_model=16, n_layers=1, n_heads=2, dropout=0.1),
         data=DataConfig(source="text", path=str(text_path), val_fraction=0.2),
         checkpoint=CheckpointConfig(every=5),
@@ -108,10 +113,22 @@ def _closed_form(cfg: Config, u: int) -> float:
 
 
 SCHEDULES = [
-    dict(steps=50, optim=OptimConfig(peak_lr=3e-3, init_lr=0.0, end_lr=3e-5, warmup_steps=7)),
-    dict(steps=40, optim=OptimConfig(peak_lr=0.1234, init_lr=1e-3, end_lr=1e-4, warmup_steps=0)),
-    dict(steps=9, optim=OptimConfig(peak_lr=7e-4, init_lr=1e-5, end_lr=2e-5, warmup_steps=9)),
-    dict(steps=333, optim=OptimConfig(peak_lr=0.7071, init_lr=0.3, end_lr=0.1, warmup_steps=100)),
+    dict(
+        steps=50,
+        optim=OptimConfig(lr_schedule=WarmupCosineConfig(init_lr=0.0, end_lr=3e-5, warmup_steps=7), peak_lr=3e-3),
+    ),
+    dict(
+        steps=40,
+        optim=OptimConfig(lr_schedule=WarmupCosineConfig(init_lr=1e-3, end_lr=1e-4, warmup_steps=0), peak_lr=0.1234),
+    ),
+    dict(
+        steps=9,
+        optim=OptimConfig(lr_schedule=WarmupCosineConfig(init_lr=1e-5, end_lr=2e-5, warmup_steps=9), peak_lr=7e-4),
+    ),
+    dict(
+        steps=333,
+        optim=OptimConfig(lr_schedule=WarmupCosineConfig(init_lr=0.3, end_lr=0.1, warmup_steps=100), peak_lr=0.7071),
+    ),
 ]
 
 

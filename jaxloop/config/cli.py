@@ -39,6 +39,7 @@ from jaxloop.config.errors import (  # noqa: F401  (the exceptions' home is jaxl
     UsageError,
 )
 from jaxloop.config.file import read_config_file
+from jaxloop.config.optim_flags import flatten_optim_flags, misplaced, nested_flags
 from jaxloop.config.optimizers import OPTIMIZERS
 from jaxloop.config.run import Config, ConfigError, OptimShared, flat_hints, from_dict, preset, rewrite_flat, validate
 from jaxloop.config.schedules import SCHEDULES
@@ -74,6 +75,7 @@ def parse_config(
     if stored is not None and wanted_preset in (None, stored.preset):
         base = stored
     base = from_dict(file_fields, base)
+    argv = flatten_optim_flags(argv, base.optim.name, base.optim.schedule)
     _model_remat_flags(argv, *model_remat, base.memory.remat)
     cfg = _tyro_parse(argv, base, prog, description or DESCRIPTION)
     return validate(cfg, check_paths=check_paths)
@@ -107,7 +109,7 @@ def check_flags(argv: Sequence[str]) -> None:
             continue
         name = arg.split("=", 1)[0]
         spelled = "--" + name[2:].replace("-", "_")
-        if spelled in known:
+        if spelled in known or misplaced(spelled):  # misplaced: flatten_optim_flags names where it belongs
             continue
         foreign = foreign_flag(name)
         if foreign:
@@ -118,9 +120,9 @@ def check_flags(argv: Sequence[str]) -> None:
 
 
 def known_flags() -> set[str]:
-    """Every flag the CLI takes, spelled with underscores: the dotted fields (bools also as --no_...),
-    --preset, --config, --help."""
-    flags = {"--help", "--config"}
+    """Every flag the CLI takes, spelled with underscores: the dotted fields (bools also as --no_...), optim's
+    also in config.json's nested form (jaxloop.config.optim_flags), --preset, --config, --help."""
+    flags = {"--help", "--config", *nested_flags()}
     for path, hint in _field_paths(_cli_class()):
         flags.add(f"--{path}")
         if hint is bool:
@@ -225,7 +227,9 @@ DESCRIPTION = """Train a jaxloop run. Flags are the dotted field paths below (--
                --preset's defaults < --config FILE < flags.
 --run_dir DIR  alone resumes the run saved in DIR with its own config; flags given with it are checked
                against that config (those that would change the run are refused, naming them).
---optim.name X --optim.schedule Y --help  lists only the fields optimizer X and schedule Y read."""
+--optim.name X --optim.schedule Y --help  lists only the fields optimizer X and schedule Y read.
+--optim.optimizer.F, --optim.lr_schedule.F  config.json's paths, the same as --optim.F (--optim.lr_schedule.name:
+               --optim.schedule; plateau's --optim.plateau.F); F must be a field of that part's class."""
 
 _BOX = re.compile(r"[╭╮╰╯│─]+")
 

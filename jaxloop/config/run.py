@@ -100,37 +100,18 @@ class OptimShared:
     """Exponential moving average of params, updated each update (0 = off)."""
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True)
 class OptimConfig(OptimShared):
     """The optimizer and its learning-rate schedule (torch's semantics and names; docs/optimizers.md),
     global-norm clipping and gradient accumulation: `OptimConfig(optimizer=SGDConfig(momentum=0.9),
     lr_schedule=StepConfig(step_size=100), peak_lr=0.1)`, each class with its own defaults. config.json, the
-    checkpoints' config item and config files hold this nesting (`to_dict`).
-
-    The flags' flat keywords are taken too (`OptimConfig(name="sgd", momentum=0.9)`: `rewrite_flat`)."""
+    checkpoints' config item and config files hold this nesting (`to_dict`); Python takes only it (a field
+    of a class is set on that class: `replace(o, lr_schedule=replace(o.lr_schedule, warmup_steps=10))`)."""
 
     optimizer: OptimizerConfig = field(default_factory=AdamWConfig)
     """optim.name's config: AdamWConfig (default), AdamConfig, SGDConfig, RMSpropConfig, AdagradConfig, LionConfig."""
     lr_schedule: ScheduleConfig = field(default_factory=WarmupCosineConfig)
     """optim.schedule's config: WarmupCosineConfig (default), ConstantConfig, ..., PlateauConfig (SCHEDULES)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        nested = {f.name for f in fields(OptimConfig)}
-        for f in fields(OptimConfig):
-            if f.name in kwargs:
-                value = kwargs[f.name]
-            elif f.default is not dataclasses.MISSING:
-                value = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                value = f.default_factory()
-            else:
-                raise TypeError(f"OptimConfig.{f.name} has neither a default nor a default_factory")
-            object.__setattr__(self, f.name, value)
-        flat = {k: v for k, v in kwargs.items() if k not in nested}
-        if flat:
-            done = rewrite_flat(self, flat)
-            for f in fields(OptimConfig):
-                object.__setattr__(self, f.name, getattr(done, f.name))
 
     @property
     def name(self) -> str:

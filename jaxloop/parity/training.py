@@ -25,7 +25,21 @@ import jax
 import numpy as np
 import optax
 
+from jaxloop.config.optimizers import AdagradConfig, AdamConfig, AdamWConfig, LionConfig, RMSpropConfig, SGDConfig
 from jaxloop.config.run import Config, OptimConfig
+from jaxloop.config.schedules import (
+    ConstantConfig,
+    CosineRestartsConfig,
+    ExponentialConfig,
+    InverseSqrtConfig,
+    LinearConfig,
+    MultiStepConfig,
+    OneCycleConfig,
+    PolynomialConfig,
+    StepConfig,
+    WarmupCosineConfig,
+    WSDConfig,
+)
 from jaxloop.parity.flaxside import FlaxModel, batch_to_jax, no_dropout, policy
 from jaxloop.parity.measures import scaled_diffs, whole_rel_diff, worst
 from jaxloop.parity.torchside import batch_to_torch, require_torch, to_numpy
@@ -62,17 +76,27 @@ def update_configs(grad_norm: float) -> list[tuple[str, OptimConfig, int]]:
     the rate or the update within the check's few updates. Warmup starts above 0 so that the first
     updates move the params."""
     clip = float(f"{0.5 * grad_norm:.3g}") if grad_norm > 0 else 1.0
-    base = OptimConfig(peak_lr=3e-3, init_lr=1e-3, end_lr=3e-5, warmup_steps=2, weight_decay=1e-4, clip_norm=clip)
+    base = OptimConfig(
+        optimizer=AdamWConfig(weight_decay=1e-4),
+        lr_schedule=WarmupCosineConfig(init_lr=1e-3, end_lr=3e-5, warmup_steps=2),
+        peak_lr=3e-3,
+        clip_norm=clip,
+    )
     return [
         (f"adamw, warmup-cosine, clip {clip:g}", base, 10),
         (
             "adamw, no clip, weight decay 0.1, b2 0.95, eps 1e-6",
-            replace(base, clip_norm=0.0, weight_decay=0.1, b2=0.95, eps=1e-6),
+            replace(base, clip_norm=0.0, optimizer=AdamWConfig(weight_decay=0.1, b2=0.95, eps=1e-6)),
             10,
         ),
         (
             "adamw, constant rate 1e-2, b1 0.5",
-            replace(base, init_lr=1e-2, peak_lr=1e-2, end_lr=1e-2, warmup_steps=0, b1=0.5),
+            replace(
+                base,
+                peak_lr=1e-2,
+                optimizer=AdamWConfig(weight_decay=1e-4, b1=0.5),
+                lr_schedule=WarmupCosineConfig(init_lr=1e-2, end_lr=1e-2, warmup_steps=0),
+            ),
             10,
         ),
         *((label, OptimConfig(clip_norm=clip, **changes), 10) for label, changes in MENU),
@@ -85,51 +109,56 @@ def update_configs(grad_norm: float) -> list[tuple[str, OptimConfig, int]]:
 # every field the entry does not name at its default (a field its optimizer or schedule does not read
 # must be: jaxloop.config.run.validate).
 MENU: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("adam, step (step_size 1, gamma 0.5)", dict(name="adam", warmup_steps=0, schedule="step", step_size=1, gamma=0.5)),
+    (
+        "adam, step (step_size 1, gamma 0.5)",
+        dict(optimizer=AdamConfig(), lr_schedule=StepConfig(warmup_steps=0, step_size=1, gamma=0.5)),
+    ),
     (
         "sgd, nesterov momentum 0.9, multistep (1, 2)",
         dict(
-            name="sgd",
-            warmup_steps=0,
+            optimizer=SGDConfig(momentum=0.9, nesterov=True),
+            lr_schedule=MultiStepConfig(warmup_steps=0, milestones=(1, 2), gamma=0.5),
             peak_lr=1e-2,
-            momentum=0.9,
-            nesterov=True,
-            schedule="multistep",
-            milestones=(1, 2),
-            gamma=0.5,
         ),
     ),
     (
         "sgd, momentum 0.9 dampening 0.1, exponential 0.8",
-        dict(name="sgd", warmup_steps=0, peak_lr=1e-2, momentum=0.9, dampening=0.1, schedule="exponential", gamma=0.8),
+        dict(
+            optimizer=SGDConfig(momentum=0.9, dampening=0.1),
+            lr_schedule=ExponentialConfig(warmup_steps=0, gamma=0.8),
+            peak_lr=1e-2,
+        ),
     ),
-    ("sgd, constant", dict(name="sgd", warmup_steps=0, peak_lr=1e-2, schedule="constant")),
+    ("sgd, constant", dict(optimizer=SGDConfig(), lr_schedule=ConstantConfig(warmup_steps=0), peak_lr=1e-2)),
     (
         "rmsprop, centered momentum 0.9, cosine restarts (t_0 2)",
-        dict(name="rmsprop", warmup_steps=0, centered=True, momentum=0.9, schedule="cosine_restarts", t_0=2),
+        dict(
+            optimizer=RMSpropConfig(centered=True, momentum=0.9),
+            lr_schedule=CosineRestartsConfig(warmup_steps=0, t_0=2),
+        ),
     ),
-    ("rmsprop, linear", dict(name="rmsprop", warmup_steps=0, schedule="linear", end_lr=1e-4)),
+    ("rmsprop, linear", dict(optimizer=RMSpropConfig(), lr_schedule=LinearConfig(warmup_steps=0, end_lr=1e-4))),
     (
         "adagrad, lr_decay 0.01, accumulator 0.1, one-cycle",
         dict(
-            name="adagrad", peak_lr=1e-2, lr_decay=0.01, initial_accumulator_value=0.1, eps=1e-10, schedule="one_cycle"
+            optimizer=AdagradConfig(lr_decay=0.01, initial_accumulator_value=0.1, eps=1e-10),
+            lr_schedule=OneCycleConfig(),
+            peak_lr=1e-2,
         ),
     ),
     (
         "lion, wsd (decay 8, 1-sqrt)",
         dict(
-            name="lion",
-            warmup_steps=0,
+            optimizer=LionConfig(b2=0.99),
+            lr_schedule=WSDConfig(warmup_steps=0, end_lr=1e-5, decay_steps=8, decay_type="1-sqrt"),
             peak_lr=1e-4,
-            end_lr=1e-5,
-            b2=0.99,
-            schedule="wsd",
-            decay_steps=8,
-            decay_type="1-sqrt",
         ),
     ),
-    ("adam, polynomial (power 2)", dict(name="adam", warmup_steps=0, schedule="polynomial", power=2.0)),
-    ("adamw, inverse sqrt (timescale 1)", dict(warmup_steps=0, schedule="inverse_sqrt", timescale=1)),
+    (
+        "adam, polynomial (power 2)",
+        dict(optimizer=AdamConfig(), lr_schedule=PolynomialConfig(warmup_steps=0, power=2.0)),
+    ),
+    ("adamw, inverse sqrt (timescale 1)", dict(lr_schedule=InverseSqrtConfig(warmup_steps=0, timescale=1))),
 )
 
 
