@@ -498,7 +498,9 @@ sys.meta_path.insert(0, Block())
 from dataclasses import replace
 from jaxloop.config.run import preset
 import torch_ref.train
-result = torch_ref.train.run(replace(preset("debug"), steps=2, optim=replace(preset("debug").optim, warmup_steps=1),
+optim = preset("debug").optim
+result = torch_ref.train.run(replace(preset("debug"), steps=2,
+                                     optim=replace(optim, lr_schedule=replace(optim.lr_schedule, warmup_steps=1)),
                                      run_dir={str(tmp_path / "run")!r}))
 assert result.summary["final_step"] == 2
 print("ok")

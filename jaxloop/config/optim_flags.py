@@ -82,7 +82,9 @@ def flatten_optim_flags(argv: Sequence[str], optimizer: str, schedule: str) -> l
                 own = field[3:] if field.startswith("no_") and flag in nested_flags() else field
                 if own not in cls.field_names():
                     other = next(p for p in PARTS if p != part)
-                    elsewhere = f"; --optim.{other}.{own} is the {other.replace('_', ' ')}'s" if misplaced(flag) else ""
+                    elsewhere = (
+                        f"; --optim.{other}.{own} is the {other.removeprefix('lr_')}'s" if misplaced(flag) else ""
+                    )
                     raise UsageError(
                         f"{arg.split('=', 1)[0]}: optim.{part}.name={cls.name} has no field {own} (it reads "
                         f"{', '.join(cls.field_names()) or 'none'}){elsewhere}"

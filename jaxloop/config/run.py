@@ -148,7 +148,8 @@ class OptimConfig(OptimShared):
 # What stays of the flat form, for what users already write: the flags (--optim.b1, --optim.name adagrad,
 # --optim.plateau.patience 3), a --config file's flat optim keys, and the config.json / checkpoint config items
 # jaxloop wrote before the nested form (all 33 fields flat under optim.). `rewrite_flat` puts flat keys onto
-# the chosen classes; from_dict reads an older flat section through it. Nothing jaxloop writes is flat.
+# the chosen classes; from_dict reads an older flat section through it. Nothing jaxloop writes is flat, OptimConfig
+# takes no flat keyword, and the nested flags (--optim.optimizer.b1) are read as flat ones (config.optim_flags).
 
 SECTIONS = ("optimizer", "lr_schedule")
 """The nested keys of the optim section: the chosen classes, each a mapping with its `name`."""
