@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import optax
 import pytest
 
+from jaxloop.config.optimizers import AdagradConfig, RMSpropConfig, SGDConfig
 from jaxloop.model.precision import get_policy
 from jaxloop.update.optimizer import make_optimizer
 from jaxloop.update.step import cross_entropy_loss
@@ -45,10 +46,10 @@ BELOW_CLIP = (2, 5)
 
 LOCKSTEP_VARIANTS = {
     **OPTIMIZERS,
-    "sgd_plain": dict(name="sgd", peak_lr=0.05, weight_decay=1e-2),
-    "sgd_momentum": dict(name="sgd", peak_lr=0.05, momentum=0.9, weight_decay=1e-2),
-    "rmsprop_plain": dict(name="rmsprop", peak_lr=1e-3, weight_decay=1e-2),
-    "adagrad_plain": dict(name="adagrad", peak_lr=0.05),
+    "sgd_plain": dict(optimizer=SGDConfig(weight_decay=1e-2), peak_lr=0.05),
+    "sgd_momentum": dict(optimizer=SGDConfig(momentum=0.9, weight_decay=1e-2), peak_lr=0.05),
+    "rmsprop_plain": dict(optimizer=RMSpropConfig(weight_decay=1e-2), peak_lr=1e-3),
+    "adagrad_plain": dict(optimizer=AdagradConfig(), peak_lr=0.05),
 }
 
 
