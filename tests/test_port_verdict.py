@@ -68,8 +68,20 @@ def ports(tmp_path_factory) -> Path:
     return path
 
 
-def _command(*argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+@pytest.fixture(scope="module")
+def cache_env(compilation_cache_for_the_session) -> dict[str, str]:
+    """The children's JAX settings: the session's compilation cache (conftest.py), every entry kept, so that a child
+    loads what the session compiled (the passing check's 13 optimizers are tests/test_port_command.py's `good`
+    port's) rather than compiling it again. What a child prints and its exit status do not depend on it."""
+    return {
+        "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_for_the_session),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+
+
+def _command(cache_env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, **cache_env, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
         [sys.executable, "-m", "jaxloop.parity", *argv], capture_output=True, text=True, env=env, timeout=600
     )
@@ -117,9 +129,9 @@ PROGRESS = re.compile(r" \(at \d+\.\ds\)$")
 
 
 @pytest.mark.parametrize("argv,status,line", CASES, ids=[" ".join(c[0]) for c in CASES])
-def test_the_command_ends_in_its_verdict_or_one_line_of_error(ports, tmp_path, argv, status, line):
+def test_the_command_ends_in_its_verdict_or_one_line_of_error(ports, cache_env, tmp_path, argv, status, line):
     names = {"ports": ports, "missing": tmp_path / "missing"}
-    out = _command(*[a.format(**names) for a in argv], "--precision", "fp64")
+    out = _command(cache_env, *[a.format(**names) for a in argv], "--precision", "fp64")
     assert out.returncode == status, out.stderr[-3000:]
     # the check's progress lines ("... (at 2.2s)", announcements of its stages) may come before the error
     errors = [s for s in out.stderr.strip().splitlines() if not PROGRESS.search(s)]
@@ -127,7 +139,7 @@ def test_the_command_ends_in_its_verdict_or_one_line_of_error(ports, tmp_path, a
     assert list(tmp_path.iterdir()) == []  # the markdown's directory is not made
 
 
-def test_a_passing_check_still_ends_in_its_verdict_and_status_0(ports):
-    out = _command(f"{ports}:good", "--precision", "fp64", "--updates", "0")
+def test_a_passing_check_still_ends_in_its_verdict_and_status_0(ports, cache_env):
+    out = _command(cache_env, f"{ports}:good", "--precision", "fp64", "--updates", "0")
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1].endswith("checks within tolerance")
