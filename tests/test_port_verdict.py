@@ -68,20 +68,8 @@ def ports(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def cache_env(compilation_cache_for_the_session) -> dict[str, str]:
-    """The children's JAX settings: the session's compilation cache (conftest.py), every entry kept, so that a child
-    loads what the session compiled (the passing check's 13 optimizers are tests/test_port_command.py's `good`
-    port's) rather than compiling it again. What a child prints and its exit status do not depend on it."""
-    return {
-        "JAX_COMPILATION_CACHE_DIR": str(compilation_cache_for_the_session),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-    }
-
-
-def _command(cache_env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, **cache_env, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+def _command(*argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
         [sys.executable, "-m", "jaxloop.parity", *argv], capture_output=True, text=True, env=env, timeout=600
     )
@@ -121,6 +109,12 @@ CASES = [
         "error: --markdown='{missing}/dir/x.md' is not allowed: a file in an existing, writable directory "
         "({missing}/dir is not a directory)",
     ),
+    (
+        ["{ports}:good", "--compile_cache", "{ports}"],
+        2,
+        "error: --compile_cache='{ports}' is not allowed: a directory that can be made and written ([Errno 17] File "
+        "exists: '{ports}'; '' turns the cache off)",
+    ),
 ]
 
 
@@ -129,9 +123,9 @@ PROGRESS = re.compile(r" \(at \d+\.\ds\)$")
 
 
 @pytest.mark.parametrize("argv,status,line", CASES, ids=[" ".join(c[0]) for c in CASES])
-def test_the_command_ends_in_its_verdict_or_one_line_of_error(ports, cache_env, tmp_path, argv, status, line):
+def test_the_command_ends_in_its_verdict_or_one_line_of_error(ports, tmp_path, argv, status, line):
     names = {"ports": ports, "missing": tmp_path / "missing"}
-    out = _command(cache_env, *[a.format(**names) for a in argv], "--precision", "fp64")
+    out = _command(*[a.format(**names) for a in argv], "--precision", "fp64")
     assert out.returncode == status, out.stderr[-3000:]
     # the check's progress lines ("... (at 2.2s)", announcements of its stages) may come before the error
     errors = [s for s in out.stderr.strip().splitlines() if not PROGRESS.search(s)]
@@ -139,7 +133,33 @@ def test_the_command_ends_in_its_verdict_or_one_line_of_error(ports, cache_env, 
     assert list(tmp_path.iterdir()) == []  # the markdown's directory is not made
 
 
-def test_a_passing_check_still_ends_in_its_verdict_and_status_0(ports, cache_env):
-    out = _command(cache_env, f"{ports}:good", "--precision", "fp64", "--updates", "0")
+def test_a_passing_check_still_ends_in_its_verdict_and_status_0(ports):
+    out = _command(f"{ports}:good", "--precision", "fp64", "--updates", "0")
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1].endswith("checks within tolerance")
+
+
+def test_the_check_runs_inside_the_compile_cache_its_flag_names(ports, tmp_path, monkeypatch):
+    # A second check of a port loads its compiled programs, as a second training run does (and the tests'
+    # children load what the session compiled). mutant seen failing: --compile_cache parsed but not entered
+    import importlib
+
+    import jax
+
+    command = importlib.import_module("jaxloop.parity.__main__")
+    compare = importlib.import_module("jaxloop.parity.compare")  # the module (jaxloop.parity.compare is a function)
+
+    seen = []
+
+    def check(port, **kwargs):
+        seen.append(jax.config.jax_compilation_cache_dir)
+        raise RuntimeError("stop here: the check itself is tested elsewhere")
+
+    monkeypatch.setattr(compare, "check", check)
+    before = jax.config.jax_compilation_cache_dir
+    cache = tmp_path / "cache"
+    assert command.main([f"{ports}:good", "--precision", "fp64", "--compile_cache", str(cache)]) == 2
+    assert seen == [str(cache.resolve())]
+    assert jax.config.jax_compilation_cache_dir == before  # the process's setting is put back
+    assert command.main([f"{ports}:good", "--precision", "fp64", "--compile_cache", ""]) == 2
+    assert seen[1] == before  # '' leaves the cache as it is: off for a command's own process

@@ -15,6 +15,7 @@ The command runs the check in a child process and requires its verdict: a proces
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import inspect
 import os
@@ -24,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from jaxloop.config.run import Config
 
 BAD_INPUT = 2
 INTERRUPTED = 130
@@ -116,6 +119,10 @@ def _framework(module: Any) -> str:
     return "neither"
 
 
+DEFAULT_COMPILE_CACHE = Config.compile_cache
+"""python -m jaxloop.train's default --compile_cache: the check's programs are kept where a run's are."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jaxloop.parity", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("factory", metavar="PATH.py:FACTORY", help="a function returning a jaxloop.parity.Port")
@@ -133,6 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", metavar="FILE", help="also write the report as markdown")
     parser.add_argument("--plots", metavar="DIR", help="also write the layer and trajectory plots (PNG)")
     parser.add_argument("--no-mapping", action="store_true", help="leave the weight mapping table out")
+    parser.add_argument(
+        "--compile_cache",
+        metavar="DIR",
+        default=DEFAULT_COMPILE_CACHE,
+        help="JAX's persistent compilation cache, shared with python -m jaxloop.train: a second check of the same "
+        f"port loads its compiled programs ('' = off; default {DEFAULT_COMPILE_CACHE})",
+    )
     args = parser.parse_args(argv)
     start = time.monotonic()
 
@@ -140,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{message} (at {time.monotonic() - start:.1f}s)", file=sys.stderr, flush=True)
 
     try:
-        check_outputs(args.updates, args.markdown)
+        check_outputs(args.updates, args.markdown, args.compile_cache)
         from jaxloop.parity.torchside import require_torch
 
         require_torch()
@@ -160,9 +174,17 @@ def main(argv: list[str] | None = None) -> int:
         from jaxloop.parity.weights import MappingError
 
         try:
-            report = check(
-                port, precisions=args.precision, trajectory=0 if args.no_trajectory else args.updates, progress=progress
-            )
+            with contextlib.ExitStack() as scope:
+                if args.compile_cache:
+                    from jaxloop.runtime.compilation import compilation_cache
+
+                    scope.enter_context(compilation_cache(args.compile_cache))
+                report = check(
+                    port,
+                    precisions=args.precision,
+                    trajectory=0 if args.no_trajectory else args.updates,
+                    progress=progress,
+                )
         except (MappingError, ModelError) as e:
             raise BadInput(str(e)) from e
         except Exception as e:  # noqa: BLE001 - a Port the check cannot run on (no batch, a loss that is a vector)
@@ -197,8 +219,18 @@ def first_line(error: BaseException) -> str:
     return line if len(line) <= VALUE_SHOWN else line[:VALUE_SHOWN] + f"... (cut at {VALUE_SHOWN} characters)"
 
 
-def check_outputs(updates: int, markdown: str | None) -> None:
-    """BadInput, before the check runs, for --updates below 0 or a --markdown file whose directory is missing."""
+def check_outputs(updates: int, markdown: str | None, compile_cache: str = "") -> None:
+    """BadInput, before the check runs, for --updates below 0, a --markdown file whose directory is missing or
+    a --compile_cache that cannot be a directory."""
+    if compile_cache:
+        cache = Path(compile_cache).expanduser()
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise BadInput(
+                f"--compile_cache={compile_cache!r} is not allowed: a directory that can be made and written "
+                f"({first_line(e)}; '' turns the cache off)"
+            ) from e
     if updates < 0:
         raise BadInput(f"--updates={updates} is not allowed: an integer >= 0 (0 = no trajectory)")
     if markdown:
