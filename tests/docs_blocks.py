@@ -4,7 +4,9 @@ How the pages' blocks are run (the convention for whoever writes them):
 - A page's ```python blocks run as they are, in order, as one program (a later block may use what an
   earlier one defined), in a fresh process whose working directory is a new temporary directory that
   holds the repository's top-level entries as links (so `tests/data/...` and `benchmarks/...` resolve and
-  `runs/` is new). What each block printed is kept apart (`PageRun.outputs`).
+  `runs/` is new). What each block printed is kept apart (`PageRun.outputs`). The program compiles into the
+  test session's JAX cache (`python_env`), as the session's own compiles and the CLI's runs do: the port
+  check the README shows is docs/porting.md's first block, compiled once.
 - A page's ```bash blocks run too, in order, with `bash -e`, in one such directory of their own, with
   this interpreter first on PATH as `python` and the repository on PYTHONPATH.
 - A ```bash block right after a line `<!-- not run: REASON -->` is not run, and the reason is required.
@@ -107,6 +109,23 @@ def env() -> dict[str, str]:
     }
 
 
+def python_env() -> dict[str, str]:
+    """env() with JAX's persistent cache on in the session's directory (conftest.py: the command's default
+    --compile_cache), every executable kept as jaxloop.runtime.compilation keeps them: what a page's program
+    compiles outside jaxloop.run (the port check, jit calls of its own) is loaded by a later page or test.
+    Inside jaxloop.run the run's compile_cache decides, as in the session."""
+    from jaxloop.config.run import Config
+    from jaxloop.runtime.compilation import MAX_BYTES
+
+    return {
+        **env(),
+        "JAX_COMPILATION_CACHE_DIR": str(Path(Config().compile_cache).expanduser().resolve()),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+        "JAX_COMPILATION_CACHE_MAX_SIZE": str(MAX_BYTES),  # the bound turns on jax's lock around each entry
+    }
+
+
 def run(page: Path, lang: str, torch: bool, cwd: Path) -> PageRun:
     """Run the page's blocks of `lang` (runnable(page, lang, torch)) in `cwd` (a workdir)."""
     code = [b.body for b in runnable(page, lang, torch)]
@@ -114,7 +133,7 @@ def run(page: Path, lang: str, torch: bool, cwd: Path) -> PageRun:
         mark = f"\nprint({SEPARATOR!r}, flush=True)\n"
         (cwd / "page.py").write_text("".join(body + mark for body in code))
         out = subprocess.run(
-            [sys.executable, "page.py"], cwd=cwd, env=env(), capture_output=True, text=True, timeout=TIMEOUT_S
+            [sys.executable, "page.py"], cwd=cwd, env=python_env(), capture_output=True, text=True, timeout=TIMEOUT_S
         )
         outputs = out.stdout.split(SEPARATOR + "\n")[: len(code)]
         return PageRun(out.returncode, outputs, out.stderr, cwd)

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from docs_blocks import PAGES, ROOT, blocks, name, runnable
+from docs_blocks import PAGES, ROOT, blocks, name, run, runnable, workdir
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 
@@ -175,3 +175,19 @@ def test_no_code_block_names_the_internal_layers():
         if b.lang in ("python", "bash") and re.search(r"jaxloop\.(core|config|rundir)\b", b.body)
     ]
     assert naming == [], naming
+
+
+def test_a_pages_python_program_compiles_into_the_sessions_cache(compilation_cache_for_the_session, tmp_path):
+    # what README's and docs/porting.md's port check (the same program) compile outside jaxloop.run is compiled
+    # once in a session: jax reads these settings from the environment of the page's process.
+    # mutant seen failing: run() giving the page's process env() (no cache)
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```python\nimport jax\nc = jax.config\nprint(c.jax_compilation_cache_dir, "
+        "c.jax_persistent_cache_min_compile_time_secs, c.jax_persistent_cache_min_entry_size_bytes, "
+        "c.jax_compilation_cache_max_size > 0)\n```\n"
+    )
+    (tmp_path / "cwd").mkdir()
+    out = run(page, "python", False, workdir(tmp_path / "cwd"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.outputs[0].split() == [str(compilation_cache_for_the_session), "0.0", "0", "True"], out.outputs
