@@ -31,7 +31,11 @@ def _tokens(n: int, salt: int = 0) -> np.ndarray:
     return ((np.arange(n) * 7919 + salt) % VOCAB).astype(np.uint16)
 
 
-def _cfg(tmp_path: Path, cache: Path, steps: int = 6) -> Config:
+STEPS = 9
+"""Every run of the module trains toward update 9 (one schedule: the calls compiled once serve all of them)."""
+
+
+def _cfg(tmp_path: Path, cache: Path, steps: int = STEPS) -> Config:
     shards = tmp_path / "shards"
     if not shards.exists():
         shards.mkdir()
@@ -50,7 +54,7 @@ def _cfg(tmp_path: Path, cache: Path, steps: int = 6) -> Config:
         log_every=3,
         updates_per_call=3,
         compile_cache=str(cache),
-        allow_steps_change=steps != 6,
+        allow_steps_change=steps != STEPS,
         optim=replace(base.optim, lr_schedule=replace(base.optim.lr_schedule, warmup_steps=2)),
         model=ModelConfig(kind="gpt", context=16, d_model=32, n_layers=1, n_heads=2),
         data=DataConfig(source="tokens", path=str(shards), eval_batch_size=4),
@@ -122,15 +126,18 @@ def test_a_resume_on_a_shard_replaced_at_the_same_size_is_one_line_exit_2_with_n
 
 def test_data_allow_changed_resumes_on_the_new_data_and_records_what_changed(tmp_path, cache):
     """This launch only: the flag is recorded among the resume's changed fields and not inherited by the next."""
+    from jaxloop import Hook
     from jaxloop.loop.runner import run
 
-    run(_cfg(tmp_path, cache))
+    # a first session stopped (and saved) at update 6 by a hook: the resume runs the same schedule's calls
+    first = run(_cfg(tmp_path, cache), hooks=[Hook(lambda info: info.stop("planned"), every=6)])
+    assert first["final_step"] == 6
     shard = tmp_path / "shards" / "x_train_000001.bin"
     _replace_content(shard)
-    longer = _cfg(tmp_path, cache, steps=9)
+    again = _cfg(tmp_path, cache)
     with pytest.raises(ConfigError, match=r"DataConfig\(allow_changed=True\)"):
-        run(longer)
-    result = run(replace(longer, data=replace(longer.data, allow_changed=True)))
+        run(again)
+    result = run(replace(again, data=replace(again.data, allow_changed=True)))
     assert result["final_step"] == 9
     data = json.loads((tmp_path / "run" / "metadata.json").read_text())["data"]
     assert data["changed_on_resume"] == [f"{shard}: other content at the same size (3424 bytes)"]

@@ -34,6 +34,7 @@ from jaxloop.model.builtin import MLP, init_params, make_model
 from jaxloop.observe.logger import RunLogger
 from jaxloop.report import main as report_main
 from jaxloop.rundir.records import BestTracker, read_records
+from jaxloop.runtime.compilation import compilation_cache
 from jaxloop.update.optimizer import skip_nonfinite_windows
 from jaxloop.update.state import TrainState
 from jaxloop.update.step import cross_entropy_loss, train_step
@@ -56,26 +57,25 @@ def _cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
     return subprocess.run([PY, "-m", *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
 
 
+DEBUG = [
+    "--preset",
+    "debug",
+    "--optim.ema_decay",
+    "0.9",
+    "--log.profile_start",
+    "3",
+    "--log.profile_steps",
+    "2",
+    "--log.report",
+    "--log.price_per_hour",
+    "2.5",
+]
+
+
 @pytest.fixture(scope="module")
 def debug_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("obs") / "debug"
-    summary, err = _train(
-        [
-            "--preset",
-            "debug",
-            "--run_dir",
-            str(run_dir),
-            "--optim.ema_decay",
-            "0.9",
-            "--log.profile_start",
-            "3",
-            "--log.profile_steps",
-            "2",
-            "--log.report",
-            "--log.price_per_hour",
-            "2.5",
-        ]
-    )
+    summary, err = _train(DEBUG + ["--run_dir", str(run_dir)])
     return run_dir, summary, err
 
 
@@ -148,6 +148,14 @@ def text_run(tmp_path_factory):
         ]
     )
     return run_dir, summary, err
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(tmp_path_factory):
+    """One persistent compile cache for the module: sample() compiles its call ahead of time on every call, and a
+    call of a program compiled before (the same model and length) loads it from here instead."""
+    with compilation_cache(tmp_path_factory.mktemp("xla")):
+        yield
 
 
 def _md_number(text: str, pattern: str) -> float:
@@ -445,22 +453,17 @@ def test_plain_progress_is_one_line_per_call_with_an_eta_timed_between_calls(tmp
     assert "updates/s ETA 0:00:08" in lines[1]
 
 
-def test_a_resumed_run_says_where_it_resumed_from(tmp_path):
-    cfg = replace(
-        preset("debug"),
-        run_dir=str(tmp_path),
-        steps=20,
-        log=replace(preset("debug").log, progress="off", tensorboard=False),
-    )
-    run(cfg)
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        run(replace(cfg, steps=30, allow_steps_change=True))
+def test_a_resumed_run_says_where_it_resumed_from(debug_run, tmp_path):
+    # the debug run stopped after update 10's checkpoint (the one at 20 and its summary gone): the same config
+    # resumes it, so the run's calls are the debug run's, compiled already
+    run_dir = tmp_path / "resumed"
+    shutil.copytree(debug_run[0], run_dir, ignore=shutil.ignore_patterns("20", "summary.json"))
+    _, err = _train(DEBUG + ["--run_dir", str(run_dir)])
     # the first line past the announcements of the restore (jaxloop.loop.runner.is_compile_line)
-    first = next(line for line in err.getvalue().splitlines() if not is_compile_line(line))
+    first = next(line for line in err.splitlines() if not is_compile_line(line))
     assert first == (
-        f"resuming from update 20 (checkpoint {tmp_path.absolute()}/checkpoints/20), data position 20 "
-        "(epoch 0, micro-batch 20 of 44)"
+        f"resuming from update 10 (checkpoint {run_dir.absolute()}/checkpoints/10), data position 10 "
+        "(epoch 0, micro-batch 10 of 44)"
     ), first
 
 
@@ -526,9 +529,10 @@ def _batch(i: int) -> dict:
 def test_ema_equals_hand_computed_average():
     d = 0.8
     state = _tiny_state(d)
+    step = jax.jit(train_step)  # one compile, not one per operation run eagerly
     ema = jax.tree.map(np.asarray, jax.device_get(state.params))
     for i in range(4):
-        state, _ = train_step(state, _batch(i))
+        state, _ = step(state, _batch(i))
         params = jax.device_get(state.params)
         ema = jax.tree.map(lambda e, p: d * e + (1 - d) * np.asarray(p, np.float64), ema, params)
         jax.tree.map(
@@ -544,9 +548,10 @@ def test_ema_equals_hand_computed_average():
 def test_ema_updates_once_per_update_with_accumulation():
     d = 0.5
     state = _tiny_state(d, accum=2)
+    step = jax.jit(train_step)
     ema = jax.tree.map(np.asarray, jax.device_get(state.params))
     for i in range(4):
-        state, _ = train_step(state, _batch(i))
+        state, _ = step(state, _batch(i))
         if i % 2 == 1:  # the second micro-batch of each window applies the update
             ema = jax.tree.map(
                 lambda e, p: d * e + (1 - d) * np.asarray(p, np.float64), ema, jax.device_get(state.params)
@@ -616,9 +621,10 @@ def test_metadata_holds_commit_config_packages_devices_cpu_and_host(debug_run):
 
 
 def test_sample_returns_text_of_the_requested_length(text_run):
+    # 12 tokens, as the greedy test's: its sampling call loads this one's program from the module's compile cache
     run_dir, _, _ = text_run
-    text = sample_mod.sample(run_dir, "To be", length=37, temperature=0.8, which="best", seed=3)
-    assert len(text) == 37 and set(text) <= set(read_vocab(str(run_dir)))
+    text = sample_mod.sample(run_dir, "To be", length=12, temperature=0.8, which="best", seed=3)
+    assert len(text) == 12 and set(text) <= set(read_vocab(str(run_dir)))
 
 
 def test_sample_matches_a_step_by_step_greedy_loop(text_run):

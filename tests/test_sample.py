@@ -20,11 +20,20 @@ import pytest
 from jaxloop import prepare
 from jaxloop import sample as sample_mod
 from jaxloop.config.cli import parse_config
+from jaxloop.runtime.compilation import compilation_cache
 from jaxloop.train import run
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = REPO / "tests" / "data" / "tinyshakespeare_60k.txt"
 CONTEXT = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(tmp_path_factory):
+    """One persistent compile cache for the module: sample() compiles its call ahead of time on every call, and a
+    call of a program compiled before (the same model and length) loads it from here instead."""
+    with compilation_cache(tmp_path_factory.mktemp("xla")):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -137,16 +146,24 @@ def test_cached_logits_equal_the_full_forward_within_float32_rounding(bpe_run):
 def test_top_k_1_draws_the_most_likely_token_at_any_temperature(bpe_run):
     run_dir, _ = bpe_run
     loaded = sample_mod.load_params(run_dir, "latest")
-    greedy = sample_mod.sample(run_dir, "ROMEO:", length=20, temperature=0.0, loaded=loaded)
-    assert sample_mod.sample(run_dir, "ROMEO:", length=20, temperature=5.0, top_k=1, loaded=loaded) == greedy
-    assert sample_mod.sample(run_dir, "ROMEO:", length=20, temperature=5.0, loaded=loaded) != greedy
+    # 30 tokens, as the CLI tests' call: the greedy and the top_k=None draws load that call's program
+    greedy = sample_mod.sample(run_dir, "ROMEO:", length=30, temperature=0.0, loaded=loaded)
+    assert sample_mod.sample(run_dir, "ROMEO:", length=30, temperature=5.0, top_k=1, loaded=loaded) == greedy
+    assert sample_mod.sample(run_dir, "ROMEO:", length=30, temperature=5.0, loaded=loaded) != greedy
 
 
-def test_cli_prints_the_prompt_and_text_decoded_by_the_prepared_bpe(bpe_run):
+@pytest.fixture(scope="module")
+def cli_sample(bpe_run) -> subprocess.CompletedProcess:
+    """One `python -m jaxloop.sample` of 30 greedy tokens from the latest checkpoint: what it prints to stdout and
+    to stderr, for the tests below."""
+    return _cli(str(bpe_run[0]), "--prompt", "ROMEO:", "--length", "30", "--temperature", "0", "--checkpoint", "latest")
+
+
+def test_cli_prints_the_prompt_and_text_decoded_by_the_prepared_bpe(bpe_run, cli_sample):
     from tokenizers import Tokenizer
 
     run_dir, shards = bpe_run
-    proc = _cli(str(run_dir), "--prompt", "ROMEO:", "--length", "30", "--temperature", "0", "--checkpoint", "latest")
+    proc = cli_sample
     assert proc.returncode == 0, proc.stderr
     tok = Tokenizer.from_file(str(shards / "tokenizer.json"))
     loaded = sample_mod.load_params(run_dir, "latest")
@@ -156,16 +173,16 @@ def test_cli_prints_the_prompt_and_text_decoded_by_the_prepared_bpe(bpe_run):
     assert "30 tokens from the latest checkpoint (update 60)" in proc.stderr and "tokens/s (KV cache" in proc.stderr
 
 
-def test_cli_announces_the_sampling_compile_and_its_time_before_the_text(bpe_run):
+def test_cli_announces_the_sampling_compile_and_its_time_before_the_text(cli_sample):
     # issue 45.4, no silence: the compile (seconds; minutes for a large model) is said before it starts and timed
     # after, as the training call's is. Mutant seen failing: generate called without announce (the first line on
     # stderr was the final summary)
-    proc = _cli(str(bpe_run[0]), "--prompt", "ROMEO:", "--length", "12", "--checkpoint", "latest")
+    proc = cli_sample
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert lines[0] == "compiling the sampling call (12 tokens, KV cache)...", lines
+    assert lines[0] == "compiling the sampling call (30 tokens, KV cache)...", lines
     assert lines[1].startswith("compiled in ") and lines[1].endswith("s"), lines
-    assert lines[2].startswith("jaxloop.sample: 12 tokens from the latest checkpoint (update 60)"), lines
+    assert lines[2].startswith("jaxloop.sample: 30 tokens from the latest checkpoint (update 60)"), lines
 
 
 def test_a_token_run_without_a_recorded_tokenizer_takes_tokenizer_flag(bpe_run, tmp_path):

@@ -523,38 +523,37 @@ def test_torch_ref_holds_its_run_dir_as_jaxloop_does(tmp_path):
     assert run(cfg, device="cpu").summary["final_step"] == 2, "free again once released"
 
 
-def _torch_ref_cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "torch_ref.train", "--log.progress", "off", "--log.no-tensorboard", *argv],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def _torch_ref_main(capsys, *argv: str) -> tuple[int, str]:
+    """torch_ref.train's main in this process (the exit status it returns, its stderr): the run directory, not the
+    process, is under test (test_bad_flag_in_a_real_process_exits_2_with_one_line covers the process)."""
+    status = main(["--log.progress", "off", "--log.no-tensorboard", *argv])
+    return status, capsys.readouterr().err
 
 
-def test_a_torch_ref_run_from_before_the_marker_resumes_by_the_evidence_of_its_checkpoints(tmp_path):
+def test_a_torch_ref_run_from_before_the_marker_resumes_by_the_evidence_of_its_checkpoints(tmp_path, capsys):
     # issue 43.2: a run directory is torch_ref's by evidence it wrote it: a checkpoint file whose header names
     # torch_ref's format, beside a config.json torch_ref reads. An older run (no marker), interrupted (no
     # summary.json), resumes; the same folder with the header's format edited is refused, byte-identical.
     # Mutant seen failing: RunDir.earlier_run without _torch_ref_run (refused as 'holds other files', exit 2)
     run_dir = tmp_path / "r"
-    first = _torch_ref_cli("--preset", "debug", "--steps", "20", "--checkpoint.every", "10", "--run_dir", str(run_dir))
-    assert first.returncode == 0, first.stderr
+    first = _torch_ref_main(
+        capsys, "--preset", "debug", "--steps", "20", "--checkpoint.every", "10", "--run_dir", str(run_dir)
+    )
+    assert first[0] == 0, first[1]
     (run_dir / ".jaxloop-run").unlink()
     (run_dir / "summary.json").unlink()
     (run_dir / "checkpoints" / "step_00000020.pt").unlink()  # stopped after update 10's save
     forged = tmp_path / "forged"
     shutil.copytree(run_dir, forged)
 
-    again = _torch_ref_cli("--run_dir", str(run_dir))
-    assert again.returncode == 0, again.stderr
+    again = _torch_ref_main(capsys, "--run_dir", str(run_dir))
+    assert again[0] == 0, again[1]
     assert [json.loads(line)["step"] for line in (run_dir / "resumes.jsonl").read_text().splitlines()] == [10]
     assert json.loads((run_dir / "summary.json").read_text())["final_step"] == 20
 
     checkpoint = forged / "checkpoints" / "step_00000010.pt"
     checkpoint.write_bytes(checkpoint.read_bytes().replace(b"torch_ref-checkpoint-1", b"someone-elses-file-1", 1))
     before = {p: p.read_bytes() for p in sorted(forged.rglob("*")) if p.is_file()}
-    refused = _torch_ref_cli("--run_dir", str(forged))
-    assert refused.returncode == 2 and "holds other files: checkpoints, config.json, metrics.jsonl" in refused.stderr
+    refused = _torch_ref_main(capsys, "--run_dir", str(forged))
+    assert refused[0] == 2 and "holds other files: checkpoints, config.json, metrics.jsonl" in refused[1]
     assert {p: p.read_bytes() for p in sorted(forged.rglob("*")) if p.is_file()} == before
