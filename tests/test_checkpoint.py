@@ -452,7 +452,7 @@ def test_twenty_sigkills_at_random_moments_end_bit_identical(tmp_path, request):
 
     A moment is drawn in updates, then in time: the life trains 1 to 3 updates past the previous life's last
     (any phase of the 3-update save cycle), then lives 0 to 0.05 s more (any point of an update or a save). The
-    lives train at most 20 x (3 + what 0.06 s trains) updates: about 80 here at 15 updates/s, under the run's 200
+    lives train at most 20 x (3 + what 0.06 s trains) updates: 66 measured here (at ~15 updates/s), under the run's 200
     up to 100 updates/s, so the 20th kill has updates left to land in (a kill drawn in time only, 0 to 0.4 s on,
     needed a run of 600: three times the final life's and the reference's updates)."""
     args = (
