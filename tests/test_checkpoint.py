@@ -448,10 +448,16 @@ def test_sigterm_to_a_real_process_saves_and_exits_143(tmp_path):
 
 @pytest.mark.slow
 def test_twenty_sigkills_at_random_moments_end_bit_identical(tmp_path, request):
-    """SIGKILL at 20 seeded random moments (many during async saves, every 3 updates), resume each time."""
+    """SIGKILL at 20 seeded random moments (many during async saves, every 3 updates), resume each time.
+
+    A moment is drawn in updates, then in time: the life trains 1 to 3 updates past the previous life's last
+    (any phase of the 3-update save cycle), then lives 0 to 0.05 s more (any point of an update or a save). The
+    lives train at most 20 x (3 + what 0.06 s trains) updates: 66 measured here (at ~15 updates/s), under the run's 200
+    up to 100 updates/s, so the 20th kill has updates left to land in (a kill drawn in time only, 0 to 0.4 s on,
+    needed a run of 600: three times the final life's and the reference's updates)."""
     args = (
         "--steps",
-        "600",
+        "200",
         "--log_every",
         "1",
         "--checkpoint.every",
@@ -472,10 +478,10 @@ def test_twenty_sigkills_at_random_moments_end_bit_identical(tmp_path, request):
     kills = 0
     while kills < 20:
         proc = subprocess.Popen(_train_cmd(run_dir, *args), stderr=subprocess.DEVNULL)
-        # wait until this life trains past where the previous one was restored, then kill it at random
-        if not _wait_until_trained(run_dir, proc, beyond=_last_step(run_dir)):
+        # wait until this life trains 1 to 3 updates past where the previous one was killed, then a moment more
+        if not _wait_until_trained(run_dir, proc, beyond=_last_step(run_dir) + rng.randrange(3)):
             break  # the run finished: nothing left to kill
-        time.sleep(rng.uniform(0.0, 0.4))
+        time.sleep(rng.uniform(0.0, 0.05))
         proc.kill()
         proc.wait()
         kills += 1

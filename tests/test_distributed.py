@@ -82,14 +82,24 @@ def single_device_run(tmp_path_factory):
     return _train(run_dir, 1), run_dir
 
 
+@pytest.fixture(scope="module")
+def two_device_run(tmp_path_factory):
+    """The debug run on two devices, read by the comparison with one device and by the multi-process tests."""
+    run_dir = tmp_path_factory.mktemp("two_devices")
+    return _train(run_dir, 2), run_dir
+
+
 @pytest.mark.parametrize("devices", [2, 4])
-def test_multi_device_run_matches_single_device(single_device_run, tmp_path, devices):
+def test_multi_device_run_matches_single_device(single_device_run, request, tmp_path, devices):
     # Same data, same init; only the gradient all-reduce adds partial sums in another order: float32
     # losses agree to 1e-5 relative over the 20 updates (2.4e-7 absolute measured on 2 devices).
     ref_summary, ref_dir = single_device_run
-    summary = _train(tmp_path, devices)
+    if devices == 2:  # the same command as the module's two-device run: that run, not another
+        summary, run_dir = request.getfixturevalue("two_device_run")
+    else:
+        summary, run_dir = _train(tmp_path, devices), tmp_path
     ref = [r["loss"] for r in read_records(ref_dir) if r["kind"] == "train"]
-    got = [r["loss"] for r in read_records(tmp_path) if r["kind"] == "train"]
+    got = [r["loss"] for r in read_records(run_dir) if r["kind"] == "train"]
     assert len(got) == len(ref) == 20
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
     assert worst <= 1e-5, f"max relative loss difference {worst:.3g}"
@@ -181,12 +191,6 @@ def _train_processes(run_dir: Path, processes: int, *extra: str) -> list[subproc
     for p in done:
         assert p.returncode == 0, p.stderr[-3000:]
     return done
-
-
-@pytest.fixture(scope="module")
-def two_device_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("two_devices")
-    return _train(run_dir, 2), run_dir
 
 
 def test_two_processes_compute_what_one_process_with_two_devices_does(two_device_run, tmp_path):

@@ -217,35 +217,39 @@ def test_state_is_built_sharded_and_the_step_keeps_its_layout_and_donates():
 # ----------------------------------------------------------------------------- same numbers
 
 
-@pytest.fixture(scope="module", params=["fp32", "fp64"])
-def layout_runs(request, tmp_path_factory):
-    """GPT runs of every layout on 4 devices, K = 1 and 4 (fp32) or 4 (fp64): {(layout, K): run_dir}."""
-    base = tmp_path_factory.mktemp(f"layouts_{request.param}")
+@pytest.fixture(scope="module")
+def layout_runs(tmp_path_factory):
+    """GPT runs of every layout on 4 devices, K = 1 and 4 in fp32, K = 4 in fp64, all in one process:
+    {precision: {(layout, K): run_dir}}."""
+    base = tmp_path_factory.mktemp("layouts")
     dirs, argvs = {}, []
-    for k in (1, 4) if request.param == "fp32" else (4,):
-        for name, flags in LAYOUTS.items():
-            dirs[name, k] = base / f"{name}_k{k}"
-            argvs.append(
-                [
-                    *GPT,
-                    "--precision",
-                    request.param,
-                    "--optim.accum_steps",
-                    str(k),
-                    "--run_dir",
-                    str(dirs[name, k]),
-                    *flags,
-                ]
-            )
-    _main_runs(4, *argvs)
-    return request.param, dirs
+    for precision, ks in (("fp32", (1, 4)), ("fp64", (4,))):
+        dirs[precision] = {}
+        for k in ks:
+            for name, flags in LAYOUTS.items():
+                dirs[precision][name, k] = base / f"{precision}_{name}_k{k}"
+                argvs.append(
+                    [
+                        *GPT,
+                        "--precision",
+                        precision,
+                        "--optim.accum_steps",
+                        str(k),
+                        "--run_dir",
+                        str(dirs[precision][name, k]),
+                        *flags,
+                    ]
+                )
+    _main_runs(4, *argvs, timeout=600)
+    return dirs
 
 
 @pytest.mark.slow  # 9 GPT runs, ~10 s of compiling each on 2 idle cores
-def test_every_layout_logs_the_same_losses(layout_runs):
+@pytest.mark.parametrize("precision", ["fp32", "fp64"])
+def test_every_layout_logs_the_same_losses(layout_runs, precision):
     # Same global batches, same init: the layouts differ only in how XLA splits the reductions (the
     # gradient's sum over the batch: an all-reduce for fsdp=1, a reduce-scatter for fsdp=4).
-    precision, dirs = layout_runs
+    dirs = layout_runs[precision]
     tol = FP32_REL_TOL if precision == "fp32" else FP64_REL_TOL
     report = {}
     for k in sorted({k for _, k in dirs}):

@@ -34,6 +34,10 @@ from jaxloop.model.builtin import make_model
 from jaxloop.update.state import state_digest
 from jaxloop.loop.task import create_train_state
 import jax
+from jaxloop.train import main
+for argv in json.loads(sys.argv[2]):  # runs trained first in this process: a run and its restore in one start
+    if main(argv):
+        sys.exit(1)
 for argv in json.loads(sys.argv[1]):
     cfg = parse_config(argv, check_paths=False)
     splits = load_splits(cfg)
@@ -65,9 +69,10 @@ RUN = (
 )
 
 
-def _restore(devices: int, argvs: list[list[str]]) -> list[dict]:
+def _restore(devices: int, argvs: list[list[str]], trained_first: tuple[list[str], ...] = ()) -> list[dict]:
+    """Each argv's run_dir restored into its layout on `devices` devices, after the runs of `trained_first`."""
     out = subprocess.run(
-        [sys.executable, "-c", RESTORE, json.dumps(argvs)],
+        [sys.executable, "-c", RESTORE, json.dumps(argvs), json.dumps(list(trained_first))],
         cwd=ROOT,
         env=env(devices),
         capture_output=True,
@@ -133,8 +138,8 @@ def test_a_checkpoint_saved_on_one_device_restores_the_same_bits_on_two(tmp_path
     # A one-device run hands Orbax NumPy views (jaxloop.checkpoint.manager._for_orbax): its checkpoints must
     # restore into sharded targets too, bit for bit (fsdp 2, and replicated over data 2).
     run = tmp_path / "one_device"
-    main_runs(1, [*RUN, "--run_dir", str(run)])
     argv = lambda fsdp: [*RUN, "--distributed.fsdp", str(fsdp), "--run_dir", str(run)]
-    restored = _restore(2, [argv(2), argv(1)]) + _restore(1, [argv(1)])
+    # the one-device run and its one-device restore share a process (one start fewer)
+    restored = _restore(1, [argv(1)], trained_first=([*RUN, "--run_dir", str(run)],)) + _restore(2, [argv(2), argv(1)])
     assert all(r["step"] == 8 and r["in_target_layout"] for r in restored)
     assert {r["digest"] for r in restored} == {summary(run)["state_digest"]}

@@ -190,13 +190,20 @@ ACK = r"SIGINT received: finishing (?:update (\d+)|updates (\d+)-(\d+)), then st
 """The acknowledgement of a Ctrl-C while calls run: the updates on the device it finishes, then the save."""
 
 
-def test_ctrl_c_after_the_compile_finishes_the_first_call_and_keeps_it(tmp_path):
+@pytest.fixture(scope="module")
+def shakespeare_cache(tmp_path_factory) -> Path:
+    """One compile cache for the module's SHAKESPEARE runs: the first compiles the call of 50 updates (its test
+    reads "compiled in"), the next loads it (a run of its own cache compiled the same program again)."""
+    return tmp_path_factory.mktemp("shakespeare_cache")
+
+
+def test_ctrl_c_after_the_compile_finishes_the_first_call_and_keeps_it(tmp_path, shakespeare_cache):
     # issue 45: a Ctrl-C just after "compiled in" was taken for one while compiling, and the call's work
     # thrown away. Now the compile's end is heard: the first call (of the grid's 50 updates) is finished
     # and saved. Mutant (trained only once a call finished, as before): "while compiling", exit
     # without a save, seen failing.
     run_dir = tmp_path / "r"
-    term = _train(run_dir, *SHAKESPEARE, "--compile_cache", str(tmp_path / "cache"))
+    term = _train(run_dir, *SHAKESPEARE, "--compile_cache", str(shakespeare_cache))
     term.read_until(r"compiled in [\d.]+s", 300)
     term.ctrl_c()
     ack = term.read_until(ACK, ACK_S)
@@ -206,14 +213,14 @@ def test_ctrl_c_after_the_compile_finishes_the_first_call_and_keeps_it(tmp_path)
     assert saved >= 1 and json.loads((run_dir / "summary.json").read_text())["final_step"] == saved
 
 
-def test_a_stop_finishes_the_paced_call_on_the_device_and_names_its_updates(tmp_path):
+def test_a_stop_finishes_the_paced_call_on_the_device_and_names_its_updates(tmp_path, shakespeare_cache):
     # issue 45: the shakespeare preset's calls of 50 updates made a stop wait a whole call (50 s on a loaded
     # machine). The pace times the first calls and, past 2 s, caps them to about a second (metadata.json's calls):
     # the acknowledgement names the updates of the call on the device, at most that cap, and the run
     # saves at its end. Mutant (the acknowledgement of before, naming only the update it stops after):
     # no "finishing updates", seen failing.
     run_dir = tmp_path / "r"
-    term = _train(run_dir, *SHAKESPEARE, "--compile_cache", str(tmp_path / "cache"))
+    term = _train(run_dir, *SHAKESPEARE, "--compile_cache", str(shakespeare_cache))
     term.read_until(r"update (?:[6-9]\d|\d{3,})/2000", 600)
     term.ctrl_c()
     ack = term.read_until(ACK, ACK_S)
