@@ -34,6 +34,7 @@ from parity_tests.harness import (
     mlp_cfg,
     model,
     torch_run,
+    torch_threads,
     tree_rel_diff,
     ulps_of_value,
 )
@@ -49,9 +50,10 @@ SNAP = 25
 
 
 def _pair(cfg, splits):
-    """jaxloop's run, then torch_ref's from jaxloop's initial weights."""
+    """jaxloop's run, then torch_ref's from jaxloop's initial weights (on one thread: harness.torch_threads)."""
     j = jax_run(cfg, splits, UPDATES, snapshot_every=SNAP)
-    t = torch_run(cfg, splits, j.init, UPDATES, snapshot_every=SNAP)
+    with torch_threads(1):
+        t = torch_run(cfg, splits, j.init, UPDATES, snapshot_every=SNAP)
     return j, t
 
 
@@ -328,7 +330,7 @@ def _relu_lockstep(cfg, splits, updates):
     gather = MicroBatchGather(splits.train, cfg.seed, cfg.batch_size)
     m = make_model(cfg.model, splits.num_classes, cfg.precision)
     flips, diffs = [], []
-    with jax_mode(cfg.precision):
+    with jax_mode(cfg.precision), torch_threads(1):
         state = jax_state(cfg, splits)
         tstate = torch_state(cfg, splits, init_params=host(state.params))
         intermediates = jax.jit(lambda p, x: m.apply({"params": p}, x, capture_intermediates=True)[1]["intermediates"])
@@ -431,10 +433,12 @@ def gpt_preset_bf16(shakespeare_slice):
     )
     splits = load_splits(cfg)
     j32 = jax_run(cfg, splits, PRESET_UPDATES)
-    runs = {"jax fp32": j32, "torch fp32": torch_run(cfg, splits, j32.init, PRESET_UPDATES)}
+    runs = {"jax fp32": j32}
     for name in ("bf16", "bf16_full"):
         runs[f"jax {name}"] = jax_run(replace(cfg, precision=name), splits, PRESET_UPDATES, init_params=j32.init)
-    runs["torch bf16"] = torch_run(replace(cfg, precision="bf16"), splits, j32.init, PRESET_UPDATES)
+    with torch_threads(1):
+        runs["torch fp32"] = torch_run(cfg, splits, j32.init, PRESET_UPDATES)
+        runs["torch bf16"] = torch_run(replace(cfg, precision="bf16"), splits, j32.init, PRESET_UPDATES)
     return runs
 
 
