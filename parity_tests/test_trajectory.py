@@ -49,9 +49,10 @@ UPDATES = 300
 SNAP = 25
 
 
-def _pair(cfg, splits):
-    """jaxloop's run, then torch_ref's from jaxloop's initial weights (on one thread: harness.torch_threads)."""
-    j = jax_run(cfg, splits, UPDATES, snapshot_every=SNAP)
+def _pair(cfg, splits, init=None):
+    """jaxloop's run (from `init`, or from the weights it draws), then torch_ref's from jaxloop's initial
+    weights (on one thread: harness.torch_threads)."""
+    j = jax_run(cfg, splits, UPDATES, snapshot_every=SNAP, init_params=init)
     with torch_threads(1):
         t = torch_run(cfg, splits, j.init, UPDATES, snapshot_every=SNAP)
     return j, t
@@ -72,6 +73,12 @@ def _record(parity, key, j, t):
     )
 
 
+def _drawn_as_fp32(name, runs):
+    """The fp32 run's initial weights for the bf16 and tanh runs, which draw the very same ones (float32
+    params, the same rng; compared bit for bit): their model's init is then not compiled again."""
+    return runs["fp32"][0].init if name in ("bf16", "tanh_fp32") else None
+
+
 @pytest.fixture(scope="module")
 def mlp(parity):
     cfg = mlp_cfg()
@@ -83,7 +90,7 @@ def mlp(parity):
         ("bf16", replace(cfg, precision="bf16")),
         ("tanh_fp32", model(cfg, activation="tanh")),
     ):
-        runs[name] = _pair(c, splits)
+        runs[name] = _pair(c, splits, _drawn_as_fp32(name, runs))
         _record(parity, f"mlp_{name}", *runs[name])
     return cfg, splits, runs
 
@@ -94,7 +101,7 @@ def gpt(parity, shakespeare_slice):
     splits = load_splits(cfg)
     runs = {}
     for name in ("fp64", "fp32", "bf16"):
-        runs[name] = _pair(replace(cfg, precision=name), splits)
+        runs[name] = _pair(replace(cfg, precision=name), splits, _drawn_as_fp32(name, runs))
         _record(parity, f"gpt_{name}", *runs[name])
     return cfg, splits, runs
 
