@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from parity_tests.harness import SHAKESPEARE, TABLE, Check, write_results
+from parity_tests.harness import SHAKESPEARE, TABLE, Check, torch_threads, write_results
 
 _NOT_RUN: list[str] = []
 _ORDER: dict[str, int] = {}
@@ -98,6 +98,14 @@ def x64():
     jax.config.update("jax_enable_x64", True)
     yield
     jax.config.update("jax_enable_x64", previous)
+
+
+@pytest.fixture(scope="package", autouse=True)
+def torch_one_thread():
+    """torch's intra-op threads at 1 for every test of the package, restored after its last (harness.torch_threads:
+    the suite's small models run 10-20x faster on one thread than on two cores that jax's threads also use)."""
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -320,6 +320,10 @@ def jax_run(
     plateau = Plateau.of(cfg) if cfg.optim.schedule == "plateau" else None
     with jax_mode(cfg.precision) if x64 is None else jax.enable_x64(x64):
         state = jax_state(cfg, splits, init_params)
+        if plateau is not None:
+            # placed on the device as the loop places it: set_learning_rate keeps the rate's placement, and
+            # an uncommitted state turning committed there would compile train_step and eval_step again
+            state = jax.device_put(state, jax.devices()[0])
         init = host(state.params)
         loader = TrainLoader(splits, seed=cfg.seed, batch_size=cfg.batch_size) if batches is None else None
         source = loader if loader is not None else batches

@@ -27,7 +27,16 @@ from jaxloop.data.sources import load_splits
 from jaxloop.model.precision import get_policy
 from jaxloop.update.optimizer import find_state, make_optimizer
 from parity_tests.convert import _adam_and_schedule
-from parity_tests.harness import QUIET, jax_mode, mlp_cfg, model, optim, optimizer_fields, ulps_of_value
+from parity_tests.harness import (
+    QUIET,
+    jax_mode,
+    mlp_cfg,
+    model,
+    optim,
+    optimizer_fields,
+    torch_threads,
+    ulps_of_value,
+)
 from parity_tests.oracle import lr_oracle_table
 from torch_ref.data import micro_batch
 from torch_ref.state import create_torch_state
@@ -78,59 +87,80 @@ def _reference(cfg: Config) -> np.ndarray:
     return lr_oracle_table(cfg, cfg.steps + EXTRA)
 
 
-def jax_applied_rates(cfg: Config, precision: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per micro-step: the rate jaxloop's optimizer applied (0 when it emitted nothing), MultiSteps'
-    update count and adamw's schedule count after it, for steps + EXTRA updates."""
+def _probe(cfg: Config) -> Config:
+    """cfg whose Adam direction is exactly 1 (b1 = b2 = 0, eps = 1e-30, no decay, no clipping): its update
+    of a parameter with gradient 1 is minus the rate."""
     probe = optim(optimizer_fields(cfg, b1=0.0, b2=0.0, eps=1e-30, weight_decay=0.0), clip_norm=0.0)
-    micro_steps = (cfg.steps + EXTRA) * cfg.optim.accum_steps
+    return probe
+
+
+def jax_applied_rates(cfgs: list[Config], precision: str) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per configuration, per micro-step: the rate jaxloop's optimizer applied (0 when it emitted nothing),
+    MultiSteps' update count and adamw's schedule count after it, for steps + EXTRA updates.
+
+    Every configuration's optimizer (make_optimizer, its rate table a constant of the program) steps its own
+    probe in one scan, one compiled program for all (a program per configuration was 120 compiles of a
+    second each); the scan runs to the longest configuration's micro-steps, and each reads its own first
+    ones (a step never looks at the ones after it)."""
+    probes = [_probe(cfg) for cfg in cfgs]
+    lengths = [(cfg.steps + EXTRA) * cfg.optim.accum_steps for cfg in cfgs]
     with jax_mode(precision):
-        tx = make_optimizer(probe.optim, probe.steps, get_policy(precision))
+        txs = [make_optimizer(probe.optim, probe.steps, get_policy(precision)) for probe in probes]
         dtype = jnp.result_type(float)
         params, grads = {"w": jnp.zeros((1,), dtype)}, {"w": jnp.ones((1,), dtype)}
 
-        def body(state, _):
-            updates, state = tx.update(grads, state, params)
-            return state, (
-                -updates["w"][0],
-                find_state(state, optax.MultiStepsState).gradient_step,
-                _adam_and_schedule(state)[1],
-            )
+        def body(states, _):
+            stepped, seen = [], []
+            for tx, state in zip(txs, states):
+                updates, state = tx.update(grads, state, params)
+                stepped.append(state)
+                seen.append(
+                    (
+                        -updates["w"][0],
+                        find_state(state, optax.MultiStepsState).gradient_step,
+                        _adam_and_schedule(state)[1],
+                    )
+                )
+            return stepped, seen
 
-        _, (rates, updates, counts) = jax.jit(lambda s: jax.lax.scan(body, s, None, length=micro_steps))(
-            tx.init(params)
-        )
-        return np.asarray(rates, np.float64), np.asarray(updates), np.asarray(counts)
+        _, seen = jax.jit(lambda s: jax.lax.scan(body, s, None, length=max(lengths)))([tx.init(params) for tx in txs])
+        return [
+            (np.asarray(rates[:n], np.float64), np.asarray(updates[:n]), np.asarray(counts[:n]))
+            for (rates, updates, counts), n in zip(seen, lengths)
+        ]
 
 
 @pytest.fixture(scope="module")
 def runs():
     """Both frameworks' applied rates for every configuration of the grid."""
     splits = load_splits(mlp_cfg())
+    jax_rates = {precision: jax_applied_rates(GRID, precision) for precision in ("fp64", "fp32")}
     out = []
-    for cfg in GRID:
-        K = cfg.optim.accum_steps
-        tiny = model(mlp_cfg(steps=cfg.steps, optim=cfg.optim, batch_size=2), hidden=(2,))
-        state = create_torch_state(tiny, splits)
-        seen: list[list[float]] = []
-        state.optimizer.register_step_pre_hook(
-            lambda opt, args, kwargs, seen=seen: seen.append([g["lr"] for g in opt.param_groups])
-        )
-        batch = micro_batch(tiny, splits, 0)
-        for _ in range(cfg.steps + EXTRA):
-            train_update(state, [batch] * K, clip="optax")
-        torch_rates = np.array(seen)
-        assert torch_rates.shape == (cfg.steps + EXTRA, 2), "one optimizer.step() per update of K micro-batches"
-        assert (torch_rates[:, 0] == torch_rates[:, 1]).all(), "both param groups get the same rate"
-        assert state.scheduler.last_epoch == cfg.steps + EXTRA == state.step
-        out.append(
-            dict(
-                cfg=cfg,
-                torch=torch_rates[:, 0],
-                reference=_reference(cfg),
-                fp64=jax_applied_rates(cfg, "fp64"),
-                fp32=jax_applied_rates(cfg, "fp32"),
+    with torch_threads(1):
+        for i, cfg in enumerate(GRID):
+            K = cfg.optim.accum_steps
+            tiny = model(mlp_cfg(steps=cfg.steps, optim=cfg.optim, batch_size=2), hidden=(2,))
+            state = create_torch_state(tiny, splits)
+            seen: list[list[float]] = []
+            state.optimizer.register_step_pre_hook(
+                lambda opt, args, kwargs, seen=seen: seen.append([g["lr"] for g in opt.param_groups])
             )
-        )
+            batch = micro_batch(tiny, splits, 0)
+            for _ in range(cfg.steps + EXTRA):
+                train_update(state, [batch] * K, clip="optax")
+            torch_rates = np.array(seen)
+            assert torch_rates.shape == (cfg.steps + EXTRA, 2), "one optimizer.step() per update of K micro-batches"
+            assert (torch_rates[:, 0] == torch_rates[:, 1]).all(), "both param groups get the same rate"
+            assert state.scheduler.last_epoch == cfg.steps + EXTRA == state.step
+            out.append(
+                dict(
+                    cfg=cfg,
+                    torch=torch_rates[:, 0],
+                    reference=_reference(cfg),
+                    fp64=jax_rates["fp64"][i],
+                    fp32=jax_rates["fp32"][i],
+                )
+            )
     return out
 
 

@@ -34,6 +34,7 @@ from parity_tests.harness import (
     mlp_cfg,
     model,
     torch_run,
+    torch_threads,
     tree_rel_diff,
     ulps_of_value,
 )
@@ -48,10 +49,12 @@ UPDATES = 300
 SNAP = 25
 
 
-def _pair(cfg, splits):
-    """jaxloop's run, then torch_ref's from jaxloop's initial weights."""
-    j = jax_run(cfg, splits, UPDATES, snapshot_every=SNAP)
-    t = torch_run(cfg, splits, j.init, UPDATES, snapshot_every=SNAP)
+def _pair(cfg, splits, init=None):
+    """jaxloop's run (from `init`, or from the weights it draws), then torch_ref's from jaxloop's initial
+    weights (on one thread: harness.torch_threads)."""
+    j = jax_run(cfg, splits, UPDATES, snapshot_every=SNAP, init_params=init)
+    with torch_threads(1):
+        t = torch_run(cfg, splits, j.init, UPDATES, snapshot_every=SNAP)
     return j, t
 
 
@@ -70,6 +73,12 @@ def _record(parity, key, j, t):
     )
 
 
+def _drawn_as_fp32(name, runs):
+    """The fp32 run's initial weights for the bf16 and tanh runs, which draw the very same ones (float32
+    params, the same rng; compared bit for bit): their model's init is then not compiled again."""
+    return runs["fp32"][0].init if name in ("bf16", "tanh_fp32") else None
+
+
 @pytest.fixture(scope="module")
 def mlp(parity):
     cfg = mlp_cfg()
@@ -81,7 +90,7 @@ def mlp(parity):
         ("bf16", replace(cfg, precision="bf16")),
         ("tanh_fp32", model(cfg, activation="tanh")),
     ):
-        runs[name] = _pair(c, splits)
+        runs[name] = _pair(c, splits, _drawn_as_fp32(name, runs))
         _record(parity, f"mlp_{name}", *runs[name])
     return cfg, splits, runs
 
@@ -92,7 +101,7 @@ def gpt(parity, shakespeare_slice):
     splits = load_splits(cfg)
     runs = {}
     for name in ("fp64", "fp32", "bf16"):
-        runs[name] = _pair(replace(cfg, precision=name), splits)
+        runs[name] = _pair(replace(cfg, precision=name), splits, _drawn_as_fp32(name, runs))
         _record(parity, f"gpt_{name}", *runs[name])
     return cfg, splits, runs
 
@@ -328,7 +337,7 @@ def _relu_lockstep(cfg, splits, updates):
     gather = MicroBatchGather(splits.train, cfg.seed, cfg.batch_size)
     m = make_model(cfg.model, splits.num_classes, cfg.precision)
     flips, diffs = [], []
-    with jax_mode(cfg.precision):
+    with jax_mode(cfg.precision), torch_threads(1):
         state = jax_state(cfg, splits)
         tstate = torch_state(cfg, splits, init_params=host(state.params))
         intermediates = jax.jit(lambda p, x: m.apply({"params": p}, x, capture_intermediates=True)[1]["intermediates"])
@@ -431,10 +440,12 @@ def gpt_preset_bf16(shakespeare_slice):
     )
     splits = load_splits(cfg)
     j32 = jax_run(cfg, splits, PRESET_UPDATES)
-    runs = {"jax fp32": j32, "torch fp32": torch_run(cfg, splits, j32.init, PRESET_UPDATES)}
+    runs = {"jax fp32": j32}
     for name in ("bf16", "bf16_full"):
         runs[f"jax {name}"] = jax_run(replace(cfg, precision=name), splits, PRESET_UPDATES, init_params=j32.init)
-    runs["torch bf16"] = torch_run(replace(cfg, precision="bf16"), splits, j32.init, PRESET_UPDATES)
+    with torch_threads(1):
+        runs["torch fp32"] = torch_run(cfg, splits, j32.init, PRESET_UPDATES)
+        runs["torch bf16"] = torch_run(replace(cfg, precision="bf16"), splits, j32.init, PRESET_UPDATES)
     return runs
 
 
