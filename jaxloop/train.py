@@ -59,6 +59,10 @@ def end_process(status: int) -> None:
     if status:
         sys.stdout.flush()
         sys.stderr.flush()
+        if "jax" in sys.modules:  # a run that started jax: its peers first (imported here: jax is loaded already)
+            from jaxloop.runtime.processes import leave
+
+            leave()
         os._exit(status)
     sys.exit(status)
 

@@ -4,6 +4,7 @@ the run's files, and waiting for all of them. Process control, apart from the me
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -71,6 +72,16 @@ def initialize(cfg: Config) -> None:
         ) from None
     finally:
         timer.cancel()
+
+
+def leave() -> None:
+    """Wait for the run's other processes at jax's shutdown barrier before this one ends (up to jax's
+    shutdown timeout). Process 0 hosts the coordinator: a peer still finishing its last save when process 0's
+    process ends is aborted from C++ (SIGABRT, exit -6, seen when a SIGTERM'd run stopped under load). One
+    process, or a distributed runtime never started: nothing."""
+    if jax.distributed.is_initialized():
+        with contextlib.suppress(Exception):  # a peer already gone: this process ends anyway
+            jax.distributed.shutdown()
 
 
 def is_primary() -> bool:
