@@ -115,15 +115,10 @@ def python_env() -> dict[str, str]:
     compiles outside jaxloop.run (the port check, jit calls of its own) is loaded by a later page or test.
     Inside jaxloop.run the run's compile_cache decides, as in the session."""
     from jaxloop.config.run import Config
-    from jaxloop.runtime.compilation import MAX_BYTES
+    from jaxloop.runtime.compilation import cache_settings
 
-    return {
-        **env(),
-        "JAX_COMPILATION_CACHE_DIR": str(Path(Config().compile_cache).expanduser().resolve()),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-        "JAX_COMPILATION_CACHE_MAX_SIZE": str(MAX_BYTES),  # the bound turns on jax's lock around each entry
-    }
+    settings = cache_settings(Path(Config().compile_cache).expanduser().resolve())
+    return {**env(), **{key.upper(): str(value) for key, value in settings.items()}}
 
 
 def run(page: Path, lang: str, torch: bool, cwd: Path) -> PageRun:

@@ -37,6 +37,18 @@ REQUEST, HIT = "/jax/compilation_cache/compile_requests_use_cache", "/jax/compil
 """jax.monitoring's events of a compile that asked the persistent cache, and of one it answered."""
 
 
+def cache_settings(directory: Path) -> dict[str, object]:
+    """JAX's settings of a persistent cache in `directory` that keeps every executable, by their jax.config
+    names (a child process takes them as environment variables: the names upper-cased)."""
+    return {
+        "jax_compilation_cache_dir": str(directory),
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,  # 0: cache every entry (-1 would disable)
+        # a bound turns on jax's file lock around each entry's read and write (module docstring)
+        "jax_compilation_cache_max_size": MAX_BYTES,
+    }
+
+
 def enable_compilation_cache(path: str | os.PathLike[str]) -> Path:
     """Turn on JAX's persistent compilation cache in directory `path` (created); returns it.
 
@@ -45,11 +57,8 @@ def enable_compilation_cache(path: str | os.PathLike[str]) -> Path:
     """
     directory = Path(path).expanduser().resolve()
     directory.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)  # 0: cache every entry (-1 would disable)
-    # a bound turns on jax's file lock around each entry's read and write (module docstring)
-    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+    for key, value in cache_settings(directory).items():
+        jax.config.update(key, value)
     try:
         # GPU only. Never XLA's GPU kernel cache ("all" includes it): with it, an fp32 eval step compiled
         # after the train step in one process died with CUDA_ERROR_ILLEGAL_INSTRUCTION on an H100.
