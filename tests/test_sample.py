@@ -120,6 +120,37 @@ def test_kv_cache_samples_the_tokens_of_the_whole_window_path(bpe_run, temperatu
         assert len(set(ids[True])) > 10, "varied tokens: every position's logits matter"
 
 
+@pytest.mark.parametrize("prompt", ["I", "First Citizen: Before we proceed any further, hear me speak."])
+def test_greedy_sampling_is_a_step_by_step_argmax_over_the_last_context_tokens(bpe_run, prompt):
+    # The reference is the plain loop nanoGPT's generate runs: the model over the last CONTEXT ids, the argmax of its
+    # last position, appended. A one-token prompt fills the KV cache, then slides; a prompt longer than the context
+    # slides from the first token. The reference's ids must vary (a model that repeats one token whatever its window
+    # would pass any sliding: the trained one's greedy text is one token repeated, so the run's params are replaced
+    # by seeded normal draws of std 1, whose argmax follows the window). Exact ids: both sides take the argmax of
+    # the same float32 forward (the cached logits within 8 ulps of it, the test above; no tie that close here).
+    # mutants seen failing: append's window not rolled once full (both cases); the cache's position one early (at = n - 1,
+    # both); a short window's token written one early (the one-token prompt)
+    run_dir, _ = bpe_run
+    trained = sample_mod.load_params(run_dir, "latest")
+    leaves, tree = jax.tree.flatten(trained.params)
+    rng = np.random.default_rng(0)
+    drawn = [jnp.asarray(rng.normal(0, 1.0, np.shape(x)), jnp.float32) for x in leaves]
+    loaded = replace(trained, params=jax.tree.unflatten(tree, drawn))
+    codec = sample_mod.run_codec(run_dir, loaded.cfg)
+    model = sample_mod.run_model(loaded)
+    length = 24
+    got = sample_mod.sample(run_dir, prompt, length=length, temperature=0.0, loaded=loaded)
+    ids = [int(i) for i in codec.encode(prompt)]
+    assert (len(ids) > CONTEXT) == (len(prompt) > 1)
+    forward = jax.jit(lambda params, x: model.apply({"params": params}, x, train=False))
+    for _ in range(length):
+        logits = np.asarray(forward(loaded.params, jnp.asarray(ids[-CONTEXT:], jnp.int32)[None]))[0, -1, : codec.size]
+        ids.append(int(np.argmax(logits)))
+    generated = ids[-length:]
+    assert len(set(generated)) > 3, generated
+    assert got == codec.decode(np.asarray(generated, np.int32))
+
+
 def test_cached_logits_equal_the_full_forward_within_float32_rounding(bpe_run):
     # prefill 5 tokens, then one token per step: each step's logits against the whole sequence's forward at that
     # position. Tolerance 8 float32 ulps of the largest logit (8 * 2**-23 * max|logit|, about 4e-6 here): the cache
