@@ -46,6 +46,20 @@ def test_each_public_name_is_imported_on_first_use():
     assert {"run", "Task", "Hook", "TrainState", "train_step", "make_optimizer", "Config"} <= set(got["names"])
 
 
+def test_a_run_of_a_linen_model_never_imports_flax_nnx(tmp_path):
+    """flax.nnx costs 0.2 s of a run's start-up; only an NNX model needs it (and whoever built one imported it).
+    mutant seen failing: is_nnx importing flax.nnx for its isinstance check"""
+    got = _in_a_fresh_process(
+        "import json, sys, contextlib, io, jaxloop\n"
+        f"cfg = jaxloop.from_dict({{'run_dir': {str(tmp_path / 'run')!r}, 'steps': 4, 'eval_every': 4,"
+        " 'log': {'progress': 'off'}}, jaxloop.preset('debug'))\n"
+        "with contextlib.redirect_stderr(io.StringIO()):\n"
+        "    jaxloop.run(cfg)\n"
+        "print(json.dumps('flax.nnx' in sys.modules))\n"
+    )
+    assert got is False, "a run of the built-in (Linen) MLP imported flax.nnx"
+
+
 def test_config_and_errors_import_no_jax_tyro_or_torch():
     """What a command line or a config file needs (jaxloop.Config, preset, from_dict, jaxloop.errors) stays
     light: jax, tyro and torch are imported by none of it."""

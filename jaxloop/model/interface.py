@@ -17,6 +17,7 @@ loss gives it. NNX: `model` is the module, merged from the state and set to trai
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -159,8 +160,7 @@ def _key_data(tree: Any) -> Any:
 
 
 def is_nnx(model: Any) -> bool:
-    try:
-        from flax import nnx
-    except ImportError:  # pragma: no cover - flax always has nnx from 0.8 on
-        return False
-    return isinstance(model, nnx.Module)
+    """Whether model is a flax.nnx Module. Read without importing flax.nnx (0.2 s of every run's start-up):
+    no object is an nnx.Module unless the module defining that class has been imported."""
+    nnx = sys.modules.get("flax.nnx")
+    return nnx is not None and isinstance(model, nnx.Module)
