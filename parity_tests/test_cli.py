@@ -19,6 +19,7 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import jax
 import pytest
 
 from jaxloop.config.run import preset, to_dict
@@ -101,12 +102,15 @@ def test_both_command_lines_start_from_the_init_from_weights(cli_runs, parity):
     base, init = cli_runs
     cfg = preset("digits")
     splits = load_splits(cfg)
+
+    @jax.jit  # one program, not one compile per operation
+    def loss(state, batch):
+        model, _ = state.model.bind(state.params, state.model_state, False, None, state.policy)
+        return cross_entropy_loss(model, batch, False)[0]
+
     with jax_mode("fp32"):
         state = jax_state(cfg, splits, init)
-        model, _ = state.model.bind(state.params, state.model_state, False, None, state.policy)
-        expected = float(
-            cross_entropy_loss(model, MicroBatchGather(splits.train, cfg.seed, cfg.batch_size)(0), False)[0]
-        )
+        expected = float(loss(state, MicroBatchGather(splits.train, cfg.seed, cfg.batch_size)(0)))
     first = [records(base / name)[0]["loss"] for name in ("jax", "torch")]
     parity.check(
         "CLI --init_from: first logged loss of each loop vs the loss of the init_from weights, relative",

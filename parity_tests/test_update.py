@@ -3,6 +3,10 @@
 Both frameworks start from the same state: jaxloop's after 5 updates of the digits MLP (so Adam's
 moments and bias corrections are non-trivial), carried into torch_ref by parity_tests.convert.
 Measure: per-tensor relative L2 difference (harness.tree_rel_diff); norms and clip factors relative.
+
+jax's side of each comparison runs as one jax.jit program (the gradient, the norm, the clip, an optimizer
+update) rather than op by op: the same operations in the same dtypes, one XLA compile each instead of one
+per operation and shape.
 """
 
 from __future__ import annotations
@@ -66,12 +70,25 @@ def fp64(warm64):
     return cfg, splits, state, batch, fresh
 
 
+@jax.jit
 def _jax_grads(state, batch):
+    """The loss gradient of the state's params on the batch (one program per precision)."""
+
     def loss(p):
         model, _ = state.model.bind(p, state.model_state, False, None, state.policy)
         return cross_entropy_loss(model, batch, False)[0]
 
     return jax.grad(loss)(state.params)
+
+
+_norm = jax.jit(optax.tree.norm)
+"""optax's global norm of a gradient tree."""
+
+
+@jax.jit
+def _clipped(grads, clip):
+    """optax.clip_by_global_norm(clip) applied to grads (clip an argument: one program for every clip)."""
+    return optax.clip_by_global_norm(clip).update(grads, optax.EmptyState())[0]
 
 
 def _torch_batch(batch):
@@ -109,10 +126,9 @@ def test_global_norm_clip_factor_and_clipped_gradients_agree(fp64, parity):
     cfg, splits, state, batch, tstate = fp64
     with jax_mode("fp64"):
         grads = _jax_grads(state, batch)
-        norm = float(optax.tree.norm(grads))
+        norm = float(_norm(grads))
         clip = 0.5 * norm  # so that clipping acts
-        clipped, _ = optax.clip_by_global_norm(clip).update(grads, optax.EmptyState())
-        clipped = host(clipped)
+        clipped = host(_clipped(grads, clip))
     params = set_torch_grads(tstate.model, grads)
     t_norm_optax = float(global_norm([p.grad for p in params], "optax"))
     t_norm_torch = float(global_norm([p.grad for p in params], "torch"))
@@ -144,8 +160,8 @@ def test_below_the_clip_norm_gradients_pass_unchanged_in_both_clip_modes(fp64, p
     cfg, splits, state, batch, tstate = fp64
     with jax_mode("fp64"):
         grads = _jax_grads(state, batch)
-        clip = 2.0 * float(optax.tree.norm(grads))
-        clipped = host(optax.clip_by_global_norm(clip).update(grads, optax.EmptyState())[0])
+        clip = 2.0 * float(_norm(grads))
+        clipped = host(_clipped(grads, clip))
     worst = 0.0
     for mode in ("optax", "torch"):
         params = set_torch_grads(tstate.model, grads)
@@ -167,7 +183,7 @@ def test_torch_native_clip_differs_from_optax_by_exactly_its_1e6_epsilon(fp64, p
     cfg, splits, state, batch, tstate = fp64
     with jax_mode("fp64"):
         grads = _jax_grads(state, batch)
-        norm = float(optax.tree.norm(grads))
+        norm = float(_norm(grads))
     clip = 0.5 * norm
     params = set_torch_grads(tstate.model, grads)
     clip_gradients(params, clip, "optax")
@@ -196,12 +212,12 @@ def test_adamw_update_from_the_same_state_and_gradients_agrees(fp64, parity):
     cfg, splits, state, batch, tstate = fp64
     with jax_mode("fp64"):
         grads = _jax_grads(state, batch)
-        clip = 0.5 * float(optax.tree.norm(grads))
+        clip = 0.5 * float(_norm(grads))
         from jaxloop.update.optimizer import make_optimizer
 
         o = optim(cfg, clip_norm=clip)
         tx = make_optimizer(o.optim, o.steps, state.policy)
-        updates, _ = tx.update(grads, state.opt_state, state.params)
+        updates, _ = jax.jit(tx.update)(grads, state.opt_state, state.params)
         delta = host(updates)
     before = export_jax_params(tstate.model)
     params = set_torch_grads(tstate.model, grads)
@@ -226,7 +242,8 @@ def test_adamw_update_from_the_same_state_and_gradients_agrees(fp64, parity):
 def test_one_train_step_and_one_train_update_end_in_the_same_params(fp64, parity):
     cfg, splits, state, batch, tstate = fp64
     with jax_mode("fp64"):
-        new, metrics = train_step(jax.tree.map(jnp.copy, state), batch)  # train_step donates its input
+        # train_step donates its input: a copy of the state's buffers (a transfer, not a compiled copy per shape)
+        new, metrics = train_step(jax.device_put(state, may_alias=False), batch)
         params, loss, norm = host(new.params), float(metrics["loss"]), float(metrics["grad_norm"])
     m = train_update(tstate, [_torch_batch(batch)], clip="optax")
     parity.check(
@@ -253,8 +270,8 @@ def test_float32_adam_step_from_the_same_state_and_gradients_agrees(parity):
     cfg, splits, state, batch, tstate = _setup("fp32")
     with jax_mode("fp32"):
         grads = _jax_grads(state, batch)
-        zeros = jax.tree.map(jnp.zeros_like, state.params)
-        delta = host(state.tx.update(grads, state.opt_state, zeros)[0])
+        zeros = jax.tree.map(lambda p: np.zeros(p.shape, p.dtype), state.params)
+        delta = host(jax.jit(state.tx.update)(grads, state.opt_state, zeros)[0])
     with torch.no_grad():
         for p in tstate.model.parameters():
             p.zero_()
@@ -268,18 +285,23 @@ def test_float32_adam_step_from_the_same_state_and_gradients_agrees(parity):
             for n in jax.tree.leaves(state.opt_state, is_leaf=lambda n: isinstance(n, optax.ScaleByAdamState))
             if isinstance(n, optax.ScaleByAdamState)
         )
-        same = jax.tree.map(
-            lambda n: (
-                adam
-                if isinstance(n, optax.ScaleByAdamState)
-                else optax.ScaleByScheduleState(adam.count)
-                if isinstance(n, optax.ScaleByScheduleState)
-                else n
-            ),
-            stock.init(state.params),
-            is_leaf=lambda n: isinstance(n, (optax.ScaleByAdamState, optax.ScaleByScheduleState)),
-        )
-        optax_own = host(stock.update(grads, same, zeros)[0])
+
+        @jax.jit
+        def stock_update(grads, adam, params, zeros):
+            same = jax.tree.map(
+                lambda n: (
+                    adam
+                    if isinstance(n, optax.ScaleByAdamState)
+                    else optax.ScaleByScheduleState(adam.count)
+                    if isinstance(n, optax.ScaleByScheduleState)
+                    else n
+                ),
+                stock.init(params),
+                is_leaf=lambda n: isinstance(n, (optax.ScaleByAdamState, optax.ScaleByScheduleState)),
+            )
+            return stock.update(grads, same, zeros)[0]
+
+        optax_own = host(stock_update(grads, adam, state.params, zeros))
         one_minus_b2 = float(1 - jnp.float32(cfg.optim.optimizer.b2))
     torch_step = export_jax_params(tstate.model)
     parity.check(
