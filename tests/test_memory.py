@@ -24,6 +24,7 @@ from jaxloop.data.sources import record_order
 from jaxloop.loop.task import builtin_task, create_train_state, run_state
 from jaxloop.model.builtin import make_model
 from jaxloop.rundir.records import read_records
+from jaxloop.update.distributed import create_sharded, make_mesh, pin_shardings, shard_batch
 from jaxloop.update.memory_plan import Footprint, candidates, check_plan, supports_blocks
 from jaxloop.update.step import cross_entropy_loss, make_train_step, scan_steps
 
@@ -254,14 +255,17 @@ def _gpt_run_cfg(run_dir: Path, text: Path, **memory) -> Config:
 
 
 def _footprint(cfg: Config) -> Footprint:
-    """The footprint of the loop's call (cfg.updates_per_call updates of K micro-batches) under cfg.memory."""
+    """The footprint of the loop's call (cfg.updates_per_call updates of K micro-batches) under cfg.memory: the
+    program the run compiles (its state and chunk placed on the run's mesh, the state pinned and donated, as
+    jaxloop.loop.dispatch does), so a run of the same plan loads it from the session's compilation cache."""
     task = builtin_task(cfg)
     splits = task.splits()
-    state = run_state(cfg, task, splits)
+    mesh = make_mesh(cfg.distributed)
+    state = create_sharded(lambda: run_state(cfg, task, splits), mesh)
     n = cfg.updates_per_call * cfg.optim.accum_steps
     batch = splits.train.get(record_order(cfg, splits.num_train, 0, n).reshape(-1))
-    chunk = {k: v.reshape((n, cfg.batch_size) + v.shape[1:]) for k, v in batch.items()}
-    call = jax.jit(scan_steps(make_train_step(task.loss, cfg.memory)), donate_argnums=0)
+    chunk = shard_batch({k: v.reshape((n, cfg.batch_size) + v.shape[1:]) for k, v in batch.items()}, mesh, stacked=True)
+    call = pin_shardings(scan_steps(make_train_step(task.loss, cfg.memory)), state, donate=True)
     return Footprint.of(call.lower(state, chunk).compile())
 
 
