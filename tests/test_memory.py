@@ -306,6 +306,8 @@ def test_an_update_no_plan_fits_stops_with_the_numbers_and_exit_status_4(tmp_pat
         str(tmp_path),
         "--steps",
         "4",
+        "--batch_size",
+        "4",
         "--optim.warmup_steps",
         "1",
         "--log.progress",
