@@ -376,8 +376,46 @@ INJECT = textwrap.dedent("""
 """)
 
 
+OOM_ARGS = [
+    "--preset",
+    "debug",
+    "--steps",
+    "30",
+    "--updates_per_call",
+    "5",
+    "--optim.accum_steps",
+    "2",
+    "--checkpoint.every",
+    "10",
+    "--eval_every",
+    "10",
+    "--log_every",
+    "1",
+    "--log.progress",
+    "off",
+    "--log.no-tensorboard",
+]
+"""The out-of-memory test's runs: 30 updates of 2 micro-batches, 5 per call, a checkpoint every 10."""
+
+
+@pytest.fixture(scope="module")
+def oom_reference(tmp_path_factory) -> Path:
+    """The run without an error that both out-of-memory runs are compared with: one child process for both."""
+    path = tmp_path_factory.mktemp("oom") / "ref"
+    ref = subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", "--run_dir", str(path), *OOM_ARGS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ref.returncode == 0, ref.stderr
+    return path
+
+
 @pytest.mark.parametrize("when", ["dispatch", "fetch"])
-def test_an_out_of_memory_error_at_run_time_reloads_the_last_checkpoint_and_goes_on_smaller(tmp_path, when):
+def test_an_out_of_memory_error_at_run_time_reloads_the_last_checkpoint_and_goes_on_smaller(
+    tmp_path, oom_reference, when
+):
     # 30 updates of 2 micro-batches, 5 per call, a checkpoint every 10; the call that would apply update 17
     # fails: at its dispatch (before the loop logged 11-15: it dispatches ahead), or when its metrics are
     # read (11-15 logged already). The run reloads update 10, re-plans to split 2 and trains 11..30 again:
@@ -385,34 +423,8 @@ def test_an_out_of_memory_error_at_run_time_reloads_the_last_checkpoint_and_goes
     # section 5): from update 11 on the gradients are means of two sub-batch means, float32 summation in
     # another order. Mutants seen failing: no reload (the run restarted from its initial state), and the
     # metrics not truncated to the checkpoint (updates 11-15 logged twice).
-    args = [
-        "--preset",
-        "debug",
-        "--steps",
-        "30",
-        "--updates_per_call",
-        "5",
-        "--optim.accum_steps",
-        "2",
-        "--checkpoint.every",
-        "10",
-        "--eval_every",
-        "10",
-        "--log_every",
-        "1",
-        "--log.progress",
-        "off",
-        "--log.no-tensorboard",
-    ]
-    ref = subprocess.run(
-        [sys.executable, "-m", "jaxloop.train", "--run_dir", str(tmp_path / "ref"), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert ref.returncode == 0, ref.stderr
     out = subprocess.run(
-        [sys.executable, "-c", INJECT, "17", "2", when, "--run_dir", str(tmp_path / "oom"), *args],
+        [sys.executable, "-c", INJECT, "17", "2", when, "--run_dir", str(tmp_path / "oom"), *OOM_ARGS],
         capture_output=True,
         text=True,
         timeout=300,
@@ -424,12 +436,13 @@ def test_an_out_of_memory_error_at_run_time_reloads_the_last_checkpoint_and_goes
     ) in out.stderr
     steps = [r["step"] for r in read_records(tmp_path / "oom") if r["kind"] == "train"]
     assert steps == list(range(1, 31)), "every update applied (and logged) once"
-    losses = [[r["loss"] for r in read_records(tmp_path / d) if r["kind"] == "train"] for d in ("oom", "ref")]
+    runs = {"oom": tmp_path / "oom", "ref": oom_reference}
+    losses = [[r["loss"] for r in read_records(runs[d]) if r["kind"] == "train"] for d in ("oom", "ref")]
     assert losses[0][:10] == losses[1][:10], "updates 1-10 (up to the checkpoint reloaded) were not redone"
     assert losses[0][10:] != losses[1][10:], "11-30 ran under the new plan (another summation order)"
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
     _, _, oom = read_checkpoint(tmp_path / "oom", "latest")
-    _, _, reference = read_checkpoint(tmp_path / "ref", "latest")
+    _, _, reference = read_checkpoint(oom_reference, "latest")
     assert int(np.asarray(jax.tree.leaves(oom["opt_state"])[0])) >= 0
     paths = jax.tree_util.tree_flatten_with_path(reference)[0]
     for (path, a), b in zip(paths, jax.tree.leaves(oom)):
@@ -438,8 +451,7 @@ def test_an_out_of_memory_error_at_run_time_reloads_the_last_checkpoint_and_goes
         else:
             np.testing.assert_array_equal(b, a, err_msg=jax.tree_util.keystr(path))  # counters: same updates
     positions = [
-        json.loads((tmp_path / d / "checkpoints" / "30" / "data" / "metadata").read_text())["loader"]
-        for d in ("oom", "ref")
+        json.loads((runs[d] / "checkpoints" / "30" / "data" / "metadata").read_text())["loader"] for d in ("oom", "ref")
     ]
     assert positions[0] == positions[1] and positions[0]["position"] == 60, "the same records, each once"
     summary = json.loads((tmp_path / "oom" / "summary.json").read_text())
