@@ -131,20 +131,21 @@ def test_the_next_call_is_dispatched_before_the_host_logs_the_finished_one(tmp_p
         RunLogger, "train", lambda self, record: (events.append(("log", record["step"])), train(self, record))[1]
     )
     base = preset("debug")
-    cfg = replace(
+    cfg = replace(  # the fixture's run (its init and evaluation compiled once), in calls of 5
         base,
         run_dir=str(tmp_path),
-        steps=40,
+        steps=30,
         log_every=1,
         eval_every=20,
         updates_per_call=5,
+        optim=replace(base.optim, accum_steps=2),
         checkpoint=CheckpointConfig(every=20),
         log=replace(base.log, progress="off", tensorboard=False),
     )
     run(cfg)
     calls = [step for kind, step in events if kind == "dispatch"]
-    assert calls == list(range(0, 40, 5)), "calls of the grid from the first (no probe of another size)"
-    for end in range(5, 40, 5):  # the call that reached `end`: its records, and the next call's dispatch
+    assert calls == list(range(0, 30, 5)), "calls of the grid from the first (no probe of another size)"
+    for end in range(5, 30, 5):  # the call that reached `end`: its records, and the next call's dispatch
         first_record, next_call = events.index(("log", end - 4)), events.index(("dispatch", end))
         if end % 20:
             assert next_call < first_record, f"update {end}: the next call goes out before the logs"

@@ -24,6 +24,7 @@ from jaxloop.data.sources import record_order
 from jaxloop.loop.task import builtin_task, create_train_state, run_state
 from jaxloop.model.builtin import make_model
 from jaxloop.rundir.records import read_records
+from jaxloop.update.distributed import create_sharded, make_mesh, pin_shardings, shard_batch
 from jaxloop.update.memory_plan import Footprint, candidates, check_plan, supports_blocks
 from jaxloop.update.step import cross_entropy_loss, make_train_step, scan_steps
 
@@ -138,33 +139,27 @@ def _gpt_cfg(**memory) -> Config:
     )
 
 
-def _gpt_batch(seed: int = 0) -> dict:
-    tokens = np.random.default_rng(seed).integers(0, 11, size=(8, 17)).astype(np.int32)
-    return {"x": tokens[:, :-1], "y": tokens[:, 1:]}
-
-
 def _gpt_updates(cfg: Config) -> tuple[float, float, dict]:
-    """Loss and gradient norm of the third update, and the params after it, under cfg.memory."""
-    state = create_train_state(cfg, make_model(cfg.model, 11, cfg.precision), _gpt_batch()["x"][:1])
-    step = jax.jit(make_train_step(cross_entropy_loss, cfg.memory))
-    for seed in range(3):
-        state, m = step(state, _gpt_batch(seed))
-    return float(m["loss"]), float(m["grad_norm"]), _host(state.params)
+    """Loss and gradient norm of the last update, and the params after it, of the loop's first call (4 updates
+    in one scan, as _footprint compiles it: the plain plan's program is the fit test's) under cfg.memory."""
+    call, state, chunk = _loop_call(cfg)
+    state, m = call(state, chunk)
+    return float(m["loss"][-1]), float(m["grad_norm"][-1]), _host(state.params)
 
 
 @pytest.fixture(scope="module")
-def gpt_plain():
-    return _gpt_updates(_gpt_cfg())
+def gpt_plain(tmp_path_factory, text_file):
+    return _gpt_updates(_gpt_run_cfg(tmp_path_factory.mktemp("plain"), text_file))
 
 
 @pytest.mark.parametrize(
-    "memory", [dict(remat="blocks"), dict(remat="dots_saveable"), dict(split=4), dict(split=2, remat="blocks")]
+    "memory", [dict(remat="blocks"), dict(remat="dots_saveable"), dict(split=2), dict(split=2, remat="blocks")]
 )
-def test_the_gpt_under_another_plan_computes_the_same_update(gpt_plain, memory):
+def test_the_gpt_under_another_plan_computes_the_same_update(gpt_plain, tmp_path, text_file, memory):
     # Loss and gradient norm to 1e-6; params but the attention's qkv bias to 1e-5: the key bias is a null
     # direction (its exact gradient is 0, see PARITY.md), where Adam turns rounding noise into a step.
     loss_a, norm_a, params_a = gpt_plain
-    loss_b, norm_b, params_b = _gpt_updates(_gpt_cfg(**memory))
+    loss_b, norm_b, params_b = _gpt_updates(_gpt_run_cfg(tmp_path, text_file, **memory))
     assert loss_b == pytest.approx(loss_a, rel=1e-6) and norm_b == pytest.approx(norm_a, rel=1e-6)
     flat_a = jax.tree_util.tree_flatten_with_path(params_a)[0]
     for (path, a), b in zip(flat_a, jax.tree.leaves(params_b)):
@@ -253,15 +248,24 @@ def _gpt_run_cfg(run_dir: Path, text: Path, **memory) -> Config:
     )
 
 
-def _footprint(cfg: Config) -> Footprint:
-    """The footprint of the loop's call (cfg.updates_per_call updates of K micro-batches) under cfg.memory."""
+def _loop_call(cfg: Config) -> tuple:
+    """The loop's call (cfg.updates_per_call updates of K micro-batches) under cfg.memory, jitted, with its fresh
+    state and first chunk: the program the run compiles (its state and chunk placed on the run's mesh, the state
+    pinned and donated, as jaxloop.loop.dispatch does), so a run of the same plan loads it from the session's
+    compilation cache."""
     task = builtin_task(cfg)
     splits = task.splits()
-    state = run_state(cfg, task, splits)
+    mesh = make_mesh(cfg.distributed)
+    state = create_sharded(lambda: run_state(cfg, task, splits), mesh)
     n = cfg.updates_per_call * cfg.optim.accum_steps
     batch = splits.train.get(record_order(cfg, splits.num_train, 0, n).reshape(-1))
-    chunk = {k: v.reshape((n, cfg.batch_size) + v.shape[1:]) for k, v in batch.items()}
-    call = jax.jit(scan_steps(make_train_step(task.loss, cfg.memory)), donate_argnums=0)
+    chunk = shard_batch({k: v.reshape((n, cfg.batch_size) + v.shape[1:]) for k, v in batch.items()}, mesh, stacked=True)
+    return pin_shardings(scan_steps(make_train_step(task.loss, cfg.memory)), state, donate=True), state, chunk
+
+
+def _footprint(cfg: Config) -> Footprint:
+    """The footprint of the loop's call under cfg.memory (_loop_call)."""
+    call, state, chunk = _loop_call(cfg)
     return Footprint.of(call.lower(state, chunk).compile())
 
 
@@ -301,6 +305,8 @@ def test_an_update_no_plan_fits_stops_with_the_numbers_and_exit_status_4(tmp_pat
         "--run_dir",
         str(tmp_path),
         "--steps",
+        "4",
+        "--batch_size",
         "4",
         "--optim.warmup_steps",
         "1",
@@ -370,8 +376,46 @@ INJECT = textwrap.dedent("""
 """)
 
 
+OOM_ARGS = [
+    "--preset",
+    "debug",
+    "--steps",
+    "30",
+    "--updates_per_call",
+    "5",
+    "--optim.accum_steps",
+    "2",
+    "--checkpoint.every",
+    "10",
+    "--eval_every",
+    "10",
+    "--log_every",
+    "1",
+    "--log.progress",
+    "off",
+    "--log.no-tensorboard",
+]
+"""The out-of-memory test's runs: 30 updates of 2 micro-batches, 5 per call, a checkpoint every 10."""
+
+
+@pytest.fixture(scope="module")
+def oom_reference(tmp_path_factory) -> Path:
+    """The run without an error that both out-of-memory runs are compared with: one child process for both."""
+    path = tmp_path_factory.mktemp("oom") / "ref"
+    ref = subprocess.run(
+        [sys.executable, "-m", "jaxloop.train", "--run_dir", str(path), *OOM_ARGS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ref.returncode == 0, ref.stderr
+    return path
+
+
 @pytest.mark.parametrize("when", ["dispatch", "fetch"])
-def test_an_out_of_memory_error_at_run_time_reloads_the_last_checkpoint_and_goes_on_smaller(tmp_path, when):
+def test_an_out_of_memory_error_at_run_time_reloads_the_last_checkpoint_and_goes_on_smaller(
+    tmp_path, oom_reference, when
+):
     # 30 updates of 2 micro-batches, 5 per call, a checkpoint every 10; the call that would apply update 17
     # fails: at its dispatch (before the loop logged 11-15: it dispatches ahead), or when its metrics are
     # read (11-15 logged already). The run reloads update 10, re-plans to split 2 and trains 11..30 again:
@@ -379,34 +423,8 @@ def test_an_out_of_memory_error_at_run_time_reloads_the_last_checkpoint_and_goes
     # section 5): from update 11 on the gradients are means of two sub-batch means, float32 summation in
     # another order. Mutants seen failing: no reload (the run restarted from its initial state), and the
     # metrics not truncated to the checkpoint (updates 11-15 logged twice).
-    args = [
-        "--preset",
-        "debug",
-        "--steps",
-        "30",
-        "--updates_per_call",
-        "5",
-        "--optim.accum_steps",
-        "2",
-        "--checkpoint.every",
-        "10",
-        "--eval_every",
-        "10",
-        "--log_every",
-        "1",
-        "--log.progress",
-        "off",
-        "--log.no-tensorboard",
-    ]
-    ref = subprocess.run(
-        [sys.executable, "-m", "jaxloop.train", "--run_dir", str(tmp_path / "ref"), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert ref.returncode == 0, ref.stderr
     out = subprocess.run(
-        [sys.executable, "-c", INJECT, "17", "2", when, "--run_dir", str(tmp_path / "oom"), *args],
+        [sys.executable, "-c", INJECT, "17", "2", when, "--run_dir", str(tmp_path / "oom"), *OOM_ARGS],
         capture_output=True,
         text=True,
         timeout=300,
@@ -418,12 +436,13 @@ def test_an_out_of_memory_error_at_run_time_reloads_the_last_checkpoint_and_goes
     ) in out.stderr
     steps = [r["step"] for r in read_records(tmp_path / "oom") if r["kind"] == "train"]
     assert steps == list(range(1, 31)), "every update applied (and logged) once"
-    losses = [[r["loss"] for r in read_records(tmp_path / d) if r["kind"] == "train"] for d in ("oom", "ref")]
+    runs = {"oom": tmp_path / "oom", "ref": oom_reference}
+    losses = [[r["loss"] for r in read_records(runs[d]) if r["kind"] == "train"] for d in ("oom", "ref")]
     assert losses[0][:10] == losses[1][:10], "updates 1-10 (up to the checkpoint reloaded) were not redone"
     assert losses[0][10:] != losses[1][10:], "11-30 ran under the new plan (another summation order)"
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
     _, _, oom = read_checkpoint(tmp_path / "oom", "latest")
-    _, _, reference = read_checkpoint(tmp_path / "ref", "latest")
+    _, _, reference = read_checkpoint(oom_reference, "latest")
     assert int(np.asarray(jax.tree.leaves(oom["opt_state"])[0])) >= 0
     paths = jax.tree_util.tree_flatten_with_path(reference)[0]
     for (path, a), b in zip(paths, jax.tree.leaves(oom)):
@@ -432,8 +451,7 @@ def test_an_out_of_memory_error_at_run_time_reloads_the_last_checkpoint_and_goes
         else:
             np.testing.assert_array_equal(b, a, err_msg=jax.tree_util.keystr(path))  # counters: same updates
     positions = [
-        json.loads((tmp_path / d / "checkpoints" / "30" / "data" / "metadata").read_text())["loader"]
-        for d in ("oom", "ref")
+        json.loads((runs[d] / "checkpoints" / "30" / "data" / "metadata").read_text())["loader"] for d in ("oom", "ref")
     ]
     assert positions[0] == positions[1] and positions[0]["position"] == 60, "the same records, each once"
     summary = json.loads((tmp_path / "oom" / "summary.json").read_text())
