@@ -145,6 +145,41 @@ def test_float32_rates_are_the_float64_table_rounded_once():
     assert (got == np.concatenate([table, np.full(9, table[-1])]).astype(np.float32)).all()
 
 
+@pytest.mark.parametrize("x64", [False, True])
+def test_a_rate_read_outside_jit_is_the_rate_the_compiled_step_reads(x64):
+    # the optimizer's init reads its first rate eagerly (on the host), every update reads it inside jit (on the
+    # device): the same table, rounded once to the default float type, bit for bit, held past steps
+    # mutant seen failing: the host path rounding through float16 (float32); through float32 (x64)
+    o = _o(300, schedule="one_cycle", three_phase=True, pct_start=0.25)
+    with jax.enable_x64(x64):
+        at = make_schedule(o, 300)
+        counts = jnp.arange(-2, 310)
+        eager = np.stack([np.asarray(at(c)) for c in counts])
+        jitted = np.asarray(jax.jit(jax.vmap(at))(counts))
+    assert eager.dtype == jitted.dtype == (np.float64 if x64 else np.float32)
+    assert eager.tobytes() == jitted.tobytes()
+
+
+def test_an_optimizers_init_compiles_nothing_for_a_new_schedule_length():
+    # every run's state is built eagerly; a device lookup of the first rate compiled a conversion and a slice per
+    # table length (steps), two compiles of every test and run with a steps of its own
+    # mutant seen failing: make_schedule's rate always looked up on the device
+    params = {"w": jnp.zeros((3,), jnp.float32)}
+    make_optimizer(_o(10), 10, get_policy("fp32")).init(params)  # the init's own eager ops, compiled once
+    compiles = []
+
+    def listen(event: str, duration: float, **kwargs: object) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        make_optimizer(_o(11), 11, get_policy("fp32")).init(params)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiles == []
+
+
 # ----------------------------------------------------------------------------- the explorer
 
 
