@@ -52,7 +52,7 @@ class FlaxModel:
                 name = _name(prefix, path)
                 x = values[name] if name in values else x
                 if np.issubdtype(np.asarray(x).dtype, np.floating):
-                    return jnp.asarray(np.asarray(x, dtype))
+                    return jax.device_put(np.asarray(x, dtype))  # a transfer: jnp.asarray compiles per shape
                 return x
 
             return jax.tree_util.tree_map_with_path(leaf, tree)
@@ -135,15 +135,23 @@ def flax_model(module: Any, loss: LossFn, batch: dict[str, Any]) -> FlaxModel:
             type(top).__name__ if top is not None else "",
             e,
         ) from e
-    params, model_state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    params, model_state = jax.tree.map(_zeros, shapes)
     return FlaxModel("linen", adapter, params, model_state)
+
+
+def _zeros(s: jax.ShapeDtypeStruct) -> jax.Array:
+    """Zeros of a leaf's shape and dtype, made on the host and transferred (jnp.zeros compiles one program per
+    shape); an extended dtype (a PRNG key) has no numpy zeros and takes jnp.zeros."""
+    if jax.dtypes.issubdtype(s.dtype, jax.dtypes.extended):
+        return jnp.zeros(s.shape, s.dtype)
+    return jax.device_put(np.zeros(s.shape, s.dtype))
 
 
 def batch_to_jax(batch: dict[str, Any], precision: str) -> dict[str, jax.Array]:
     """numpy batch -> jax arrays; floating arrays in the precision's dtype, others as jax makes them."""
     dtype = np_dtype(precision)
     return {
-        k: jnp.asarray(np.asarray(v, dtype) if np.issubdtype(np.asarray(v).dtype, np.floating) else np.asarray(v))
+        k: jax.device_put(np.asarray(v, dtype) if np.issubdtype(np.asarray(v).dtype, np.floating) else np.asarray(v))
         for k, v in batch.items()
     }
 
