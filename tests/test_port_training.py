@@ -153,7 +153,10 @@ class LinenDropout(nn.Module):
 
 class NnxDropout(nnx.Module):
     def __init__(self):
-        self.a, self.b = nnx.Linear(5, 8, rngs=nnx.Rngs(0)), nnx.Linear(8, 3, rngs=nnx.Rngs(1))
+        # zero-initialised: the check loads torch's weights into every parameter, and NNX's eager default
+        # init (a truncated normal per kernel shape) compiled two programs for values never read
+        zeros = {"kernel_init": nnx.initializers.zeros_init(), "bias_init": nnx.initializers.zeros_init()}
+        self.a, self.b = nnx.Linear(5, 8, rngs=nnx.Rngs(0), **zeros), nnx.Linear(8, 3, rngs=nnx.Rngs(1), **zeros)
         self.drop = nnx.Dropout(0.5, rngs=nnx.Rngs(2))
 
     def __call__(self, x):
