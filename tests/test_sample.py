@@ -60,6 +60,8 @@ def bpe_run(tmp_path_factory):
             "16",
             "--eval_every",
             "60",
+            "--updates_per_call",  # one call of 60 (one training program), not 50 + 8 + 2
+            "60",
             "--eval_batches",
             "2",
             "--optim.warmup_steps",
