@@ -144,9 +144,14 @@ def test_greedy_sampling_is_a_step_by_step_argmax_over_the_last_context_tokens(b
     got = sample_mod.sample(run_dir, prompt, length=length, temperature=0.0, loaded=loaded)
     ids = [int(i) for i in codec.encode(prompt)]
     assert (len(ids) > CONTEXT) == (len(prompt) > 1)
+    # The window padded after its ids to CONTEXT, read at its last id: the model is causal, so no position up to
+    # that one attends to the padding; one program for every window length (a program per length compiled 16)
     forward = jax.jit(lambda params, x: model.apply({"params": params}, x, train=False))
     for _ in range(length):
-        logits = np.asarray(forward(loaded.params, jnp.asarray(ids[-CONTEXT:], jnp.int32)[None]))[0, -1, : codec.size]
+        window = ids[-CONTEXT:]
+        padded = np.zeros((1, CONTEXT), np.int32)
+        padded[0, : len(window)] = window
+        logits = np.asarray(forward(loaded.params, padded))[0, len(window) - 1, : codec.size]
         ids.append(int(np.argmax(logits)))
     generated = ids[-length:]
     assert len(set(generated)) > 3, generated
