@@ -60,6 +60,8 @@ def bpe_run(tmp_path_factory):
             "16",
             "--eval_every",
             "60",
+            "--updates_per_call",  # one call of 60 (one training program), not 50 + 8 + 2
+            "60",
             "--eval_batches",
             "2",
             "--optim.warmup_steps",
@@ -142,9 +144,14 @@ def test_greedy_sampling_is_a_step_by_step_argmax_over_the_last_context_tokens(b
     got = sample_mod.sample(run_dir, prompt, length=length, temperature=0.0, loaded=loaded)
     ids = [int(i) for i in codec.encode(prompt)]
     assert (len(ids) > CONTEXT) == (len(prompt) > 1)
+    # The window padded after its ids to CONTEXT, read at its last id: the model is causal, so no position up to
+    # that one attends to the padding; one program for every window length (a program per length compiled 16)
     forward = jax.jit(lambda params, x: model.apply({"params": params}, x, train=False))
     for _ in range(length):
-        logits = np.asarray(forward(loaded.params, jnp.asarray(ids[-CONTEXT:], jnp.int32)[None]))[0, -1, : codec.size]
+        window = ids[-CONTEXT:]
+        padded = np.zeros((1, CONTEXT), np.int32)
+        padded[0, : len(window)] = window
+        logits = np.asarray(forward(loaded.params, padded))[0, len(window) - 1, : codec.size]
         ids.append(int(np.argmax(logits)))
     generated = ids[-length:]
     assert len(set(generated)) > 3, generated
@@ -160,15 +167,16 @@ def test_cached_logits_equal_the_full_forward_within_float32_rounding(bpe_run):
     loaded = sample_mod.load_params(run_dir, "latest")
     model = sample_mod.run_model(loaded)
     apply = jax.jit(lambda variables, x, at: model.apply(variables, x, train=False, cache_index=at, mutable=["cache"]))
-    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 300, CONTEXT), jnp.int32)
+    # the token windows cut on the host (cut on the device, each cut compiled a program of its own)
+    tokens = np.random.default_rng(0).integers(0, 300, CONTEXT).astype(np.int32)
     full = np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x, train=False))(loaded.params, tokens[None]))[0]
-    logits, v = apply(
-        {"params": loaded.params}, jnp.zeros(CONTEXT, jnp.int32).at[:5].set(tokens[:5])[None], jnp.int32(0)
-    )
-    got = [np.asarray(logits[0, :5])]
+    prefill = np.zeros(CONTEXT, np.int32)
+    prefill[:5] = tokens[:5]
+    logits, v = apply({"params": loaded.params}, prefill[None], jnp.int32(0))
+    got = [np.asarray(logits)[0, :5]]
     for i in range(5, CONTEXT):
         out, v = apply({"params": loaded.params, "cache": v["cache"]}, tokens[None, i : i + 1], jnp.int32(i))
-        got.append(np.asarray(out[0]))
+        got.append(np.asarray(out)[0])
     got = np.concatenate(got)
     assert np.abs(full).max() > 0.1
     np.testing.assert_allclose(got, full, rtol=0, atol=8 * np.finfo(np.float32).eps * np.abs(full).max())
