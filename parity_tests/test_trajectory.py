@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -283,18 +282,26 @@ def test_attention_key_bias_is_a_null_direction_that_adam_turns_into_noise(gpt, 
     j, t = runs["fp32"]
     batch = MicroBatchGather(splits.train, cfg.seed, cfg.batch_size)(0)
     c = cfg.model.d_model
+    # the model's two programs (the logits, the gradient) in jax; the float64 bookkeeping around them (the
+    # params as float64, the shifted key biases, the largest change, the slices) on the host, where an eager
+    # jnp op would compile once per shape
+    params = jax.tree.map(lambda v: np.asarray(v, np.float64), j.params)
     with jax_mode("fp64"):
-        state = jax_state(replace(cfg, precision="fp64"), splits, j.params)
         m = make_model(cfg.model, splits.num_classes, cfg.precision)
         apply = jax.jit(lambda p, x: m.apply({"params": p}, x))
-        logits = apply(state.params, batch["x"])
-        shifted = jax.tree_util.tree_map_with_path(
-            lambda path, p: p.at[c : 2 * c].add(0.5) if jax.tree_util.keystr(path).endswith("['qkv']['bias']") else p,
-            state.params,
-        )
-        moved = float(jnp.max(jnp.abs(apply(shifted, batch["x"]) - logits)))
+        logits = host(apply(params, batch["x"]))
+
+        def shift(path, p):
+            if not jax.tree_util.keystr(path).endswith("['qkv']['bias']"):
+                return p
+            p = p.copy()
+            p[c : 2 * c] += 0.5
+            return p
+
+        shifted = jax.tree_util.tree_map_with_path(shift, params)
+        moved = float(np.max(np.abs(host(apply(shifted, batch["x"])) - logits)))
         bound = lambda p: lambda x, train=False: m.apply({"params": p}, x, train=train)  # noqa: E731
-        grads = jax.jit(jax.grad(lambda p: cross_entropy_loss(bound(p), batch, False)[0]))(state.params)
+        grads = host(jax.jit(jax.grad(lambda p: cross_entropy_loss(bound(p), batch, False)[0]))(params))
         gk = [g[c : 2 * c] for path, g in _qkv_biases(grads)]
         gq = [g[:c] for path, g in _qkv_biases(grads)]
     tstate = torch_state(replace(cfg, precision="fp64"), splits, init_params=t.params)
