@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxloop.config.run import CheckpointConfig, Config, LogConfig, preset, to_dict
@@ -231,7 +230,9 @@ def jax_state(cfg: Config, splits: Any, init_params: Any = None):
         return create_train_state(cfg, module, splits.example_x)
     policy = get_policy(cfg.precision)
     _, step_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))  # jaxloop.init_state's
-    params = jax.tree.map(lambda v: jnp.asarray(np.asarray(v), policy.param_dtype), init_params)
+    # converted on the host (float32 <-> float64, rounded to nearest even as XLA's convert rounds): a device
+    # conversion (or jnp.asarray's copy, jit(stage)) compiles once per parameter shape
+    params = jax.tree.map(lambda v: jax.device_put(np.asarray(v, policy.param_dtype)), init_params)
     return TrainState.create(
         model=LinenModel(module=module),
         params=params,

@@ -27,6 +27,13 @@ INJECT = {3 * K + 0: "nan", 5 * K + 1: "huge", LAST * K + 1: "nan"}
 UPDATES = 5 + GROWTH + 8
 
 
+def _cfg(k: int):
+    """The fp16 digits MLP (64-32-10, batch 32) of both fixtures, with k micro-batches per update; its schedule
+    is UPDATES long in both, so that the injected run and the natural K=2 run are one program (the natural
+    runs' 40 updates lie in the 50-update warmup, whose rates do not depend on the length)."""
+    return optim(model(mlp_cfg(precision="fp16", batch_size=32, steps=UPDATES), hidden=(32,)), accum_steps=k)
+
+
 def _micro_batches(cfg, splits):
     gather = MicroBatchGather(splits.train, cfg.seed, cfg.batch_size)
     out = []
@@ -40,7 +47,7 @@ def _micro_batches(cfg, splits):
 
 @pytest.fixture(scope="module")
 def runs():
-    cfg = optim(model(mlp_cfg(precision="fp16", batch_size=8, steps=UPDATES), hidden=(16,)), accum_steps=K)
+    cfg = _cfg(K)
     splits = load_splits(cfg)
     batches = _micro_batches(cfg, splits)
     j = jax_run(cfg, splits, UPDATES, batches=iter(batches))
@@ -101,8 +108,7 @@ def natural(request):
     import jaxloop.model.precision as jp
     import torch_ref.precision as tp
 
-    cfg = model(mlp_cfg(precision="fp16", batch_size=32, steps=NATURAL_UPDATES), hidden=(32,))
-    cfg = optim(cfg, accum_steps=request.param)
+    cfg = _cfg(request.param)
     splits = load_splits(cfg)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(jp, "INIT_SCALE", BIG_SCALE)
