@@ -142,7 +142,7 @@ def flax_model(module: Any, loss: LossFn, batch: dict[str, Any]) -> FlaxModel:
 def _zeros(s: jax.ShapeDtypeStruct) -> jax.Array:
     """Zeros of a leaf's shape and dtype, made on the host and transferred (jnp.zeros compiles one program per
     shape); an extended dtype (a PRNG key) has no numpy zeros and takes jnp.zeros."""
-    if jax.dtypes.issubdtype(s.dtype, jax.dtypes.extended):
+    if jnp.issubdtype(s.dtype, jax.dtypes.extended):
         return jnp.zeros(s.shape, s.dtype)
     return jax.device_put(np.zeros(s.shape, s.dtype))
 

@@ -71,14 +71,14 @@ def make_schedule(optim: OptimConfig, steps: int) -> Any:
 
     For plateau this is its starting rate, peak_lr, at every count: its reductions are host decisions
     (jaxloop.loop.plateau) applied to the optimizer's state."""
-    import jax
     import jax.numpy as jnp
+    from jax.core import Tracer
 
     table = rates(optim, steps)
 
     def at(count: Any) -> Any:
         dtype = jnp.result_type(float)  # float32, or float64 under x64
-        if not isinstance(count, jax.core.Tracer):
+        if not isinstance(count, Tracer):
             # a count outside jit (the optimizer's init builds its state eagerly): the rate is read on the host and
             # rounded once, as the device's copy of the table is; looked up on the device, each table length
             # compiled a conversion and a slice of its own
