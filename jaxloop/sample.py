@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -168,9 +169,34 @@ def _shards_meta(path: str) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
+class Generate:
+    """A compiled generate(params, buf, n, key, temperature) -> int32 [length] of sampled ids, for one
+    configuration: `fn(...)` runs it, `fn.lower(...)` lowers it ahead of time (jax.jit's AOT path)."""
+
+    def __init__(self, statics: dict[str, Any]):
+        import jax
+
+        # jax keys its compiled executables by the function (module-level _generated_ids, never a fresh closure)
+        # and the static arguments (the configuration: a Flax module hashes by its fields): a second Generate of the
+        # same configuration, or a hook sampling at every evaluation, runs the executable the first compiled. A
+        # model that does not hash (a field holding a list) is closed over instead, and compiled by each Generate.
+        try:
+            hash(tuple(statics.values()))
+        except TypeError:
+            self.statics, self.jitted = {}, jax.jit(functools.partial(_generated_ids, **statics))
+        else:
+            self.statics, self.jitted = statics, jax.jit(_generated_ids, static_argnames=tuple(statics))
+
+    def __call__(self, *args: Any) -> Any:
+        return self.jitted(*args, **self.statics)
+
+    def lower(self, *args: Any) -> Any:
+        return self.jitted.lower(*args, **self.statics)
+
+
 def make_generate(
     model: Any, context: int, length: int, vocab: int | None = None, kv_cache: bool = True, top_k: int | None = None
-):
+) -> Generate:
     """A jitted generate(params, buf, n, key, temperature) -> int32 [length] of sampled ids.
 
     buf: int32 [context], the prompt's last ids left-aligned (padding after them is never attended to:
@@ -178,15 +204,33 @@ def make_generate(
     drawn (a model.vocab_multiple model has logits for ids the vocabulary lacks); top_k: only the k most likely.
     kv_cache: prefill the window once, then one token per step against model's KV cache (cache_index: the
     built-in GPT's decode path; other models run the whole window) until the window is full; without it every
-    step runs the whole window.
+    step runs the whole window. Compiled once per process for each configuration (model, context, length, vocab,
+    kv_cache, top_k) and parameter shapes: making it again, as every `generate` call does, reuses that.
     """
-    import jax
-    import jax.numpy as jnp
-
     from jaxloop.model.builtin import GPT
 
     kv_cache = kv_cache and isinstance(model, GPT)  # the decode path (cache_index) is the built-in GPT's
     model = model.clone(remat=False) if getattr(model, "remat", False) else model
+    return Generate(dict(model=model, context=context, length=length, vocab=vocab, kv_cache=kv_cache, top_k=top_k))
+
+
+def _generated_ids(
+    params: Any,
+    buf: Any,
+    n: Any,
+    key: Any,
+    temperature: Any,
+    *,
+    model: Any,
+    context: int,
+    length: int,
+    vocab: int | None,
+    kv_cache: bool,
+    top_k: int | None,
+) -> Any:
+    """make_generate's computation (its doc), traced under jax.jit with the configuration static."""
+    import jax
+    import jax.numpy as jnp
 
     def full(params, buf, n):
         return model.apply({"params": params}, buf[None], train=False)[0, n - 1, :vocab].astype(jnp.float32)
@@ -203,40 +247,37 @@ def make_generate(
         appended = buf.at[jnp.minimum(n, context - 1)].set(nxt)
         return jnp.where(n >= context, shifted, appended), jnp.minimum(n + 1, context)
 
-    def generate(params, buf, n, key, temperature):
-        keys = jax.random.split(key, length)
-        if not kv_cache:
+    keys = jax.random.split(key, length)
+    if not kv_cache:
 
-            def one(carry, k):
-                buf, n = carry
-                nxt = draw(full(params, buf, n), k, temperature)
-                return append(buf, n, nxt), nxt
+        def one(carry, k):
+            buf, n = carry
+            nxt = draw(full(params, buf, n), k, temperature)
+            return append(buf, n, nxt), nxt
 
-            return jax.lax.scan(one, (buf, n), keys)[1]
+        return jax.lax.scan(one, (buf, n), keys)[1]
 
-        logits, variables = model.apply(
-            {"params": params}, buf[None], train=False, cache_index=jnp.int32(0), mutable=["cache"]
-        )
+    logits, variables = model.apply(
+        {"params": params}, buf[None], train=False, cache_index=jnp.int32(0), mutable=["cache"]
+    )
 
-        def step(carry, k):
-            buf, n, cache, logits = carry
-            nxt = draw(logits, k, temperature)
-            at = n  # the new token's position, while the window has room
+    def step(carry, k):
+        buf, n, cache, logits = carry
+        nxt = draw(logits, k, temperature)
+        at = n  # the new token's position, while the window has room
 
-            def cached(cache):
-                out, new = model.apply(
-                    {"params": params, "cache": cache}, nxt[None, None], train=False, cache_index=at, mutable=["cache"]
-                )
-                return out[0, 0, :vocab].astype(jnp.float32), new["cache"]
+        def cached(cache):
+            out, new = model.apply(
+                {"params": params, "cache": cache}, nxt[None, None], train=False, cache_index=at, mutable=["cache"]
+            )
+            return out[0, 0, :vocab].astype(jnp.float32), new["cache"]
 
-            buf, n = append(buf, n, nxt)
-            logits, cache = jax.lax.cond(at < context, cached, lambda cache: (full(params, buf, n), cache), cache)
-            return (buf, n, cache, logits), nxt
+        buf, n = append(buf, n, nxt)
+        logits, cache = jax.lax.cond(at < context, cached, lambda cache: (full(params, buf, n), cache), cache)
+        return (buf, n, cache, logits), nxt
 
-        first = logits[0, n - 1, :vocab].astype(jnp.float32)
-        return jax.lax.scan(step, (buf, n, variables["cache"], first), keys)[1]
-
-    return jax.jit(generate)
+    first = logits[0, n - 1, :vocab].astype(jnp.float32)
+    return jax.lax.scan(step, (buf, n, variables["cache"], first), keys)[1]
 
 
 def check_options(length: int, temperature: float, seed: int, top_k: int | None = None) -> None:
