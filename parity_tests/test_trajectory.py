@@ -567,7 +567,7 @@ def test_bf16_autocast_like_blocks_are_a_quarter_of_each_frameworks_own_bf16_gap
         "the same per-op casts: only float32-level differences move a bf16 rounding",
     )
     (lj, lt, lc), (pj, pt, pc) = _bf16_gaps(gpt_preset_bf16, "jax bf16")
-    parity.note("bf16 preset GPT (4 updates): loss cross / min own gap (autocast-like)", lc / min(lj, lt))
+    parity.note("bf16 preset GPT: loss cross / min own gap (autocast-like)", lc / min(lj, lt))
     parity.note("bf16 preset GPT: params cross / min own gap (autocast-like)", pc / min(pj, pt))
     parity.note("bf16 preset GPT: params own gap jax", pj)
     parity.note("bf16 preset GPT: params own gap torch", pt)
