@@ -279,8 +279,9 @@ def test_a_run_initialised_from_a_hugging_face_directory_reads_its_tokenizer(bpe
     )
 
 
-def test_a_model_other_than_the_built_in_gpt_samples_without_the_cache():
-    # a hook's own Linen language model has no cache_index: generate runs its whole window for every token
+def bigram():
+    """A hook's own Linen language model (no cache_index, unlike the built-in GPT): the next token's logits are a
+    learned row per token; vocabulary 5, context 4."""
     import flax.linen as nn
 
     class Bigram(nn.Module):
@@ -291,7 +292,12 @@ def test_a_model_other_than_the_built_in_gpt_samples_without_the_cache():
         def __call__(self, tokens, train=False):
             return nn.Embed(self.vocab_size, self.vocab_size)(tokens)
 
-    model = Bigram()
+    return Bigram
+
+
+def test_a_model_other_than_the_built_in_gpt_samples_without_the_cache():
+    # a hook's own Linen language model has no cache_index: generate runs its whole window for every token
+    model = bigram()()
     params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
     text = sample_mod.generate(model, params, tuple("abcde"), "ab", length=6, temperature=0.0)
     table = np.asarray(params["Embed_0"]["embedding"]).argmax(-1)
@@ -306,16 +312,7 @@ def test_sampling_again_with_the_same_model_and_options_compiles_nothing():
     # it again (a persistent-cache read at best: ~1 s for the 4-block GPT against its 0.04 s of sampling). The same
     # model, length and options now run the executable compiled by the first call; another length compiles anew.
     # Mutant seen failing: make_generate returning jax.jit of a closure over the configuration (the code before)
-    import flax.linen as nn
-
-    class Bigram(nn.Module):
-        vocab_size: int = 5
-        context: int = 4
-
-        @nn.compact
-        def __call__(self, tokens, train=False):
-            return nn.Embed(self.vocab_size, self.vocab_size)(tokens)
-
+    Bigram = bigram()
     params = Bigram().init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
     first = sample_mod.generate(Bigram(), params, tuple("abcde"), "ab", length=6, temperature=1.0)
     events = []
