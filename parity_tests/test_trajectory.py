@@ -482,21 +482,11 @@ def _bf16_gaps(runs, jax_name):
 def _block_outputs(cfg, splits, params, inputs, precision):
     """jaxloop's GPT blocks under `precision` (the policy's casts, jaxloop.model.interface's bind), block i on
     inputs[i] with its own params: one compiled block for all of them (they share their shapes)."""
-    from jaxloop.model.builtin import Block, residual_std
+    from jaxloop.model.builtin import Block
     from jaxloop.model.interface import LinenModel
     from jaxloop.model.precision import get_policy, pinned_matmuls
 
-    gpt = make_model(cfg.model, splits.num_classes, precision)
-    block = Block(
-        gpt.n_heads,
-        gpt.mlp_ratio,
-        gpt.dropout,
-        gpt.mm_dtype,
-        gpt.attention,
-        residual_std(gpt.init_scheme, gpt.n_layers),
-        gpt.gelu,
-        gpt.ln_eps,
-    )
+    block = Block(*make_model(cfg.model, splits.num_classes, precision).block_args())
     policy = get_policy(precision)
 
     @jax.jit
@@ -517,13 +507,16 @@ def _torch_blocks(cfg, splits, params, precision, x=None, inputs=None):
     module.eval()
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
     seen_in, seen_out = [], []
+
+    def seen(_, args, out):  # a forward hook: returning None leaves the block's output as it is
+        seen_in.append(args[0].float().numpy())
+        seen_out.append(out.float().numpy())
+
     with torch.no_grad(), autocast:
         if inputs is not None:
             return None, [module.blocks[i](torch.from_numpy(a)).float().numpy() for i, a in enumerate(inputs)]
         for b in module.blocks:
-            b.register_forward_hook(
-                lambda _, args, out: seen_in.append(args[0].float().numpy()) or seen_out.append(out.float().numpy())
-            )
+            b.register_forward_hook(seen)
         module(torch.from_numpy(np.asarray(x)).long())
     return seen_in, seen_out
 

@@ -193,6 +193,19 @@ class GPT(nn.Module):
     ln_eps: float = LN_EPS
     """model.ln_eps: every LayerNorm's epsilon."""
 
+    def block_args(self) -> tuple:
+        """Block's arguments for each of this GPT's blocks (`Block(*gpt.block_args())` is one of them, unbound)."""
+        return (
+            self.n_heads,
+            self.mlp_ratio,
+            self.dropout,
+            self.mm_dtype,
+            self.attention,
+            residual_std(self.init_scheme, self.n_layers),
+            self.gelu,
+            self.ln_eps,
+        )
+
     @nn.compact
     def __call__(self, tokens: jax.Array, train: bool = False, cache_index: jax.Array | None = None) -> jax.Array:
         """Logits of `tokens` [B, T]. cache_index (decoding, jaxloop.sample): tokens sit at positions cache_index,
@@ -206,17 +219,7 @@ class GPT(nn.Module):
         x = nn.Dropout(self.dropout, deterministic=not train)(x)
         block = nn.remat(Block, static_argnums=(2,)) if self.remat else Block
         for i in range(self.n_layers):
-            x = block(
-                self.n_heads,
-                self.mlp_ratio,
-                self.dropout,
-                self.mm_dtype,
-                self.attention,
-                residual_std(self.init_scheme, self.n_layers),
-                self.gelu,
-                self.ln_eps,
-                name=f"block_{i}",
-            )(x, train, cache_index)
+            x = block(*self.block_args(), name=f"block_{i}")(x, train, cache_index)
         x = nn.LayerNorm(epsilon=self.ln_eps, name="ln_f")(x)
         if self.tie_embeddings:  # x @ E^T (flax's Embed.attend), a matmul
             return _matmul(x, tok.embedding, (((x.ndim - 1,), (1,)), ((), ())), self.mm_dtype)
