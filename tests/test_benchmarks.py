@@ -208,3 +208,4 @@ def test_the_sample_row_times_the_cached_and_the_whole_window_generation_of_the_
     assert row["status"] == "ok", row["notes"]
     assert row["jax"] > 0 and row["ref"] > 0 and row["ratio"] == pytest.approx(row["jax"] / row["ref"])
     assert row["extra"]["same_tokens"] is True and set(row["extra"]["tokens_per_s"]) == {"kv cache", "whole window"}
+    assert row["extra"]["generate_again_s"] > 0 and row["extra"]["compiled_call_s"] > 0
