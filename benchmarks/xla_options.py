@@ -1,8 +1,10 @@
 """XLA:CPU compiler options on the GPT update, side by side in one process: each option set compiles the loop's
 train_step (donating, as the loop does) ahead of time through `compile(compiler_options=...)`, is checked to give
 the default's state bit for bit after one update, and is timed in interleaved rounds against the default.
+`--program forward` does the same for the loss alone (the forward pass an evaluation runs), checked on the loss.
 
     python benchmarks/xla_options.py --shape gpt128 --rounds 3 --calls 2
+    python benchmarks/xla_options.py --shape gpt128 --program forward --only control ynn_individual_dot ynn_off
 
 Prints each round, then one JSON line: per option set [median, min, max] of its ms per update / the default's in
 the same round, and whether its update matched the default's bit for bit ("identical") or by how much it moved, and
@@ -32,6 +34,10 @@ CANDIDATES: dict[str, dict[str, object]] = {
     "onednn": {"xla_cpu_use_onednn": True},
     "concurrency_scheduler": {"xla_cpu_enable_concurrency_optimized_scheduler": True},
     "multi_output_fusion": {"xla_cpu_use_multi_output_fusion": True},
+    # which ops XLA:CPU hands to YNNPACK (jaxlib 0.10.2's default fuses dots with the elementwise ops and reductions
+    # around them: attention's softmax into its second dot); each dot alone, or none (Eigen's dots)
+    "ynn_individual_dot": {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"},
+    "ynn_off": {"xla_cpu_experimental_ynn_fusion_type": ""},
 }
 
 
@@ -42,6 +48,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--calls", type=int, default=2)
     p.add_argument("--only", nargs="*", default=list(CANDIDATES), help="option sets (default: all)")
     p.add_argument("--order", choices=("alternate", "rotate"), default="rotate", help="each round's order")
+    p.add_argument(
+        "--program", choices=("update", "forward"), default="update", help="the train step, or the loss alone"
+    )
     a = p.parse_args(argv)
 
     import jax
@@ -60,6 +69,13 @@ def main(argv: list[str] | None = None) -> dict:
     init = create_train_state(cfg, model, splits.example_x)
     host_init = jax.device_get(init)
     step = jax.jit(make_train_step(cross_entropy_loss), donate_argnums=0)
+    if a.program == "forward":
+
+        def forward(state, batch):
+            model, _ = state.model.bind(state.params, state.model_state, False, state.rng, state.policy)
+            return state, {"loss": cross_entropy_loss(model, batch, False)[0]}  # the state passes through
+
+        step = jax.jit(forward)
 
     def fresh():
         return jax.tree.map(lambda x: jax.device_put(np.asarray(x)) if hasattr(x, "shape") else x, host_init)
@@ -73,9 +89,15 @@ def main(argv: list[str] | None = None) -> dict:
             hlo[name] = hashlib.sha256(compiled[name].as_text().encode()).hexdigest()[:12]
         except Exception as e:  # noqa: BLE001 - an option this jaxlib does not know
             failed[name] = " ".join(str(e).split())[:200]
-    reference = jax.device_get(compiled["default"](fresh(), batch)[0].params)
+
+    def result(fn) -> object:
+        """What a program computes: the params after one update, or the loss."""
+        state, metrics = fn(fresh(), batch)
+        return jax.device_get(state.params if a.program == "update" else metrics["loss"])
+
+    reference = result(compiled["default"])
     for name, fn in compiled.items():
-        params = jax.device_get(fn(fresh(), batch)[0].params)
+        params = result(fn)
         diffs = [float(np.max(np.abs(x - y))) for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(reference))]
         moved[name] = "identical" if max(diffs) == 0 else f"max |diff| {max(diffs):.3g}"
     states = {name: fresh() for name in compiled}
@@ -103,6 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(r, {k: round(v * 1e3, 1) for k, v in per_round[-1].items()}, file=sys.stderr)
     out: dict = {
         "shape": a.shape,
+        "program": a.program,
         "rounds": a.rounds,
         "calls": a.calls,
         "failed": failed,
