@@ -1,0 +1,124 @@
+"""Attention's second dot in another layout, side by side in one process: the built-in GPT's loss and gradient with
+jaxloop's attention as it is (`bhqk,bkhd->bqhd`) and with v moved to [B, H, T, D] first (`bhqk,bhkd->bhqd`, the
+result moved back), compared bit for bit and timed in rotated rounds (ms per call, median [min, max]).
+
+    python benchmarks/attention_layout.py --shape gpt128 --rounds 4 --calls 3
+
+Why: on jaxlib 0.10.2's XLA:CPU the default layout's second dot, fused by YNNPACK with the transposes around it, is
+the slowest op of the forward pass (docs/speed.md, "At real sizes on the CPU"). The variant is traced through
+jaxloop's own attention (jaxloop.model.attention.dot_product_attention) with only that einsum replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+@contextlib.contextmanager
+def v_first_layout() -> Iterator[None]:
+    """Inside the block, jaxloop's attention computes its second dot with v as [B, H, T, D] (traced there)."""
+    import jax.numpy as jnp
+
+    import jaxloop.model.attention as attention
+
+    einsum = attention._einsum
+
+    def moved(spec, a, b, mm_dtype):
+        if spec != "bhqk,bkhd->bqhd":
+            return einsum(spec, a, b, mm_dtype)
+        return jnp.swapaxes(einsum("bhqk,bhkd->bhqd", a, jnp.swapaxes(b, 1, 2), mm_dtype), 1, 2)
+
+    attention._einsum = moved
+    try:
+        yield
+    finally:
+        attention._einsum = einsum
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="gpt128", choices=("gpt64", "gpt128"))
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--calls", type=int, default=3)
+    a = p.parse_args(argv)
+
+    import jax
+    import numpy as np
+
+    from benchmarks.step import JaxUpdate, host_batches, make_cfg
+    from jaxloop.data.sources import load_splits
+    from jaxloop.update.step import cross_entropy_loss
+
+    cfg = make_cfg(a.shape)
+    splits = load_splits(cfg)
+    state = JaxUpdate(cfg, splits, host_batches(cfg, splits, 1)).state
+    batch = jax.device_put(host_batches(cfg, splits, 1)[0])
+
+    def make_loss():
+        """A fresh function per layout: jax keeps a function's trace, so the same one would not be traced again."""
+
+        def loss(params, batch):
+            model, _ = state.model.bind(params, state.model_state, False, state.rng, state.policy)
+            return cross_entropy_loss(model, batch, False)[0]
+
+        return loss
+
+    programs = {}
+    for layout, scope in (("as is", contextlib.nullcontext), ("v first", v_first_layout)):
+        loss = make_loss()
+        with scope():  # the layout is fixed when the program is traced
+            programs[f"forward, {layout}"] = jax.jit(loss).lower(state.params, batch).compile()
+            programs[f"gradient, {layout}"] = jax.jit(jax.grad(loss)).lower(state.params, batch).compile()
+    out_of = {name: jax.device_get(fn(state.params, batch)) for name, fn in programs.items()}
+
+    def moved(x, y) -> float:
+        """Max over leaves of |x - y| / max |x|: 0.0 is bit for bit."""
+        return max(
+            float(np.max(np.abs(np.asarray(u) - np.asarray(v)))) / (float(np.max(np.abs(np.asarray(u)))) or 1.0)
+            for u, v in zip(jax.tree.leaves(x), jax.tree.leaves(y))
+        )
+
+    def timed(fn) -> float:
+        t = time.perf_counter()
+        for _ in range(a.calls):
+            jax.block_until_ready(fn(state.params, batch))
+        return (time.perf_counter() - t) / a.calls * 1e3
+
+    for fn in programs.values():
+        timed(fn)  # warm-up
+    names = list(programs)
+    ms: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(a.rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            ms[name].append(timed(programs[name]))
+        print(r, {k: round(v[-1], 1) for k, v in ms.items()}, file=sys.stderr)
+
+    def spread(xs: list[float]) -> list[float]:
+        return [round(statistics.median(xs), 3), round(min(xs), 3), round(max(xs), 3)]
+
+    out: dict = {"shape": a.shape, "rounds": a.rounds, "calls": a.calls}
+    for part in ("forward", "gradient"):
+        base, other = ms[f"{part}, as is"], ms[f"{part}, v first"]
+        out[part] = {
+            "ms_as_is": spread(base),
+            "ms_v_first": spread(other),
+            "ratio_v_first": spread([y / x for x, y in zip(base, other)]),
+            "moved": moved(out_of[f"{part}, as is"], out_of[f"{part}, v first"]),
+        }
+    out["load_average"] = [round(x, 1) for x in os.getloadavg()]
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
