@@ -3,6 +3,10 @@ jaxloop's attention as it is (`bhqk,bkhd->bqhd`) and with v moved to [B, H, T, D
 result moved back), compared bit for bit and timed in rotated rounds (ms per call, median [min, max]).
 
     python benchmarks/attention_layout.py --shape gpt128 --rounds 4 --calls 3
+    python benchmarks/attention_layout.py --shape gpt128 --variant barrier   # the layout kept, the softmax apart
+
+`--variant barrier` keeps the layout and puts an optimization barrier between the softmax and the dot instead (XLA
+then cannot fuse them): whether the fusion or the layout is what costs.
 
 Why: on jaxlib 0.10.2's XLA:CPU the default layout's second dot, fused by YNNPACK with the transposes around it, is
 the slowest op of the forward pass (docs/speed.md, "At real sizes on the CPU"). The variant is traced through
@@ -25,8 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 @contextlib.contextmanager
-def v_first_layout() -> Iterator[None]:
-    """Inside the block, jaxloop's attention computes its second dot with v as [B, H, T, D] (traced there)."""
+def second_dot(variant: str) -> Iterator[None]:
+    """Inside the block, jaxloop's attention computes its second dot with v as [B, H, T, D] (`v_first`), or with
+    the softmax's weights behind an optimization barrier (`barrier`); traced there."""
+    import jax
     import jax.numpy as jnp
 
     import jaxloop.model.attention as attention
@@ -36,6 +42,8 @@ def v_first_layout() -> Iterator[None]:
     def moved(spec, a, b, mm_dtype):
         if spec != "bhqk,bkhd->bqhd":
             return einsum(spec, a, b, mm_dtype)
+        if variant == "barrier":
+            return einsum(spec, jax.lax.optimization_barrier(a), b, mm_dtype)
         return jnp.swapaxes(einsum("bhqk,bhkd->bhqd", a, jnp.swapaxes(b, 1, 2), mm_dtype), 1, 2)
 
     attention._einsum = moved
@@ -50,6 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--shape", default="gpt128", choices=("gpt64", "gpt128"))
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--calls", type=int, default=3)
+    p.add_argument("--variant", choices=("v_first", "barrier"), default="v_first")
     a = p.parse_args(argv)
 
     import jax
@@ -74,9 +83,9 @@ def main(argv: list[str] | None = None) -> dict:
         return loss
 
     programs = {}
-    for layout, scope in (("as is", contextlib.nullcontext), ("v first", v_first_layout)):
+    for layout, scope in (("as is", contextlib.nullcontext()), ("variant", second_dot(a.variant))):
         loss = make_loss()
-        with scope():  # the layout is fixed when the program is traced
+        with scope:  # the layout is fixed when the program is traced
             programs[f"forward, {layout}"] = jax.jit(loss).lower(state.params, batch).compile()
             programs[f"gradient, {layout}"] = jax.jit(jax.grad(loss)).lower(state.params, batch).compile()
     out_of = {name: jax.device_get(fn(state.params, batch)) for name, fn in programs.items()}
@@ -106,14 +115,14 @@ def main(argv: list[str] | None = None) -> dict:
     def spread(xs: list[float]) -> list[float]:
         return [round(statistics.median(xs), 3), round(min(xs), 3), round(max(xs), 3)]
 
-    out: dict = {"shape": a.shape, "rounds": a.rounds, "calls": a.calls}
+    out: dict = {"shape": a.shape, "variant": a.variant, "rounds": a.rounds, "calls": a.calls}
     for part in ("forward", "gradient"):
-        base, other = ms[f"{part}, as is"], ms[f"{part}, v first"]
+        base, other = ms[f"{part}, as is"], ms[f"{part}, variant"]
         out[part] = {
             "ms_as_is": spread(base),
-            "ms_v_first": spread(other),
-            "ratio_v_first": spread([y / x for x, y in zip(base, other)]),
-            "moved": moved(out_of[f"{part}, as is"], out_of[f"{part}, v first"]),
+            "ms_variant": spread(other),
+            "ratio_variant": spread([y / x for x, y in zip(base, other)]),
+            "moved": moved(out_of[f"{part}, as is"], out_of[f"{part}, variant"]),
         }
     out["load_average"] = [round(x, 1) for x in os.getloadavg()]
     print(json.dumps(out))
