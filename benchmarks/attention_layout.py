@@ -10,7 +10,8 @@ then cannot fuse them): whether the fusion or the layout is what costs.
 
 Why: on jaxlib 0.10.2's XLA:CPU the default layout's second dot, fused by YNNPACK with the transposes around it, is
 the slowest op of the forward pass (docs/speed.md, "At real sizes on the CPU"). The variant is traced through
-jaxloop's own attention (jaxloop.model.attention.dot_product_attention) with only that einsum replaced.
+jaxloop's own attention (jaxloop.model.attention.dot_product_attention) with only that einsum replaced; the loss is
+the one `--log.breakdown` times (jaxloop.observe.update_breakdown.params_loss). Nothing is written.
 """
 
 from __future__ import annotations
@@ -28,29 +29,38 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+SECOND_DOT = "bhqk,bkhd->bqhd"
+"""jaxloop's attention's second einsum (the weights times v), the one the variants replace."""
+
+
 @contextlib.contextmanager
 def second_dot(variant: str) -> Iterator[None]:
     """Inside the block, jaxloop's attention computes its second dot with v as [B, H, T, D] (`v_first`), or with
-    the softmax's weights behind an optimization barrier (`barrier`); traced there."""
+    the softmax's weights behind an optimization barrier (`barrier`); traced there. A RuntimeError at the end when
+    no second dot was traced inside: the variant would be timed as jaxloop's own program, "identical"."""
     import jax
     import jax.numpy as jnp
 
     import jaxloop.model.attention as attention
 
     einsum = attention._einsum
+    replaced = []
 
-    def moved(spec, a, b, mm_dtype):
-        if spec != "bhqk,bkhd->bqhd":
+    def variant_einsum(spec, a, b, mm_dtype):
+        if spec != SECOND_DOT:
             return einsum(spec, a, b, mm_dtype)
+        replaced.append(spec)
         if variant == "barrier":
             return einsum(spec, jax.lax.optimization_barrier(a), b, mm_dtype)
         return jnp.swapaxes(einsum("bhqk,bhkd->bhqd", a, jnp.swapaxes(b, 1, 2), mm_dtype), 1, 2)
 
-    attention._einsum = moved
+    attention._einsum = variant_einsum
     try:
         yield
     finally:
         attention._einsum = einsum
+    if not replaced:
+        raise RuntimeError(f"no {SECOND_DOT} einsum was traced inside second_dot({variant!r}): nothing was replaced")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -66,25 +76,18 @@ def main(argv: list[str] | None = None) -> dict:
 
     from benchmarks.step import JaxUpdate, host_batches, make_cfg
     from jaxloop.data.sources import load_splits
+    from jaxloop.observe.update_breakdown import params_loss
     from jaxloop.update.step import cross_entropy_loss
 
     cfg = make_cfg(a.shape)
     splits = load_splits(cfg)
-    state = JaxUpdate(cfg, splits, host_batches(cfg, splits, 1)).state
-    batch = jax.device_put(host_batches(cfg, splits, 1)[0])
-
-    def make_loss():
-        """A fresh function per layout: jax keeps a function's trace, so the same one would not be traced again."""
-
-        def loss(params, batch):
-            model, _ = state.model.bind(params, state.model_state, False, state.rng, state.policy)
-            return cross_entropy_loss(model, batch, False)[0]
-
-        return loss
+    batches = host_batches(cfg, splits, 1)
+    state = JaxUpdate(cfg, splits, batches).state
+    batch = jax.device_put(batches[0])
 
     programs = {}
     for layout, scope in (("as is", contextlib.nullcontext()), ("variant", second_dot(a.variant))):
-        loss = make_loss()
+        loss = params_loss(state, cross_entropy_loss)  # a function of its own per layout: each is traced
         with scope:  # the layout is fixed when the program is traced
             programs[f"forward, {layout}"] = jax.jit(loss).lower(state.params, batch).compile()
             programs[f"gradient, {layout}"] = jax.jit(jax.grad(loss)).lower(state.params, batch).compile()

@@ -209,3 +209,23 @@ def test_the_sample_row_times_the_cached_and_the_whole_window_generation_of_the_
     assert row["jax"] > 0 and row["ref"] > 0 and row["ratio"] == pytest.approx(row["jax"] / row["ref"])
     assert row["extra"]["same_tokens"] is True and set(row["extra"]["tokens_per_s"]) == {"kv cache", "whole window"}
     assert row["extra"]["generate_again_s"] > 0 and row["extra"]["compiled_call_s"] > 0
+
+
+def test_the_attention_layout_variants_replace_the_second_dot_and_compute_the_same_attention():
+    # benchmarks/attention_layout.py times jaxloop's attention against a variant of its second dot; a variant that
+    # replaced nothing would be timed as jaxloop's own program and reported "bit for bit", so it must refuse.
+    # Same math, another accumulation order: float32 close (1e-6 relative), not bit for bit.
+    import jax
+    import numpy as np
+
+    from benchmarks.attention_layout import second_dot
+    from jaxloop.model.attention import dot_product_attention
+
+    q, k, v = (jax.random.normal(jax.random.PRNGKey(i), (2, 5, 3, 4)) for i in range(3))
+    plain = np.asarray(dot_product_attention(q, k, v))
+    for variant in ("v_first", "barrier"):
+        with second_dot(variant):
+            np.testing.assert_allclose(np.asarray(dot_product_attention(q, k, v)), plain, rtol=1e-6, atol=1e-7)
+    with pytest.raises(RuntimeError, match="nothing was replaced"):
+        with second_dot("v_first"):
+            pass

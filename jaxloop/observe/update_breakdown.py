@@ -56,6 +56,24 @@ def rounded(parts: dict[str, float], digits: int = 3) -> dict[str, float]:
     return {k: round(v * 1e3, digits) for k, v in parts.items()}
 
 
+def params_loss(state: Any, loss_fn: Callable[..., Any]) -> Callable[[Any, Any], Any]:
+    """loss(params, batch): the update's loss of the state's model (train mode, a fixed rng, float32 matmuls pinned
+    as in the loop's step), what the forward and forward + backward variants compile. A new function at each call:
+    jax keeps a function's trace, so a caller tracing under other settings needs its own."""
+    import jax
+
+    from jaxloop.model.precision import pinned_matmuls
+
+    rng = jax.random.PRNGKey(0)
+
+    def loss(params: Any, batch: Any) -> Any:
+        with pinned_matmuls():
+            bound, _ = state.model.bind(params, state.model_state, True, rng, state.policy)
+            return loss_fn(bound, batch, True)[0]
+
+    return loss
+
+
 def variant_times(
     state: Any, loss_fn: Callable[..., Any], micro_batches: Sequence[Any], calls: int
 ) -> dict[str, float]:
@@ -66,16 +84,9 @@ def variant_times(
     import jax
     import jax.numpy as jnp
 
-    from jaxloop.model.precision import pinned_matmuls
     from jaxloop.update.step import make_train_step, scan_steps
 
-    rng = jax.random.PRNGKey(0)
-
-    def loss(params: Any, batch: Any) -> Any:
-        with pinned_matmuls():
-            bound, _ = state.model.bind(params, state.model_state, True, rng, state.policy)
-            return loss_fn(bound, batch, True)[0]
-
+    loss = params_loss(state, loss_fn)
     first = micro_batches[0]
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *micro_batches)
     t0 = time.perf_counter()
