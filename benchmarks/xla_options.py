@@ -1,7 +1,8 @@
 """XLA:CPU compiler options on the GPT update, side by side in one process: each option set compiles the loop's
 train_step (donating, as the loop does) ahead of time through `compile(compiler_options=...)`, is checked to give
 the default's state bit for bit after one update, and is timed in interleaved rounds against the default.
-`--program forward` does the same for the loss alone (the forward pass an evaluation runs), checked on the loss.
+`--program forward` does the same for the loop's evaluation step (jaxloop.update.step.make_eval_step: the loss, no
+gradients), checked on the loss.
 
     python benchmarks/xla_options.py --shape gpt128 --rounds 3 --calls 2
     python benchmarks/xla_options.py --shape gpt128 --program forward --only control ynn_individual_dot ynn_off
@@ -34,8 +35,8 @@ CANDIDATES: dict[str, dict[str, object]] = {
     "onednn": {"xla_cpu_use_onednn": True},
     "concurrency_scheduler": {"xla_cpu_enable_concurrency_optimized_scheduler": True},
     "multi_output_fusion": {"xla_cpu_use_multi_output_fusion": True},
-    # which ops XLA:CPU hands to YNNPACK (jaxlib 0.10.2's default fuses dots with the elementwise ops and reductions
-    # around them: attention's softmax into its second dot); each dot alone, or none (Eigen's dots)
+    # which ops XLA:CPU hands to YNNPACK (jaxlib 0.10.2's default fuses dots with the ops around them, attention's
+    # second dot with its transposes the slowest: docs/speed.md); each dot alone, or none (Eigen's dots)
     "ynn_individual_dot": {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"},
     "ynn_off": {"xla_cpu_experimental_ynn_fusion_type": ""},
 }
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     from jaxloop.data.sources import load_splits
     from jaxloop.loop.task import create_train_state
     from jaxloop.model.builtin import make_model
-    from jaxloop.update.step import cross_entropy_loss, make_train_step
+    from jaxloop.update.step import cross_entropy_loss, make_eval_step, make_train_step
 
     cfg = make_cfg(a.shape)
     splits = load_splits(cfg)
@@ -70,10 +71,10 @@ def main(argv: list[str] | None = None) -> dict:
     host_init = jax.device_get(init)
     step = jax.jit(make_train_step(cross_entropy_loss), donate_argnums=0)
     if a.program == "forward":
+        eval_step = make_eval_step(cross_entropy_loss)
 
         def forward(state, batch):
-            model, _ = state.model.bind(state.params, state.model_state, False, state.rng, state.policy)
-            return state, {"loss": cross_entropy_loss(model, batch, False)[0]}  # the state passes through
+            return state, eval_step(state, batch)  # the state passes through: the calls below carry it as an update's
 
         step = jax.jit(forward)
 
