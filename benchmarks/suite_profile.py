@@ -1,0 +1,148 @@
+"""Where the test suite's time goes: a pytest plugin that sums, per test module, the tests' seconds and
+JAX's compiles inside them (the README's test-time goal is a question of how many programs the suite
+compiles, docs/speed.md "The test suite's time").
+
+    python -m pytest -p benchmarks.suite_profile tests parity_tests                     # a table at the end
+    python -m pytest -p benchmarks.suite_profile --suite-profile-json prof.json tests   # and the rows as JSON
+
+Per module: its tests' seconds (setup, call and teardown, as --durations adds them), the XLA compiles
+(JAX's /jax/core/compile/backend_compile_duration events, which include the persistent cache's reads:
+`hits` counts those), their seconds, and the seconds of tracing and of lowering to MLIR. Child processes
+a test starts are inside its seconds but not in its compiles (they are other processes).
+
+Under pytest-xdist each worker measures the tests it runs and hands the figures to the controller on
+the test's report (user_properties), so one table covers every worker. jax.monitoring's listeners are
+registered in a process at its first test and removed when pytest ends.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+EVENTS = {
+    "/jax/core/compile/backend_compile_duration": "compile_s",
+    "/jax/core/compile/jaxpr_trace_duration": "trace_s",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
+}
+"""jax.monitoring's duration events (jax/_src/dispatch.py's names) -> the column they add to."""
+HIT = "/jax/compilation_cache/cache_hits"
+"""The event of a compile the persistent cache answered (it precedes that compile's duration event)."""
+COLUMNS = ("test_s", "compiles", "hits", "compile_s", "trace_s", "lower_s")
+KEY = "suite_profile"
+"""The user_properties entry of a report that carries one test phase's figures."""
+
+
+class Meter:
+    """Sums jax.monitoring's events since the last take() (one test phase in this process)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.hit_pending = False
+
+    def on_duration(self, event: str, duration: float, **kwargs: object) -> None:
+        column = EVENTS.get(event)
+        if column is None:
+            return
+        self.sums[column] += duration
+        if column == "compile_s":
+            self.sums["hits" if self.hit_pending else "compiles"] += 1
+            self.hit_pending = False
+
+    def on_event(self, event: str, **kwargs: object) -> None:
+        if event == HIT:
+            self.hit_pending = True
+
+    def take(self) -> dict[str, float]:
+        sums, self.sums = dict(self.sums), defaultdict(float)
+        return sums
+
+
+class Profile:
+    """The plugin: a Meter in each process that runs tests, the table in the process that reports."""
+
+    def __init__(self, json_path: str | None, worker: bool) -> None:
+        self.json_path = json_path
+        self.worker = worker
+        self.meter: Meter | None = None
+        self.modules: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(COLUMNS, 0.0))
+
+    def start(self) -> Meter:
+        """Listen to jax's events from here on (the first test of this process: a controller that runs no
+        test never imports jax)."""
+        if self.meter is None:
+            import jax
+
+            self.meter = Meter()
+            jax.monitoring.register_event_duration_secs_listener(self.meter.on_duration)
+            jax.monitoring.register_event_listener(self.meter.on_event)
+        return self.meter
+
+    def stop(self) -> None:
+        if self.meter is not None:
+            import jax
+
+            jax.monitoring.unregister_event_duration_listener(self.meter.on_duration)
+            jax.monitoring.unregister_event_listener(self.meter.on_event)
+            self.meter = None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self.start()
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Any:
+        outcome = yield
+        if self.meter is not None:
+            outcome.get_result().user_properties.append((KEY, self.meter.take()))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.worker:
+            return  # an xdist worker's figures travel on the report; the controller sums them
+        row = self.modules[report.nodeid.split("::")[0]]
+        row["test_s"] += report.duration
+        for key, sums in report.user_properties:
+            if key == KEY:
+                for column, value in sums.items():
+                    row[column] += value
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Each module's figures, the slowest first."""
+        rows = [{"module": module, **row} for module, row in self.modules.items()]
+        return sorted(rows, key=lambda r: -r["test_s"])
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        rows = self.rows()
+        if self.worker or not rows:
+            return
+        total = {c: sum(r[c] for r in rows) for c in COLUMNS}
+        write = terminalreporter.write_line
+        terminalreporter.section("suite profile (benchmarks/suite_profile.py): seconds per test module")
+        write(f"{'test s':>8} {'compiles':>8} {'hits':>6} {'compile s':>9} {'trace s':>8} {'lower s':>8}  module")
+        for r in [*rows[:40], {"module": f"all {len(rows)} modules", **total}]:
+            write(
+                f"{r['test_s']:8.1f} {int(r['compiles']):8d} {int(r['hits']):6d} {r['compile_s']:9.1f} "
+                f"{r['trace_s']:8.1f} {r['lower_s']:8.1f}  {r['module']}"
+            )
+        if self.json_path:
+            Path(self.json_path).write_text(json.dumps({"modules": rows, "total": total}, indent=1) + "\n")
+            write(f"suite profile written to {self.json_path}")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--suite-profile-json", default=None, help="also write the suite profile's rows to this file")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    profile = Profile(config.getoption("--suite-profile-json"), worker=hasattr(config, "workerinput"))
+    config.pluginmanager.register(profile, "suite_profile_meter")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    profile = config.pluginmanager.get_plugin("suite_profile_meter")
+    if isinstance(profile, Profile):
+        profile.stop()

@@ -1,0 +1,70 @@
+"""benchmarks/suite_profile.py: the pytest plugin that counts each test module's seconds and JAX compiles,
+read through its JSON from a pytest run on two xdist workers (the README's command runs two)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+MODULES = {
+    "test_compiles_once.py": """
+import jax, numpy as np
+
+def test_one_compile():
+    jax.jit(lambda x: x * 2).lower(np.ones(3, np.float32)).compile()
+""",
+    "test_compiles_nothing.py": """
+def test_nothing():
+    assert sum(range(4)) == 6
+""",
+    "test_cache_answers.py": """
+import jax, numpy as np
+from jaxloop.runtime.compilation import compilation_cache
+
+def f(x):
+    return x + 1
+
+def test_compiled_then_loaded(tmp_path):
+    with compilation_cache(tmp_path / "xla"):
+        jax.jit(f)(np.ones(4, np.float32))
+        jax.clear_caches()  # the in-memory cache forgets it: the second call reads the persistent cache
+        jax.jit(f)(np.ones(4, np.float32))
+""",
+}
+
+
+def test_the_profile_counts_each_modules_compiles_and_cache_reads_across_workers(tmp_path):
+    for name, text in MODULES.items():
+        (tmp_path / name).write_text(text)
+    out = tmp_path / "profile.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "-p", "benchmarks.suite_profile"]
+        + ["--suite-profile-json", str(out), "--rootdir", str(tmp_path), str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "suite profile" in proc.stdout, "the table is printed at the end"
+    rows = {r["module"]: r for r in json.loads(out.read_text())["modules"]}
+    assert set(rows) == set(MODULES)
+    once, nothing, cached = (
+        rows["test_compiles_once.py"],
+        rows["test_compiles_nothing.py"],
+        rows["test_cache_answers.py"],
+    )
+    # exactly one XLA compile: one lowered program compiled once, nothing else jitted
+    assert (once["compiles"], once["hits"]) == (1, 0) and once["compile_s"] > 0 and once["lower_s"] > 0
+    assert (nothing["compiles"], nothing["hits"], nothing["compile_s"]) == (0, 0, 0)
+    # the second jit call after clear_caches is answered from disk: a hit, not a compile
+    assert (cached["compiles"], cached["hits"]) == (1, 1)
+    assert all(r["test_s"] > 0 for r in rows.values())
