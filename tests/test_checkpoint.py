@@ -273,9 +273,13 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(uninterrupted,
             for victim in files:
                 victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
         settled = []
-        monkeypatch.setattr(
-            checkpoint, "close_abandoned_reads", lambda settled=settled, damage=damage: settled.append(damage)
-        )
+        close = checkpoint.close_abandoned_reads
+
+        def recorded(settled=settled, damage=damage, close=close) -> None:
+            settled.append(damage)
+            close()  # and closed: left open, Python reports each abandoned read when it collects it
+
+        monkeypatch.setattr(checkpoint, "close_abandoned_reads", recorded)
         with pytest.warns(UserWarning, match=r"checkpoint at update 24 is damaged") as caught:
             summary = run(cfg)
         monkeypatch.undo()
