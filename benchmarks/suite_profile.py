@@ -30,8 +30,6 @@ EVENTS = {
     "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
 }
 """jax.monitoring's duration events (jax/_src/dispatch.py's names) -> the column they add to."""
-HIT = "/jax/compilation_cache/cache_hits"
-"""The event of a compile the persistent cache answered (it precedes that compile's duration event)."""
 COLUMNS = ("test_s", "compiles", "hits", "compile_s", "trace_s", "lower_s")
 KEY = "suite_profile"
 """The user_properties entry of a report that carries one test phase's figures."""
@@ -41,6 +39,11 @@ class Meter:
     """Sums jax.monitoring's events since the last take() (one test phase in this process)."""
 
     def __init__(self) -> None:
+        # jaxloop's name for the event of a compile the persistent cache answered (jax sends it before
+        # that compile's duration event); imported here, so that a controller that runs no test never imports jax
+        from jaxloop.runtime.compilation import HIT
+
+        self.hit_event = HIT
         self.sums: dict[str, float] = defaultdict(float)
         self.hit_pending = False
 
@@ -54,7 +57,7 @@ class Meter:
             self.hit_pending = False
 
     def on_event(self, event: str, **kwargs: object) -> None:
-        if event == HIT:
+        if event == self.hit_event:
             self.hit_pending = True
 
     def take(self) -> dict[str, float]:
@@ -71,7 +74,7 @@ class Profile:
         self.meter: Meter | None = None
         self.modules: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(COLUMNS, 0.0))
 
-    def start(self) -> Meter:
+    def start(self) -> None:
         """Listen to jax's events from here on (the first test of this process: a controller that runs no
         test never imports jax)."""
         if self.meter is None:
@@ -80,7 +83,6 @@ class Profile:
             self.meter = Meter()
             jax.monitoring.register_event_duration_secs_listener(self.meter.on_duration)
             jax.monitoring.register_event_listener(self.meter.on_event)
-        return self.meter
 
     def stop(self) -> None:
         if self.meter is not None:
@@ -117,7 +119,7 @@ class Profile:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         rows = self.rows()
-        if self.worker or not rows:
+        if not rows:  # an xdist worker's are always empty (pytest_runtest_logreport)
             return
         total = {c: sum(r[c] for r in rows) for c in COLUMNS}
         write = terminalreporter.write_line
