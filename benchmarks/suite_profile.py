@@ -8,7 +8,10 @@ compiles, docs/speed.md "The test suite's time").
 Per module: its tests' seconds (setup, call and teardown, as --durations adds them), the XLA compiles
 (JAX's /jax/core/compile/backend_compile_duration events, which include the persistent cache's reads:
 `hits` counts those), their seconds, and the seconds of tracing and of lowering to MLIR. Child processes
-a test starts are inside its seconds but not in its compiles (they are other processes).
+a test starts are inside its seconds but not in its compiles (they are other processes). The CPU the
+tests spend: `cpu s`, the test process's own (user + system), and `child cpu s`, that of the child
+processes it ended and waited for (getrusage's RUSAGE_CHILDREN); on two cores the suite's wall time is
+bounded below by the sum of both over two, so these are the figures a shorter suite must lower.
 
 Under pytest-xdist each worker measures the tests it runs and hands the figures to the controller on
 the test's report (user_properties), so one table covers every worker. jax.monitoring's listeners are
@@ -18,6 +21,7 @@ registered in a process at its first test and removed when pytest ends.
 from __future__ import annotations
 
 import json
+import resource
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -30,7 +34,7 @@ EVENTS = {
     "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
 }
 """jax.monitoring's duration events (jax/_src/dispatch.py's names) -> the column they add to."""
-COLUMNS = ("test_s", "compiles", "hits", "compile_s", "trace_s", "lower_s")
+COLUMNS = ("test_s", "cpu_s", "child_cpu_s", "compiles", "hits", "compile_s", "trace_s", "lower_s")
 KEY = "suite_profile"
 """The user_properties entry of a report that carries one test phase's figures."""
 
@@ -46,6 +50,7 @@ class Meter:
         self.hit_event = HIT
         self.sums: dict[str, float] = defaultdict(float)
         self.hit_pending = False
+        self.cpu = cpu_seconds()
 
     def on_duration(self, event: str, duration: float, **kwargs: object) -> None:
         column = EVENTS.get(event)
@@ -61,8 +66,18 @@ class Meter:
             self.hit_pending = True
 
     def take(self) -> dict[str, float]:
+        cpu = cpu_seconds()
+        self.sums["cpu_s"] += cpu[0] - self.cpu[0]
+        self.sums["child_cpu_s"] += cpu[1] - self.cpu[1]
+        self.cpu = cpu
         sums, self.sums = dict(self.sums), defaultdict(float)
         return sums
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(this process's user + system seconds, those of its children that ended and were waited for)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
 class Profile:
@@ -124,10 +139,14 @@ class Profile:
         total = {c: sum(r[c] for r in rows) for c in COLUMNS}
         write = terminalreporter.write_line
         terminalreporter.section("suite profile (benchmarks/suite_profile.py): seconds per test module")
-        write(f"{'test s':>8} {'compiles':>8} {'hits':>6} {'compile s':>9} {'trace s':>8} {'lower s':>8}  module")
+        write(
+            f"{'test s':>8} {'cpu s':>8} {'child cpu s':>11} {'compiles':>8} {'hits':>6} {'compile s':>9} "
+            f"{'trace s':>8} {'lower s':>8}  module"
+        )
         for r in [*rows[:40], {"module": f"all {len(rows)} modules", **total}]:
             write(
-                f"{r['test_s']:8.1f} {int(r['compiles']):8d} {int(r['hits']):6d} {r['compile_s']:9.1f} "
+                f"{r['test_s']:8.1f} {r['cpu_s']:8.1f} {r['child_cpu_s']:11.1f} {int(r['compiles']):8d} "
+                f"{int(r['hits']):6d} {r['compile_s']:9.1f} "
                 f"{r['trace_s']:8.1f} {r['lower_s']:8.1f}  {r['module']}"
             )
         if self.json_path:

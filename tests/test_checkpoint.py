@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -329,6 +330,13 @@ def test_a_fallback_from_a_damaged_checkpoint_leaves_no_read_to_report_at_exit(t
         data = sorted(arrays.iterdir(), key=lambda p: p.stat().st_size)
         for victim in set(data) - set(data[keep]):
             victim.unlink()  # the reference: the largest array file missing; the copy read: all but the largest
+    # Orbax may write all of a save's arrays into its largest file (how it splits them varies with the
+    # machine's load: the suite once read the copy back whole); its last quarter cut off, some of its reads
+    # fail while others are in flight whichever way the save was split
+    largest = max(
+        (damaged / "checkpoints" / "20" / "state" / "ocdbt.process_0" / "d").iterdir(), key=lambda p: p.stat().st_size
+    )
+    os.truncate(largest, largest.stat().st_size * 3 // 4)
 
     read = subprocess.run(
         [sys.executable, "-c", READ_AND_COLLECT, str(damaged)], capture_output=True, text=True, timeout=300

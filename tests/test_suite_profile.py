@@ -35,6 +35,12 @@ def test_compiled_then_loaded(tmp_path):
         jax.clear_caches()  # the in-memory cache forgets it: the second call reads the persistent cache
         jax.jit(f)(np.ones(4, np.float32))
 """,
+    "test_runs_a_child.py": """
+import subprocess, sys
+
+def test_a_child_that_spends_cpu():
+    subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3 * 10**6))"], check=True)
+""",
 }
 
 
@@ -57,10 +63,11 @@ def test_the_profile_counts_each_modules_compiles_and_cache_reads_across_workers
     assert "suite profile" in proc.stdout, "the table is printed at the end"
     rows = {r["module"]: r for r in json.loads(out.read_text())["modules"]}
     assert set(rows) == set(MODULES)
-    once, nothing, cached = (
+    once, nothing, cached, child = (
         rows["test_compiles_once.py"],
         rows["test_compiles_nothing.py"],
         rows["test_cache_answers.py"],
+        rows["test_runs_a_child.py"],
     )
     # exactly one XLA compile: one lowered program compiled once, nothing else jitted
     assert (once["compiles"], once["hits"]) == (1, 0) and once["compile_s"] > 0 and once["lower_s"] > 0
@@ -68,3 +75,8 @@ def test_the_profile_counts_each_modules_compiles_and_cache_reads_across_workers
     # the second jit call after clear_caches is answered from disk: a hit, not a compile
     assert (cached["compiles"], cached["hits"]) == (1, 1)
     assert all(r["test_s"] > 0 for r in rows.values())
+    # the child's loop (3e6 squares, about 0.2 s of CPU) is counted as the child's, not the test process's;
+    # a module that starts no child has none (0.1 s: well above getrusage's resolution, well below the loop)
+    assert child["child_cpu_s"] > 0.1 and child["compiles"] == 0
+    assert once["child_cpu_s"] == nothing["child_cpu_s"] == cached["child_cpu_s"] == 0
+    assert once["cpu_s"] > 0 and once["cpu_s"] >= once["compile_s"] * 0.5, "a compile spends the process's CPU"
