@@ -261,8 +261,8 @@ def updates(
         out = [fn(g, state, p) for fn, state, p in zip(jitted, states, params)]
         return [apply_updates(p, u) for p, (u, _) in zip(params, out)], [state for _, state in out]
 
-    params = [groups.pack(fm.params)] * len(configs)
-    states = [tx.init(params[0]) for tx in txs]
+    params = [groups.params] * len(configs)
+    states = [tx.init(groups.params) for tx in txs]
     torch_sides = []
     for _, o, steps in configs:
         module = _copy(torch_module)
@@ -294,38 +294,44 @@ class Groups:
     another order: a few ulps), and decay_mask gives each group its leaves' answer (a decayed group is a
     matrix, the other a vector). XLA:CPU's compile time grows with the leaves a program holds: the
     example GPT-2's 28 leaves in 2 groups compile its 13 update programs several times faster
-    (docs/speed.md)."""
+    (docs/porting.md)."""
 
     def __init__(self, params: Any) -> None:
         from jaxloop.update.transforms import decay_mask
 
         leaves, self.treedef = jax.tree.flatten(params)
-        decays = jax.tree.leaves(decay_mask(params))
         self.shapes = [np.shape(x) for x in leaves]
-        self.members: dict[str, list[int]] = {}
-        for i, (x, decay) in enumerate(zip(leaves, decays)):
-            self.members.setdefault(f"{'decay' if decay else 'no_decay'}_{np.dtype(x.dtype).name}", []).append(i)
-        grouped = self.pack(params)
-        got = decay_mask(grouped)
-        want = {key: key.startswith("decay") for key in self.members}
-        if got != want:  # decay_mask's rule is no longer a leaf's ndim: group by what it reads now
-            raise AssertionError(f"decay_mask on the grouped params gives {got}, not {want}")
+        self.members: dict[str, list[int]] = {}  # group -> its leaves' indices, in the tree's order
+        self.decayed: dict[str, bool] = {}
+        for i, (x, decay) in enumerate(zip(leaves, jax.tree.leaves(decay_mask(params)))):
+            key = f"{'decay' if decay else 'no_decay'}_{np.dtype(x.dtype).name}"
+            self.members.setdefault(key, []).append(i)
+            self.decayed[key] = bool(decay)
+        self.bounds = {  # where each leaf ends in its group's array (np.split's indices)
+            key: np.cumsum([int(np.prod(self.shapes[i])) for i in members])[:-1]
+            for key, members in self.members.items()
+        }
+        self.params = self.pack(params)
+        if decay_mask(self.params) != self.decayed:  # decay_mask's rule is no longer a leaf's ndim
+            raise AssertionError(
+                f"decay_mask on the grouped params gives {decay_mask(self.params)}, not {self.decayed}"
+            )
 
     def pack(self, tree: Any) -> dict[str, jax.Array]:
+        """tree's leaves joined per group: a decayed group a (1, n) matrix, the other an (n,) vector."""
         # joined on the host and moved once: jnp.concatenate would compile a program per set of shapes
         leaves = [np.asarray(x) for x in jax.tree.leaves(tree)]
         out = {}
         for key, members in self.members.items():
             flat = np.concatenate([leaves[i].reshape(-1) for i in members])
-            out[key] = jax.device_put(flat[None, :] if key.startswith("decay") else flat)
+            out[key] = jax.device_put(flat[None, :] if self.decayed[key] else flat)
         return out
 
     def unpack(self, grouped: dict[str, Any]) -> Any:
+        """The param tree of grouped arrays (pack's inverse, on the host)."""
         leaves: list[Any] = [None] * len(self.shapes)
         for key, members in self.members.items():
-            flat = np.asarray(grouped[key]).reshape(-1)
-            sizes = [int(np.prod(self.shapes[i])) for i in members]
-            for i, part in zip(members, np.split(flat, np.cumsum(sizes)[:-1])):
+            for i, part in zip(members, np.split(np.asarray(grouped[key]).reshape(-1), self.bounds[key])):
                 leaves[i] = part.reshape(self.shapes[i])
         return jax.tree.unflatten(self.treedef, leaves)
 
