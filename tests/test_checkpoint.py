@@ -308,9 +308,9 @@ def test_a_fallback_from_a_damaged_checkpoint_leaves_no_read_to_report_at_exit(t
     # Orbax's restore closes its event loop at the first failed read; the other reads stay suspended and,
     # once collected, each printed "Exception ignored in: <coroutine object _read_array_index_and_device_put>"
     # and 60 lines of traceback (after a run that ended with exit 0; pytest took them for a warning). Real
-    # processes. The read: the newest checkpoint keeps only its largest array file, so that its reads are in
-    # flight when the others fail (it also leaves tensorstore's "Event loop is closed" callbacks, outside
-    # this test). The run: its largest array file missing, as a user meets it. Mutant seen failing:
+    # processes. The read: the newest checkpoint keeps only its largest array file, cut short, so that some
+    # of its reads are in flight when the others fail (it also leaves tensorstore's "Event loop is closed"
+    # callbacks, outside this test). The run: its largest array file missing, as a user meets it. Mutant seen failing:
     # close_abandoned_reads() removed from checkpoint.restore() (the read: dozens of "Exception ignored").
     reference = tmp_path / "reference"
     flags = ["--preset", "debug", "--log.progress", "off", "--log.no-tensorboard", "--steps", "20"]
@@ -325,18 +325,20 @@ def test_a_fallback_from_a_damaged_checkpoint_leaves_no_read_to_report_at_exit(t
     (reference / "summary.json").unlink()  # as if killed after its last save
     damaged = tmp_path / "damaged"
     shutil.copytree(reference, damaged)
-    for run_dir, keep in ((reference, slice(None, -1)), (damaged, slice(-1, None))):
-        arrays = run_dir / "checkpoints" / "20" / "state" / "ocdbt.process_0" / "d"  # the array data
-        data = sorted(arrays.iterdir(), key=lambda p: p.stat().st_size)
-        for victim in set(data) - set(data[keep]):
-            victim.unlink()  # the reference: the largest array file missing; the copy read: all but the largest
-    # Orbax may write all of a save's arrays into its largest file (how it splits them varies with the
-    # machine's load: the suite once read the copy back whole); its last quarter cut off, some of its reads
-    # fail while others are in flight whichever way the save was split
-    largest = max(
-        (damaged / "checkpoints" / "20" / "state" / "ocdbt.process_0" / "d").iterdir(), key=lambda p: p.stat().st_size
-    )
-    os.truncate(largest, largest.stat().st_size * 3 // 4)
+
+    def array_files(run_dir):  # the newest checkpoint's array data, the smallest file first
+        return sorted(
+            (run_dir / "checkpoints" / "20" / "state" / "ocdbt.process_0" / "d").iterdir(), key=os.path.getsize
+        )
+
+    array_files(reference)[-1].unlink()  # the run: its largest array file missing
+    *others, largest = array_files(damaged)
+    for victim in others:
+        victim.unlink()
+    # and the largest's last quarter cut off: Orbax may write all of a save's arrays into that file (how it
+    # splits them varies with the machine's load; the suite once read the copy back whole), so some of its
+    # reads fail while others are in flight whichever way the save was split
+    os.truncate(largest, os.path.getsize(largest) * 3 // 4)
 
     read = subprocess.run(
         [sys.executable, "-c", READ_AND_COLLECT, str(damaged)], capture_output=True, text=True, timeout=300
