@@ -13,6 +13,9 @@ tests spend: `cpu s`, the test process's own (user + system), and `child cpu s`,
 processes it ended and waited for (getrusage's RUSAGE_CHILDREN); on two cores the suite's wall time is
 bounded below by the sum of both over two, so these are the figures a shorter suite must lower.
 
+Per program (jit's name for it, `jit(train_step)`): its compiles, cache reads and compile seconds over the
+whole suite, and the module that spent the most of them: which programs a shorter suite must compile less.
+
 Under pytest-xdist each worker measures the tests it runs and hands the figures to the controller on
 the test's report (user_properties), so one table covers every worker. jax.monitoring's listeners are
 registered in a process at its first test and removed when pytest ends.
@@ -35,8 +38,12 @@ EVENTS = {
 }
 """jax.monitoring's duration events (jax/_src/dispatch.py's names) -> the column they add to."""
 COLUMNS = ("test_s", "cpu_s", "child_cpu_s", "compiles", "hits", "compile_s", "trace_s", "lower_s")
+PROGRAM_COLUMNS = ("compiles", "hits", "compile_s")
 KEY = "suite_profile"
 """The user_properties entry of a report that carries one test phase's figures."""
+PROGRAMS_KEY = "suite_profile_programs"
+"""The entry that carries the phase's compiles per program: {name: [compiles, hits, compile_s]}."""
+PROGRAMS_SHOWN = 15
 
 
 class Meter:
@@ -49,6 +56,7 @@ class Meter:
 
         self.hit_event = HIT
         self.sums: dict[str, float] = defaultdict(float)
+        self.programs: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0])
         self.hit_pending = False
         self.cpu = cpu_seconds()
 
@@ -59,19 +67,25 @@ class Meter:
         self.sums[column] += duration
         if column == "compile_s":
             self.sums["hits" if self.hit_pending else "compiles"] += 1
+            # jax names the program in the event (dispatch.log_elapsed_time's fun_name: "jit(train_step)")
+            program = self.programs[str(kwargs.get("fun_name", "?"))]
+            program[1 if self.hit_pending else 0] += 1
+            program[2] += duration
             self.hit_pending = False
 
     def on_event(self, event: str, **kwargs: object) -> None:
         if event == self.hit_event:
             self.hit_pending = True
 
-    def take(self) -> dict[str, float]:
+    def take(self) -> tuple[dict[str, float], dict[str, list[float]]]:
+        """(the phase's figures, its compiles per program), and start the next phase from zero."""
         cpu = cpu_seconds()
         self.sums["cpu_s"] += cpu[0] - self.cpu[0]
         self.sums["child_cpu_s"] += cpu[1] - self.cpu[1]
         self.cpu = cpu
         sums, self.sums = dict(self.sums), defaultdict(float)
-        return sums
+        programs, self.programs = dict(self.programs), defaultdict(lambda: [0, 0, 0.0])
+        return sums, programs
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -88,6 +102,8 @@ class Profile:
         self.worker = worker
         self.meter: Meter | None = None
         self.modules: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(COLUMNS, 0.0))
+        self.programs: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(PROGRAM_COLUMNS, 0.0))
+        self.program_modules: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
     def start(self) -> None:
         """Listen to jax's events from here on (the first test of this process: a controller that runs no
@@ -115,22 +131,38 @@ class Profile:
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Any:
         outcome = yield
         if self.meter is not None:
-            outcome.get_result().user_properties.append((KEY, self.meter.take()))
+            sums, programs = self.meter.take()
+            outcome.get_result().user_properties.extend([(KEY, sums), (PROGRAMS_KEY, programs)])
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if self.worker:
             return  # an xdist worker's figures travel on the report; the controller sums them
-        row = self.modules[report.nodeid.split("::")[0]]
+        module = report.nodeid.split("::")[0]
+        row = self.modules[module]
         row["test_s"] += report.duration
         for key, sums in report.user_properties:
             if key == KEY:
                 for column, value in sums.items():
                     row[column] += value
+            elif key == PROGRAMS_KEY:
+                for name, figures in sums.items():
+                    for column, value in zip(PROGRAM_COLUMNS, figures):
+                        self.programs[name][column] += value
+                    self.program_modules[name][module] += figures[2]
 
     def rows(self) -> list[dict[str, Any]]:
         """Each module's figures, the slowest first."""
         rows = [{"module": module, **row} for module, row in self.modules.items()]
         return sorted(rows, key=lambda r: -r["test_s"])
+
+    def program_rows(self) -> list[dict[str, Any]]:
+        """Each program's figures and the module that spent the most of its compile seconds, the costliest
+        first."""
+        rows = [
+            {"program": name, **row, "top_module": max(self.program_modules[name].items(), key=lambda kv: kv[1])[0]}
+            for name, row in self.programs.items()
+        ]
+        return sorted(rows, key=lambda r: -r["compile_s"])
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         rows = self.rows()
@@ -149,8 +181,16 @@ class Profile:
                 f"{int(r['hits']):6d} {r['compile_s']:9.1f} "
                 f"{r['trace_s']:8.1f} {r['lower_s']:8.1f}  {r['module']}"
             )
+        programs = self.program_rows()
+        write("")
+        write(f"{'compiles':>8} {'hits':>6} {'compile s':>9}  program (the module that compiled it most)")
+        for r in programs[:PROGRAMS_SHOWN]:
+            write(
+                f"{int(r['compiles']):8d} {int(r['hits']):6d} {r['compile_s']:9.1f}  {r['program']} ({r['top_module']})"
+            )
         if self.json_path:
-            Path(self.json_path).write_text(json.dumps({"modules": rows, "total": total}, indent=1) + "\n")
+            data = {"modules": rows, "total": total, "programs": programs}
+            Path(self.json_path).write_text(json.dumps(data, indent=1) + "\n")
             write(f"suite profile written to {self.json_path}")
 
 

@@ -9,14 +9,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 MODULES = {
     "test_compiles_once.py": """
 import jax, numpy as np
 
+def doubled(x):
+    return x * 2
+
 def test_one_compile():
-    jax.jit(lambda x: x * 2).lower(np.ones(3, np.float32)).compile()
+    jax.jit(doubled).lower(np.ones(3, np.float32)).compile()
 """,
     "test_compiles_nothing.py": """
 def test_nothing():
@@ -44,7 +49,10 @@ def test_a_child_that_spends_cpu():
 }
 
 
-def test_the_profile_counts_each_modules_compiles_and_cache_reads_across_workers(tmp_path):
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory) -> dict:
+    """The plugin's JSON from one pytest run of MODULES on two xdist workers."""
+    tmp_path = tmp_path_factory.mktemp("profiled")
     for name, text in MODULES.items():
         (tmp_path / name).write_text(text)
     out = tmp_path / "profile.json"
@@ -60,8 +68,14 @@ def test_the_profile_counts_each_modules_compiles_and_cache_reads_across_workers
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "suite profile" in proc.stdout, "the table is printed at the end"
-    rows = {r["module"]: r for r in json.loads(out.read_text())["modules"]}
+    assert "suite profile" in proc.stdout and "jit(doubled) (test_compiles_once.py)" in proc.stdout, (
+        "the tables are printed at the end"
+    )
+    return json.loads(out.read_text())
+
+
+def test_the_profile_counts_each_modules_compiles_and_cache_reads_across_workers(profile):
+    rows = {r["module"]: r for r in profile["modules"]}
     assert set(rows) == set(MODULES)
     once, nothing, cached, child = (
         rows["test_compiles_once.py"],
@@ -80,3 +94,13 @@ def test_the_profile_counts_each_modules_compiles_and_cache_reads_across_workers
     assert child["child_cpu_s"] > 0.1 and child["compiles"] == 0
     assert once["child_cpu_s"] == nothing["child_cpu_s"] == cached["child_cpu_s"] == 0
     assert once["cpu_s"] > 0 and once["cpu_s"] >= once["compile_s"] * 0.5, "a compile spends the process's CPU"
+
+
+def test_the_profile_names_each_program_with_its_compiles_and_the_module_that_compiled_it(profile):
+    programs = {r["program"]: r for r in profile["programs"]}
+    # jit names a program after its function: the two modules' programs, nothing else compiled anywhere
+    assert set(programs) == {"jit(doubled)", "jit(f)"}
+    doubled, f = programs["jit(doubled)"], programs["jit(f)"]
+    assert (doubled["compiles"], doubled["hits"], doubled["top_module"]) == (1, 0, "test_compiles_once.py")
+    assert (f["compiles"], f["hits"], f["top_module"]) == (1, 1, "test_cache_answers.py")
+    assert doubled["compile_s"] > 0 and f["compile_s"] > 0
