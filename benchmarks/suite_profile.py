@@ -64,14 +64,15 @@ class Meter:
         column = EVENTS.get(event)
         if column is None:
             return
-        self.sums[column] += duration
-        if column == "compile_s":
-            self.sums["hits" if self.hit_pending else "compiles"] += 1
-            # jax names the program in the event (dispatch.log_elapsed_time's fun_name: "jit(train_step)")
-            program = self.programs[str(kwargs.get("fun_name", "?"))]
-            program[1 if self.hit_pending else 0] += 1
-            program[2] += duration
-            self.hit_pending = False
+        if column != "compile_s":
+            self.sums[column] += duration
+            return
+        # a compile is counted once, under its program; the module's compiles are their sum (take()).
+        # jax names the program in the event (dispatch.log_elapsed_time's fun_name: "jit(train_step)")
+        program = self.programs[str(kwargs.get("fun_name", "?"))]
+        program[1 if self.hit_pending else 0] += 1
+        program[2] += duration
+        self.hit_pending = False
 
     def on_event(self, event: str, **kwargs: object) -> None:
         if event == self.hit_event:
@@ -83,8 +84,10 @@ class Meter:
         self.sums["cpu_s"] += cpu[0] - self.cpu[0]
         self.sums["child_cpu_s"] += cpu[1] - self.cpu[1]
         self.cpu = cpu
-        sums, self.sums = dict(self.sums), defaultdict(float)
         programs, self.programs = dict(self.programs), defaultdict(lambda: [0, 0, 0.0])
+        for i, column in enumerate(PROGRAM_COLUMNS):
+            self.sums[column] += sum(figures[i] for figures in programs.values())
+        sums, self.sums = dict(self.sums), defaultdict(float)
         return sums, programs
 
 
@@ -102,8 +105,8 @@ class Profile:
         self.worker = worker
         self.meter: Meter | None = None
         self.modules: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(COLUMNS, 0.0))
-        self.programs: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(PROGRAM_COLUMNS, 0.0))
-        self.program_modules: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.programs: dict[str, dict[str, list[float]]] = defaultdict(dict)
+        """program -> module -> [compiles, hits, compile_s] in that module's tests."""
 
     def start(self) -> None:
         """Listen to jax's events from here on (the first test of this process: a controller that runs no
@@ -146,9 +149,8 @@ class Profile:
                     row[column] += value
             elif key == PROGRAMS_KEY:
                 for name, figures in sums.items():
-                    for column, value in zip(PROGRAM_COLUMNS, figures):
-                        self.programs[name][column] += value
-                    self.program_modules[name][module] += figures[2]
+                    here = self.programs[name].setdefault(module, [0, 0, 0.0])
+                    here[:] = [a + b for a, b in zip(here, figures)]
 
     def rows(self) -> list[dict[str, Any]]:
         """Each module's figures, the slowest first."""
@@ -159,8 +161,12 @@ class Profile:
         """Each program's figures and the module that spent the most of its compile seconds, the costliest
         first."""
         rows = [
-            {"program": name, **row, "top_module": max(self.program_modules[name].items(), key=lambda kv: kv[1])[0]}
-            for name, row in self.programs.items()
+            {
+                "program": name,
+                **{column: sum(f[i] for f in by_module.values()) for i, column in enumerate(PROGRAM_COLUMNS)},
+                "top_module": max(by_module, key=lambda module: by_module[module][2]),
+            }
+            for name, by_module in self.programs.items()
         ]
         return sorted(rows, key=lambda r: -r["compile_s"])
 
