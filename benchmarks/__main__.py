@@ -24,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Options, Row, add_text_option, as_dict, machine, use_text
+from benchmarks.common import Options, Row, add_text_option, as_dict, machine, save_record, use_text
+from jaxloop.rundir.atomic import atomic_write_text
 
 # rows left out under --quick unless named with --only (their cost is mostly another compile)
 # (--quick keeps one row per kind of measurement, on the smallest shapes: a smoke check, not a record)
@@ -291,6 +292,22 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     return {"machine": machine, "rows": ranked}
 
 
+def read_record(path: str) -> dict[str, Any]:
+    """A saved run (--out's JSON), or SystemExit naming the file: a record cut short or edited by hand is
+    refused, not merged into BENCHMARKS.md with rows missing."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SystemExit(f"--from-json {path}: not a readable benchmark record ({e})") from None
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("machine"), dict)
+        or not isinstance(record.get("rows"), list)
+    ):
+        raise SystemExit(f"--from-json {path}: not a benchmark record (it needs 'machine' and 'rows', as --out writes)")
+    return record
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short runs and fewer rows (smoke check)")
@@ -344,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     if args.from_json:
-        result = merge([json.loads(Path(f).read_text()) for f in args.from_json])
+        result = merge([read_record(f) for f in args.from_json])
     else:
         from jaxloop.config.run import Config
         from jaxloop.runtime.determinism import request_deterministic_ops
@@ -359,13 +376,12 @@ def main(argv: list[str] | None = None) -> int:
         opts = Options(quick=args.quick)
         if args.threads:
             opts.threads = args.threads
-        save = (lambda r: Path(args.out).write_text(json.dumps(r, indent=1, default=str))) if args.out else None
-        result = run(opts, args.only, save)
+        result = run(opts, args.only, (lambda r: save_record(args.out, r)) if args.out else None)
     print_table(result)
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+        save_record(args.out, result)
     if args.markdown:
-        Path(args.markdown).write_text(markdown(result))
+        atomic_write_text(args.markdown, markdown(result))
     return 0
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jaxloop.rundir.atomic import atomic_write_text
+
 ROOT = Path(__file__).resolve().parent.parent
 TEXT_ENV = "JAXLOOP_BENCH_TEXT"
 DEFAULT_TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -283,6 +285,13 @@ def failed(row: Row, err: BaseException | str) -> Row:
     msg = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
     row.notes = (row.notes + "; " if row.notes else "") + " ".join(str(msg).split())[:300]
     return row
+
+
+def save_record(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
+    """A run's record as JSON, replaced atomically (jaxloop.rundir.atomic): the harness and the GPU script
+    rewrite it after every row or part, so that a run killed or cut by its budget keeps what it measured,
+    and one killed inside a rewrite keeps the record of the rewrite before."""
+    atomic_write_text(path, json.dumps(record, indent=1, default=str) + "\n")
 
 
 def as_dict(row: Row) -> dict[str, Any]:

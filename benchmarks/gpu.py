@@ -362,7 +362,7 @@ def record_path(device: str, tiny: bool) -> Path:
 
 def run(tiny: bool, out: Path | None = None, budget_s: float | None = None) -> dict[str, Any]:
     """Every part, each in its own process; the record (schema SCHEMA) written to `out` after each part."""
-    from benchmarks.common import machine
+    from benchmarks.common import machine, save_record
 
     s = size_of(tiny)
     device = device_name()
@@ -388,7 +388,7 @@ def run(tiny: bool, out: Path | None = None, budget_s: float | None = None) -> d
             record.setdefault(name, {}).update(run_part(name, tiny, shards, deterministic, left))
             record["wall_s"] = time.perf_counter() - t0
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(record, indent=1) + "\n")
+            save_record(out, record)
     on = record["gpt2"].get("jaxloop")
     record["deterministic"] = {
         "on": {**on, "from": "gpt2.jaxloop"}
@@ -396,7 +396,7 @@ def run(tiny: bool, out: Path | None = None, budget_s: float | None = None) -> d
         else {"status": "skipped", "error": "no jaxloop figures from the gpt2 part"},
         **record["deterministic"],
     }
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    save_record(out, record)
     loop, update = record["loop"].get("loop", {}), record["gpt2"].get("jaxloop", {})
     if loop.get("status") == "ok" and update.get("status") == "ok":
         record["loop"]["loop_over_update"] = loop["tokens_per_s"] / update["tokens_per_s"]
@@ -413,7 +413,7 @@ def run(tiny: bool, out: Path | None = None, budget_s: float | None = None) -> d
                 variants["update"],
             )
         )
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    save_record(out, record)
     print(f"gpu: wrote {out} in {record['wall_s']:.0f} s", file=sys.stderr)
     return record
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,59 @@ def test_quick_smallest_row_prints_one_table_row(tmp_path):
     saved.write_text(json.dumps(result))
     assert main(["--from-json", str(saved), "--markdown", str(tmp_path / "B.md")]) == 0
     assert (tmp_path / "B.md").read_text() == md
+
+
+RECORD = Path(__file__).resolve().parents[1] / "benchmarks" / "records" / "cpu-xeon-2026-12-04.json"
+"""A whole run as --out wrote it (BENCHMARKS.md's record)."""
+
+
+def _record() -> dict:
+    return json.loads(RECORD.read_text())
+
+
+def test_benchmarks_md_is_what_its_saved_runs_generate(tmp_path):
+    # BENCHMARKS.md is generated, never edited: its saved runs (docs/speed.md names them) rewrite it exactly,
+    # so a table edited by hand, or notes changed without regenerating it, fail here
+    records = RECORD.parent
+    regenerated = tmp_path / "B.md"
+    argv = ["--from-json", str(RECORD), str(records / "gpu-h100-2026-11-24.json"), "--markdown", str(regenerated)]
+    assert main(argv) == 0
+    assert regenerated.read_text() == (records.parents[1] / "BENCHMARKS.md").read_text()
+
+
+def test_a_failed_rewrite_of_the_record_keeps_the_one_before_and_leaves_no_temporary(tmp_path, monkeypatch):
+    # the harness rewrites --out after every row (and the GPU script after every part): a rewrite that fails
+    # or is killed part-way (the disk full at its fsync here; tests/test_atomic.py kills the same writer)
+    # leaves the previous record whole, never a truncated one
+    saved, out = tmp_path / "saved.json", tmp_path / "out.json"
+    saved.write_text(json.dumps(_record()))
+    out.write_text("the record before")
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError):
+        main(["--from-json", str(saved), "--out", str(out)])
+    assert out.read_text() == "the record before"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "saved.json"]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda text: text[: len(text) // 2],  # cut short: a copy interrupted
+        lambda text: text.replace('"rows"', '"r\x00ws"'),  # a byte changed: no rows
+        lambda text: "[]",  # another file's JSON
+    ],
+    ids=["cut-short", "byte-changed", "not-a-record"],
+)
+def test_a_damaged_record_is_refused_naming_the_file_and_the_flag(tmp_path, damage):
+    bad = tmp_path / "run.json"
+    bad.write_text(damage(json.dumps(_record())))
+    with pytest.raises(SystemExit, match=rf"--from-json {re.escape(str(bad))}: not a"):
+        main(["--from-json", str(bad), "--markdown", str(tmp_path / "B.md")])
+    assert not (tmp_path / "B.md").exists(), "nothing is written from a damaged record"
 
 
 def test_the_memory_plan_rows_measure_each_plan_against_the_plain_one(tmp_path):
