@@ -155,3 +155,5 @@ def test_gpt_neos_float64_forward_carries_torchs_float32_attention_scores():
     attention = "h.0.attn.attention"
     assert max(layers[f"{attention}.{p}_proj"].out_diff for p in "qkv") < 1e-14  # float64 rounding: ~2e-16
     assert layers[f"{attention}.out_proj"].in_diff > 1e-11  # float32's 6e-8, diluted: 1.7e-9 measured
+    # the worst layer sits at the check's 1e-10 bound (9.7e-11 on one machine, 1.1e-10 on another), well inside these
+    assert 1e-11 < max(d.out_diff for d in layers.values()) < 1e-9
