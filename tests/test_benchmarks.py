@@ -9,12 +9,16 @@ import io
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.__main__ import COLUMNS, main, markdown, merge, print_table, registry, run
 from benchmarks.common import Options
+from jaxloop.rundir.atomic import is_temporary
 
 
 @pytest.mark.torch  # the row runs torch_ref's eager update beside jaxloop's step
@@ -56,7 +60,8 @@ def _record() -> dict:
 
 def test_benchmarks_md_is_what_its_saved_runs_generate(tmp_path):
     # BENCHMARKS.md is generated, never edited: its saved runs (docs/speed.md names them) rewrite it exactly,
-    # so a table edited by hand, or notes changed without regenerating it, fail here
+    # so a table edited by hand, or notes changed without regenerating it, fail here; and so does a changed byte in
+    # a saved run's figures (mutant seen failing: step.mlp.k1's ratio 0.243 -> 0.343 in the record)
     records = RECORD.parent
     regenerated = tmp_path / "B.md"
     argv = ["--from-json", str(RECORD), str(records / "gpu-h100-2026-11-24.json"), "--markdown", str(regenerated)]
@@ -80,6 +85,37 @@ def test_a_failed_rewrite_of_the_record_keeps_the_one_before_and_leaves_no_tempo
         main(["--from-json", str(saved), "--out", str(out)])
     assert out.read_text() == "the record before"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "saved.json"]
+
+
+KILLED_INSIDE_THE_REWRITE = """
+import os, signal, sys
+from benchmarks.__main__ import main
+os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)  # the new bytes written, the rename not yet done
+main(sys.argv[1:])
+"""
+
+
+def test_the_harness_killed_inside_its_record_rewrite_leaves_the_record_before_whole(tmp_path):
+    # a real SIGKILL of `python -m benchmarks ... --out FILE` between writing the new record and renaming it over
+    # the old one: FILE is the record before, byte for byte, and still reads as a record
+    # mutant seen failing: save_record writing FILE in place (open 'w', write, fsync): FILE is the new record
+    root = RECORD.parents[2]
+    new, out = tmp_path / "new.json", tmp_path / "out.json"
+    new.write_text((RECORD.parent / "gpu-h100-2026-11-24.json").read_text())
+    before = RECORD.read_bytes()
+    out.write_bytes(before)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_INSIDE_THE_REWRITE, "--from-json", str(new), "--out", str(out)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert out.read_bytes() == before
+    (left,) = [p for p in tmp_path.iterdir() if p.name not in ("new.json", "out.json")]
+    assert is_temporary(left.name), left.name  # the rewrite the kill cut, beside the record it never replaced
+    assert main(["--from-json", str(out), "--markdown", str(tmp_path / "B.md")]) == 0
 
 
 @pytest.mark.parametrize(
