@@ -46,6 +46,11 @@ PROGRAMS_KEY = "suite_profile_programs"
 PROGRAMS_SHOWN = 15
 
 
+def no_programs() -> defaultdict[str, list[float]]:
+    """program -> [compiles, hits, compile_s] (PROGRAM_COLUMNS), all zero until counted."""
+    return defaultdict(lambda: [0, 0, 0.0])
+
+
 class Meter:
     """Sums jax.monitoring's events since the last take() (one test phase in this process)."""
 
@@ -56,7 +61,7 @@ class Meter:
 
         self.hit_event = HIT
         self.sums: dict[str, float] = defaultdict(float)
-        self.programs: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0])
+        self.programs = no_programs()
         self.hit_pending = False
         self.cpu = cpu_seconds()
 
@@ -84,7 +89,7 @@ class Meter:
         self.sums["cpu_s"] += cpu[0] - self.cpu[0]
         self.sums["child_cpu_s"] += cpu[1] - self.cpu[1]
         self.cpu = cpu
-        programs, self.programs = dict(self.programs), defaultdict(lambda: [0, 0, 0.0])
+        programs, self.programs = dict(self.programs), no_programs()
         for i, column in enumerate(PROGRAM_COLUMNS):
             self.sums[column] += sum(figures[i] for figures in programs.values())
         sums, self.sums = dict(self.sums), defaultdict(float)
